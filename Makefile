@@ -1,0 +1,35 @@
+# Two commands for a newcomer: `make train` and `make test`. Both create .venv when missing and
+# install dew with the pinned versions of requirements.lock.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.dew-installed
+
+.PHONY: train test lint format lock clean
+
+$(STAMP): pyproject.toml requirements.lock
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[test]"
+	@touch $(STAMP)
+
+# Class-conditional EDM on the embedded digits; run again to resume from the last checkpoint.
+train: $(STAMP)
+	$(BIN)/python -m dew.main --config=experiments/edm.py --workdir=runs/edm
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+format: $(STAMP)
+	$(BIN)/ruff format dew tests experiments benchmarks
+
+lock: $(STAMP)
+	@echo "# Exact versions tested together (Python 3.11, CPU). make installs with these as constraints." > requirements.lock
+	$(BIN)/python -m pip freeze --exclude-editable >> requirements.lock
+
+clean:
+	rm -rf $(VENV) .cache runs

@@ -1,0 +1,93 @@
+"""dew: one registry, one objective, one trainer.
+
+Every exported name resolves lazily (PEP 562 ``__getattr__``): ``import dew`` imports no JAX
+backend and no optional dependency. Naming any exported name fills the registries, so
+``dew.presets.EDM`` and ``dew.models["unet"]`` work after a bare ``import dew``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from dew import registry as _registry
+
+__version__ = "0.1.0"
+
+# name -> module that defines it. Registry names map to dew.registry.
+_EXPORTS: dict[str, str] = {
+    "CFG": "dew.sampling.guidance",
+    "Aux": "dew.objectives.base",
+    "Checkpoints": "dew.training.checkpoints",
+    "Condition": "dew.inputs",
+    "Dataset": "dew.data",
+    "EMASpec": "dew.objectives.base",
+    "Evaluation": "dew.training.evaluation",
+    "Field": "dew.inputs",
+    "ImageGrid": "dew.artifacts",
+    "InputSpec": "dew.inputs",
+    "Layout": "dew.training.sharding",
+    "LocalTracker": "dew.training.trackers",
+    "MLflowTracker": "dew.training.trackers",
+    "MeshSpec": "dew.training.sharding",
+    "Objective": "dew.objectives.base",
+    "Process": "dew.diffusion.process",
+    "ProfileWindow": "dew.training.profile",
+    "Representations": "dew.artifacts",
+    "Step": "dew.objectives.base",
+    "TensorBoardTracker": "dew.training.trackers",
+    "TextSamples": "dew.artifacts",
+    "TokenScores": "dew.artifacts",
+    "Tracker": "dew.training.trackers",
+    "Trackers": "dew.training.trackers",
+    "TrainState": "dew.training.state",
+    "Trainer": "dew.training.trainer",
+    "VideoGrid": "dew.artifacts",
+    "WandbTracker": "dew.training.trackers",
+    "datasets": "dew.registry",
+    "encoders": "dew.registry",
+    "evaluate": "dew.training.evaluation",
+    "metrics": "dew.registry",
+    "models": "dew.registry",
+    "pipeline": "dew.inference",
+    "presets": "dew.registry",
+    "profile": "dew.training.profile",
+    "sample": "dew.sampling.solvers",
+    "samplers": "dew.registry",
+}
+
+# Modules that register components. Importing them is the registry fill.
+_REGISTERING_MODULES = (
+    "dew.diffusion.presets",
+    "dew.networks.unet",
+    "dew.encoding.class_label",
+    "dew.sampling.solvers",
+    "dew.objectives.diffusion",
+    "dew.data.digits",
+    "dew.scoring.digits_classifier",
+)
+
+
+def _fill_registries() -> None:
+    for module in _REGISTERING_MODULES:
+        importlib.import_module(module)
+
+
+_registry.set_filler(_fill_registries)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dew' has no attribute {name!r}")
+    _registry._ensure_filled()
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+__all__ = sorted(_EXPORTS)

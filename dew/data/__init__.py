@@ -1,0 +1,10 @@
+"""Datasets as deterministic, resumable batch streams.
+
+A ``Dataset`` turns an in-memory or random-access source into batches whose order depends only
+on (seed, position). The position is JSON bytes, so a checkpoint stores it beside the weights
+and a resumed run reads exactly the batches an uninterrupted run would have read.
+"""
+
+from dew.data.dataset import DataPartition, Dataset, Source
+
+__all__ = ["DataPartition", "Dataset", "Source"]

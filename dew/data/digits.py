@@ -1,0 +1,44 @@
+"""scikit-learn's ``load_digits``: 1,797 real 8x8 handwritten digits that ship inside the package,
+so the default run needs no download.
+
+Pixels are 0..16 in the source; they are mapped to [-1, 1] as x/8 − 1. The split is fixed
+(every 10th example, 180 images, is validation) so runs are comparable.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dew import registry
+from dew.data.dataset import Source
+
+NUM_CLASSES = 10
+SHAPE = (8, 8, 1)
+
+
+def to_unit_range(pixels_0_16: np.ndarray) -> np.ndarray:
+    return (pixels_0_16.astype(np.float32) / 8.0 - 1.0).reshape(-1, *SHAPE)
+
+
+def to_source_range(images: np.ndarray) -> np.ndarray:
+    """Inverse of ``to_unit_range``, flattened to sklearn's 64 features (for classifiers)."""
+    return ((np.asarray(images, np.float32) + 1.0) * 8.0).clip(0, 16).reshape(len(images), -1)
+
+
+def digits(split: str = "train") -> Source:
+    """The ``train`` (1,617) or ``validation`` (180) split of load_digits, images in [-1, 1]."""
+    from sklearn.datasets import load_digits
+
+    if split not in ("train", "validation"):
+        raise ValueError(f"digits: split must be 'train' or 'validation', got {split!r}")
+    raw = load_digits()
+    held_out = np.arange(len(raw.target)) % 10 == 0
+    rows = held_out if split == "validation" else ~held_out
+    return Source(
+        name=f"digits/{split}",
+        fields={"image": to_unit_range(raw.data[rows]), "label": raw.target[rows].astype(np.int32)},
+        num_classes=NUM_CLASSES,
+    )
+
+
+registry.datasets.register("digits", digits)

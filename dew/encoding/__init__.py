@@ -1,0 +1,1 @@
+"""Condition encoders; each registers itself in ``dew.registry.encoders``."""

@@ -1,0 +1,155 @@
+"""A U-Net in the style of EDM's DDPM++ ("SongUNet" in NVlabs/edm, after Song et al. 2021).
+
+The same ingredients at CPU scale: residual blocks with group norm and SiLU, the noise level
+entering every block as an adaptive scale/shift (EDM's ``adaptive_scale=True``), self-attention
+at the low resolutions, positional noise embedding, additive class embedding, skip connections
+scaled by √½, and zero-initialised output layers so each block starts as the identity.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+
+from dew import registry
+
+_SKIP_SCALE = math.sqrt(0.5)
+_zeros = hk.initializers.Constant(0.0)
+
+
+def _groups(channels: int) -> int:
+    """EDM uses 32 groups of at least 4 channels; narrow CPU models get fewer groups, and the
+    count must divide the channels."""
+    return next(g for g in range(min(32, max(1, channels // 4)), 0, -1) if channels % g == 0)
+
+
+def positional_embedding(noise_level: jax.Array, dim: int, max_positions: int = 10000) -> jax.Array:
+    """Transformer-style sinusoids of c_noise (DDPM++'s ``PositionalEmbedding``), [B] -> [B, dim]."""
+    freqs = jnp.arange(dim // 2, dtype=jnp.float32) / (dim // 2)
+    freqs = (1.0 / max_positions) ** freqs
+    angles = noise_level.astype(jnp.float32)[:, None] * freqs[None, :]
+    return jnp.concatenate([jnp.cos(angles), jnp.sin(angles)], axis=-1)
+
+
+class ResBlock(hk.Module):
+    """GN-SiLU-conv, noise-adaptive scale/shift, GN-SiLU-dropout-conv, √½-scaled skip."""
+
+    def __init__(self, channels: int, attention: bool, dropout: float, name: str | None = None):
+        super().__init__(name=name)
+        self.channels = channels
+        self.attention = attention
+        self.dropout = dropout
+
+    def __call__(self, x: jax.Array, emb: jax.Array, is_training: bool) -> jax.Array:
+        skip = x
+        h = jax.nn.silu(hk.GroupNorm(_groups(x.shape[-1]), name="norm0")(x))
+        h = hk.Conv2D(self.channels, 3, name="conv0")(h)
+        scale, shift = jnp.split(hk.Linear(2 * self.channels, name="affine")(emb), 2, axis=-1)
+        h = hk.GroupNorm(_groups(self.channels), name="norm1")(h)
+        h = jax.nn.silu(h * (1.0 + scale[:, None, None, :]) + shift[:, None, None, :])
+        if is_training and self.dropout > 0:
+            h = hk.dropout(hk.next_rng_key(), self.dropout, h)
+        h = hk.Conv2D(self.channels, 3, w_init=_zeros, name="conv1")(h)
+        if skip.shape[-1] != self.channels:
+            skip = hk.Conv2D(self.channels, 1, name="skip")(skip)
+        x = (h + skip) * _SKIP_SCALE
+        if self.attention:
+            x = (x + SelfAttention(name="attn")(x)) * _SKIP_SCALE
+        return x
+
+
+class SelfAttention(hk.Module):
+    """Single-head attention over all pixels, as DDPM++ uses at its 16x16 level."""
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        b, h, w, c = x.shape
+        qkv = hk.Conv2D(3 * c, 1, name="qkv")(hk.GroupNorm(_groups(c), name="norm")(x))
+        q, k, v = jnp.split(qkv.reshape(b, h * w, 3 * c), 3, axis=-1)
+        weights = jax.nn.softmax(jnp.einsum("bqc,bkc->bqk", q, k) / math.sqrt(c), axis=-1)
+        out = jnp.einsum("bqk,bkc->bqc", weights, v).reshape(b, h, w, c)
+        return hk.Conv2D(c, 1, w_init=_zeros, name="proj")(out)
+
+
+class UNet(hk.Module):
+    """F_θ(x_in, c_noise, label_embedding) -> raw output of x's shape.
+
+    ``label`` is an already-encoded conditioning vector [B, D] (an encoder from
+    ``dew.registry.encoders`` makes it), added to the noise embedding as DDPM++ does with its
+    class map; ``None`` means unconditional.
+    """
+
+    def __init__(
+        self,
+        channels: int = 64,
+        channel_mult: Sequence[int] = (1, 2, 2),
+        num_blocks: int = 2,
+        attn_resolutions: Sequence[int] = (4,),
+        dropout: float = 0.0,
+        name: str | None = None,
+    ):
+        super().__init__(name=name)
+        self.channels = channels
+        self.channel_mult = tuple(channel_mult)
+        self.num_blocks = num_blocks
+        self.attn_resolutions = tuple(attn_resolutions)
+        self.dropout = dropout
+
+    def __call__(
+        self,
+        x: jax.Array,
+        noise_level: jax.Array,
+        *,
+        label: jax.Array | None = None,
+        is_training: bool = False,
+    ) -> jax.Array:
+        emb_dim = 4 * self.channels
+        emb = positional_embedding(noise_level, self.channels)
+        if label is not None:
+            emb = emb + hk.Linear(self.channels, name="map_label")(label)
+        emb = jax.nn.silu(hk.Linear(emb_dim, name="map_layer0")(emb))
+        emb = jax.nn.silu(hk.Linear(emb_dim, name="map_layer1")(emb))
+
+        h = hk.Conv2D(self.channels, 3, name="conv_in")(x)
+        skips = [h]
+        for level, mult in enumerate(self.channel_mult):
+            res = x.shape[1] >> level
+            for i in range(self.num_blocks):
+                h = ResBlock(
+                    self.channels * mult,
+                    res in self.attn_resolutions,
+                    self.dropout,
+                    name=f"enc{res}_block{i}",
+                )(h, emb, is_training)
+                skips.append(h)
+            if level < len(self.channel_mult) - 1:
+                h = hk.Conv2D(h.shape[-1], 3, stride=2, name=f"enc{res}_down")(h)
+                skips.append(h)
+
+        mid = self.channels * self.channel_mult[-1]
+        h = ResBlock(mid, True, self.dropout, name="mid_block0")(h, emb, is_training)
+        h = ResBlock(mid, False, self.dropout, name="mid_block1")(h, emb, is_training)
+
+        for level, mult in reversed(list(enumerate(self.channel_mult))):
+            res = x.shape[1] >> level
+            for i in range(self.num_blocks + 1):
+                h = jnp.concatenate([h, skips.pop()], axis=-1)
+                h = ResBlock(
+                    self.channels * mult,
+                    res in self.attn_resolutions,
+                    self.dropout,
+                    name=f"dec{res}_block{i}",
+                )(h, emb, is_training)
+            if level > 0:
+                b, hh, ww, c = h.shape
+                h = jax.image.resize(h, (b, 2 * hh, 2 * ww, c), method="nearest")
+                h = hk.Conv2D(c, 3, name=f"dec{res}_up")(h)
+
+        h = jax.nn.silu(hk.GroupNorm(_groups(h.shape[-1]), name="norm_out")(h))
+        return hk.Conv2D(x.shape[-1], 3, w_init=_zeros, name="conv_out")(h)
+
+
+registry.models.register("unet", UNet)

@@ -1,0 +1,1 @@
+"""Objective classes. The registry of objectives is ``dew.registry.objectives``."""

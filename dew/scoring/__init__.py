@@ -1,0 +1,1 @@
+"""Sample-quality metrics; each registers itself in ``dew.registry.metrics``."""

@@ -1,0 +1,96 @@
+"""Console output: a one-line progress display, and line/table metric loggers.
+
+On a terminal the progress line rewrites itself in place; when stdout is not a TTY (CI, a log
+file) it prints a summary line every ``summary_every`` seconds instead of a scroll per step.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+from dew.training.trackers import LoggingCategory, convert_mse_to_rmse
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def log_metrics_to_line(
+    category: LoggingCategory, to_log: dict[str, Any], step_number: int, stream: TextIO | None = None
+) -> None:
+    """Log metrics on a single line, MSE keys converted to RMSE."""
+    values = convert_mse_to_rmse(to_log)
+    body = "  ".join(f"{k}={_format(v)}" for k, v in sorted(values.items()))
+    print(f"[{category.value} step {step_number}] {body}", file=stream or sys.stdout, flush=True)
+
+
+def log_metrics_to_table(
+    category: LoggingCategory, to_log: dict[str, Any], step_number: int, stream: TextIO | None = None
+) -> None:
+    """Log metrics as a two-column table, MSE keys converted to RMSE."""
+    values = convert_mse_to_rmse(to_log)
+    rows = [(k, _format(v)) for k, v in sorted(values.items())]
+    width = max([len("metric"), *(len(k) for k, _ in rows)])
+    vwidth = max([len("value"), *(len(v) for _, v in rows)])
+    rule = f"+-{'-' * width}-+-{'-' * vwidth}-+"
+    lines = [
+        f"{category.value} metrics at step {step_number}",
+        rule,
+        f"| {'metric'.ljust(width)} | {'value'.ljust(vwidth)} |",
+        rule,
+    ]
+    lines += [f"| {k.ljust(width)} | {v.rjust(vwidth)} |" for k, v in rows]
+    lines.append(rule)
+    print("\n".join(lines), file=stream or sys.stdout, flush=True)
+
+
+class Progress:
+    """steps/s, examples/s, ETA and the latest loss, on one line that updates."""
+
+    def __init__(
+        self, total_steps: int, batch_size: int, stream: TextIO | None = None, summary_every: float = 30.0
+    ):
+        self.total = total_steps
+        self.batch_size = batch_size
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty()
+        self.summary_every = summary_every
+        self._start_step: int | None = None
+        self._start_time = 0.0
+        self._last_summary = 0.0
+
+    def update(self, step: int, loss: float | None) -> None:
+        now = time.perf_counter()
+        if self._start_step is None:  # the first report includes the compile; rate from here.
+            self._start_step, self._start_time, self._last_summary = step, now, now
+            return
+        elapsed = max(now - self._start_time, 1e-9)
+        rate = (step - self._start_step) / elapsed
+        eta = (self.total - step) / rate if rate > 0 else float("inf")
+        line = (
+            f"step {step}/{self.total}  {rate:.2f} steps/s  {rate * self.batch_size:.0f} ex/s  "
+            f"ETA {_duration(eta)}" + ("" if loss is None else f"  loss {loss:.4f}")
+        )
+        if self.tty:
+            self.stream.write("\r" + line.ljust(100))
+            self.stream.flush()
+        elif now - self._last_summary >= self.summary_every or step == self.total:
+            self._last_summary = now
+            print(line, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _duration(seconds: float) -> str:
+    if seconds == float("inf"):
+        return "?"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"

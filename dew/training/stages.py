@@ -1,0 +1,132 @@
+"""The side-effect stages ``fit`` calls: metrics, evaluation, previews, checkpoints, progress.
+
+Each stage touches the host only when due; between cadences the loop never waits on the device.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from dew.artifacts import ImageGrid
+from dew.data.dataset import Dataset
+from dew.training.checkpoints import Checkpoints
+from dew.training.console import Progress
+from dew.training.loop import Stage, StepContext
+from dew.training.state import TrainState
+from dew.training.trackers import LoggingCategory, Tracker, write_png
+
+
+class MetricsStage(Stage):
+    """Averages the step statistics over each window of ``every`` steps and logs them."""
+
+    def __init__(self, tracker: Tracker, every: int, batch_size: int, progress: Progress | None = None):
+        self.tracker, self.every, self.batch_size, self.progress = tracker, every, batch_size, progress
+        self._window: list[dict[str, jax.Array]] = []
+        self._since: float | None = None
+        self._since_step = 0
+
+    def observe(self, ctx: StepContext) -> None:
+        self._window.append(ctx.stats)
+
+    def run(self, ctx: StepContext) -> None:
+        window = jax.device_get(self._window)  # one transfer per window, not per step
+        self._window = []
+        means = {k: float(np.mean([s[k] for s in window])) for k in window[0]}
+        self.tracker.log(LoggingCategory.TRAIN_METRICS, means, ctx.step)
+        now = time.perf_counter()
+        if self._since is not None:
+            rate = (ctx.step - self._since_step) / (now - self._since)
+            system = {"steps_per_sec": rate, "examples_per_sec": rate * self.batch_size}
+            self.tracker.log(LoggingCategory.SYSTEM_METRICS, system, ctx.step)
+        self._since, self._since_step = now, ctx.step
+        if self.progress is not None:
+            self.progress.update(ctx.step, means.get("loss"))
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
+
+
+class EvalStage(Stage):
+    """Validation statistics on a fixed prefix of the validation data, with the debiased EMA.
+
+    The same batches and the same key every time, so successive numbers are comparable. The
+    mean loss is reported as ``eval_loss`` for the checkpoint stage to rank by.
+    """
+
+    def __init__(
+        self,
+        eval_fn: Callable[..., dict[str, jax.Array]],
+        batches: Sequence[dict[str, Any]],
+        tracker: Tracker,
+        every: int,
+        seed: int = 0,
+    ):
+        self.eval_fn, self.batches, self.tracker, self.every = eval_fn, batches, tracker, every
+        self.rng = jax.random.PRNGKey(seed)
+
+    def run(self, ctx: StepContext) -> None:
+        per_batch = [self.eval_fn(ctx.state, batch, self.rng) for batch in self.batches]
+        per_batch = jax.device_get(per_batch)
+        means = {k: float(np.mean([s[k] for s in per_batch])) for k in per_batch[0]}
+        self.tracker.log(LoggingCategory.EVAL_METRICS, means, ctx.step)
+        ctx.reports["eval_loss"] = means["loss"]
+
+
+class PreviewStage(Stage):
+    """Samples from the debiased EMA, written as a PNG grid (and scored by ``metrics``).
+
+    ``sample_fn(state, rng) -> (images in [-1, 1], labels)`` is jitted by the caller; a fixed
+    key means successive previews show the same noise, so change over training is visible.
+    """
+
+    def __init__(
+        self,
+        sample_fn: Callable[[TrainState, jax.Array], tuple[jax.Array, jax.Array]],
+        directory: str,
+        tracker: Tracker,
+        every: int,
+        columns: int,
+        metrics: dict[str, Callable[[np.ndarray, np.ndarray], float]] | None = None,
+        seed: int = 0,
+    ):
+        self.sample_fn, self.directory, self.tracker = sample_fn, directory, tracker
+        self.every, self.columns, self.metrics = every, columns, metrics or {}
+        self.rng = jax.random.PRNGKey(seed)
+        self.latest_path: str | None = None
+
+    def run(self, ctx: StepContext) -> None:
+        images, labels = jax.device_get(self.sample_fn(ctx.state, self.rng))
+        images = np.clip(images, -1.0, 1.0)
+        grid = ImageGrid(images, columns=self.columns)
+        path = write_png(os.path.join(self.directory, f"samples_{ctx.step:08d}.png"), grid)
+        write_png(os.path.join(self.directory, "samples.png"), grid)
+        self.latest_path = path
+        self.tracker.log_artifact("samples", grid, ctx.step)
+        scores = {name: metric(images, labels) for name, metric in self.metrics.items()}
+        if scores:
+            self.tracker.log(LoggingCategory.EVAL_METRICS, scores, ctx.step)
+            ctx.reports.update(scores)
+
+
+class CheckpointStage(Stage):
+    """Saves the state and the data position, asynchronously, ranked by the eval loss if one was
+    reported this step. ``close`` waits, so a finished ``fit`` has everything on disk."""
+
+    def __init__(self, checkpoints: Checkpoints, dataset: Dataset, every: int):
+        self.checkpoints, self.dataset, self.every = checkpoints, dataset, every
+
+    def run(self, ctx: StepContext) -> None:
+        metrics = {"loss": ctx.reports["eval_loss"]} if "eval_loss" in ctx.reports else None
+        self.checkpoints.save(
+            ctx.step, ctx.state, self.dataset.save_position(), metrics, share=self.dataset.share
+        )
+
+    def close(self) -> None:
+        self.checkpoints.wait()

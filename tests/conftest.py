@@ -1,0 +1,44 @@
+"""Shared test set-up: CPU only, a persistent compilation cache, tiny configs."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CACHE = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".cache" / "jax-tests"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def tiny_config(**overrides):
+    """experiments/edm.py shrunk so a test compiles and trains in seconds."""
+    from dew.config import apply_overrides, load_config
+
+    config = load_config(str(ROOT / "experiments" / "edm.py"))
+    defaults = {
+        "dataset.batch_size": 16,
+        "model.channels": 8,
+        "model.channel_mult": (1, 2),
+        "model.attn_resolutions": (4,),
+        "train.num_steps": 6,
+        "train.log_every": 2,
+        "checkpoint.every": 3,
+        "eval.every": 3,
+        "eval.num_batches": 1,
+        "sampling.steps": 3,
+        "sampling.per_class": 2,
+        "optimizer.warmup_steps": 2,
+    }
+    defaults.update(overrides)
+    return apply_overrides(
+        config,
+        [f"config.{k}={v!r}" if not isinstance(v, str) else f"config.{k}={v}" for k, v in defaults.items()],
+    )
+
+
+@pytest.fixture
+def config():
+    return tiny_config()
