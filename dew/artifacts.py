@@ -38,7 +38,7 @@ class ImageGrid:
         pixels = np.clip((self.images + 1.0) * 127.5 + 0.5, 0, 255).astype(np.uint8)
         pixels = pixels.repeat(scale, axis=1).repeat(scale, axis=2)
         h, w = h * scale, w * scale
-        grid = np.full((rows * (h + pad) + pad, cols * (w + pad) + pad, c), 255, np.uint8)
+        grid = np.full((rows * (h + pad) + pad, cols * (w + pad) + pad, c), 128, np.uint8)
         for i in range(n):
             r, k = divmod(i, cols)
             y, x = pad + r * (h + pad), pad + k * (w + pad)

@@ -25,7 +25,7 @@ def test_local_tracker_writes_json_lines_and_png_readable_with_stdlib_and_pillow
         {"step": 20, "category": "eval", "loss": 0.25},
     ]
     image = Image.open(tmp_path / "tracking" / "images" / "samples_00000020.png")
-    assert image.size == (2 * 64 + 3, 2 * 64 + 3)
+    assert image.size == (2 * (64 + 4) + 4, 2 * (64 + 4) + 4)
 
 
 def test_rmse_is_taken_after_averaging():

@@ -56,8 +56,8 @@ def test_a_run_leaves_checkpoints_metrics_previews_and_metadata(tmp_path):
     assert any("digits_class_accuracy" in r for r in rows)
     assert all(np.isfinite(r["loss"]) for r in rows if "loss" in r)
     grid = Image.open(workdir / "previews" / "samples.png")
-    # one row per class (10), per_class=2 columns of 8x8 digits enlarged 8x with 1px padding
-    assert grid.size == (2 * 65 + 1, 10 * 65 + 1)
+    # one row per class (10), per_class=2 columns of 8x8 digits enlarged 8x with 4px gutters
+    assert grid.size == (2 * 68 + 4, 10 * 68 + 4)
     metadata = json.loads((workdir / "run.json").read_text())
     assert metadata["config"]["model"]["channels"] == 8
 

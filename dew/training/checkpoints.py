@@ -15,6 +15,7 @@ never execute code.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Mapping
@@ -31,6 +32,16 @@ from dew.training.state import TrainState
 
 _STATE_ITEMS = {"params": "params", "opt_state": "opt_state", "ema_params": "ema", "extra": None}
 RUN_METADATA = "run.json"
+
+
+class _MetriclessSaveFilter(logging.Filter):
+    """A save without metrics is a supported case (it is never ranked best), not a warning."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Requested `tracked_metric`; did not provide metrics" not in record.getMessage()
+
+
+logging.getLogger("absl").addFilter(_MetriclessSaveFilter())
 
 
 class CheckpointRestorationError(Exception):

@@ -160,7 +160,8 @@ def write_png(path: str, grid: ImageGrid, scale: int | None = None) -> str:
 
     h = grid.images.shape[1]
     scale = scale or max(1, 64 // h)
-    pixels = grid.to_uint8_grid(scale=scale)
+    # A gutter of half a source pixel keeps neighbouring samples from reading as one shape.
+    pixels = grid.to_uint8_grid(scale=scale, pad=max(2, scale // 2))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
     Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels).save(tmp, format="PNG")
