@@ -1,4 +1,4 @@
-"""``Checkpoints``: one run's checkpoints in one directory, written asynchronously by orbax.
+"""``Checkpoints``: one run's checkpoints in one directory, written off the loop's critical path.
 
 On disk each step is one orbax checkpoint of separately restorable items:
 
@@ -6,7 +6,12 @@ On disk each step is one orbax checkpoint of separately restorable items:
     opt_state/   the optimizer state
     ema_params/  the raw (not debiased) EMA, so ``restore_ema`` needs neither of the above
     extra/       the small scalars: step, rng key
-    data/        the data position: JSON bytes as uint8 rows, one per process share (optional)
+    pending/     gradient sums of an unfinished accumulation (only when the state has them)
+    data/        data positions: JSON bytes as uint8 rows, one per process with its share
+
+plus orbax's step metadata, whose custom part records the step count the state must agree with.
+With ``local_directory`` each process also keeps one more checkpoint, the latest, on its own
+disk: the shards its devices hold and the placement they were written with.
 
 Everything is arrays and JSON; nothing written or read is pickled, so loading a checkpoint can
 never execute code.
@@ -14,24 +19,29 @@ never execute code.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
+from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as ocm
 
 from dew.data.dataset import DataPartition
+from dew.training import checkpoint_layout as layout
 from dew.training import ema as ema_lib
 from dew.training.state import TrainState
 
-_STATE_ITEMS = {"params": "params", "opt_state": "opt_state", "ema_params": "ema", "extra": None}
 RUN_METADATA = "run.json"
+_STEP_METADATA = "_CHECKPOINT_METADATA"  # orbax's per-step JSON file
+Upload = Callable[[str], "concurrent.futures.Future | None"]
 
 
 class _MetriclessSaveFilter(logging.Filter):
@@ -44,82 +54,184 @@ class _MetriclessSaveFilter(logging.Filter):
 logging.getLogger("absl").addFilter(_MetriclessSaveFilter())
 
 
-class CheckpointRestorationError(Exception):
-    """A restore was asked for and cannot be done as asked (nothing, or the wrong thing, stored)."""
+class CheckpointRestorationError(ValueError):
+    """A restore was asked for and cannot be done as asked: nothing stored, the wrong thing
+    stored, a damaged checkpoint, or a template that does not fit. The message names the step."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint did not land on disk (raised from ``wait`` or the next save)."""
 
 
 class Checkpoints:
     """Holds the checkpoints of one run, in one directory.
 
-    Constructing one opens nothing; the orbax manager is created on first use. The directory
+    Constructing one opens nothing; the orbax managers are created on first use. The directory
     keeps the latest ``keep`` steps, so a resume has something recent, plus the step with the
-    lowest ``best_metric`` a save reported. A save without metrics can never become the best.
+    lowest ``best_metric`` a save reported (``keep_best=False`` keeps only the latest). A save
+    without metrics can never become the best step.
+
+    ``local_directory`` names a path on every host's own disk where the run keeps one more
+    checkpoint, the latest, written every ``local_every`` steps by fit; each process writes the
+    shards its devices hold under a directory of its own (``local_path``). ``latest`` is the
+    newest step every process can read, local or persistent, and ``restore`` reads it from
+    wherever it is. A local checkpoint restores onto the placement it was written with; the
+    persistent one restores onto any mesh.
+
+    Saves run on one background thread, so the loop pays only for a device-side copy of the
+    state (the step donates its input buffers). ``asynchronous=False`` makes each save return
+    once it has landed. ``upload(path)`` is called after each persistent save lands (it may
+    return a future, which ``wait`` waits for). With several processes, every process must
+    make the same calls in the same order (saves and ``latest`` agree across processes).
     """
 
-    def __init__(self, directory: str, *, keep: int = 2, best_metric: str = "loss"):
-        if keep < 1:
-            raise ValueError(f"Checkpoints: keep must be >= 1, got {keep}")
+    def __init__(
+        self,
+        directory: str,
+        *,
+        keep: int = 2,
+        local_directory: str | None = None,
+        local_every: int | None = None,
+        keep_best: bool = True,
+        best_metric: str = "loss",
+        asynchronous: bool = True,
+        upload: Upload | None = None,
+    ):
+        if not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"Checkpoints: keep must be an int >= 1, got {keep!r}")
+        if (local_directory is None) != (local_every is None):
+            raise ValueError(
+                "Checkpoints: local_directory and local_every go together, got "
+                f"local_directory={local_directory!r}, local_every={local_every!r}"
+            )
+        if local_every is not None and (not isinstance(local_every, int) or local_every < 1):
+            raise ValueError(f"Checkpoints: local_every must be an int >= 1, got {local_every!r}")
         self.directory = os.path.abspath(directory)
         self.keep = keep
+        self.keep_best = keep_best
         self.best_metric = best_metric
+        self.local_directory = None if local_directory is None else os.path.abspath(local_directory)
+        self.local_every = local_every
+        self.asynchronous = asynchronous
+        self.upload = upload
         self._manager: ocp.CheckpointManager | None = None
+        self._local_manager: ocp.CheckpointManager | None = None
+        self._worker: concurrent.futures.ThreadPoolExecutor | None = None
+        self._inflight: list[concurrent.futures.Future] = []
 
-    # --- the orbax manager ---------------------------------------------------------------------
+    # --- the orbax managers ---------------------------------------------------------------------
     @property
     def manager(self) -> ocp.CheckpointManager:
+        """The persistent directory's manager (opened on first use)."""
         if self._manager is None:
             metric = self.best_metric
-            policy = ocm.AnyPreservationPolicy(
-                [
-                    ocm.LatestN(n=self.keep),
+            policies: list[Any] = [ocm.LatestN(n=self.keep)]
+            if self.keep_best:
+                policies.append(
                     ocm.BestN(
                         get_metric_fn=lambda m: m[metric],
                         reverse=True,
                         n=1,
                         keep_checkpoints_without_metrics=False,
-                    ),
-                ]
-            )
+                    )
+                )
             options = ocp.CheckpointManagerOptions(
-                preservation_policy=policy,
+                preservation_policy=ocm.AnyPreservationPolicy(policies),
                 best_fn=lambda m: m.get(metric, float("inf")),
                 best_mode="min",
-                enable_async_checkpointing=True,
+                enable_async_checkpointing=False,  # our own thread keeps it off the loop
+                cleanup_tmp_directories=True,
                 create=True,
             )
-            handlers = {name: ocp.StandardCheckpointHandler() for name in (*_STATE_ITEMS, "data")}
-            self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+            self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=_handlers())
         return self._manager
 
+    @property
+    def local_path(self) -> str:
+        """This process's own local directory."""
+        if self.local_directory is None:
+            raise ValueError("Checkpoints: no local_directory was given")
+        return os.path.join(self.local_directory, f"process_{jax.process_index()}")
+
+    @property
+    def local_manager(self) -> ocp.CheckpointManager:
+        """This process's local manager: one checkpoint, written and read by this process alone."""
+        if self._local_manager is None:
+            pid = jax.process_index()
+            options = ocp.CheckpointManagerOptions(
+                max_to_keep=1,
+                enable_async_checkpointing=False,
+                cleanup_tmp_directories=True,
+                create=False,  # orbax refuses create=True with active_processes; made below
+                multiprocessing_options=ocp.options.MultiprocessingOptions(
+                    primary_host=None, active_processes={pid}, barrier_sync_key_prefix=f"dew-local-{pid}"
+                ),
+            )
+            local_options = ocp.options.MultiprocessingOptions(
+                primary_host=None, active_processes={pid}, barrier_sync_key_prefix=f"dew-local-{pid}"
+            )
+            handlers = {
+                name: ocp.PyTreeCheckpointHandler(multiprocessing_options=local_options)
+                for name in ("state", layout.DATA_ITEM)
+            }
+            self._local_manager = ocp.CheckpointManager(
+                self.local_path, options=options, item_handlers=handlers
+            )
+        return self._local_manager
+
     # --- what exists ----------------------------------------------------------------------------
+    def all_steps(self) -> list[int]:
+        """The steps in the persistent directory."""
+        self.wait()
+        return sorted(self.manager.all_steps()) if os.path.isdir(self.directory) else []
+
+    @property
+    def local_step(self) -> int | None:
+        """The local step every process holds, or None (a collective with several processes)."""
+        if self.local_directory is None:
+            return None
+        self.wait()
+        mine = self.local_manager.latest_step() if os.path.isdir(self.local_path) else None
+        if jax.process_count() == 1:
+            return mine
+        steps = multihost_utils.process_allgather(np.int64(-1 if mine is None else mine))
+        steps = np.asarray(steps).reshape(-1)
+        return int(steps[0]) if steps[0] >= 0 and np.all(steps == steps[0]) else None
+
     @property
     def latest(self) -> int | None:
-        """The newest step a resume can read."""
-        if not os.path.isdir(self.directory):
-            return None
-        return self.manager.latest_step()
+        """The newest step a resume can read, local or persistent."""
+        persistent = self.all_steps()
+        candidates = [*persistent[-1:], *([self.local_step] if self.local_directory else [])]
+        candidates = [s for s in candidates if s is not None]
+        return max(candidates) if candidates else None
 
     @property
     def best(self) -> int | None:
         """The step with the lowest reported loss, or None when no save carried one."""
-        if not os.path.isdir(self.directory):
+        if not self.all_steps():
             return None
         with_metric = [
             info
-            for info in self.manager._checkpoints
+            for info in self.manager._checkpoints  # orbax keeps each step's metrics here
             if info.metrics is not None and self.best_metric in info.metrics
         ]
         if not with_metric:
             return None
         return min(with_metric, key=lambda info: info.metrics[self.best_metric]).step
 
-    def all_steps(self) -> list[int]:
-        return list(self.manager.all_steps()) if os.path.isdir(self.directory) else []
-
     def path(self, step: int) -> str:
+        """The persistent directory of ``step``."""
         return os.path.join(self.directory, str(step))
 
-    # --- writing ----------------------------------------------------------------------------
+    def source(self, step: int) -> str:
+        """The directory restore reads ``step`` from: this process's local one when the step is
+        the local one every process holds, else the persistent one."""
+        if self.local_directory is not None and self.local_step == step:
+            return os.path.join(self.local_path, str(step))
+        return self.path(step)
+
+    # --- writing --------------------------------------------------------------------------------
     def save(
         self,
         step: int,
@@ -131,37 +243,196 @@ class Checkpoints:
     ) -> None:
         """Write ``state`` under ``step``, asynchronously.
 
-        Sharded arrays go straight to orbax (no gather to host). ``saved`` is the data stream's
-        position as JSON bytes, stored as uint8 rows beside the share that read it. A write that
-        fails surfaces from ``wait`` (or the next save); it is never swallowed.
+        Sharded arrays go straight to orbax: no gather to the host. ``saved`` is the data
+        stream's position as JSON bytes, stored as a uint8 row beside the ``share`` that read it
+        (one row per process); a position without its share is refused. A write that fails
+        surfaces from ``wait`` (or the next save); it is never swallowed.
         """
-        if int(step) != int(jax.device_get(state.step)):
-            raise ValueError(f"Checkpoints.save: step {step} but the state is at step {int(state.step)}")
-        if saved is not None and share is None:
-            share = DataPartition()
-        items = {
-            "params": ocp.args.StandardSave(state.params),
-            "opt_state": ocp.args.StandardSave(state.opt_state),
-            "ema_params": ocp.args.StandardSave(state.ema),
-            "extra": ocp.args.StandardSave(_extra(state)),
-        }
-        if saved is not None:
-            items["data"] = ocp.args.StandardSave(_position_rows(saved, share))
+        self._raise_failed()
+        step = _step_number(step)
+        rows = self._position_rows(saved, share)
         metrics = None if metrics is None else {k: float(v) for k, v in metrics.items()}
-        self.manager.save(int(step), args=ocp.args.Composite(**items), metrics=metrics)
+        snapshot = _snapshot(state)
+        self._submit(self._write_persistent, step, snapshot, rows, metrics)
+
+    def save_local(
+        self, step: int, state: TrainState, saved: bytes | None, *, share: DataPartition | None = None
+    ) -> None:
+        """Write ``state`` under ``step`` to this process's local directory, asynchronously, in
+        place of the local step before it. The placement rides along; a resume onto another one
+        raises before reading shards from directories that do not hold them."""
+        if self.local_directory is None:
+            raise ValueError("Checkpoints.save_local: no local_directory was given")
+        self._raise_failed()
+        step = _step_number(step)
+        if saved is not None and share is None:
+            raise ValueError(_NO_SHARE)
+        row = None if saved is None else layout.position_row(saved, share, len(saved))
+        snapshot = _snapshot(state)
+        self._submit(self._write_local, step, snapshot, row)
 
     def wait(self) -> None:
-        """Block until pending async writes have landed on disk; re-raises a failed write."""
-        if self._manager is not None:
-            self._manager.wait_until_finished()
+        """Block until pending writes (and uploads) have landed; re-raise the first that failed.
+
+        Deliberately unguarded: a checkpoint that did not land is data loss, so its error stops
+        the caller.
+        """
+        while self._inflight:
+            self._inflight.pop(0).result()
 
     def close(self) -> None:
-        if self._manager is not None:
-            self._manager.wait_until_finished()
-            self._manager.close()
-            self._manager = None
+        """Wait for pending writes, then release the managers and the writer thread."""
+        try:
+            self.wait()
+        finally:
+            for manager in (self._manager, self._local_manager):
+                if manager is not None:
+                    manager.close()
+            self._manager = self._local_manager = None
+            if self._worker is not None:
+                self._worker.shutdown(wait=True)
+                self._worker = None
 
-    # --- reading ----------------------------------------------------------------------------
+    def _submit(self, fn: Callable[..., None], *args: Any) -> None:
+        if not self.asynchronous:
+            fn(*args)
+            return
+        if self._worker is None:
+            self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dew-checkpoints")
+        self._inflight.append(self._worker.submit(fn, *args))
+
+    def _raise_failed(self) -> None:
+        """A write that already failed stops the next save, not only ``wait``."""
+        for future in list(self._inflight):
+            if future.done() and future.exception() is not None:
+                self._inflight.remove(future)
+                future.result()
+
+    def _position_rows(self, saved: bytes | None, share: DataPartition | None) -> dict[str, Any] | None:
+        """The ``data`` item: one row per process, agreed across processes (a collective)."""
+        if saved is not None and share is None:
+            raise ValueError(_NO_SHARE)
+        length = -1 if saved is None else len(saved)
+        if jax.process_count() == 1:
+            return None if saved is None else layout.position_row(saved, share, length)
+        lengths = np.asarray(multihost_utils.process_allgather(np.int64(length))).reshape(-1)
+        if (lengths < 0).any() != (lengths < 0).all():
+            raise ValueError(
+                "Checkpoints.save: every process must pass a data position or none; "
+                f"position lengths by process: {lengths.tolist()}"
+            )
+        if saved is None:
+            return None
+        row = layout.position_row(saved, share, int(lengths.max()))
+        count = jax.process_count()
+        firsts = [
+            min((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id) for p in range(count)
+        ]
+        sharding = jax.sharding.NamedSharding(
+            jax.sharding.Mesh(np.array(firsts), ("process",)), jax.P("process")
+        )
+        return {
+            k: jax.make_array_from_process_local_data(sharding, v, (count, *v.shape[1:]))
+            for k, v in row.items()
+        }
+
+    def _write_persistent(
+        self, step: int, state: TrainState, rows: dict[str, Any] | None, metrics: dict[str, float] | None
+    ) -> None:
+        """On the writer thread: one orbax checkpoint, landed (atomically renamed) on return."""
+        _check_step(step, state)
+        items = {
+            "params": ocp.args.PyTreeSave(state.params),
+            "opt_state": ocp.args.PyTreeSave(state.opt_state),
+            "ema_params": ocp.args.PyTreeSave(state.ema),
+            "extra": ocp.args.PyTreeSave(_extra(state)),
+        }
+        if state.pending is not None:
+            items["pending"] = ocp.args.PyTreeSave(state.pending)
+        if rows is not None:
+            items[layout.DATA_ITEM] = ocp.args.PyTreeSave(rows)
+        custom = {"format": layout.FORMAT, "step": step, "process_count": jax.process_count()}
+        try:
+            saved = self.manager.save(
+                step, args=ocp.args.Composite(**items), metrics=metrics, custom_metadata=custom
+            )
+            self.manager.wait_until_finished()
+        except Exception as e:
+            raise CheckpointWriteError(f"checkpoint step {step} did not land in {self.directory}: {e}") from e
+        if not saved:
+            raise CheckpointWriteError(
+                f"checkpoint step {step} was not written: {self.directory} already holds steps "
+                f"{sorted(self.manager.all_steps())}; a run saves each step once, in increasing order"
+            )
+        if self.upload is not None:
+            pending_upload = self.upload(self.path(step))
+            if pending_upload is not None:
+                pending_upload.result()
+
+    def _write_local(self, step: int, state: TrainState, row: dict[str, np.ndarray] | None) -> None:
+        """On the writer thread: this process's shards and their placement, host-local."""
+        _check_step(step, state)
+        tree = _local_tree(state)
+        leaves = layout.leaf_names(tree)
+        shards, placement = [], []
+        for name, leaf in leaves.items():
+            arr = (
+                leaf
+                if isinstance(leaf, jax.Array)
+                else jax.device_put(np.asarray(leaf), jax.local_devices()[0])
+            )
+            unique = layout.unique_local_shards(arr)
+            described = layout.leaf_placement(arr.shape, arr.sharding)
+            described.update(name=name, dtype=str(np.dtype(arr.dtype)), regions=list(unique))
+            placement.append(described)
+            shards.append(list(unique.values()))
+        host_shards = jax.device_get(shards)
+        items = {"state": ocp.args.PyTreeSave(host_shards)}
+        if row is not None:
+            items[layout.DATA_ITEM] = ocp.args.PyTreeSave(row)
+        custom = {
+            "format": layout.FORMAT,
+            "step": step,
+            "process_index": jax.process_index(),
+            "process_count": jax.process_count(),
+            "placement": placement,
+        }
+        try:
+            self.local_manager.save(
+                step, args=ocp.args.Composite(**items), custom_metadata=custom, force=True
+            )
+            self.local_manager.wait_until_finished()
+        except Exception as e:
+            raise CheckpointWriteError(
+                f"local checkpoint step {step} did not land in {self.local_path}: {e}"
+            ) from e
+
+    # --- reading --------------------------------------------------------------------------------
+    def stored(self, step: int | None = None) -> TrainState:
+        """What the checkpoint at ``step`` (default: latest) holds, without reading its values.
+
+        Each state field comes back as a tree of ``jax.ShapeDtypeStruct`` (from a local
+        checkpoint: a flat dict keyed by leaf name), and an unset field as None.
+        """
+        step = self._resolve(step)
+        if self._is_local(step) and step not in self.all_steps():
+            return self._stored_local(step)
+        trees = self._stored_trees(step)
+        extra = trees["extra"]
+        return TrainState(
+            step=extra["step"],
+            params=trees["params"],
+            opt_state=trees["opt_state"],
+            ema=trees["ema_params"],
+            rng=extra["rng"],
+            pending=trees.get("pending"),
+        )
+
+    def accumulation_template(self, step: int) -> Any:
+        """The persisted pending-array shapes at ``step``, without reading their values (None
+        when that checkpoint holds no unfinished accumulation)."""
+        return self.stored(step).pending
+
     def restore(
         self,
         template: TrainState | None = None,
@@ -171,116 +442,524 @@ class Checkpoints:
     ) -> tuple[TrainState, bytes | None]:
         """Restore the state at ``step`` (default: latest) and the data position of ``share``.
 
-        ``template`` is a TrainState of ``jax.ShapeDtypeStruct``; a leaf's sharding, when set,
-        is where the array is placed. ``None`` restores every leaf as a host (numpy) array.
+        ``template`` is a TrainState of ``jax.ShapeDtypeStruct`` (or arrays) naming the leaves
+        to restore; a leaf's sharding, when set, is where the array is placed, so a checkpoint
+        written on one mesh restores onto whatever mesh this run is using. ``None`` restores
+        every leaf as a host (numpy) array. A step that is the local one every process holds is
+        read from the local directory, onto the placement it was written with; any other step
+        from the persistent one. The position comes back as the bytes the reader of ``share``
+        resumes from, or None without a share (or when the checkpoint stored none).
         """
-        self.wait()
-        step = self._resolve(step)
-        args = {
-            item: _restore_args(None if template is None else _template_item(template, item))
-            for item in _STATE_ITEMS
-        }
-        has_data = self._has_item(step, "data")
-        if has_data:
-            args["data"] = _restore_args(None)
-        try:
-            restored = self.manager.restore(step, args=ocp.args.Composite(**args))
-        except Exception as e:  # orbax raises many types; name the step and the cause.
-            raise CheckpointRestorationError(f"checkpoint step {step} in {self.directory}: {e}") from e
-        restored = {name: restored[name] for name in args}
-        if template is None:
-            restored = jax.device_get(restored)
-        state = TrainState(
-            step=restored["extra"]["step"],
-            params=restored["params"],
-            opt_state=restored["opt_state"],
-            ema=restored["ema_params"],
-            rng=restored["extra"]["rng"],
-        )
-        if int(np.asarray(state.step)) != step:
-            raise CheckpointRestorationError(
-                f"checkpoint step {step} holds a state at step {int(np.asarray(state.step))}"
-            )
-        position = _row_for(restored["data"], share or DataPartition()) if has_data else None
+        return self._restore(template, step, share=share, read_opt_state=True)
+
+    def resume(
+        self,
+        fresh: TrainState,
+        step: int | None = None,
+        *,
+        share: DataPartition | None = None,
+        restore_optimizer_state: bool = True,
+        restore_rng_key: bool = True,
+    ) -> tuple[TrainState, bytes | None]:
+        """Restore onto a freshly initialised ``fresh`` state (its shapes, dtypes and shardings).
+
+        With ``restore_optimizer_state=False`` the optimizer state is not read and ``fresh``'s is
+        kept; with ``restore_rng_key=False`` ``fresh``'s key is kept. With no checkpoint at all
+        (and no ``step`` asked for), ``fresh`` comes back unchanged with no position.
+        """
+        if step is None and self.latest is None:
+            return fresh, None
+        template = jax.tree.map(_abstract, fresh)
+        state, position = self._restore(template, step, share=share, read_opt_state=restore_optimizer_state)
+        if not restore_optimizer_state:
+            state = state.replace(opt_state=fresh.opt_state)
+        if not restore_rng_key:
+            state = state.replace(rng=fresh.rng)
         return state, position
 
     def restore_ema(self, template: Any, decay: float, step: int | None = None) -> Any:
-        """The debiased EMA parameters at ``step``, reading only ``ema_params`` and ``extra``."""
-        self.wait()
+        """The debiased EMA parameters at ``step`` (default: latest) for sampling or evaluation.
+
+        Reads only ``ema_params`` and ``extra``, never params or opt_state, and applies the
+        correction the live loop uses, ``ema / (1 - decay ** step)``. ``template`` is a params
+        tree (shape/dtype, optionally sharded), or None for host arrays.
+        """
         step = self._resolve(step)
-        restored = self.manager.restore(
-            step,
-            args=ocp.args.Composite(ema_params=_restore_args(template), extra=_restore_args(None)),
+        if self._is_local(step) and step not in self.all_steps():
+            state, _ = self.restore(None if template is None else _local_ema_template(template), step)
+            return ema_lib.debias(state.ema, decay, int(np.asarray(state.step)))
+        restored = self._read_items(step, {"ema_params": template, "extra": None})
+        count = int(np.asarray(restored["extra"]["step"]))
+        self._check_step_metadata(step, count)
+        return ema_lib.debias(restored["ema_params"], decay, count)
+
+    # --- reading: persistent ----------------------------------------------------------------------
+    def _restore(
+        self,
+        template: TrainState | None,
+        step: int | None,
+        *,
+        share: DataPartition | None,
+        read_opt_state: bool,
+    ) -> tuple[TrainState, bytes | None]:
+        step = self._resolve(step)
+        if self._is_local(step):
+            problem = self._local_placement_problem(step, template)
+            if problem is None:
+                return self._restore_local(step, template, share)
+            if step not in self.all_steps():
+                raise CheckpointRestorationError(
+                    f"checkpoint step {step} is only in the local directories ({self.local_path}) and "
+                    f"cannot be restored onto this placement: {problem}"
+                )
+        present = self._present_items(step)
+        wants_pending = template is not None and template.pending is not None
+        if wants_pending and "pending" not in present:
+            raise CheckpointRestorationError(
+                f"checkpoint step {step}: the template has pending accumulation arrays, the checkpoint none"
+            )
+        if template is not None and not wants_pending and "pending" in present:
+            raise CheckpointRestorationError(
+                f"checkpoint step {step} holds an unfinished gradient accumulation; pass a template "
+                "with pending arrays (see accumulation_template) to resume it"
+            )
+        items: dict[str, Any] = {
+            "params": None if template is None else template.params,
+            "ema_params": None if template is None else template.ema,
+            "extra": None if template is None else {"step": template.step, "rng": template.rng},
+        }
+        if read_opt_state:
+            items["opt_state"] = None if template is None else template.opt_state
+        if "pending" in present:
+            items["pending"] = None if template is None else template.pending
+        if share is not None and layout.DATA_ITEM in present:
+            items[layout.DATA_ITEM] = None
+        restored = self._read_items(step, items)
+        count = int(np.asarray(restored["extra"]["step"]))
+        self._check_step_metadata(step, count)
+        state = TrainState(
+            step=restored["extra"]["step"],
+            params=restored["params"],
+            opt_state=restored.get("opt_state"),
+            ema=restored["ema_params"],
+            rng=restored["extra"]["rng"],
+            pending=restored.get("pending"),
         )
-        return ema_lib.debias(restored["ema_params"], decay, int(restored["extra"]["step"]))
+        position = None
+        if layout.DATA_ITEM in restored:
+            position = self._position(step, restored[layout.DATA_ITEM], share)
+        return state, position
+
+    def _read_items(self, step: int, templates: Mapping[str, Any]) -> dict[str, Any]:
+        """Read the named items (template or None for host arrays), checking templates first."""
+        stored = self._stored_metadata(step, list(templates))
+        problems = []
+        for item, template in templates.items():
+            if template is not None:
+                problems += layout.template_differences(item, template, layout.stored_leaves(stored[item]))
+        if problems:
+            raise CheckpointRestorationError(
+                f"checkpoint step {step}: the template differs from what is stored in "
+                f"{len(problems)} leaves:\n  " + "\n  ".join(problems)
+            )
+        args = {item: _restore_args(template, stored[item]) for item, template in templates.items()}
+        try:
+            restored = self.manager.restore(step, args=ocp.args.Composite(**args))
+        except Exception as e:
+            raise self._damaged(step, args, e) from e
+        return {item: restored[item] for item in templates}
+
+    def _damaged(self, step: int, args: Mapping[str, Any], error: Exception) -> CheckpointRestorationError:
+        """Name the item a failed read came from by reading each on its own."""
+        for item, arg in args.items():
+            try:
+                self.manager.restore(step, args=ocp.args.Composite(**{item: arg}))
+            except Exception as e:  # orbax and tensorstore raise many types
+                return CheckpointRestorationError(
+                    f"checkpoint step {step} in {self.directory} is damaged: item {item!r} cannot be read "
+                    f"({type(e).__name__}: {_first_line(e)})"
+                )
+        return CheckpointRestorationError(
+            f"checkpoint step {step} in {self.directory} cannot be read "
+            f"({type(error).__name__}: {_first_line(error)})"
+        )
+
+    def _stored_metadata(self, step: int, items: list[str] | None = None) -> dict[str, Any]:
+        """The orbax metadata tree (shapes, dtypes; no values) of each named item, or of every
+        item present. Only the named items are opened."""
+        present = self._present_items(step)
+        missing = [item for item in ("params", "opt_state", "ema_params", "extra") if item not in present]
+        if missing:
+            raise CheckpointRestorationError(
+                f"checkpoint step {step} in {self.directory} is damaged: items {missing} are missing"
+            )
+        trees = {}
+        for item in present if items is None else items:
+            if item not in present:
+                raise CheckpointRestorationError(
+                    f"checkpoint step {step} in {self.directory} has no {item!r} item"
+                )
+            try:
+                trees[item] = _METADATA_READER.metadata(epath.Path(self.path(step)) / item).tree
+            except Exception as e:
+                raise CheckpointRestorationError(
+                    f"checkpoint step {step} in {self.directory} is damaged: item {item!r} has unreadable "
+                    f"metadata ({type(e).__name__}: {_first_line(e)})"
+                ) from e
+        return trees
+
+    def _stored_trees(self, step: int) -> dict[str, Any]:
+        return {item: layout.shape_dtype_tree(tree) for item, tree in self._stored_metadata(step).items()}
+
+    def _present_items(self, step: int) -> list[str]:
+        names = [*layout.STATE_ITEMS, layout.DATA_ITEM]
+        return [n for n in names if os.path.isdir(os.path.join(self.path(step), n))]
+
+    def _check_step_metadata(self, step: int, count: int) -> None:
+        """The restored step count must agree with the step the checkpoint was saved under."""
+        recorded = _custom_metadata(self.path(step)).get("step")
+        if recorded is None or int(recorded) != count or count != step:
+            raise CheckpointRestorationError(
+                f"checkpoint step {step} in {self.directory}: the restored state is at step {count}, "
+                f"its metadata records step {recorded}"
+            )
+
+    def _position(self, step: int, data: Mapping[str, Any], share: DataPartition | None) -> bytes | None:
+        if share is None:
+            return None
+        try:
+            return layout.position_for(data, share, jax.process_index())
+        except KeyError as e:
+            raise CheckpointRestorationError(f"checkpoint step {step}: {e.args[0]}") from None
 
     def _resolve(self, step: int | None) -> int:
+        self.wait()
         if step is None:
             step = self.latest
             if step is None:
-                raise CheckpointRestorationError(f"no checkpoint in {self.directory}")
-        elif step not in self.all_steps():
+                where = self.directory + (f" or {self.local_path}" if self.local_directory else "")
+                raise CheckpointRestorationError(f"no checkpoint in {where}")
+            return int(step)
+        step = _step_number(step)
+        if step not in self.all_steps() and not self._is_local(step):
             raise CheckpointRestorationError(
                 f"no checkpoint for step {step} in {self.directory}; stored steps are {self.all_steps()}"
+                + (f", local step {self.local_step}" if self.local_directory else "")
             )
-        return int(step)
+        return step
 
-    def _has_item(self, step: int, item: str) -> bool:
-        return os.path.isdir(os.path.join(self.path(step), item))
+    # --- reading: local ---------------------------------------------------------------------------
+    def _is_local(self, step: int) -> bool:
+        return self.local_directory is not None and self.local_step == step
+
+    def _local_custom(self, step: int) -> dict[str, Any]:
+        custom = _custom_metadata(os.path.join(self.local_path, str(step)))
+        if custom.get("step") != step or "placement" not in custom:
+            raise CheckpointRestorationError(
+                f"local checkpoint step {step} in {self.local_path} is damaged: "
+                f"its metadata records {str(custom)[:200]}"
+            )
+        return custom
+
+    def _local_placement_problem(self, step: int, template: TrainState | None) -> str | None:
+        """Why this process cannot reassemble the local step onto ``template``, or None.
+
+        Decided from the recorded placement alone, before any shard is read.
+        """
+        custom = self._local_custom(step)
+        if (custom["process_index"], custom["process_count"]) != (jax.process_index(), jax.process_count()):
+            return (
+                f"written by process {custom['process_index']} of {custom['process_count']}, "
+                f"this is process {jax.process_index()} of {jax.process_count()}"
+            )
+        stored = {leaf["name"]: leaf for leaf in custom["placement"]}
+        if template is None:
+            uncovered = [name for name, leaf in stored.items() if not _covers(leaf)]
+            return (
+                None if not uncovered else f"this process holds only part of {uncovered[:3]}; pass a template"
+            )
+        wanted = layout.leaf_names(_local_tree(template))
+        if set(wanted) != set(stored):
+            differ = sorted(set(wanted) ^ set(stored))
+            return f"the template's leaves differ from the stored ones: {differ[:5]}"
+        for name, leaf in wanted.items():
+            sharding = getattr(leaf, "sharding", None) or _default_sharding()
+            here = layout.leaf_placement(leaf.shape, sharding)
+            if here["shape"] != stored[name]["shape"] or here["devices"] != stored[name]["devices"]:
+                return (
+                    f"leaf {name!r} was written as {stored[name]['devices']} (device id: region) of shape "
+                    f"{stored[name]['shape']}, the template places it as {here['devices']} "
+                    f"of shape {here['shape']}"
+                )
+        return None
+
+    def _read_local(self, step: int) -> tuple[dict[str, Any], list[list[np.ndarray]], dict[str, Any] | None]:
+        custom = self._local_custom(step)
+        path = os.path.join(self.local_path, str(step))
+        items = {"state": None}
+        if os.path.isdir(os.path.join(path, layout.DATA_ITEM)):
+            items[layout.DATA_ITEM] = None
+        try:
+            metadata = self.local_manager.item_metadata(step)
+            args = {item: _restore_args(None, metadata[item].tree) for item in items}
+            restored = self.local_manager.restore(step, args=ocp.args.Composite(**args))
+        except Exception as e:
+            raise CheckpointRestorationError(
+                f"local checkpoint step {step} in {self.local_path} is damaged "
+                f"({type(e).__name__}: {_first_line(e)})"
+            ) from e
+        return custom, restored["state"], restored[layout.DATA_ITEM] if layout.DATA_ITEM in items else None
+
+    def _restore_local(
+        self, step: int, template: TrainState | None, share: DataPartition | None
+    ) -> tuple[TrainState, bytes | None]:
+        custom, shards, data = self._read_local(step)
+        names = [leaf["name"] for leaf in custom["placement"]]
+        wanted = layout.leaf_names(_local_tree(template)) if template is not None else {}
+        values = {}
+        for leaf, leaf_shards in zip(custom["placement"], shards, strict=True):
+            by_region = dict(zip(leaf["regions"], leaf_shards, strict=True))
+            if template is None:
+                values[leaf["name"]] = _assemble_host(leaf, by_region)
+            else:
+                values[leaf["name"]] = _assemble_device(leaf, by_region, wanted[leaf["name"]])
+        tree = _local_tree_from_names(names, values)
+        count = int(np.asarray(tree["extra"]["step"]))
+        if count != step:
+            raise CheckpointRestorationError(
+                f"local checkpoint step {step} in {self.local_path}: the restored state is at step {count}"
+            )
+        state = TrainState(
+            step=tree["extra"]["step"],
+            params=tree["params"],
+            opt_state=tree["opt_state"],
+            ema=tree["ema"],
+            rng=tree["extra"]["rng"],
+            pending=tree.get("pending"),
+        )
+        if template is not None:
+            state = _restructure(state, template)
+        position = None
+        if share is not None and data is not None:
+            try:
+                position = layout.position_for(data, share, 0)
+            except KeyError as e:
+                raise CheckpointRestorationError(f"local checkpoint step {step}: {e.args[0]}") from None
+        return state, position
+
+    def _stored_local(self, step: int) -> TrainState:
+        custom = self._local_custom(step)
+        by_field: dict[str, dict[str, jax.ShapeDtypeStruct]] = {}
+        for leaf in custom["placement"]:
+            field, _, rest = leaf["name"].partition(".")
+            by_field.setdefault(field, {})[rest] = jax.ShapeDtypeStruct(
+                tuple(leaf["shape"]), np.dtype(leaf["dtype"])
+            )
+        extra = by_field.get("extra", {})
+        return TrainState(
+            step=extra.get("step"),
+            params=by_field.get("params"),
+            opt_state=by_field.get("opt_state"),
+            ema=by_field.get("ema"),
+            rng=extra.get("rng"),
+            pending=by_field.get("pending"),
+        )
 
 
-# --- helpers: the on-disk layout ------------------------------------------------------------------
-def _extra(state: TrainState) -> dict[str, jax.Array]:
+_NO_SHARE = (
+    "Checkpoints: a data position needs the share that read it (share=DataPartition(index, count)); "
+    "no reader could be matched to a position without one"
+)
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+def _handlers() -> dict[str, ocp.PyTreeCheckpointHandler]:
+    """One handler per item, so a fresh process knows how to read each one back."""
+    return {name: ocp.PyTreeCheckpointHandler() for name in (*layout.STATE_ITEMS, layout.DATA_ITEM)}
+
+
+_METADATA_READER = ocp.PyTreeCheckpointHandler()
+
+
+def _custom_metadata(step_dir: str) -> dict[str, Any]:
+    """The custom part of orbax's step metadata, read as the JSON file it is (no manager, and
+    none of the items is opened)."""
+    path = os.path.join(step_dir, _STEP_METADATA)
+    try:
+        with open(path) as f:
+            custom = json.load(f).get("custom_metadata") or {}
+    except (OSError, ValueError, AttributeError) as e:
+        raise CheckpointRestorationError(
+            f"checkpoint {step_dir} is damaged: its step metadata {_STEP_METADATA} cannot be read ({e})"
+        ) from e
+    if not isinstance(custom, dict):
+        raise CheckpointRestorationError(f"checkpoint {step_dir} is damaged: custom metadata {custom!r:.100}")
+    return custom
+
+
+def _step_number(step: Any) -> int:
+    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+        raise ValueError(f"Checkpoints: step must be an int >= 0, got {step!r}")
+    return int(step)
+
+
+def _check_step(step: int, state: TrainState) -> None:
+    held = int(np.asarray(jax.device_get(state.step)))
+    if held != step:
+        raise ValueError(f"Checkpoints.save: step {step} but the state is at step {held}")
+
+
+def _extra(state: TrainState) -> dict[str, Any]:
     return {"step": state.step, "rng": state.rng}
 
 
-def _template_item(template: TrainState, item: str) -> Any:
-    field = _STATE_ITEMS[item]
-    if field is not None:
-        return getattr(template, field)
-    return {"step": template.step, "rng": template.rng}
+def _local_tree(state: TrainState) -> dict[str, Any]:
+    tree = {"params": state.params, "opt_state": state.opt_state, "ema": state.ema, "extra": _extra(state)}
+    if state.pending is not None:
+        tree["pending"] = state.pending
+    return tree
 
 
-def _restore_args(template: Any) -> ocp.args.StandardRestore:
+def _local_tree_from_names(names: list[str], values: Mapping[str, Any]) -> dict[str, Any]:
+    """Nested dicts from dotted names; the caller restores a template's own structure."""
+    tree: dict[str, Any] = {"params": {}, "opt_state": {}, "ema": {}, "extra": {}}
+    for name in names:
+        parts = name.split(".")
+        node = tree
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = values[name]
+    return tree
+
+
+def _restructure(state: TrainState, template: TrainState) -> TrainState:
+    """Put leaves read by name back into the template's own tree structure."""
+
+    def fill(template_tree: Any, named: Mapping[str, Any], prefix: str) -> Any:
+        names = layout.leaf_names(template_tree)
+        flat = _flat_by_name(named, prefix)
+        leaves = [flat[n] for n in names]
+        return jax.tree.unflatten(jax.tree.structure(template_tree), leaves)
+
+    tree = _local_tree(state)
+    return TrainState(
+        step=tree["extra"]["step"],
+        params=fill(template.params, tree["params"], ""),
+        opt_state=fill(template.opt_state, tree["opt_state"], ""),
+        ema=fill(template.ema, tree["ema"], ""),
+        rng=tree["extra"]["rng"],
+        pending=None if template.pending is None else fill(template.pending, tree["pending"], ""),
+    )
+
+
+def _flat_by_name(nested: Any, prefix: str) -> dict[str, Any]:
+    if not isinstance(nested, dict):
+        return {prefix: nested}
+    out: dict[str, Any] = {}
+    for key, value in nested.items():
+        out.update(_flat_by_name(value, f"{prefix}.{key}" if prefix else key))
+    return out
+
+
+def _covers(leaf: Mapping[str, Any]) -> bool:
+    """Whether this process's regions cover the whole leaf (always so with one process)."""
+    size = int(np.prod(leaf["shape"])) if leaf["shape"] else 1
+    covered = np.zeros(leaf["shape"], bool) if leaf["shape"] else np.zeros((), bool)
+    for region in leaf["regions"]:
+        covered[_slices(region)] = True
+    return int(covered.sum()) == size
+
+
+def _slices(region: str) -> tuple[slice, ...]:
+    if region == "scalar":
+        return ()
+    return tuple(slice(int(a), int(b)) for a, b in (part.split(":") for part in region.split(",")))
+
+
+def _assemble_host(leaf: Mapping[str, Any], by_region: Mapping[str, np.ndarray]) -> np.ndarray:
+    out = np.empty(tuple(leaf["shape"]), np.dtype(leaf["dtype"]))
+    for region, value in by_region.items():
+        out[_slices(region)] = value
+    return out
+
+
+def _assemble_device(leaf: Mapping[str, Any], by_region: Mapping[str, np.ndarray], target: Any) -> jax.Array:
+    sharding = getattr(target, "sharding", None) or _default_sharding()
+    devices = {d.id: d for d in sharding.addressable_devices}
+    arrays = []
+    for device_id, region in leaf["devices"].items():
+        value = by_region[layout.region_key(region)]
+        arrays.append(jax.device_put(value, devices[int(device_id)]))
+    return jax.make_array_from_single_device_arrays(tuple(leaf["shape"]), sharding, arrays)
+
+
+def _local_ema_template(template: Any) -> TrainState:
+    raise CheckpointRestorationError(
+        "restore_ema with a template reads the persistent directory; this step is only local: "
+        "restore the full state (restore) or pass template=None"
+    )
+
+
+def _default_sharding() -> jax.sharding.Sharding:
+    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+
+def _abstract(leaf: Any) -> jax.ShapeDtypeStruct:
+    dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+    return jax.ShapeDtypeStruct(np.shape(leaf), dtype, sharding=getattr(leaf, "sharding", None))
+
+
+def _snapshot(state: TrainState) -> TrainState:
+    """A copy of the state's arrays, dispatched (not waited for) on their own devices.
+
+    The jitted step donates its input, so the writer thread must not read the live buffers;
+    the copy is queued on the devices and the loop goes on. Host leaves are copied on the host.
+    """
+    leaves, treedef = jax.tree.flatten(state)
+    on_device = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
+    copies = jax.device_put(
+        [leaves[i] for i in on_device], [leaves[i].sharding for i in on_device], may_alias=False
+    )
+    out = [x if isinstance(x, jax.Array) else np.array(x, copy=True) for x in leaves]
+    for i, copy in zip(on_device, copies, strict=True):
+        out[i] = copy
+    return jax.tree.unflatten(treedef, out)
+
+
+def _restore_args(template: Any, stored_tree: Any) -> ocp.args.PyTreeRestore:
+    """Placed arrays for a template (its shardings, else the default device); else host arrays."""
     if template is None:
-        return ocp.args.StandardRestore()
-    return ocp.args.StandardRestore(jax.tree.map(_placed, template))
-
-
-def _placed(leaf: Any) -> jax.ShapeDtypeStruct:
-    """A template leaf with a sharding; unsharded leaves land on the default device."""
-    sharding = getattr(leaf, "sharding", None)
-    if sharding is None:
-        sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
-
-
-def _position_rows(saved: bytes, share: DataPartition) -> dict[str, np.ndarray]:
-    """JSON bytes as one uint8 row per share (tensorstore has no bytes dtype)."""
-    raw = np.frombuffer(bytes(saved), dtype=np.uint8)
-    return {
-        "rows": raw[None, :],
-        "lengths": np.array([raw.size], np.int32),
-        "share_index": np.array([share.index], np.int32),
-        "share_count": np.array([share.count], np.int32),
-    }
-
-
-def _row_for(data: Mapping[str, Any], share: DataPartition) -> bytes:
-    index, count = np.asarray(data["share_index"]), np.asarray(data["share_count"])
-    matches = np.flatnonzero((index == share.index) & (count == share.count))
-    if matches.size == 0:
-        stored = list(zip(index.tolist(), count.tolist(), strict=True))
-        raise CheckpointRestorationError(
-            f"no data position for share {share.index}/{share.count}; stored shares are {stored}"
+        restore_args = jax.tree.map(
+            lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+            stored_tree,
+            is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"),
         )
-    row = matches[0]
-    return bytes(np.asarray(data["rows"])[row, : int(np.asarray(data["lengths"])[row])].tobytes())
+        return ocp.args.PyTreeRestore(restore_args=restore_args)
+    item = jax.tree.map(
+        lambda leaf: jax.ShapeDtypeStruct(
+            tuple(leaf.shape), leaf.dtype, sharding=getattr(leaf, "sharding", None) or _default_sharding()
+        ),
+        template,
+    )
+    restore_args = jax.tree.map(
+        lambda leaf: ocp.ArrayRestoreArgs(sharding=leaf.sharding, global_shape=leaf.shape, dtype=leaf.dtype),
+        item,
+    )
+    return ocp.args.PyTreeRestore(item=item, restore_args=restore_args)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else type(error).__name__
 
 
 # --- run metadata: a JSON file beside checkpoints/, read without any orbax manager -------------
 def save_run_metadata(run_dir: str, metadata: Mapping[str, Any]) -> None:
-    """Persist run-level metadata as JSON at the run root, atomically (write, then rename)."""
+    """Persist run-level metadata as JSON at the run root, atomically (write, then rename).
+
+    Run-level, not checkpoint-level: it lives beside ``checkpoints/`` and is read and written
+    without a checkpoint manager. Any JSON-serialisable dict; the caller decides the contents.
+    """
     os.makedirs(run_dir, exist_ok=True)
     text = json.dumps(metadata, indent=2, sort_keys=True)
     fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".run.", suffix=".json")
@@ -297,3 +976,12 @@ def read_run_metadata(run_dir: str) -> dict[str, Any] | None:
         return None
     with open(path) as f:
         return json.load(f)
+
+
+def get_debiased_ema(ema_params: Any, decay: float, num_updates: int | jax.Array) -> Any:
+    """Bias-corrected EMA (Adam convention): ``ema / (1 - decay ** num_updates)``.
+
+    Assumes ``ema_params`` was zero-initialised and updated ``num_updates`` times; must not be
+    called with ``num_updates == 0``.
+    """
+    return ema_lib.debias(ema_params, decay, num_updates)

@@ -117,16 +117,27 @@ class PreviewStage(Stage):
 
 class CheckpointStage(Stage):
     """Saves the state and the data position, asynchronously, ranked by the eval loss if one was
-    reported this step. ``close`` waits, so a finished ``fit`` has everything on disk."""
+    reported this step: to the persistent directory every ``every`` steps (and at the end), and
+    to each process's local directory every ``checkpoints.local_every`` steps in between.
+    ``close`` waits, so a finished ``fit`` has everything on disk and a failed write stops it."""
 
     def __init__(self, checkpoints: Checkpoints, dataset: Dataset, every: int):
         self.checkpoints, self.dataset, self.every = checkpoints, dataset, every
 
+    def _local_due(self, ctx: StepContext) -> bool:
+        local_every = self.checkpoints.local_every
+        return bool(local_every) and ctx.step % local_every == 0
+
+    def due(self, ctx: StepContext) -> bool:
+        return super().due(ctx) or self._local_due(ctx)
+
     def run(self, ctx: StepContext) -> None:
-        metrics = {"loss": ctx.reports["eval_loss"]} if "eval_loss" in ctx.reports else None
-        self.checkpoints.save(
-            ctx.step, ctx.state, self.dataset.save_position(), metrics, share=self.dataset.share
-        )
+        position, share = self.dataset.save_position(), self.dataset.share
+        if super().due(ctx):
+            metrics = {"loss": ctx.reports["eval_loss"]} if "eval_loss" in ctx.reports else None
+            self.checkpoints.save(ctx.step, ctx.state, position, metrics, share=share)
+        else:
+            self.checkpoints.save_local(ctx.step, ctx.state, position, share=share)
 
     def close(self) -> None:
         self.checkpoints.wait()
