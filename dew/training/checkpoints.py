@@ -79,7 +79,8 @@ class Checkpoints:
     persistent one restores onto any mesh.
 
     Saves run on one background thread, so the loop pays only for a device-side copy of the
-    state (the step donates its input buffers). ``asynchronous=False`` makes each save return
+    state (the step donates its input buffers); a save waits for the one before it, so at most
+    one copy is held and a failed write stops the next save. ``asynchronous=False`` makes each save return
     once it has landed. ``upload(path)`` is called after each persistent save lands (it may
     return a future, which ``wait`` waits for). With several processes, every process must
     make the same calls in the same order (saves and ``latest`` agree across processes).
@@ -248,7 +249,7 @@ class Checkpoints:
         (one row per process); a position without its share is refused. A write that fails
         surfaces from ``wait`` (or the next save); it is never swallowed.
         """
-        self._raise_failed()
+        self.wait()  # one write in flight at most: a failed one stops here, memory stays bounded
         step = _step_number(step)
         rows = self._position_rows(saved, share)
         metrics = None if metrics is None else {k: float(v) for k, v in metrics.items()}
@@ -263,7 +264,7 @@ class Checkpoints:
         raises before reading shards from directories that do not hold them."""
         if self.local_directory is None:
             raise ValueError("Checkpoints.save_local: no local_directory was given")
-        self._raise_failed()
+        self.wait()
         step = _step_number(step)
         if saved is not None and share is None:
             raise ValueError(_NO_SHARE)
@@ -300,13 +301,6 @@ class Checkpoints:
         if self._worker is None:
             self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dew-checkpoints")
         self._inflight.append(self._worker.submit(fn, *args))
-
-    def _raise_failed(self) -> None:
-        """A write that already failed stops the next save, not only ``wait``."""
-        for future in list(self._inflight):
-            if future.done() and future.exception() is not None:
-                self._inflight.remove(future)
-                future.result()
 
     def _position_rows(self, saved: bytes | None, share: DataPartition | None) -> dict[str, Any] | None:
         """The ``data`` item: one row per process, agreed across processes (a collective)."""
