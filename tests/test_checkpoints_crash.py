@@ -23,7 +23,9 @@ KILLS = 10
 def start(workdir, final=None) -> subprocess.Popen:
     args = [sys.executable, HELPER, str(workdir), str(NUM_STEPS)] + ([str(final)] if final else [])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    return subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env
+    )
 
 
 def partial_checkpoints(directory) -> list[str]:

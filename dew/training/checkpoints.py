@@ -20,6 +20,7 @@ never execute code.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ from orbax.checkpoint import checkpoint_managers as ocm
 from dew.data.dataset import DataPartition
 from dew.training import checkpoint_layout as layout
 from dew.training import ema as ema_lib
+from dew.training import local_checkpoint
 from dew.training.state import TrainState
 
 RUN_METADATA = "run.json"
@@ -116,7 +118,6 @@ class Checkpoints:
         self.asynchronous = asynchronous
         self.upload = upload
         self._manager: ocp.CheckpointManager | None = None
-        self._local_manager: ocp.CheckpointManager | None = None
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
         self._inflight: list[concurrent.futures.Future] = []
 
@@ -154,32 +155,6 @@ class Checkpoints:
             raise ValueError("Checkpoints: no local_directory was given")
         return os.path.join(self.local_directory, f"process_{jax.process_index()}")
 
-    @property
-    def local_manager(self) -> ocp.CheckpointManager:
-        """This process's local manager: one checkpoint, written and read by this process alone."""
-        if self._local_manager is None:
-            pid = jax.process_index()
-            options = ocp.CheckpointManagerOptions(
-                max_to_keep=1,
-                enable_async_checkpointing=False,
-                cleanup_tmp_directories=True,
-                create=False,  # orbax refuses create=True with active_processes; made below
-                multiprocessing_options=ocp.options.MultiprocessingOptions(
-                    primary_host=None, active_processes={pid}, barrier_sync_key_prefix=f"dew-local-{pid}"
-                ),
-            )
-            local_options = ocp.options.MultiprocessingOptions(
-                primary_host=None, active_processes={pid}, barrier_sync_key_prefix=f"dew-local-{pid}"
-            )
-            handlers = {
-                name: ocp.PyTreeCheckpointHandler(multiprocessing_options=local_options)
-                for name in ("state", layout.DATA_ITEM)
-            }
-            self._local_manager = ocp.CheckpointManager(
-                self.local_path, options=options, item_handlers=handlers
-            )
-        return self._local_manager
-
     # --- what exists ----------------------------------------------------------------------------
     def all_steps(self) -> list[int]:
         """The steps in the persistent directory."""
@@ -192,7 +167,7 @@ class Checkpoints:
         if self.local_directory is None:
             return None
         self.wait()
-        mine = self.local_manager.latest_step() if os.path.isdir(self.local_path) else None
+        mine = local_checkpoint.latest_step(self.local_path)
         if jax.process_count() == 1:
             return mine
         steps = multihost_utils.process_allgather(np.int64(-1 if mine is None else mine))
@@ -286,10 +261,9 @@ class Checkpoints:
         try:
             self.wait()
         finally:
-            for manager in (self._manager, self._local_manager):
-                if manager is not None:
-                    manager.close()
-            self._manager = self._local_manager = None
+            if self._manager is not None:
+                self._manager.close()
+            self._manager = None
             if self._worker is not None:
                 self._worker.shutdown(wait=True)
                 self._worker = None
@@ -380,11 +354,7 @@ class Checkpoints:
             described.update(name=name, dtype=str(np.dtype(arr.dtype)), regions=list(unique))
             placement.append(described)
             shards.append(list(unique.values()))
-        host_shards = jax.device_get(shards)
-        items = {"state": ocp.args.PyTreeSave(host_shards)}
-        if row is not None:
-            items[layout.DATA_ITEM] = ocp.args.PyTreeSave(row)
-        custom = {
+        meta = {
             "format": layout.FORMAT,
             "step": step,
             "process_index": jax.process_index(),
@@ -392,10 +362,8 @@ class Checkpoints:
             "placement": placement,
         }
         try:
-            self.local_manager.save(
-                step, args=ocp.args.Composite(**items), custom_metadata=custom, force=True
-            )
-            self.local_manager.wait_until_finished()
+            host = [[np.asarray(shard) for shard in leaf] for leaf in shards]  # this process's own
+            local_checkpoint.write(self.local_path, step, host, meta, row)
         except Exception as e:
             raise CheckpointWriteError(
                 f"local checkpoint step {step} did not land in {self.local_path}: {e}"
@@ -594,7 +562,7 @@ class Checkpoints:
                     f"checkpoint step {step} in {self.directory} has no {item!r} item"
                 )
             try:
-                trees[item] = _METADATA_READER.metadata(epath.Path(self.path(step)) / item).tree
+                trees[item] = _metadata_reader().metadata(epath.Path(self.path(step)) / item).tree
             except Exception as e:
                 raise CheckpointRestorationError(
                     f"checkpoint step {step} in {self.directory} is damaged: item {item!r} has unreadable "
@@ -647,7 +615,12 @@ class Checkpoints:
         return self.local_directory is not None and self.local_step == step
 
     def _local_custom(self, step: int) -> dict[str, Any]:
-        custom = _custom_metadata(os.path.join(self.local_path, str(step)))
+        try:
+            custom = local_checkpoint.read_meta(self.local_path, step)
+        except (OSError, ValueError) as e:
+            raise CheckpointRestorationError(
+                f"local checkpoint step {step} in {self.local_path} is damaged: {_first_line(e)}"
+            ) from e
         if custom.get("step") != step or "placement" not in custom:
             raise CheckpointRestorationError(
                 f"local checkpoint step {step} in {self.local_path} is damaged: "
@@ -689,20 +662,15 @@ class Checkpoints:
 
     def _read_local(self, step: int) -> tuple[dict[str, Any], list[list[np.ndarray]], dict[str, Any] | None]:
         custom = self._local_custom(step)
-        path = os.path.join(self.local_path, str(step))
-        items = {"state": None}
-        if os.path.isdir(os.path.join(path, layout.DATA_ITEM)):
-            items[layout.DATA_ITEM] = None
         try:
-            metadata = self.local_manager.item_metadata(step)
-            args = {item: _restore_args(None, metadata[item].tree) for item in items}
-            restored = self.local_manager.restore(step, args=ocp.args.Composite(**args))
-        except Exception as e:
+            shards = local_checkpoint.read_shards(self.local_path, step, custom)
+            data = local_checkpoint.read_data(self.local_path, step)
+        except (OSError, ValueError, EOFError) as e:
             raise CheckpointRestorationError(
                 f"local checkpoint step {step} in {self.local_path} is damaged "
                 f"({type(e).__name__}: {_first_line(e)})"
             ) from e
-        return custom, restored["state"], restored[layout.DATA_ITEM] if layout.DATA_ITEM in items else None
+        return custom, shards, data
 
     def _restore_local(
         self, step: int, template: TrainState | None, share: DataPartition | None
@@ -772,7 +740,10 @@ def _handlers() -> dict[str, ocp.PyTreeCheckpointHandler]:
     return {name: ocp.PyTreeCheckpointHandler() for name in (*layout.STATE_ITEMS, layout.DATA_ITEM)}
 
 
-_METADATA_READER = ocp.PyTreeCheckpointHandler()
+@functools.cache
+def _metadata_reader() -> ocp.PyTreeCheckpointHandler:
+    """Reads an item's tree metadata on its own (built on first use: it queries the backend)."""
+    return ocp.PyTreeCheckpointHandler()
 
 
 def _custom_metadata(step_dir: str) -> dict[str, Any]:
