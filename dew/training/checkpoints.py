@@ -24,6 +24,7 @@ import functools
 import json
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -83,7 +84,8 @@ class Checkpoints:
     Saves run on one background thread, so the loop pays only for a device-side copy of the
     state (the step donates its input buffers); a save waits for the one before it, so at most
     one copy is held and a failed write stops the next save. ``asynchronous=False`` makes each save return
-    once it has landed. ``upload(path)`` is called after each persistent save lands (it may
+    once it has landed. ``read_only=True`` opens another run's directory for restoring only.
+    ``upload(path)`` is called after each persistent save lands (it may
     return a future, which ``wait`` waits for). With several processes, every process must
     make the same calls in the same order (saves and ``latest`` agree across processes).
     """
@@ -99,6 +101,7 @@ class Checkpoints:
         best_metric: str = "loss",
         asynchronous: bool = True,
         upload: Upload | None = None,
+        read_only: bool = False,
     ):
         if not isinstance(keep, int) or keep < 1:
             raise ValueError(f"Checkpoints: keep must be an int >= 1, got {keep!r}")
@@ -117,6 +120,7 @@ class Checkpoints:
         self.local_every = local_every
         self.asynchronous = asynchronous
         self.upload = upload
+        self.read_only = read_only
         self._manager: ocp.CheckpointManager | None = None
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
         self._inflight: list[concurrent.futures.Future] = []
@@ -142,8 +146,10 @@ class Checkpoints:
                 best_fn=lambda m: m.get(metric, float("inf")),
                 best_mode="min",
                 enable_async_checkpointing=False,  # our own thread keeps it off the loop
-                cleanup_tmp_directories=True,
-                create=True,
+                # A read-only view of another run's directory must not touch its in-flight writes.
+                cleanup_tmp_directories=not self.read_only,
+                create=not self.read_only,
+                read_only=self.read_only,
             )
             self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=_handlers())
         return self._manager
@@ -224,6 +230,7 @@ class Checkpoints:
         (one row per process); a position without its share is refused. A write that fails
         surfaces from ``wait`` (or the next save); it is never swallowed.
         """
+        self._writable()
         self.wait()  # one write in flight at most: a failed one stops here, memory stays bounded
         step = _step_number(step)
         rows = self._position_rows(saved, share)
@@ -239,6 +246,7 @@ class Checkpoints:
         raises before reading shards from directories that do not hold them."""
         if self.local_directory is None:
             raise ValueError("Checkpoints.save_local: no local_directory was given")
+        self._writable()
         self.wait()
         step = _step_number(step)
         if saved is not None and share is None:
@@ -267,6 +275,25 @@ class Checkpoints:
             if self._worker is not None:
                 self._worker.shutdown(wait=True)
                 self._worker = None
+
+    def clear(self) -> None:
+        """Delete every checkpoint of this run: the persistent directory (by process 0) and this
+        process's local one. Waits for pending writes first."""
+        self._writable()
+        self.wait()
+        if self._manager is not None:
+            self._manager.close()
+            self._manager = None
+        if jax.process_index() == 0 and os.path.isdir(self.directory):
+            shutil.rmtree(self.directory)
+        if self.local_directory is not None and os.path.isdir(self.local_path):
+            shutil.rmtree(self.local_path)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices("dew-checkpoints-clear")
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise ValueError(f"Checkpoints: {self.directory} was opened read_only; it cannot be written")
 
     def _submit(self, fn: Callable[..., None], *args: Any) -> None:
         if not self.asynchronous:
