@@ -85,7 +85,8 @@ def main() -> None:
 
     medians = {name: statistics.median(times) for name, times in blocked.items()}
     for name, times in blocked.items():
-        print(f"{name:5s} blocked median {medians[name] * 1e3:8.2f} ms  (rounds: {[round(t * 1e3, 2) for t in times]})")
+        rounds = [round(t * 1e3, 2) for t in times]
+        print(f"{name:5s} blocked median {medians[name] * 1e3:8.2f} ms  (rounds, ms: {rounds})")
     print(f"ratio async/sync = {medians['async'] / medians['sync']:.4f}  (goal <= 0.05)")
 
 
