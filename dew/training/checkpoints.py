@@ -346,7 +346,17 @@ class Checkpoints:
             items["pending"] = ocp.args.PyTreeSave(state.pending)
         if rows is not None:
             items[layout.DATA_ITEM] = ocp.args.PyTreeSave(rows)
-        custom = {"format": layout.FORMAT, "step": step, "process_count": jax.process_count()}
+        # Orbax cannot write a tree without arrays (e.g. plain SGD's optimizer state): such an
+        # item is recorded as empty instead, and restores as the template's own empty tree.
+        empty = [name for name, arg in items.items() if not jax.tree.leaves(arg.item)]
+        for name in empty:
+            del items[name]
+        custom = {
+            "format": layout.FORMAT,
+            "step": step,
+            "process_count": jax.process_count(),
+            "empty_items": empty,
+        }
         try:
             saved = self.manager.save(
                 step, args=ocp.args.Composite(**items), metrics=metrics, custom_metadata=custom
@@ -407,6 +417,7 @@ class Checkpoints:
         if self._is_local(step) and step not in self.all_steps():
             return self._stored_local(step)
         trees = self._stored_trees(step)
+        trees.update({item: None for item in self._empty_items(step)})
         extra = trees["extra"]
         return TrainState(
             step=extra["step"],
@@ -541,22 +552,28 @@ class Checkpoints:
 
     def _read_items(self, step: int, templates: Mapping[str, Any]) -> dict[str, Any]:
         """Read the named items (template or None for host arrays), checking templates first."""
-        stored = self._stored_metadata(step, list(templates))
+        empty = set(self._empty_items(step)) & set(templates)
+        stored = self._stored_metadata(step, [item for item in templates if item not in empty])
         problems = []
         for item, template in templates.items():
-            if template is not None:
+            if item in empty:
+                problems += layout.template_differences(item, template or {}, {})
+            elif template is not None:
                 problems += layout.template_differences(item, template, layout.stored_leaves(stored[item]))
         if problems:
             raise CheckpointRestorationError(
                 f"checkpoint step {step}: the template differs from what is stored in "
                 f"{len(problems)} leaves:\n  " + "\n  ".join(problems)
             )
-        args = {item: _restore_args(template, stored[item]) for item, template in templates.items()}
+        args = {item: _restore_args(templates[item], tree) for item, tree in stored.items()}
         try:
             restored = self.manager.restore(step, args=ocp.args.Composite(**args))
         except Exception as e:
             raise self._damaged(step, args, e) from e
-        return {item: restored[item] for item in templates}
+        return {item: templates[item] if item in empty else restored[item] for item in templates}
+
+    def _empty_items(self, step: int) -> list[str]:
+        return list(_custom_metadata(self.path(step)).get("empty_items", []))
 
     def _damaged(self, step: int, args: Mapping[str, Any], error: Exception) -> CheckpointRestorationError:
         """Name the item a failed read came from by reading each on its own."""
@@ -577,7 +594,8 @@ class Checkpoints:
         """The orbax metadata tree (shapes, dtypes; no values) of each named item, or of every
         item present. Only the named items are opened."""
         present = self._present_items(step)
-        missing = [item for item in ("params", "opt_state", "ema_params", "extra") if item not in present]
+        required = set(("params", "opt_state", "ema_params", "extra")) - set(self._empty_items(step))
+        missing = [item for item in sorted(required) if item not in present]
         if missing:
             raise CheckpointRestorationError(
                 f"checkpoint step {step} in {self.directory} is damaged: items {missing} are missing"
