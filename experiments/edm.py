@@ -47,7 +47,24 @@ def get_config() -> ConfigDict:
     config.ema = ConfigDict({"decay": 0.999})
 
     config.train = ConfigDict({"num_steps": 4000, "log_every": 50})
-    config.checkpoint = ConfigDict({"every": 500, "keep": 2})
+    # Checkpoints (dew.training.checkpoint_config documents every key): the latest `keep` plus
+    # the best; resume from the latest when the workdir has one.
+    config.checkpoint = ConfigDict(
+        {
+            "every": 500,
+            "keep": 2,
+            "keep_best": True,
+            "asynchronous": True,
+            "local_directory": None,
+            "local_every": None,
+            "restore_checkpoint_if_exists": True,
+            "step_to_restore": None,
+            "restore_dir": None,
+            "restore_optimizer_state": True,
+            "restore_rng_key": True,
+            "clear_previous_checkpoints": False,
+        }
+    )
     config.eval = ConfigDict({"every": 1000, "num_batches": 2, "metrics": ("digits_class_accuracy",)})
 
     # Previews: one row per class, sampled with Heun's method on the EDM σ schedule.

@@ -18,7 +18,13 @@ from dew.config import ConfigError
 from dew.data.dataset import Dataset
 from dew.objectives.base import EMASpec, Objective
 from dew.training import ema as ema_lib
-from dew.training.checkpoints import Checkpoints, read_run_metadata, save_run_metadata
+from dew.training.checkpoint_config import checkpoint_settings
+from dew.training.checkpoints import (
+    CheckpointRestorationError,
+    Checkpoints,
+    read_run_metadata,
+    save_run_metadata,
+)
 from dew.training.console import Progress
 from dew.training.loop import Stage, fit
 from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage
@@ -53,8 +59,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _require(c.dataset.batch_size >= 1, "dataset.batch_size", c.dataset.batch_size, "an int >= 1")
     _require(c.train.num_steps >= 1, "train.num_steps", c.train.num_steps, "an int >= 1")
     _require(c.train.log_every >= 1, "train.log_every", c.train.log_every, "an int >= 1")
-    _require(c.checkpoint.every >= 1, "checkpoint.every", c.checkpoint.every, "an int >= 1")
-    _require(c.checkpoint.keep >= 1, "checkpoint.keep", c.checkpoint.keep, "an int >= 1")
+    checkpoint_settings(c.checkpoint)
     _require(c.eval.every >= 0, "eval.every", c.eval.every, "an int >= 0 (0 disables evaluation)")
     _require(c.eval.num_batches >= 1, "eval.num_batches", c.eval.num_batches, "an int >= 1")
     _require(
@@ -145,7 +150,15 @@ class Trainer:
         self.init = jax.jit(make_init(self.objective, self.optimizer))
         self.step = jax.jit(make_step(self.objective, self.optimizer, self.ema), donate_argnums=0)
         self.eval = jax.jit(make_eval(self.objective, self.ema))
-        self.checkpoints = Checkpoints(os.path.join(self.workdir, "checkpoints"), keep=c.checkpoint.keep)
+        self.checkpoint_settings = cs = checkpoint_settings(c.checkpoint)
+        self.checkpoints = Checkpoints(
+            os.path.join(self.workdir, "checkpoints"),
+            keep=cs.keep,
+            keep_best=cs.keep_best,
+            asynchronous=cs.asynchronous,
+            local_directory=cs.local_directory,
+            local_every=cs.local_every,
+        )
         self.extra_trackers = trackers or []
         self.val_data.first(c.eval.num_batches)  # fail now, not at the first evaluation
 
@@ -170,14 +183,49 @@ class Trainer:
         return jax.jit(sample)
 
     def initial_state(self) -> TrainState:
-        """The latest checkpoint's state (and data position) if there is one, else a fresh one."""
-        if self.checkpoints.latest is not None:
+        """The state the run starts from, as ``config.checkpoint`` asks.
+
+        With ``restore_checkpoint_if_exists`` (the default) or ``step_to_restore``: the latest
+        (or that) checkpoint of this run, or of ``restore_dir`` while this run has none yet,
+        with its data position; ``restore_optimizer_state`` / ``restore_rng_key`` set to False
+        keep the fresh state's values. ``clear_previous_checkpoints`` deletes this run's
+        checkpoints first. A run that does not restore refuses a directory that holds checkpoints.
+        """
+        s = self.checkpoint_settings
+        if s.clear_previous_checkpoints:
+            self.checkpoints.clear()
+
+        def fresh() -> TrainState:
+            return self.init(jax.random.PRNGKey(self.config.seed), self.example_batch())
+
+        if not s.restores:
+            if self.checkpoints.latest is not None:
+                raise CheckpointRestorationError(
+                    f"{self.checkpoints.directory} already holds checkpoints (latest step "
+                    f"{self.checkpoints.latest}) and config.checkpoint.restore_checkpoint_if_exists=False: "
+                    "set clear_previous_checkpoints=True to start over, or choose another --workdir"
+                )
+            return fresh()
+        source = self.checkpoints
+        if s.restore_dir is not None and self.checkpoints.latest is None:
+            source = Checkpoints(s.restore_dir, read_only=True)
+        if s.step_to_restore is None and source.latest is None:
+            return fresh()
+        share = self.train_data.share
+        if s.restore_optimizer_state and s.restore_rng_key:
             template = abstract_state(self.init, self.example_batch())
-            state, position = self.checkpoints.restore(template, share=self.train_data.share)
-            if position is not None:
-                self.train_data.read_position(position)
-            return state
-        return self.init(jax.random.PRNGKey(self.config.seed), self.example_batch())
+            state, position = source.restore(template, s.step_to_restore, share=share)
+        else:
+            state, position = source.resume(
+                fresh(),
+                s.step_to_restore,
+                share=share,
+                restore_optimizer_state=s.restore_optimizer_state,
+                restore_rng_key=s.restore_rng_key,
+            )
+        if position is not None:
+            self.train_data.read_position(position)
+        return state
 
     def tracker(self) -> Trackers:
         sinks: list[Tracker] = [LocalTracker(os.path.join(self.workdir, "tracking"))]
