@@ -13,19 +13,17 @@ from __future__ import annotations
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-os.environ["JAX_PLATFORMS"] = "cpu"
+if __name__ == "__main__":  # only as a process of its own: tests import host_state from here
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax
+import numpy as np
+import optax
 
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-
-from dew.data.dataset import DataPartition  # noqa: E402
-from dew.training.checkpoints import CheckpointRestorationError, Checkpoints  # noqa: E402
-from dew.training.state import TrainState  # noqa: E402
+from dew.data.dataset import DataPartition
+from dew.training.checkpoints import CheckpointRestorationError, Checkpoints
+from dew.training.state import TrainState
 
 
 def host_state(step: int) -> TrainState:
@@ -66,6 +64,7 @@ def assert_holds(restored: TrainState, expected: TrainState) -> None:
 
 
 def main(pid: int, port: int, workdir: str) -> None:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
     assert jax.device_count() == 8 and jax.local_device_count() == 4
     axis_types = (jax.sharding.AxisType.Auto,) * 2

@@ -505,8 +505,9 @@ class Checkpoints:
         step = self._resolve(step)
         if self._is_local(step):
             problem = self._local_placement_problem(step, template)
-            if problem is None:
+            if _everywhere(problem is None):  # processes must agree, or their reads would diverge
                 return self._restore_local(step, template, share)
+            problem = problem or "another process's placement differs from the one it wrote"
             if step not in self.all_steps():
                 raise CheckpointRestorationError(
                     f"checkpoint step {step} is only in the local directories ({self.local_path}) and "
@@ -805,6 +806,13 @@ def _custom_metadata(step_dir: str) -> dict[str, Any]:
     if not isinstance(custom, dict):
         raise CheckpointRestorationError(f"checkpoint {step_dir} is damaged: custom metadata {custom!r:.100}")
     return custom
+
+
+def _everywhere(ok: bool) -> bool:
+    """Whether ``ok`` holds on every process (a collective with several processes)."""
+    if jax.process_count() == 1:
+        return ok
+    return bool(np.asarray(multihost_utils.process_allgather(np.int32(ok))).all())
 
 
 def _step_number(step: Any) -> int:
