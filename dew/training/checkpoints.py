@@ -193,14 +193,12 @@ class Checkpoints:
         """The step with the lowest reported loss, or None when no save carried one."""
         if not self.all_steps():
             return None
-        with_metric = [
-            info
-            for info in self.manager._checkpoints  # orbax keeps each step's metrics here
-            if info.metrics is not None and self.best_metric in info.metrics
-        ]
-        if not with_metric:
-            return None
-        return min(with_metric, key=lambda info: info.metrics[self.best_metric]).step
+        losses = {}
+        for step in self.all_steps():
+            metrics = self.manager.metrics(step)
+            if metrics is not None and self.best_metric in metrics:
+                losses[step] = float(metrics[self.best_metric])
+        return min(losses, key=losses.__getitem__) if losses else None
 
     def path(self, step: int) -> str:
         """The persistent directory of ``step``."""
@@ -486,7 +484,12 @@ class Checkpoints:
         """
         step = self._resolve(step)
         if self._is_local(step) and step not in self.all_steps():
-            state, _ = self.restore(None if template is None else _local_ema_template(template), step)
+            if template is not None:
+                raise CheckpointRestorationError(
+                    f"checkpoint step {step} is only local: restore_ema reads it with template=None, "
+                    "or restore the full state onto its placement"
+                )
+            state, _ = self.restore(None, step)
             return ema_lib.debias(state.ema, decay, int(np.asarray(state.step)))
         restored = self._read_items(step, {"ema_params": template, "extra": None})
         count = int(np.asarray(restored["extra"]["step"]))
@@ -909,13 +912,6 @@ def _assemble_device(leaf: Mapping[str, Any], by_region: Mapping[str, np.ndarray
         value = by_region[layout.region_key(region)]
         arrays.append(jax.device_put(value, devices[int(device_id)]))
     return jax.make_array_from_single_device_arrays(tuple(leaf["shape"]), sharding, arrays)
-
-
-def _local_ema_template(template: Any) -> TrainState:
-    raise CheckpointRestorationError(
-        "restore_ema with a template reads the persistent directory; this step is only local: "
-        "restore the full state (restore) or pass template=None"
-    )
 
 
 def _default_sharding() -> jax.sharding.Sharding:
