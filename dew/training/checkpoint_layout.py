@@ -19,6 +19,7 @@ import numpy as np
 from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
 from dew.data.dataset import DataPartition
+from dew.training.state import TrainState
 
 # The separately restorable items of a checkpoint, and the TrainState field each one holds.
 STATE_ITEMS: dict[str, str | None] = {
@@ -161,3 +162,21 @@ def unique_local_shards(array: jax.Array) -> dict[str, jax.Array]:
 
 def region_key(region: list[list[int]]) -> str:
     return ",".join(f"{a}:{b}" for a, b in region) or "scalar"
+
+
+def extra(state: TrainState) -> dict[str, Any]:
+    """The small scalars of the ``extra`` item."""
+    return {"step": state.step, "rng": state.rng}
+
+
+def state_tree(state: TrainState) -> dict[str, Any]:
+    """Every state leaf under one dict, as a local checkpoint names them (``params.w``, ...)."""
+    tree = {"params": state.params, "opt_state": state.opt_state, "ema": state.ema, "extra": extra(state)}
+    if state.pending is not None:
+        tree["pending"] = state.pending
+    return tree
+
+
+def default_sharding() -> jax.sharding.Sharding:
+    """Where a template leaf without a sharding is placed: this process's first device."""
+    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])

@@ -338,7 +338,7 @@ class Checkpoints:
             "params": ocp.args.PyTreeSave(state.params),
             "opt_state": ocp.args.PyTreeSave(state.opt_state),
             "ema_params": ocp.args.PyTreeSave(state.ema),
-            "extra": ocp.args.PyTreeSave(_extra(state)),
+            "extra": ocp.args.PyTreeSave(layout.extra(state)),
         }
         if state.pending is not None:
             items["pending"] = ocp.args.PyTreeSave(state.pending)
@@ -375,7 +375,7 @@ class Checkpoints:
     def _write_local(self, step: int, state: TrainState, row: dict[str, np.ndarray] | None) -> None:
         """On the writer thread: this process's shards and their placement, host-local."""
         _check_step(step, state)
-        tree = _local_tree(state)
+        tree = layout.state_tree(state)
         leaves = layout.leaf_names(tree)
         shards, placement = [], []
         for name, leaf in leaves.items():
@@ -690,16 +690,16 @@ class Checkpoints:
             )
         stored = {leaf["name"]: leaf for leaf in custom["placement"]}
         if template is None:
-            uncovered = [name for name, leaf in stored.items() if not _covers(leaf)]
+            uncovered = [name for name, leaf in stored.items() if not local_checkpoint.covers(leaf)]
             return (
                 None if not uncovered else f"this process holds only part of {uncovered[:3]}; pass a template"
             )
-        wanted = layout.leaf_names(_local_tree(template))
+        wanted = layout.leaf_names(layout.state_tree(template))
         if set(wanted) != set(stored):
             differ = sorted(set(wanted) ^ set(stored))
             return f"the template's leaves differ from the stored ones: {differ[:5]}"
         for name, leaf in wanted.items():
-            sharding = getattr(leaf, "sharding", None) or _default_sharding()
+            sharding = getattr(leaf, "sharding", None) or layout.default_sharding()
             here = layout.leaf_placement(leaf.shape, sharding)
             if here["shape"] != stored[name]["shape"] or here["devices"] != stored[name]["devices"]:
                 return (
@@ -726,15 +726,15 @@ class Checkpoints:
     ) -> tuple[TrainState, bytes | None]:
         custom, shards, data = self._read_local(step)
         names = [leaf["name"] for leaf in custom["placement"]]
-        wanted = layout.leaf_names(_local_tree(template)) if template is not None else {}
+        wanted = layout.leaf_names(layout.state_tree(template)) if template is not None else {}
         values = {}
         for leaf, leaf_shards in zip(custom["placement"], shards, strict=True):
             by_region = dict(zip(leaf["regions"], leaf_shards, strict=True))
             if template is None:
-                values[leaf["name"]] = _assemble_host(leaf, by_region)
+                values[leaf["name"]] = local_checkpoint.assemble_host(leaf, by_region)
             else:
-                values[leaf["name"]] = _assemble_device(leaf, by_region, wanted[leaf["name"]])
-        tree = _local_tree_from_names(names, values)
+                values[leaf["name"]] = local_checkpoint.assemble_device(leaf, by_region, wanted[leaf["name"]])
+        tree = local_checkpoint.local_tree_from_names(names, values)
         count = int(np.asarray(tree["extra"]["step"]))
         if count != step:
             raise CheckpointRestorationError(
@@ -749,7 +749,7 @@ class Checkpoints:
             pending=tree.get("pending"),
         )
         if template is not None:
-            state = _restructure(state, template)
+            state = local_checkpoint.restructure(state, template)
         position = None
         if share is not None and data is not None:
             try:
@@ -830,94 +830,6 @@ def _check_step(step: int, state: TrainState) -> None:
         raise ValueError(f"Checkpoints.save: step {step} but the state is at step {held}")
 
 
-def _extra(state: TrainState) -> dict[str, Any]:
-    return {"step": state.step, "rng": state.rng}
-
-
-def _local_tree(state: TrainState) -> dict[str, Any]:
-    tree = {"params": state.params, "opt_state": state.opt_state, "ema": state.ema, "extra": _extra(state)}
-    if state.pending is not None:
-        tree["pending"] = state.pending
-    return tree
-
-
-def _local_tree_from_names(names: list[str], values: Mapping[str, Any]) -> dict[str, Any]:
-    """Nested dicts from dotted names; the caller restores a template's own structure."""
-    tree: dict[str, Any] = {"params": {}, "opt_state": {}, "ema": {}, "extra": {}}
-    for name in names:
-        parts = name.split(".")
-        node = tree
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = values[name]
-    return tree
-
-
-def _restructure(state: TrainState, template: TrainState) -> TrainState:
-    """Put leaves read by name back into the template's own tree structure."""
-
-    def fill(template_tree: Any, named: Mapping[str, Any], prefix: str) -> Any:
-        names = layout.leaf_names(template_tree)
-        flat = _flat_by_name(named, prefix)
-        leaves = [flat[n] for n in names]
-        return jax.tree.unflatten(jax.tree.structure(template_tree), leaves)
-
-    tree = _local_tree(state)
-    return TrainState(
-        step=tree["extra"]["step"],
-        params=fill(template.params, tree["params"], ""),
-        opt_state=fill(template.opt_state, tree["opt_state"], ""),
-        ema=fill(template.ema, tree["ema"], ""),
-        rng=tree["extra"]["rng"],
-        pending=None if template.pending is None else fill(template.pending, tree["pending"], ""),
-    )
-
-
-def _flat_by_name(nested: Any, prefix: str) -> dict[str, Any]:
-    if not isinstance(nested, dict):
-        return {prefix: nested}
-    out: dict[str, Any] = {}
-    for key, value in nested.items():
-        out.update(_flat_by_name(value, f"{prefix}.{key}" if prefix else key))
-    return out
-
-
-def _covers(leaf: Mapping[str, Any]) -> bool:
-    """Whether this process's regions cover the whole leaf (always so with one process)."""
-    size = int(np.prod(leaf["shape"])) if leaf["shape"] else 1
-    covered = np.zeros(leaf["shape"], bool) if leaf["shape"] else np.zeros((), bool)
-    for region in leaf["regions"]:
-        covered[_slices(region)] = True
-    return int(covered.sum()) == size
-
-
-def _slices(region: str) -> tuple[slice, ...]:
-    if region == "scalar":
-        return ()
-    return tuple(slice(int(a), int(b)) for a, b in (part.split(":") for part in region.split(",")))
-
-
-def _assemble_host(leaf: Mapping[str, Any], by_region: Mapping[str, np.ndarray]) -> np.ndarray:
-    out = np.empty(tuple(leaf["shape"]), np.dtype(leaf["dtype"]))
-    for region, value in by_region.items():
-        out[_slices(region)] = value
-    return out
-
-
-def _assemble_device(leaf: Mapping[str, Any], by_region: Mapping[str, np.ndarray], target: Any) -> jax.Array:
-    sharding = getattr(target, "sharding", None) or _default_sharding()
-    devices = {d.id: d for d in sharding.addressable_devices}
-    arrays = []
-    for device_id, region in leaf["devices"].items():
-        value = by_region[layout.region_key(region)]
-        arrays.append(jax.device_put(value, devices[int(device_id)]))
-    return jax.make_array_from_single_device_arrays(tuple(leaf["shape"]), sharding, arrays)
-
-
-def _default_sharding() -> jax.sharding.Sharding:
-    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-
-
 def _abstract(leaf: Any) -> jax.ShapeDtypeStruct:
     dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
     return jax.ShapeDtypeStruct(np.shape(leaf), dtype, sharding=getattr(leaf, "sharding", None))
@@ -951,7 +863,9 @@ def _restore_args(template: Any, stored_tree: Any) -> ocp.args.PyTreeRestore:
         return ocp.args.PyTreeRestore(restore_args=restore_args)
     item = jax.tree.map(
         lambda leaf: jax.ShapeDtypeStruct(
-            tuple(leaf.shape), leaf.dtype, sharding=getattr(leaf, "sharding", None) or _default_sharding()
+            tuple(leaf.shape),
+            leaf.dtype,
+            sharding=getattr(leaf, "sharding", None) or layout.default_sharding(),
         ),
         template,
     )

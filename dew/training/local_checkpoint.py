@@ -20,7 +20,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
+
+from dew.training import checkpoint_layout as layout
+from dew.training.state import TrainState
 
 META = "placement.json"
 _TMP = ".tmp-"
@@ -102,3 +106,77 @@ def read_data(root: str, step: int) -> dict[str, np.ndarray] | None:
     if not keys:
         return None
     return {k: np.load(os.path.join(directory, f"data.{k}.npy"), allow_pickle=False) for k in keys}
+
+
+# --- reassembling a state from this process's shards -------------------------------------------
+def local_tree_from_names(names: list[str], values: Mapping[str, Any]) -> dict[str, Any]:
+    """Nested dicts from dotted names; the caller restores a template's own structure."""
+    tree: dict[str, Any] = {"params": {}, "opt_state": {}, "ema": {}, "extra": {}}
+    for name in names:
+        parts = name.split(".")
+        node = tree
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = values[name]
+    return tree
+
+
+def restructure(state: TrainState, template: TrainState) -> TrainState:
+    """Put leaves read by name back into the template's own tree structure."""
+
+    def fill(template_tree: Any, named: Mapping[str, Any], prefix: str) -> Any:
+        names = layout.leaf_names(template_tree)
+        flat = flat_by_name(named, prefix)
+        leaves = [flat[n] for n in names]
+        return jax.tree.unflatten(jax.tree.structure(template_tree), leaves)
+
+    tree = layout.state_tree(state)
+    return TrainState(
+        step=tree["extra"]["step"],
+        params=fill(template.params, tree["params"], ""),
+        opt_state=fill(template.opt_state, tree["opt_state"], ""),
+        ema=fill(template.ema, tree["ema"], ""),
+        rng=tree["extra"]["rng"],
+        pending=None if template.pending is None else fill(template.pending, tree["pending"], ""),
+    )
+
+
+def flat_by_name(nested: Any, prefix: str) -> dict[str, Any]:
+    if not isinstance(nested, dict):
+        return {prefix: nested}
+    out: dict[str, Any] = {}
+    for key, value in nested.items():
+        out.update(flat_by_name(value, f"{prefix}.{key}" if prefix else key))
+    return out
+
+
+def covers(leaf: Mapping[str, Any]) -> bool:
+    """Whether this process's regions cover the whole leaf (always so with one process)."""
+    size = int(np.prod(leaf["shape"])) if leaf["shape"] else 1
+    covered = np.zeros(leaf["shape"], bool) if leaf["shape"] else np.zeros((), bool)
+    for region in leaf["regions"]:
+        covered[slices(region)] = True
+    return int(covered.sum()) == size
+
+
+def slices(region: str) -> tuple[slice, ...]:
+    if region == "scalar":
+        return ()
+    return tuple(slice(int(a), int(b)) for a, b in (part.split(":") for part in region.split(",")))
+
+
+def assemble_host(leaf: Mapping[str, Any], by_region: Mapping[str, np.ndarray]) -> np.ndarray:
+    out = np.empty(tuple(leaf["shape"]), np.dtype(leaf["dtype"]))
+    for region, value in by_region.items():
+        out[slices(region)] = value
+    return out
+
+
+def assemble_device(leaf: Mapping[str, Any], by_region: Mapping[str, np.ndarray], target: Any) -> jax.Array:
+    sharding = getattr(target, "sharding", None) or layout.default_sharding()
+    devices = {d.id: d for d in sharding.addressable_devices}
+    arrays = []
+    for device_id, region in leaf["devices"].items():
+        value = by_region[layout.region_key(region)]
+        arrays.append(jax.device_put(value, devices[int(device_id)]))
+    return jax.make_array_from_single_device_arrays(tuple(leaf["shape"]), sharding, arrays)
