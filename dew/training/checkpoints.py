@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -40,9 +39,10 @@ from dew.data.dataset import DataPartition
 from dew.training import checkpoint_layout as layout
 from dew.training import ema as ema_lib
 from dew.training import local_checkpoint
+from dew.training.checkpoint_errors import CheckpointRestorationError, CheckpointWriteError, first_line
+from dew.training.run_metadata import RUN_METADATA, read_run_metadata, save_run_metadata
 from dew.training.state import TrainState
 
-RUN_METADATA = "run.json"
 _STEP_METADATA = "_CHECKPOINT_METADATA"  # orbax's per-step JSON file
 Upload = Callable[[str], "concurrent.futures.Future | None"]
 
@@ -55,15 +55,6 @@ class _MetriclessSaveFilter(logging.Filter):
 
 
 logging.getLogger("absl").addFilter(_MetriclessSaveFilter())
-
-
-class CheckpointRestorationError(ValueError):
-    """A restore was asked for and cannot be done as asked: nothing stored, the wrong thing
-    stored, a damaged checkpoint, or a template that does not fit. The message names the step."""
-
-
-class CheckpointWriteError(RuntimeError):
-    """A checkpoint did not land on disk (raised from ``wait`` or the next save)."""
 
 
 class Checkpoints:
@@ -375,30 +366,9 @@ class Checkpoints:
     def _write_local(self, step: int, state: TrainState, row: dict[str, np.ndarray] | None) -> None:
         """On the writer thread: this process's shards and their placement, host-local."""
         _check_step(step, state)
-        tree = layout.state_tree(state)
-        leaves = layout.leaf_names(tree)
-        shards, placement = [], []
-        for name, leaf in leaves.items():
-            arr = (
-                leaf
-                if isinstance(leaf, jax.Array)
-                else jax.device_put(np.asarray(leaf), jax.local_devices()[0])
-            )
-            unique = layout.unique_local_shards(arr)
-            described = layout.leaf_placement(arr.shape, arr.sharding)
-            described.update(name=name, dtype=str(np.dtype(arr.dtype)), regions=list(unique))
-            placement.append(described)
-            shards.append(list(unique.values()))
-        meta = {
-            "format": layout.FORMAT,
-            "step": step,
-            "process_index": jax.process_index(),
-            "process_count": jax.process_count(),
-            "placement": placement,
-        }
+        shards, meta = local_checkpoint.describe(step, state)
         try:
-            host = [[np.asarray(shard) for shard in leaf] for leaf in shards]  # this process's own
-            local_checkpoint.write(self.local_path, step, host, meta, row)
+            local_checkpoint.write(self.local_path, step, shards, meta, row)
         except Exception as e:
             raise CheckpointWriteError(
                 f"local checkpoint step {step} did not land in {self.local_path}: {e}"
@@ -587,11 +557,11 @@ class Checkpoints:
             except Exception as e:  # orbax and tensorstore raise many types
                 return CheckpointRestorationError(
                     f"checkpoint step {step} in {self.directory} is damaged: item {item!r} cannot be read "
-                    f"({type(e).__name__}: {_first_line(e)})"
+                    f"({type(e).__name__}: {first_line(e)})"
                 )
         return CheckpointRestorationError(
             f"checkpoint step {step} in {self.directory} cannot be read "
-            f"({type(error).__name__}: {_first_line(error)})"
+            f"({type(error).__name__}: {first_line(error)})"
         )
 
     def _stored_metadata(self, step: int, items: list[str] | None = None) -> dict[str, Any]:
@@ -615,7 +585,7 @@ class Checkpoints:
             except Exception as e:
                 raise CheckpointRestorationError(
                     f"checkpoint step {step} in {self.directory} is damaged: item {item!r} has unreadable "
-                    f"metadata ({type(e).__name__}: {_first_line(e)})"
+                    f"metadata ({type(e).__name__}: {first_line(e)})"
                 ) from e
         return trees
 
@@ -664,117 +634,18 @@ class Checkpoints:
         return self.local_directory is not None and self.local_step == step
 
     def _local_custom(self, step: int) -> dict[str, Any]:
-        try:
-            custom = local_checkpoint.read_meta(self.local_path, step)
-        except (OSError, ValueError) as e:
-            raise CheckpointRestorationError(
-                f"local checkpoint step {step} in {self.local_path} is damaged: {_first_line(e)}"
-            ) from e
-        if custom.get("step") != step or "placement" not in custom:
-            raise CheckpointRestorationError(
-                f"local checkpoint step {step} in {self.local_path} is damaged: "
-                f"its metadata records {str(custom)[:200]}"
-            )
-        return custom
+        return local_checkpoint.read_meta(self.local_path, step)
 
     def _local_placement_problem(self, step: int, template: TrainState | None) -> str | None:
-        """Why this process cannot reassemble the local step onto ``template``, or None.
-
-        Decided from the recorded placement alone, before any shard is read.
-        """
-        custom = self._local_custom(step)
-        if (custom["process_index"], custom["process_count"]) != (jax.process_index(), jax.process_count()):
-            return (
-                f"written by process {custom['process_index']} of {custom['process_count']}, "
-                f"this is process {jax.process_index()} of {jax.process_count()}"
-            )
-        stored = {leaf["name"]: leaf for leaf in custom["placement"]}
-        if template is None:
-            uncovered = [name for name, leaf in stored.items() if not local_checkpoint.covers(leaf)]
-            return (
-                None if not uncovered else f"this process holds only part of {uncovered[:3]}; pass a template"
-            )
-        wanted = layout.leaf_names(layout.state_tree(template))
-        if set(wanted) != set(stored):
-            differ = sorted(set(wanted) ^ set(stored))
-            return f"the template's leaves differ from the stored ones: {differ[:5]}"
-        for name, leaf in wanted.items():
-            sharding = getattr(leaf, "sharding", None) or layout.default_sharding()
-            here = layout.leaf_placement(leaf.shape, sharding)
-            if here["shape"] != stored[name]["shape"] or here["devices"] != stored[name]["devices"]:
-                return (
-                    f"leaf {name!r} was written as {stored[name]['devices']} (device id: region) of shape "
-                    f"{stored[name]['shape']}, the template places it as {here['devices']} "
-                    f"of shape {here['shape']}"
-                )
-        return None
-
-    def _read_local(self, step: int) -> tuple[dict[str, Any], list[list[np.ndarray]], dict[str, Any] | None]:
-        custom = self._local_custom(step)
-        try:
-            shards = local_checkpoint.read_shards(self.local_path, step, custom)
-            data = local_checkpoint.read_data(self.local_path, step)
-        except (OSError, ValueError, EOFError) as e:
-            raise CheckpointRestorationError(
-                f"local checkpoint step {step} in {self.local_path} is damaged "
-                f"({type(e).__name__}: {_first_line(e)})"
-            ) from e
-        return custom, shards, data
+        return local_checkpoint.placement_problem(self._local_custom(step), template)
 
     def _restore_local(
         self, step: int, template: TrainState | None, share: DataPartition | None
     ) -> tuple[TrainState, bytes | None]:
-        custom, shards, data = self._read_local(step)
-        names = [leaf["name"] for leaf in custom["placement"]]
-        wanted = layout.leaf_names(layout.state_tree(template)) if template is not None else {}
-        values = {}
-        for leaf, leaf_shards in zip(custom["placement"], shards, strict=True):
-            by_region = dict(zip(leaf["regions"], leaf_shards, strict=True))
-            if template is None:
-                values[leaf["name"]] = local_checkpoint.assemble_host(leaf, by_region)
-            else:
-                values[leaf["name"]] = local_checkpoint.assemble_device(leaf, by_region, wanted[leaf["name"]])
-        tree = local_checkpoint.local_tree_from_names(names, values)
-        count = int(np.asarray(tree["extra"]["step"]))
-        if count != step:
-            raise CheckpointRestorationError(
-                f"local checkpoint step {step} in {self.local_path}: the restored state is at step {count}"
-            )
-        state = TrainState(
-            step=tree["extra"]["step"],
-            params=tree["params"],
-            opt_state=tree["opt_state"],
-            ema=tree["ema"],
-            rng=tree["extra"]["rng"],
-            pending=tree.get("pending"),
-        )
-        if template is not None:
-            state = local_checkpoint.restructure(state, template)
-        position = None
-        if share is not None and data is not None:
-            try:
-                position = layout.position_for(data, share, 0)
-            except KeyError as e:
-                raise CheckpointRestorationError(f"local checkpoint step {step}: {e.args[0]}") from None
-        return state, position
+        return local_checkpoint.restore(self.local_path, step, self._local_custom(step), template, share)
 
     def _stored_local(self, step: int) -> TrainState:
-        custom = self._local_custom(step)
-        by_field: dict[str, dict[str, jax.ShapeDtypeStruct]] = {}
-        for leaf in custom["placement"]:
-            field, _, rest = leaf["name"].partition(".")
-            by_field.setdefault(field, {})[rest] = jax.ShapeDtypeStruct(
-                tuple(leaf["shape"]), np.dtype(leaf["dtype"])
-            )
-        extra = by_field.get("extra", {})
-        return TrainState(
-            step=extra.get("step"),
-            params=by_field.get("params"),
-            opt_state=by_field.get("opt_state"),
-            ema=by_field.get("ema"),
-            rng=extra.get("rng"),
-            pending=by_field.get("pending"),
-        )
+        return local_checkpoint.stored(self._local_custom(step))
 
 
 _NO_SHARE = (
@@ -876,36 +747,6 @@ def _restore_args(template: Any, stored_tree: Any) -> ocp.args.PyTreeRestore:
     return ocp.args.PyTreeRestore(item=item, restore_args=restore_args)
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:300] if text else type(error).__name__
-
-
-# --- run metadata: a JSON file beside checkpoints/, read without any orbax manager -------------
-def save_run_metadata(run_dir: str, metadata: Mapping[str, Any]) -> None:
-    """Persist run-level metadata as JSON at the run root, atomically (write, then rename).
-
-    Run-level, not checkpoint-level: it lives beside ``checkpoints/`` and is read and written
-    without a checkpoint manager. Any JSON-serialisable dict; the caller decides the contents.
-    """
-    os.makedirs(run_dir, exist_ok=True)
-    text = json.dumps(metadata, indent=2, sort_keys=True)
-    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".run.", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, os.path.join(run_dir, RUN_METADATA))
-
-
-def read_run_metadata(run_dir: str) -> dict[str, Any] | None:
-    """Metadata written by ``save_run_metadata``, or None if absent. Never opens a manager, so
-    it cannot race a live run's in-flight checkpoint save."""
-    path = os.path.join(run_dir, RUN_METADATA)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
 def get_debiased_ema(ema_params: Any, decay: float, num_updates: int | jax.Array) -> Any:
     """Bias-corrected EMA (Adam convention): ``ema / (1 - decay ** num_updates)``.
 
@@ -913,3 +754,14 @@ def get_debiased_ema(ema_params: Any, decay: float, num_updates: int | jax.Array
     called with ``num_updates == 0``.
     """
     return ema_lib.debias(ema_params, decay, num_updates)
+
+
+__all__ = [
+    "RUN_METADATA",
+    "CheckpointRestorationError",
+    "CheckpointWriteError",
+    "Checkpoints",
+    "get_debiased_ema",
+    "read_run_metadata",
+    "save_run_metadata",
+]

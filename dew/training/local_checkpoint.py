@@ -23,7 +23,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from dew.data.dataset import DataPartition
 from dew.training import checkpoint_layout as layout
+from dew.training.checkpoint_errors import CheckpointRestorationError, first_line
 from dew.training.state import TrainState
 
 META = "placement.json"
@@ -83,8 +85,137 @@ def latest_step(root: str) -> int | None:
 
 
 def read_meta(root: str, step: int) -> dict[str, Any]:
-    with open(os.path.join(root, str(step), META)) as f:
-        return json.load(f)
+    """The step's placement file, checked to be one this module wrote for ``step``."""
+    try:
+        with open(os.path.join(root, str(step), META)) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointRestorationError(
+            f"local checkpoint step {step} in {root} is damaged: {first_line(e)}"
+        ) from e
+    if not isinstance(meta, dict) or meta.get("step") != step or "placement" not in meta:
+        raise CheckpointRestorationError(
+            f"local checkpoint step {step} in {root} is damaged: its placement file records {str(meta)[:200]}"
+        )
+    return meta
+
+
+def describe(step: int, state: TrainState) -> tuple[list[list[np.ndarray]], dict[str, Any]]:
+    """This process's distinct shards of every leaf (copied to the host) and the placement file.
+
+    Runs on the writer thread: the device-to-host copies happen off the loop.
+    """
+    shards, placement = [], []
+    for name, leaf in layout.leaf_names(layout.state_tree(state)).items():
+        array = (
+            leaf if isinstance(leaf, jax.Array) else jax.device_put(np.asarray(leaf), jax.local_devices()[0])
+        )
+        unique = layout.unique_local_shards(array)
+        described = layout.leaf_placement(array.shape, array.sharding)
+        described.update(name=name, dtype=str(np.dtype(array.dtype)), regions=list(unique))
+        placement.append(described)
+        shards.append([np.asarray(shard) for shard in unique.values()])
+    meta = {
+        "format": layout.FORMAT,
+        "step": step,
+        "process_index": jax.process_index(),
+        "process_count": jax.process_count(),
+        "placement": placement,
+    }
+    return shards, meta
+
+
+def placement_problem(meta: Mapping[str, Any], template: TrainState | None) -> str | None:
+    """Why this process cannot reassemble the step onto ``template``, or None.
+
+    Decided from the placement file alone, before any shard is read.
+    """
+    if (meta["process_index"], meta["process_count"]) != (jax.process_index(), jax.process_count()):
+        return (
+            f"written by process {meta['process_index']} of {meta['process_count']}, "
+            f"this is process {jax.process_index()} of {jax.process_count()}"
+        )
+    stored = {leaf["name"]: leaf for leaf in meta["placement"]}
+    if template is None:
+        uncovered = [name for name, leaf in stored.items() if not covers(leaf)]
+        return None if not uncovered else f"this process holds only part of {uncovered[:3]}; pass a template"
+    wanted = layout.leaf_names(layout.state_tree(template))
+    if set(wanted) != set(stored):
+        return f"the template's leaves differ from the stored ones: {sorted(set(wanted) ^ set(stored))[:5]}"
+    for name, leaf in wanted.items():
+        here = layout.leaf_placement(leaf.shape, getattr(leaf, "sharding", None) or layout.default_sharding())
+        if here["shape"] != stored[name]["shape"] or here["devices"] != stored[name]["devices"]:
+            return (
+                f"leaf {name!r} was written as {stored[name]['devices']} (device id: region) of shape "
+                f"{stored[name]['shape']}, the template places it as {here['devices']} "
+                f"of shape {here['shape']}"
+            )
+    return None
+
+
+def restore(
+    root: str, step: int, meta: Mapping[str, Any], template: TrainState | None, share: DataPartition | None
+) -> tuple[TrainState, bytes | None]:
+    """Reassemble the state (onto ``template``'s placement, or as host arrays) and the position
+    of ``share``. Call only after ``placement_problem`` returned None."""
+    try:
+        shards = read_shards(root, step, meta)
+        data = read_data(root, step)
+    except (OSError, ValueError, EOFError) as e:
+        raise CheckpointRestorationError(
+            f"local checkpoint step {step} in {root} is damaged ({type(e).__name__}: {first_line(e)})"
+        ) from e
+    names = [leaf["name"] for leaf in meta["placement"]]
+    wanted = layout.leaf_names(layout.state_tree(template)) if template is not None else {}
+    values = {}
+    for leaf, leaf_shards in zip(meta["placement"], shards, strict=True):
+        by_region = dict(zip(leaf["regions"], leaf_shards, strict=True))
+        if template is None:
+            values[leaf["name"]] = assemble_host(leaf, by_region)
+        else:
+            values[leaf["name"]] = assemble_device(leaf, by_region, wanted[leaf["name"]])
+    tree = local_tree_from_names(names, values)
+    count = int(np.asarray(tree["extra"]["step"]))
+    if count != step:
+        raise CheckpointRestorationError(
+            f"local checkpoint step {step} in {root}: the restored state is at step {count}"
+        )
+    state = TrainState(
+        step=tree["extra"]["step"],
+        params=tree["params"],
+        opt_state=tree["opt_state"],
+        ema=tree["ema"],
+        rng=tree["extra"]["rng"],
+        pending=tree.get("pending"),
+    )
+    if template is not None:
+        state = restructure(state, template)
+    position = None
+    if share is not None and data is not None:
+        try:
+            position = layout.position_for(data, share, 0)
+        except KeyError as e:
+            raise CheckpointRestorationError(f"local checkpoint step {step}: {e.args[0]}") from None
+    return state, position
+
+
+def stored(meta: Mapping[str, Any]) -> TrainState:
+    """Shapes and dtypes by field, as flat dicts keyed by leaf name; no shard is read."""
+    by_field: dict[str, dict[str, jax.ShapeDtypeStruct]] = {}
+    for leaf in meta["placement"]:
+        field, _, rest = leaf["name"].partition(".")
+        by_field.setdefault(field, {})[rest] = jax.ShapeDtypeStruct(
+            tuple(leaf["shape"]), np.dtype(leaf["dtype"])
+        )
+    extra = by_field.get("extra", {})
+    return TrainState(
+        step=extra.get("step"),
+        params=by_field.get("params"),
+        opt_state=by_field.get("opt_state"),
+        ema=by_field.get("ema"),
+        rng=extra.get("rng"),
+        pending=by_field.get("pending"),
+    )
 
 
 def read_shards(root: str, step: int, meta: Mapping[str, Any]) -> list[list[np.ndarray]]:
