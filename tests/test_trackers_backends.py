@@ -115,7 +115,7 @@ def test_all_four_backends_read_back_by_their_own_readers_and_a_broken_sink_stop
     again.log(CLEANUP, {}, 2)
     again.log(TRAIN, {"loss": 0.4}, 3)
     again.close()
-    assert again.run_id == run_id
+    assert json.loads((tmp_path / "mlflow" / "run.json").read_text())["run_id"] == run_id
     assert client.get_run(run_id).data.tags["dew.restored_from_step"] == "2"
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train/loss")][-1] == (3, 0.4)
 
@@ -220,6 +220,23 @@ def test_a_backend_that_cannot_open_fails_the_fan_out_at_close_but_local_has_eve
     with pytest.raises(ImportError, match="absent_backend"):
         trackers.close()
     assert [json.loads(line)["step"] for line in (tmp_path / "scalars.jsonl").read_text().splitlines()] == [1]
+
+
+def test_a_writer_process_runs_the_backend_and_its_failures_surface_in_the_parent(tmp_path):
+    good = TensorBoardTracker(str(tmp_path / "tb"), writer="process")
+    good.log(TRAIN, {"loss": 0.5, "weights": np.arange(10.0)}, 1)
+    good.log_artifact("samples", GRID, 1)
+    good.flush()  # written by the child when flush returns
+    events = event_accumulator(str(tmp_path / "tb"))
+    assert [e.value for e in events.Scalars("train/loss")] == [0.5]
+    assert len(events.Images("samples")) == 1 and len(events.Histograms("train/weights")) == 1
+    good.close()
+
+    (tmp_path / "file").write_text("not a directory")
+    bad = TensorBoardTracker(str(tmp_path / "file" / "tb"), writer="process")
+    bad.log(TRAIN, {"loss": 0.5}, 1)
+    with pytest.raises(OSError, match="in the tracker's writer process"):
+        bad.close()
 
 
 def test_local_tracker_writes_gif_and_text_and_drops_what_follows_a_restored_step(tmp_path):
@@ -328,3 +345,17 @@ def test_only_process_zero_writes_in_a_real_two_process_run(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "local" / "scalars.jsonl").read_text().splitlines()]
     assert [(r["step"], r["process"]) for r in rows] == [(1, 0), (2, 0)]
     assert sorted(os.listdir(tmp_path / "tb")) == ["p0"]  # process 1 never opened its event file
+
+
+def test_an_attached_console_logger_sees_every_category_and_summarises_arrays():
+    from dew.training.console import log_metrics_to_line
+
+    out = io.StringIO()
+    trackers = Trackers()
+    trackers.attach(lambda category, values, step: log_metrics_to_line(category, values, step, stream=out))
+    trackers.log(BEST, {"eval_loss": 0.25, "step": 7, "weights": np.arange(4.0)}, 7)
+    trackers.log(CLEANUP, {"restored_step": 5}, 5)
+    assert out.getvalue().splitlines() == [
+        "[best_model step 7] eval_loss=0.25  step=7  weights=array[4] mean=1.5",
+        "[cleanup_after_ckpt_restoration step 5] restored_step=5",
+    ]

@@ -12,8 +12,10 @@ to it. The contract (categories, process 0 writes, mse -> rmse after averaging) 
 - ``mlflow``: ``MLflowTracker``, ``mlflow/mlflow.db`` + ``mlflow/artifacts``, or ``mlflow_uri``;
 - ``wandb``: ``WandbTracker``, ``wandb/wandb/offline-run-*`` (or online).
 
-The last three write on a worker thread each (``tracking.background``), off the loop's path.
-Paths are under the run's ``<workdir>/tracking``.
+The last three write through a worker process each (``tracking.background``,
+``tracking.process``): the loop only encodes a report and writes it to a pipe (about 20 us),
+while importing the backend, opening the run and the backend's own Python work happen on
+another core, never holding the loop's GIL. Paths are under the run's ``<workdir>/tracking``.
 
 ``make_trackers`` builds the configured set from ``config.tracking``.
 """

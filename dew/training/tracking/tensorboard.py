@@ -34,11 +34,21 @@ class TensorBoardTracker(BackgroundTracker):
     """A TensorBoard event file in directory, opened on the first value logged into it.
 
     ``config`` (a flat or nested mapping), when given, is written once as a text summary
-    ``config`` at step 0 so the dashboard shows what the run was.
+    ``config`` at step 0 so the dashboard shows what the run was. The writer is a process
+    of its own by default (building the protos costs about 70 us of Python per report of 10
+    scalars, which a thread would take from the loop through the GIL); ``writer="thread"``
+    keeps it in this process.
     """
 
-    def __init__(self, directory: str, config: Mapping[str, Any] | None = None, flush_secs: float = 10.0):
-        super().__init__()
+    def __init__(
+        self,
+        directory: str,
+        config: Mapping[str, Any] | None = None,
+        flush_secs: float = 10.0,
+        writer: str = "process",
+    ):
+        kwargs = {"directory": directory, "config": config, "flush_secs": flush_secs}
+        super().__init__(writer, kwargs)
         self.directory = os.path.abspath(directory)
         self.config = dict(config) if config is not None else None
         self.flush_secs = flush_secs
