@@ -12,6 +12,23 @@ def _check_range(name: str, x: np.ndarray) -> None:
         raise ValueError(f"{name}: values must be finite and in [-1, 1], got [{x.min()}, {x.max()}]")
 
 
+def _to_uint8(x: np.ndarray) -> np.ndarray:
+    """[-1, 1] floats to [0, 255] bytes, rounded."""
+    return np.clip((x + 1.0) * 127.5 + 0.5, 0, 255).astype(np.uint8)
+
+
+def _tile(pixels: np.ndarray, cols: int, pad: int) -> np.ndarray:
+    """[N, H, W, C] uint8 to one [H', W', C] grid, ``cols`` wide, grey gutters ``pad`` wide."""
+    n, h, w, c = pixels.shape
+    rows = int(np.ceil(n / cols))
+    grid = np.full((rows * (h + pad) + pad, cols * (w + pad) + pad, c), 128, np.uint8)
+    for i in range(n):
+        r, k = divmod(i, cols)
+        y, x = pad + r * (h + pad), pad + k * (w + pad)
+        grid[y : y + h, x : x + w] = pixels[i]
+    return grid
+
+
 @dataclasses.dataclass(frozen=True)
 class ImageGrid:
     """Images in [-1, 1], [N, H, W, C], with the text each was conditioned on where there was
@@ -32,18 +49,9 @@ class ImageGrid:
 
     def to_uint8_grid(self, scale: int = 1, pad: int = 1) -> np.ndarray:
         """Tile into one [H', W', C] uint8 picture; ``scale`` enlarges pixels for tiny images."""
-        n, h, w, c = self.images.shape
-        cols = self.columns or int(np.ceil(np.sqrt(n)))
-        rows = int(np.ceil(n / cols))
-        pixels = np.clip((self.images + 1.0) * 127.5 + 0.5, 0, 255).astype(np.uint8)
-        pixels = pixels.repeat(scale, axis=1).repeat(scale, axis=2)
-        h, w = h * scale, w * scale
-        grid = np.full((rows * (h + pad) + pad, cols * (w + pad) + pad, c), 128, np.uint8)
-        for i in range(n):
-            r, k = divmod(i, cols)
-            y, x = pad + r * (h + pad), pad + k * (w + pad)
-            grid[y : y + h, x : x + w] = pixels[i]
-        return grid
+        cols = self.columns or int(np.ceil(np.sqrt(len(self.images))))
+        pixels = _to_uint8(self.images).repeat(scale, axis=1).repeat(scale, axis=2)
+        return _tile(pixels, cols, pad)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +66,18 @@ class VideoGrid:
         if clips.ndim != 5:
             raise ValueError(f"VideoGrid.clips must be [N, T, H, W, C], got shape {clips.shape}")
         _check_range("VideoGrid.clips", clips)
+        if clips.shape[-1] not in (1, 3):
+            raise ValueError(f"VideoGrid.clips must have 1 or 3 channels, got shape {clips.shape}")
+        if self.fps < 1:
+            raise ValueError(f"VideoGrid.fps must be >= 1, got {self.fps}")
         object.__setattr__(self, "clips", clips)
+
+    def to_uint8_frames(self, scale: int = 1, pad: int = 1) -> np.ndarray:
+        """The clips side by side, one tiled [T, H', W', C] uint8 frame per time step."""
+        n, t, _, _, _ = self.clips.shape
+        cols = int(np.ceil(np.sqrt(n)))
+        pixels = _to_uint8(self.clips).repeat(scale, axis=2).repeat(scale, axis=3)
+        return np.stack([_tile(pixels[:, i], cols, pad) for i in range(t)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +87,23 @@ class TextSamples:
     tokens: np.ndarray
     text: tuple[str, ...] | None = None
     prompt: str | None = None
+
+    def __post_init__(self) -> None:
+        if np.ndim(self.tokens) != 2:
+            raise ValueError(f"TextSamples.tokens must be [N, L], got shape {np.shape(self.tokens)}")
+        if self.text is not None and len(self.text) != len(self.tokens):
+            raise ValueError(f"TextSamples: {len(self.text)} texts for {len(self.tokens)} token rows")
+
+    def to_lines(self) -> list[str]:
+        """One line per sample: the decoded text where there is some, else the token ids."""
+        if self.text is not None:
+            return [t.replace("\n", " ") for t in self.text]
+        return [" ".join(str(int(t)) for t in row) for row in np.asarray(self.tokens)]
+
+    def to_text(self) -> str:
+        """A plain-text report: the prompt (if any), then one numbered line per sample."""
+        head = [f"prompt: {self.prompt}", ""] if self.prompt is not None else []
+        return "\n".join(head + [f"{i}: {line}" for i, line in enumerate(self.to_lines())]) + "\n"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,5 +70,15 @@ def get_config() -> ConfigDict:
     # Previews: one row per class, sampled with Heun's method on the EDM σ schedule.
     config.sampling = ConfigDict({"steps": 18, "solver": "heun", "per_class": 10, "guidance": 1.0})
 
-    config.tracking = ConfigDict({"backends": ("local",)})
+    # backends: any of ("local", "tensorboard", "mlflow", "wandb"). mlflow_uri "" keeps an
+    # embedded sqlite store under the workdir; wandb_mode "online" needs the user's W&B key.
+    config.tracking = ConfigDict(
+        {
+            "backends": ("local",),
+            "mlflow_uri": "",
+            "mlflow_experiment": "dew",
+            "wandb_project": "dew",
+            "wandb_mode": "offline",
+        }
+    )
     return config

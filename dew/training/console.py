@@ -10,19 +10,32 @@ import sys
 import time
 from typing import Any, TextIO
 
-from dew.training.trackers import LoggingCategory, convert_mse_to_rmse
+import numpy as np
+
+from dew.training.tracking.base import LoggingCategory, convert_mse_to_rmse, is_scalar, to_float
 
 
 def _format(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
+    """Numbers to 4 significant digits; an array (a histogram's values) as its shape and mean,
+    so one wide value cannot flood the console."""
+    if is_scalar(value):
+        number = to_float(value)
+        return str(int(number)) if isinstance(value, int | np.integer) else f"{number:.4g}"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        array = np.asarray(value)
+        mean = f" mean={float(array.mean()):.4g}" if array.size and array.dtype.kind in "fiub" else ""
+        return f"array{list(array.shape)}{mean}"
     return str(value)
 
 
 def log_metrics_to_line(
     category: LoggingCategory, to_log: dict[str, Any], step_number: int, stream: TextIO | None = None
 ) -> None:
-    """Log metrics on a single line, MSE keys converted to RMSE."""
+    """Log metrics on a single line, MSE keys converted to RMSE.
+
+    A logger callback: attach it to ``Trackers`` (``trackers.attach(log_metrics_to_line)``) and
+    every report, of every category, is printed as ``[<category> step <n>] key=value ...``.
+    """
     values = convert_mse_to_rmse(to_log)
     body = "  ".join(f"{k}={_format(v)}" for k, v in sorted(values.items()))
     print(f"[{category.value} step {step_number}] {body}", file=stream or sys.stdout, flush=True)
@@ -31,7 +44,8 @@ def log_metrics_to_line(
 def log_metrics_to_table(
     category: LoggingCategory, to_log: dict[str, Any], step_number: int, stream: TextIO | None = None
 ) -> None:
-    """Log metrics as a two-column table, MSE keys converted to RMSE."""
+    """Log metrics as a two-column table, MSE keys converted to RMSE (a logger callback, like
+    ``log_metrics_to_line``)."""
     values = convert_mse_to_rmse(to_log)
     rows = [(k, _format(v)) for k, v in sorted(values.items())]
     width = max([len("metric"), *(len(k) for k, _ in rows)])

@@ -30,9 +30,9 @@ from dew.training.loop import Stage, fit
 from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage
 from dew.training.state import TrainState
 from dew.training.steps import abstract_state, make_eval, make_init, make_step
-from dew.training.trackers import LocalTracker, Tracker, Trackers
+from dew.training.trackers import BACKENDS, LoggingCategory, Tracker, Trackers, make_trackers
 
-TRACKING_BACKENDS = ("local",)
+TRACKING_BACKENDS = BACKENDS
 
 
 def _require(ok: bool, key: str, value: Any, accepted: str) -> None:
@@ -228,8 +228,19 @@ class Trainer:
         return state
 
     def tracker(self) -> Trackers:
-        sinks: list[Tracker] = [LocalTracker(os.path.join(self.workdir, "tracking"))]
-        return Trackers([*sinks, *self.extra_trackers])
+        """The configured trackers under ``workdir/tracking``, plus any passed in. On a resume
+        they are first told which step was restored (``CLEANUP_AFTER_CKPT_RESTORATION``), so
+        what an interrupted run logged after its checkpoint is discarded or marked."""
+        built = make_trackers(
+            self.config.tracking,
+            os.path.join(self.workdir, "tracking"),
+            config=self.config.to_dict(),
+            run_name=os.path.basename(self.workdir),
+        )
+        trackers = Trackers([*built.sinks, *self.extra_trackers])
+        if self.checkpoints.latest is not None:
+            trackers.log(LoggingCategory.CLEANUP_AFTER_CKPT_RESTORATION, {}, self.checkpoints.latest)
+        return trackers
 
     def stages(self, tracker: Tracker) -> list[Stage]:
         c = self.config
