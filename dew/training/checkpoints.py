@@ -7,6 +7,8 @@ On disk each step is one orbax checkpoint of separately restorable items:
     ema_params/  the raw (not debiased) EMA, so ``restore_ema`` needs neither of the above
     extra/       the small scalars: step, rng key
     data/        the data position: JSON bytes as uint8 rows, one per process share (optional)
+    pending/     gradient sums of a run accumulating micro-batches (``TrainState.pending``; only
+                 for such runs)
 
 Everything is arrays and JSON; nothing written or read is pickled, so loading a checkpoint can
 never execute code.
@@ -87,7 +89,7 @@ class Checkpoints:
                 enable_async_checkpointing=True,
                 create=True,
             )
-            handlers = {name: ocp.StandardCheckpointHandler() for name in (*_STATE_ITEMS, "data")}
+            handlers = {name: ocp.StandardCheckpointHandler() for name in (*_STATE_ITEMS, "data", "pending")}
             self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
         return self._manager
 
@@ -147,6 +149,8 @@ class Checkpoints:
         }
         if saved is not None:
             items["data"] = ocp.args.StandardSave(_position_rows(saved, share))
+        if state.pending is not None:
+            items["pending"] = ocp.args.StandardSave(state.pending)
         metrics = None if metrics is None else {k: float(v) for k, v in metrics.items()}
         self.manager.save(int(step), args=ocp.args.Composite(**items), metrics=metrics)
 
@@ -183,6 +187,14 @@ class Checkpoints:
         has_data = self._has_item(step, "data")
         if has_data:
             args["data"] = _restore_args(None)
+        wants_pending = template is None or template.pending is not None
+        if wants_pending and self._has_item(step, "pending"):
+            args["pending"] = _restore_args(None if template is None else template.pending)
+        elif template is not None and template.pending is not None:
+            raise CheckpointRestorationError(
+                f"checkpoint step {step} holds no pending accumulation sums, but the template asks "
+                "for them (the run accumulates micro-batches; this checkpoint was written without)"
+            )
         try:
             restored = self.manager.restore(step, args=ocp.args.Composite(**args))
         except Exception as e:  # orbax raises many types; name the step and the cause.
@@ -196,6 +208,7 @@ class Checkpoints:
             opt_state=restored["opt_state"],
             ema=restored["ema_params"],
             rng=restored["extra"]["rng"],
+            pending=restored.get("pending"),
         )
         if int(np.asarray(state.step)) != step:
             raise CheckpointRestorationError(
