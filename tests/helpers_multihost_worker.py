@@ -1,0 +1,65 @@
+"""One process of the two-process data-parallel test (tests/test_multihost.py starts two).
+
+argv: process_id, coordinator port, workdir, output .npz path. Each process has 2 CPU devices;
+the mesh spans the 4 devices of both processes; each process reads its own half of every batch.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import jax
+
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+process_id, port, workdir, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=process_id)
+
+import numpy as np  # noqa: E402
+from conftest import tiny_config  # noqa: E402
+
+from dew.training.loop import fit  # noqa: E402
+from dew.training.trainer import Trainer  # noqa: E402
+
+assert jax.process_count() == 2 and jax.device_count() == 4, (jax.process_count(), jax.device_count())
+trainer = Trainer(tiny_config(**{"train.num_steps": 3, "eval.every": 0}), workdir)
+assert trainer.mesh.shape == {"data": 4}, trainer.mesh.shape
+assert trainer.train_data.batch_size == 8  # half of the global batch of 16
+state = trainer.initial_state()
+initial = jax.device_get(jax.tree.map(lambda x: x.addressable_data(0), state.params))
+losses = []
+
+
+class RecordLoss:
+    every = 0
+
+    def due(self, ctx):
+        return False
+
+    def observe(self, ctx):
+        losses.append(float(ctx.stats["loss"]))
+
+    def close(self):
+        pass
+
+
+state = fit(state, trainer.step, iter(trainer.train_data), 3, [RecordLoss()])
+params = state.params
+# Replicated: every local device holds the whole array; the first local copy is this process's.
+for leaf in jax.tree.leaves(params):
+    assert leaf.sharding.is_fully_replicated and not leaf.is_fully_addressable
+    copies = [np.asarray(s.data) for s in leaf.addressable_shards]
+    assert all(np.array_equal(copies[0], c) for c in copies[1:])
+flat = {
+    jax.tree_util.keystr(path): np.asarray(leaf.addressable_data(0))
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+}
+moved = max(
+    float(np.max(np.abs(a - b)))
+    for a, b in zip(
+        jax.tree.leaves(initial),
+        jax.tree.leaves(jax.device_get(jax.tree.map(lambda x: x.addressable_data(0), params))),
+        strict=True,
+    )
+)
+np.savez(out, losses=np.array(losses), moved=np.array(moved), step=np.array(int(state.step)), **flat)
+jax.distributed.shutdown()
