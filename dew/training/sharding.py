@@ -128,6 +128,12 @@ def combine(*rules: Rule) -> Rule:
     return rule
 
 
+def _trim(spec: tuple[Any, ...]) -> tuple[Any, ...]:
+    while spec and spec[-1] is None:
+        spec = spec[:-1]
+    return spec
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """Says how a train state is placed on a mesh.
@@ -180,6 +186,7 @@ class Layout:
 
     def leaf_sharding(self, path: str, shape: tuple[int, ...]) -> NamedSharding:
         spec = PartitionSpec() if not shape else self.rule(path, tuple(shape))
+        spec = PartitionSpec(*_trim(tuple(spec)))  # P(None) and P() are the same placement
         for dim, axis in enumerate(spec):
             if axis is None:
                 continue
