@@ -51,3 +51,15 @@ def regression_batches(batch_size: int, num_batches: int, seed: int = 0) -> list
         x = rng.normal(size=(batch_size, 8)).astype(np.float32)
         out.append({"x": x, "y": np.sin(x @ w).astype(np.float32)})
     return out
+
+
+def trace_steps(directory) -> list[int]:
+    """The step numbers of the ``train`` step annotations in the one Perfetto trace under
+    ``directory`` (a ``pathlib.Path``), sorted."""
+    import gzip
+    import json
+
+    (trace,) = list(directory.rglob("*.trace.json.gz"))
+    with gzip.open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    return sorted(int(e["args"]["step_num"]) for e in events if e.get("name") == "train")

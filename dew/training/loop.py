@@ -119,8 +119,10 @@ def _raise_if_nonfinite(
     flags = jax.device_get([stats[NONFINITE_FLAG] for _, stats in unchecked])
     for (step, stats), flag in zip(unchecked, flags, strict=True):
         if flag:
-            values = jax.device_get({k: stats[k] for k in ("loss", "grad_norm") if k in stats})
+            names = [k for k in ("loss", "grad_norm") if k in stats]  # the loss first: it is the cause
+            values = jax.device_get([stats[k] for k in names])
             statistic, value = next(
-                ((k, float(v)) for k, v in values.items() if not np.isfinite(v)), ("gradient", float("nan"))
+                ((k, float(v)) for k, v in zip(names, values, strict=True) if not np.isfinite(v)),
+                ("gradient", float("nan")),
             )
             raise NonFiniteError(step, statistic, value, last_good() if last_good else None)
