@@ -20,8 +20,10 @@ def run_on_mesh(tmp_path, name: str, num_steps: int = 3, **mesh):
     state = trainer.init(jax.random.PRNGKey(0), trainer.example_batch())
     losses, placements = [], []
     data = iter(trainer.train_data)
-    for _ in range(num_steps):
-        state, stats = trainer.step(state, next(data))
+    for i in range(num_steps):
+        # After the first (compiling) step, no step may move anything from device to host.
+        with jax.transfer_guard_device_to_host("allow" if i == 0 else "disallow"):
+            state, stats = trainer.step(state, next(data))
         losses.append(stats["loss"])
         placements.append(jax.tree.map(lambda x: x.sharding, state))
     return trainer, state, np.asarray(jax.device_get(losses)), placements
