@@ -16,6 +16,7 @@ jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processe
 
 import numpy as np  # noqa: E402
 from conftest import tiny_config  # noqa: E402
+from jax._src import distributed  # noqa: E402  (the coordination-service client, for a barrier)
 
 from dew.training.loop import fit  # noqa: E402
 from dew.training.trainer import Trainer  # noqa: E402
@@ -42,7 +43,22 @@ class RecordLoss:
         pass
 
 
-state = fit(state, trainer.step, iter(trainer.train_data), 3, [RecordLoss()])
+# Compile the Trainer's sharded step first, then meet at a coordination-service barrier: gloo
+# sets up its context at the first collective and gives up after 30 s, which a process still
+# compiling on a loaded 2-core machine can exceed.
+local = {
+    k: np.zeros((trainer.train_data.batch_size, *v.shape[1:]), v.dtype)
+    for k, v in trainer.train_source.fields.items()
+}
+compiled = trainer._step.lower(state, trainer.layout.place_batch(local)).compile()
+distributed.global_state.client.wait_at_barrier("step_compiled", 600_000)
+
+
+def step(state, batch):
+    return compiled(state, trainer.layout.place_batch(batch))
+
+
+state = fit(state, step, iter(trainer.train_data), 3, [RecordLoss()])
 params = state.params
 # Replicated: every local device holds the whole array; the first local copy is this process's.
 for leaf in jax.tree.leaves(params):
