@@ -89,6 +89,7 @@ def fit(
     """
     if nonfinite not in ("stop", "skip"):
         raise ValueError(f"fit: nonfinite must be 'stop' or 'skip', got {nonfinite!r}")
+    state.check()  # shapes and dtypes at the boundary, before anything is compiled or run
     step = int(jax.device_get(state.step))
     unchecked: list[tuple[int, dict[str, jax.Array]]] = []
     try:

@@ -42,6 +42,8 @@ class TrainState:
         chex.assert_shape(self.rng, (2,))
         chex.assert_type(self.rng, jnp.uint32)
         chex.assert_trees_all_equal_shapes_and_dtypes(self.params, self.ema)
+        if self.pending is not None:
+            chex.assert_trees_all_equal_shapes_and_dtypes(self.params, self.pending["grads"])
 
 
 def num_updates(step: jax.Array | int, accumulation: int = 1) -> jax.Array | int:
