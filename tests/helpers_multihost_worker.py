@@ -18,6 +18,8 @@ import numpy as np  # noqa: E402
 from conftest import tiny_config  # noqa: E402
 from jax._src import distributed  # noqa: E402  (the coordination-service client, for a barrier)
 
+from dew.artifacts import ImageGrid  # noqa: E402
+from dew.training.evaluation import Evaluation, evaluate  # noqa: E402
 from dew.training.loop import fit  # noqa: E402
 from dew.training.trainer import Trainer  # noqa: E402
 
@@ -77,5 +79,24 @@ moved = max(
         strict=True,
     )
 )
-np.savez(out, losses=np.array(losses), moved=np.array(moved), step=np.array(int(state.step)), **flat)
+# evaluate: process 0 offers 3 validation batches, process 1 only 2; both must run the same 2.
+# Compile the eval program first and meet again, for the same reason as the step.
+val = trainer.val_data.first(3)
+rng = jax.random.PRNGKey(0)
+trainer.eval.lower(state, trainer.layout.place_batch(val[0]), rng).compile()
+distributed.global_state.client.wait_at_barrier("eval_compiled", 600_000)
+offered = val if process_id == 0 else val[:2]
+result = evaluate(trainer.eval, state, iter(offered), 3, rng, place_batch=trainer.layout.place_batch)
+grid = ImageGrid(np.zeros((4, 8, 8, 1), np.float32))
+hosted = Evaluation.hosted(int(state.step), result, {"samples": grid})
+np.savez(
+    out,
+    losses=np.array(losses),
+    moved=np.array(moved),
+    step=np.array(int(state.step)),
+    eval_batches=np.array(result["num_batches"]),
+    eval_loss=np.array(result["loss"]),
+    hosted_previews=np.array(len(hosted.previews)),
+    **flat,
+)
 jax.distributed.shutdown()

@@ -1,5 +1,6 @@
 """Multi-host training is JAX's own multi-controller runtime: two real processes on localhost
-(CPU, gloo collectives) train data-parallel and hold identical replicated parameters."""
+(CPU, gloo collectives) train data-parallel and hold identical replicated parameters, then
+evaluate a coordinated prefix and host previews on rank zero only."""
 
 from __future__ import annotations
 
@@ -60,6 +61,11 @@ def test_two_processes_train_data_parallel_and_hold_identical_replicated_params(
     assert len(a["losses"]) == 3 and np.all(np.isfinite(a["losses"]))
     np.testing.assert_array_equal(a["losses"], b["losses"])  # the loss is of the global batch
     assert float(a["moved"]) > 0  # training changed the parameters
+    # evaluate ran the prefix every process had (2 batches, not 3) and agrees on the result;
+    # previews are hosted on rank zero only.
+    assert int(a["eval_batches"]) == int(b["eval_batches"]) == 2
+    assert float(a["eval_loss"]) == float(b["eval_loss"]) and np.isfinite(float(a["eval_loss"]))
+    assert (int(a["hosted_previews"]), int(b["hosted_previews"])) == (1, 0)
     params = sorted(k for k in a if k.startswith("["))
     assert params and params == sorted(k for k in b if k.startswith("["))
     for k in params:
