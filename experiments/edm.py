@@ -44,9 +44,24 @@ def get_config() -> ConfigDict:
             "grad_clip": 1.0,
         }
     )
-    config.ema = ConfigDict({"decay": 0.999})
+    # EMA of the weights, zero-initialised and debiased. half_life > 0 (in optimizer updates)
+    # replaces decay with EDM's half-life, ramped up over the first updates when ramp_up > 0
+    # (β_n = 0.5^(1/min(half_life, ramp_up·n))). tracks: a regex searched in each parameter path
+    # ("" = every leaf).
+    config.ema = ConfigDict({"decay": 0.999, "half_life": 0.0, "ramp_up": 0.0, "tracks": ""})
 
-    config.train = ConfigDict({"num_steps": 4000, "log_every": 50})
+    # accumulation: micro-batches of dataset.batch_size per optimizer update (num_steps counts
+    # micro-batches). nonfinite: "stop" (raise naming the step and the last good checkpoint) or
+    # "skip" (drop that update and count it in the logged metrics).
+    config.train = ConfigDict({"num_steps": 4000, "log_every": 50, "accumulation": 1, "nonfinite": "stop"})
+
+    # Devices per sharding axis; data parallelism takes the rest (devices: 0 = all of them).
+    config.mesh = ConfigDict({"model": 1, "fsdp": 1, "devices": 0})
+
+    # One profiler window per run: `steps` steps traced after `warmup` steps (0 steps = off);
+    # directory "" = <workdir>/profile.
+    config.profile = ConfigDict({"steps": 0, "warmup": 5, "directory": ""})
+
     # Checkpoints (dew.training.checkpoint_config documents every key): the latest `keep` plus
     # the best; resume from the latest when the workdir has one.
     config.checkpoint = ConfigDict(

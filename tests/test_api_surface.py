@@ -127,5 +127,5 @@ def test_import_dew_training_stays_in_the_training_layer():
 def test_unbuilt_names_raise_not_implemented_naming_the_missing_piece():
     import dew
 
-    with pytest.raises(NotImplementedError, match=re.escape("MeshSpec is not built yet")):
-        dew.MeshSpec()
+    with pytest.raises(NotImplementedError, match=re.escape("pipeline is not built yet")):
+        dew.pipeline("runs/edm")

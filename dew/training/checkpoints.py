@@ -36,12 +36,13 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as ocm
 
 from dew.data.dataset import DataPartition
+from dew.objectives.base import EMASpec
 from dew.training import checkpoint_layout as layout
 from dew.training import ema as ema_lib
 from dew.training import local_checkpoint
 from dew.training.checkpoint_errors import CheckpointRestorationError, CheckpointWriteError, first_line
 from dew.training.run_metadata import RUN_METADATA, read_run_metadata, save_run_metadata
-from dew.training.state import TrainState
+from dew.training.state import TrainState, num_updates
 
 _STEP_METADATA = "_CHECKPOINT_METADATA"  # orbax's per-step JSON file
 Upload = Callable[[str], "concurrent.futures.Future | None"]
@@ -445,12 +446,16 @@ class Checkpoints:
             state = state.replace(rng=fresh.rng)
         return state, position
 
-    def restore_ema(self, template: Any, decay: float, step: int | None = None) -> Any:
+    def restore_ema(
+        self, template: Any, decay: float | EMASpec, step: int | None = None, *, accumulation: int = 1
+    ) -> Any:
         """The debiased EMA parameters at ``step`` (default: latest) for sampling or evaluation.
 
         Reads only ``ema_params`` and ``extra``, never params or opt_state, and applies the
-        correction the live loop uses, ``ema / (1 - decay ** step)``. ``template`` is a params
-        tree (shape/dtype, optionally sharded), or None for host arrays.
+        correction the live loop uses, ``ema / (1 - decay ** n)`` with n the optimizer updates
+        behind the step (``step // accumulation``); ``decay`` may be the run's ``EMASpec``
+        (warm-up, tracked leaves). ``template`` is a params tree (shape/dtype, optionally
+        sharded), or None for host arrays.
         """
         step = self._resolve(step)
         if self._is_local(step) and step not in self.all_steps():
@@ -460,11 +465,11 @@ class Checkpoints:
                     "or restore the full state onto its placement"
                 )
             state, _ = self.restore(None, step)
-            return ema_lib.debias(state.ema, decay, int(np.asarray(state.step)))
+            return ema_lib.debias(state.ema, decay, num_updates(int(np.asarray(state.step)), accumulation))
         restored = self._read_items(step, {"ema_params": template, "extra": None})
         count = int(np.asarray(restored["extra"]["step"]))
         self._check_step_metadata(step, count)
-        return ema_lib.debias(restored["ema_params"], decay, count)
+        return ema_lib.debias(restored["ema_params"], decay, num_updates(count, accumulation))
 
     # --- reading: persistent ----------------------------------------------------------------------
     def _restore(

@@ -1,8 +1,8 @@
 """``fit``: thread a TrainState through a jitted step and call side-effect stages at cadences.
 
 The loop is deliberately short. Everything with a side effect (metrics, evaluation, previews,
-checkpoints, progress) is a ``Stage``; copy this loop and change it freely, the stages and the
-pure step work the same in your own.
+checkpoints, progress, profiling) is a ``Stage``; copy this loop and change it freely, the stages
+and the pure step work the same in your own.
 """
 
 from __future__ import annotations
@@ -12,11 +12,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from dew.training.state import TrainState
 
 Batch = Mapping[str, Any]
 StepFn = Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]
+
+#: The step statistic that flags a non-finite loss or gradient (see ``steps.make_step``).
+NONFINITE_FLAG = "skipped_updates"
 
 
 @dataclasses.dataclass
@@ -50,20 +54,56 @@ class Stage:
         """Called once when the loop ends, also when it ends with an error."""
 
 
+class NonFiniteError(FloatingPointError):
+    """A step produced a non-finite loss or gradient and the policy is to stop."""
+
+    def __init__(self, step: int, statistic: str, value: float, last_good: str | None):
+        self.step, self.statistic, self.value, self.last_good = step, statistic, value, last_good
+        where = last_good if last_good else "none saved yet"
+        super().__init__(
+            f"non-finite {statistic} ({value}) at step {step}; the update was not applied and nothing "
+            f"was saved after it. Last good checkpoint: {where}. (Set the non-finite policy to "
+            "'skip' to drop such updates and count them instead.)"
+        )
+
+
 def fit(
     state: TrainState,
     step_fn: StepFn,
     batches: Iterator[Batch],
     num_steps: int,
     stages: Sequence[Stage] = (),
+    *,
+    nonfinite: str = "stop",
+    last_good: Callable[[], str | None] | None = None,
 ) -> TrainState:
-    """Run ``step_fn`` until ``state.step == num_steps``; return the final state."""
+    """Run ``step_fn`` until ``state.step == num_steps``; return the final state.
+
+    Non-finite steps (``stats["skipped_updates"]``, set by ``make_step``, which never applies
+    such an update) are checked whenever a stage is about to run and at the end, so the check
+    costs no extra device round-trip: with ``nonfinite="stop"`` the run raises ``NonFiniteError``
+    naming the first bad step, the statistic, and ``last_good()`` (the last checkpoint), before
+    any stage could save or report state from after it; with ``"skip"`` it carries on and the
+    metrics count the skips. Each step runs inside a profiler step annotation, so a
+    ``ProfileWindow`` stage's trace shows the steps by number.
+    """
+    if nonfinite not in ("stop", "skip"):
+        raise ValueError(f"fit: nonfinite must be 'stop' or 'skip', got {nonfinite!r}")
+    state.check()  # shapes and dtypes at the boundary, before anything is compiled or run
     step = int(jax.device_get(state.step))
+    unchecked: list[tuple[int, dict[str, jax.Array]]] = []
     try:
         while step < num_steps:
-            state, stats = step_fn(state, next(batches))
+            batch = next(batches)
+            with jax.profiler.StepTraceAnnotation("train", step_num=step + 1):
+                state, stats = step_fn(state, batch)
             step += 1
             ctx = StepContext(step=step, state=state, stats=stats, final=step == num_steps)
+            if nonfinite == "stop" and NONFINITE_FLAG in stats:
+                unchecked.append((step, stats))
+                if ctx.final or any(stage.due(ctx) for stage in stages):
+                    _raise_if_nonfinite(unchecked, last_good)
+                    unchecked = []
             for stage in stages:
                 stage.observe(ctx)
                 if stage.due(ctx):
@@ -72,3 +112,18 @@ def fit(
         for stage in stages:
             stage.close()
     return state
+
+
+def _raise_if_nonfinite(
+    unchecked: list[tuple[int, dict[str, jax.Array]]], last_good: Callable[[], str | None] | None
+) -> None:
+    flags = jax.device_get([stats[NONFINITE_FLAG] for _, stats in unchecked])
+    for (step, stats), flag in zip(unchecked, flags, strict=True):
+        if flag:
+            names = [k for k in ("loss", "grad_norm") if k in stats]  # the loss first: it is the cause
+            values = jax.device_get([stats[k] for k in names])
+            statistic, value = next(
+                ((k, float(v)) for k, v in zip(names, values, strict=True) if not np.isfinite(v)),
+                ("gradient", float("nan")),
+            )
+            raise NonFiniteError(step, statistic, value, last_good() if last_good else None)

@@ -1,7 +1,63 @@
-"""Profiler windows (``ProfileWindow``, ``profile``). Not built yet."""
+"""``ProfileWindow``: one profiler capture per ``fit``, placed after warm-up so it holds the
+loop's steady state and not the compile. ``profile`` (``dew.telemetry.profile``) is the
+underlying capture."""
 
-from dew._unbuilt import unbuilt_class, unbuilt_function
+from __future__ import annotations
 
-_MISSING = "profiling windows land with the trainer issue"
-ProfileWindow = unbuilt_class("ProfileWindow", "One profiler window per fit.", _MISSING)
-profile = unbuilt_function("profile", "Configure native profiling.", _MISSING)
+import dataclasses
+
+import jax
+
+from dew.telemetry.profile import profile
+from dew.training.loop import Stage, StepContext
+
+
+@dataclasses.dataclass
+class ProfileWindow(Stage):
+    """Asks for one profiler window per fit: ``steps`` steps traced into ``directory`` after
+    ``warmup`` steps have run, so the trace holds the loop and not the compile.
+
+    Counted from the first step of each fit (a resumed run warms up again: it compiles again).
+    The capture starts after step ``warmup`` returns and stops after ``warmup + steps``, once the
+    state of that step is ready, so the window holds exactly those steps' annotated device work
+    (``fit`` wraps each step in ``StepTraceAnnotation("train", step_num=...)``). A fit shorter
+    than the window stops the capture at its end.
+    """
+
+    steps: int
+    directory: str
+    warmup: int = 1
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"ProfileWindow.steps must be >= 1, got {self.steps}")
+        if self.warmup < 1:
+            raise ValueError(
+                f"ProfileWindow.warmup must be >= 1, got {self.warmup}: the first step compiles, "
+                "and the window is there to show the loop"
+            )
+        self._capture = profile(self.directory)
+        self._seen = 0
+        self._last_state: object = None
+        self.captured_steps: list[int] = []
+
+    def observe(self, ctx: StepContext) -> None:
+        self._seen += 1
+        if self._capture.active:
+            self.captured_steps.append(ctx.step)
+            self._last_state = ctx.state
+            if self._seen == self.warmup + self.steps:
+                self._capture.stop(block_on=ctx.state)
+        elif self._seen == self.warmup and not self.captured_steps:
+            jax.block_until_ready(ctx.state)  # the warm-up's work stays out of the window
+            self._capture.start()
+
+    def close(self) -> None:
+        if self._capture.active:
+            self._capture.stop(block_on=self._last_state)
+
+    def traces(self) -> list[str]:
+        return self._capture.traces()
+
+
+__all__ = ["ProfileWindow", "profile"]

@@ -17,13 +17,18 @@ from dew.artifacts import ImageGrid
 from dew.data.dataset import Dataset
 from dew.training.checkpoints import Checkpoints
 from dew.training.console import Progress
-from dew.training.loop import Stage, StepContext
+from dew.training.evaluation import Evaluation, evaluate
+from dew.training.loop import NONFINITE_FLAG, Stage, StepContext
 from dew.training.state import TrainState
 from dew.training.trackers import LoggingCategory, Tracker, write_png
 
+#: Step statistics that are counts: summed over a logging window, not averaged.
+COUNTED = frozenset({NONFINITE_FLAG})
+
 
 class MetricsStage(Stage):
-    """Averages the step statistics over each window of ``every`` steps and logs them."""
+    """Averages the step statistics over each window of ``every`` steps and logs them; counts
+    (``skipped_updates``: non-finite updates dropped) are summed over the window instead."""
 
     def __init__(self, tracker: Tracker, every: int, batch_size: int, progress: Progress | None = None):
         self.tracker, self.every, self.batch_size, self.progress = tracker, every, batch_size, progress
@@ -37,7 +42,10 @@ class MetricsStage(Stage):
     def run(self, ctx: StepContext) -> None:
         window = jax.device_get(self._window)  # one transfer per window, not per step
         self._window = []
-        means = {k: float(np.mean([s[k] for s in window])) for k in window[0]}
+        means = {
+            k: float(np.sum([s[k] for s in window]) if k in COUNTED else np.mean([s[k] for s in window]))
+            for k in window[0]
+        }
         self.tracker.log(LoggingCategory.TRAIN_METRICS, means, ctx.step)
         now = time.perf_counter()
         if self._since is not None:
@@ -56,8 +64,9 @@ class MetricsStage(Stage):
 class EvalStage(Stage):
     """Validation statistics on a fixed prefix of the validation data, with the debiased EMA.
 
-    The same batches and the same key every time, so successive numbers are comparable. The
-    mean loss is reported as ``eval_loss`` for the checkpoint stage to rank by.
+    The same batches and the same key every time, so successive numbers are comparable
+    (``evaluate``: batch i gets ``fold_in(key, i)``). The mean loss is reported as ``eval_loss``
+    for the checkpoint stage to rank by.
     """
 
     def __init__(
@@ -67,20 +76,24 @@ class EvalStage(Stage):
         tracker: Tracker,
         every: int,
         seed: int = 0,
+        place_batch: Callable[[dict[str, Any]], dict[str, jax.Array]] | None = None,
     ):
         self.eval_fn, self.batches, self.tracker, self.every = eval_fn, batches, tracker, every
+        self.place_batch = place_batch
         self.rng = jax.random.PRNGKey(seed)
 
     def run(self, ctx: StepContext) -> None:
-        per_batch = [self.eval_fn(ctx.state, batch, self.rng) for batch in self.batches]
-        per_batch = jax.device_get(per_batch)
-        means = {k: float(np.mean([s[k] for s in per_batch])) for k in per_batch[0]}
-        self.tracker.log(LoggingCategory.EVAL_METRICS, means, ctx.step)
+        means = evaluate(
+            self.eval_fn, ctx.state, self.batches, len(self.batches), self.rng, place_batch=self.place_batch
+        )
+        means.pop("num_batches")
+        Evaluation.hosted(ctx.step, means).log(self.tracker)
         ctx.reports["eval_loss"] = means["loss"]
 
 
 class PreviewStage(Stage):
-    """Samples from the debiased EMA, written as a PNG grid (and scored by ``metrics``).
+    """Samples from the debiased EMA, written as a PNG grid on rank zero (and scored by
+    ``metrics``), as one bounded ``Evaluation`` event.
 
     ``sample_fn(state, rng) -> (images in [-1, 1], labels)`` is jitted by the caller; a fixed
     key means successive previews show the same noise, so change over training is visible.
@@ -102,17 +115,17 @@ class PreviewStage(Stage):
         self.latest_path: str | None = None
 
     def run(self, ctx: StepContext) -> None:
+        # Every process runs the (collective) sampler; only rank zero hosts and writes previews.
         images, labels = jax.device_get(self.sample_fn(ctx.state, self.rng))
         images = np.clip(images, -1.0, 1.0)
-        grid = ImageGrid(images, columns=self.columns)
-        path = write_png(os.path.join(self.directory, f"samples_{ctx.step:08d}.png"), grid)
-        write_png(os.path.join(self.directory, "samples.png"), grid)
-        self.latest_path = path
-        self.tracker.log_artifact("samples", grid, ctx.step)
         scores = {name: metric(images, labels) for name, metric in self.metrics.items()}
-        if scores:
-            self.tracker.log(LoggingCategory.EVAL_METRICS, scores, ctx.step)
-            ctx.reports.update(scores)
+        event = Evaluation.hosted(ctx.step, scores, {"samples": ImageGrid(images, columns=self.columns)})
+        if "samples" in event.previews:
+            grid = event.previews["samples"]
+            self.latest_path = write_png(os.path.join(self.directory, f"samples_{ctx.step:08d}.png"), grid)
+            write_png(os.path.join(self.directory, "samples.png"), grid)
+        event.log(self.tracker)
+        ctx.reports.update(scores)
 
 
 class CheckpointStage(Stage):

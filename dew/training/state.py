@@ -15,12 +15,17 @@ Params = Any
 class TrainState:
     """Hold everything a run must checkpoint to resume where it stopped.
 
-    step:      optimizer updates applied so far (int32 scalar); also the EMA's update count.
+    step:      train steps taken so far (int32 scalar): one per batch the step consumed. Without
+               gradient accumulation that is the optimizer updates applied, and the EMA's update
+               count; accumulating k micro-batches per update, updates = step // k
+               (``num_updates``), and a state with step % k != 0 is mid-accumulation.
     params:    the live parameters.
     opt_state: the optimizer's state (e.g. Adam moments).
     ema:       the raw, zero-initialised EMA of params; read it through ``ema.debias``.
     rng:       the run's one PRNG key (raw uint32[2]), split inside each step, never reseeded.
-    pending:   gradient sums of micro-batches not yet applied (``None`` without accumulation).
+    pending:   ``None`` without accumulation; with it ``{"grads": tree like params}``: the sum of
+               the gradients of the micro-batches since the last update (zeros at a boundary).
+               A plain pytree of arrays, so a checkpoint mid-accumulation resumes exactly.
     """
 
     step: jax.Array
@@ -37,3 +42,11 @@ class TrainState:
         chex.assert_shape(self.rng, (2,))
         chex.assert_type(self.rng, jnp.uint32)
         chex.assert_trees_all_equal_shapes_and_dtypes(self.params, self.ema)
+        if self.pending is not None:
+            chex.assert_trees_all_equal_shapes_and_dtypes(self.params, self.pending["grads"])
+
+
+def num_updates(step: jax.Array | int, accumulation: int = 1) -> jax.Array | int:
+    """Optimizer (and EMA) updates applied after ``step`` train steps of ``accumulation``
+    micro-batches per update."""
+    return step // accumulation

@@ -1,7 +1,8 @@
 """The pure stages: ``init``, ``step`` and ``eval`` built from an Objective and an optimizer.
 
-These functions do no I/O and hold no Python state; jit them (``jax.jit`` with shardings) and
-thread the ``TrainState`` through any loop. ``dew.training.loop.fit`` is one such loop.
+These functions do no I/O and hold no Python state; jit them (``dew.training.sharding.Layout``
+gives the in/out shardings) and thread the ``TrainState`` through any loop.
+``dew.training.loop.fit`` is one such loop.
 """
 
 from __future__ import annotations
@@ -15,56 +16,117 @@ import optax
 
 from dew.objectives.base import EMASpec, Objective, Step
 from dew.training import ema as ema_lib
-from dew.training.state import TrainState
+from dew.training.state import TrainState, num_updates
 
 Batch = Mapping[str, jax.Array]
 Stats = dict[str, jax.Array]
 
+#: Non-finite policies: "stop" ends the run naming the step (fit raises), "skip" drops that
+#: update and counts it. Either way the step itself never applies a non-finite update.
+NONFINITE_POLICIES = ("stop", "skip")
+
+
+def _check_accumulation(accumulation: int) -> None:
+    if not isinstance(accumulation, int) or accumulation < 1:
+        raise ValueError(f"accumulation must be an int >= 1 (micro-batches per update), got {accumulation!r}")
+
 
 def make_init(
-    objective: Objective, optimizer: optax.GradientTransformation
+    objective: Objective,
+    optimizer: optax.GradientTransformation,
+    ema: EMASpec | None = None,
+    *,
+    accumulation: int = 1,
 ) -> Callable[[jax.Array, Batch], TrainState]:
-    """``init(rng, batch) -> TrainState``: fresh params, optimizer state, zero EMA."""
+    """``init(rng, batch) -> TrainState``: fresh params, optimizer state, zero EMA, and (with
+    ``accumulation`` > 1) zero pending gradient sums."""
+    _check_accumulation(accumulation)
 
     def init(rng: jax.Array, batch: Batch) -> TrainState:
         rng = jax.random.key_data(rng) if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) else rng
         init_rng, run_rng = jax.random.split(rng)
         params = objective.init(init_rng, batch)
+        pending = None if accumulation == 1 else {"grads": jax.tree.map(jnp.zeros_like, params)}
         return TrainState(
             step=jnp.zeros((), jnp.int32),
             params=params,
             opt_state=optimizer.init(params),
-            ema=ema_lib.zeros_like(params),
+            ema=ema_lib.zeros_like(params, ema),
             rng=run_rng,
+            pending=pending,
         )
 
     return init
 
 
 def make_step(
-    objective: Objective, optimizer: optax.GradientTransformation, ema: EMASpec
+    objective: Objective,
+    optimizer: optax.GradientTransformation,
+    ema: EMASpec,
+    *,
+    accumulation: int = 1,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Stats]]:
-    """``step(state, batch) -> (state, stats)``: one optimizer update and one EMA update."""
+    """``step(state, batch) -> (state, stats)``: one batch of gradients, and when it completes
+    ``accumulation`` micro-batches, one optimizer update and one EMA update.
+
+    The update applies the mean of the micro-batch gradients, so k micro-batches of size B equal
+    one batch of size kB (for a loss that is a mean over examples). A micro-batch whose loss or
+    gradient norm is not finite contributes nothing (its update is skipped) and is flagged in
+    ``stats["skipped_updates"]`` (0 or 1); ``fit`` decides whether that stops the run. Skipped or
+    not, the step count advances (the batch was consumed) and the EMA takes its update with the
+    parameters as they stand, so ``state.step // accumulation`` stays the EMA's update count.
+    """
+    _check_accumulation(accumulation)
+    k = accumulation
 
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, Stats]:
         rng, step_rng = jax.random.split(state.rng)
         grad_fn = jax.value_and_grad(objective.loss, has_aux=True)
-        (loss, (stats, _aux)), grads = grad_fn(state.params, step_rng, batch, Step(index=state.step))
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        index = num_updates(state.step, k)
+        (loss, (stats, _aux)), grads = grad_fn(state.params, step_rng, batch, Step(index=index))
+        grad_norm = optax.tree.norm(grads)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+
+        def apply(grads: Any) -> tuple[Any, Any]:
+            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+            return optax.apply_updates(state.params, updates), opt_state
+
+        if k == 1:
+            params, opt_state = apply(grads)
+            keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+            params = jax.tree.map(keep, params, state.params)
+            opt_state = jax.tree.map(keep, opt_state, state.opt_state)
+            new_ema = ema_lib.update(state.ema, params, ema, index + 1)
+            pending = state.pending
+        else:
+            total = jax.tree.map(
+                lambda s, g: s + jnp.where(finite, g, jnp.zeros_like(g)), state.pending["grads"], grads
+            )
+
+            def update_now() -> tuple[Any, Any, Any, Any]:
+                params, opt_state = apply(jax.tree.map(lambda g: g / k, total))
+                new_ema = ema_lib.update(state.ema, params, ema, index + 1)
+                return params, opt_state, new_ema, jax.tree.map(jnp.zeros_like, total)
+
+            def accumulate() -> tuple[Any, Any, Any, Any]:
+                return state.params, state.opt_state, state.ema, total
+
+            params, opt_state, new_ema, total = jax.lax.cond(
+                (state.step + 1) % k == 0, update_now, accumulate
+            )
+            pending = {"grads": total}
         new_state = state.replace(
-            step=state.step + 1,
-            params=params,
-            opt_state=opt_state,
-            ema=ema_lib.update(state.ema, params, ema.decay),
-            rng=rng,
+            step=state.step + 1, params=params, opt_state=opt_state, ema=new_ema, rng=rng, pending=pending
         )
-        return new_state, {**stats, "loss": loss, "grad_norm": optax.tree.norm(grads)}
+        skipped = jnp.logical_not(finite).astype(jnp.int32)
+        return new_state, {**stats, "loss": loss, "grad_norm": grad_norm, "skipped_updates": skipped}
 
     return step
 
 
-def make_eval(objective: Objective, ema: EMASpec) -> Callable[[TrainState, Batch, jax.Array], Stats]:
+def make_eval(
+    objective: Objective, ema: EMASpec, *, accumulation: int = 1
+) -> Callable[[TrainState, Batch, jax.Array], Stats]:
     """``eval(state, batch, rng) -> stats`` on the debiased EMA parameters.
 
     The rng is the caller's (a fixed key gives comparable numbers across evaluations); the
@@ -72,12 +134,13 @@ def make_eval(objective: Objective, ema: EMASpec) -> Callable[[TrainState, Batch
     """
 
     def evaluate(state: TrainState, batch: Batch, rng: jax.Array) -> Stats:
-        params = ema_lib.debias(state.ema, ema.decay, state.step)
+        params = ema_lib.debias(state.ema, ema, num_updates(state.step, accumulation))
         return objective.evaluate(params, rng, batch)
 
     return evaluate
 
 
 def abstract_state(init: Callable[[jax.Array, Batch], TrainState], batch: Batch) -> Any:
-    """The state's shapes and dtypes without computing it: the template a restore needs."""
+    """The state's shapes and dtypes (and shardings, for a sharded jitted ``init``) without
+    computing it: the template a restore needs."""
     return jax.eval_shape(init, jax.random.PRNGKey(0), batch)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +16,7 @@ import optax
 
 from dew import registry
 from dew.config import ConfigError
-from dew.data.dataset import Dataset
+from dew.data.dataset import DataPartition, Dataset
 from dew.objectives.base import EMASpec, Objective
 from dew.training import ema as ema_lib
 from dew.training.checkpoint_config import checkpoint_settings
@@ -27,9 +28,11 @@ from dew.training.checkpoints import (
 )
 from dew.training.console import Progress
 from dew.training.loop import Stage, fit
+from dew.training.profile import ProfileWindow
+from dew.training.sharding import Layout, MeshSpec
 from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage
-from dew.training.state import TrainState
-from dew.training.steps import abstract_state, make_eval, make_init, make_step
+from dew.training.state import TrainState, num_updates
+from dew.training.steps import NONFINITE_POLICIES, abstract_state, make_eval, make_init, make_step
 from dew.training.trackers import BACKENDS, LoggingCategory, Tracker, Trackers, make_trackers
 
 TRACKING_BACKENDS = BACKENDS
@@ -100,6 +103,69 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     for name in c.eval.metrics:
         if name not in registry.metrics:
             raise ConfigError(f"config.eval.metrics: {registry.metrics._miss_message(name)}")
+    validate_trainer_config(c)
+
+
+# --- the trainer's own knobs: mesh, accumulation, EMA warm-up, non-finite policy, profiling -------
+def _get(config: ml_collections.ConfigDict, key: str, default: Any) -> Any:
+    node: Any = config
+    for part in key.split("."):
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def validate_trainer_config(c: ml_collections.ConfigDict) -> None:
+    """The optional sections (absent keys take the defaults experiments/edm.py documents)."""
+    for axis in ("model", "fsdp"):
+        size = _get(c, f"mesh.{axis}", 1)
+        _require(_is_int(size) and size >= 1, f"mesh.{axis}", size, "an int >= 1 (devices on that axis)")
+    devices = _get(c, "mesh.devices", 0)
+    _require(_is_int(devices) and devices >= 0, "mesh.devices", devices, "an int >= 0 (0: all devices)")
+    k = _get(c, "train.accumulation", 1)
+    _require(_is_int(k) and k >= 1, "train.accumulation", k, "an int >= 1 (micro-batches per update)")
+    policy = _get(c, "train.nonfinite", "stop")
+    _require(policy in NONFINITE_POLICIES, "train.nonfinite", policy, f"one of {NONFINITE_POLICIES}")
+    half_life = _get(c, "ema.half_life", 0.0)
+    _require(half_life >= 0, "ema.half_life", half_life, "a float >= 0 (updates; 0: use ema.decay)")
+    ramp_up = _get(c, "ema.ramp_up", 0.0)
+    _require(ramp_up >= 0, "ema.ramp_up", ramp_up, "a float >= 0 (0: no ramp-up)")
+    _require(not (ramp_up and not half_life), "ema.ramp_up", ramp_up, "0 unless ema.half_life is set")
+    tracks = _get(c, "ema.tracks", "")
+    try:
+        re.compile(tracks)
+    except (re.error, TypeError) as e:
+        raise ConfigError(
+            f"config.ema.tracks={tracks!r} is invalid: expected a regular expression ({e})"
+        ) from e
+    for key, low in (("profile.steps", 0), ("profile.warmup", 1)):
+        value = _get(c, key, low)
+        _require(_is_int(value) and value >= low, key, value, f"an int >= {low}")
+
+
+def ema_spec_from_config(c: ml_collections.ConfigDict) -> EMASpec:
+    """``config.ema``: decay, or EDM's half-life (+ ramp-up) in updates; ``tracks`` a regex
+    searched in each parameter path ("" tracks every leaf)."""
+    tracks = _get(c, "ema.tracks", "")
+    pattern = re.compile(tracks) if tracks else None
+    half_life = _get(c, "ema.half_life", 0.0) or None
+    return EMASpec(
+        decay=c.ema.decay,
+        tracks=None if pattern is None else (lambda path: pattern.search(path) is not None),
+        half_life=half_life,
+        ramp_up=(_get(c, "ema.ramp_up", 0.0) or None) if half_life else None,
+    )
+
+
+def mesh_spec_from_config(c: ml_collections.ConfigDict) -> MeshSpec:
+    """``config.mesh``: devices per sharding axis (model, fsdp); data parallelism fills the rest."""
+    axes = {axis: _get(c, f"mesh.{axis}", 1) for axis in ("fsdp", "model")}
+    return MeshSpec({k: v for k, v in axes.items() if v > 1}, devices=_get(c, "mesh.devices", 0) or None)
 
 
 def check_workdir(workdir: str) -> str:
@@ -140,16 +206,44 @@ class Trainer:
         self.config = config
         self.workdir = check_workdir(workdir)
         c = config
+        # The mesh and the batch split are checked first: bad input fails before any work.
+        try:
+            self.mesh = mesh_spec_from_config(c).mesh()
+            self.layout = Layout.for_mesh(self.mesh)
+            self.layout.check_batch(c.dataset.batch_size, "config.dataset.batch_size")
+        except ValueError as e:
+            raise ConfigError(f"config.mesh / config.dataset.batch_size: {e}") from e
+        share = DataPartition(jax.process_index(), jax.process_count())
+        if c.dataset.batch_size % share.count:
+            raise ConfigError(
+                f"config.dataset.batch_size={c.dataset.batch_size} is invalid: expected a multiple of the "
+                f"{share.count} processes (each reads an equal share)"
+            )
+        local_batch = c.dataset.batch_size // share.count
         self.train_source = registry.datasets[c.dataset.name]("train")
         self.val_source = registry.datasets[c.dataset.name]("validation")
-        self.train_data = Dataset(self.train_source, c.dataset.batch_size, seed=c.seed)
-        self.val_data = Dataset(self.val_source, c.dataset.batch_size, seed=c.seed, shuffle=False)
+        self.train_data = Dataset(self.train_source, local_batch, seed=c.seed, share=share)
+        self.val_data = Dataset(self.val_source, local_batch, seed=c.seed, shuffle=False, share=share)
         self.objective: Objective = registry.objectives[c.objective.name].from_config(c, self.train_source)
         self.optimizer = make_optimizer(c)
-        self.ema = EMASpec(decay=c.ema.decay)
-        self.init = jax.jit(make_init(self.objective, self.optimizer))
-        self.step = jax.jit(make_step(self.objective, self.optimizer, self.ema), donate_argnums=0)
-        self.eval = jax.jit(make_eval(self.objective, self.ema))
+        self.ema = ema_spec_from_config(c)
+        self.accumulation = _get(c, "train.accumulation", 1)
+        init = make_init(self.objective, self.optimizer, self.ema, accumulation=self.accumulation)
+        abstract = abstract_state(init, self.example_batch())
+        try:
+            self.ema.check(abstract.params)
+        except ValueError as e:
+            raise ConfigError(f"config.ema.tracks={_get(c, 'ema.tracks', '')!r}: {e}") from e
+        self.state_shardings = self.layout.state_shardings(abstract)
+        self.init = self.layout.jit_init(init, abstract)
+        self._step = self.layout.jit_step(
+            make_step(self.objective, self.optimizer, self.ema, accumulation=self.accumulation), abstract
+        )
+        self.eval = jax.jit(
+            make_eval(self.objective, self.ema, accumulation=self.accumulation),
+            in_shardings=(self.state_shardings, self.layout.batch_sharding, self.layout.replicated),
+            out_shardings=self.layout.replicated,
+        )
         self.checkpoint_settings = cs = checkpoint_settings(c.checkpoint)
         self.checkpoints = Checkpoints(
             os.path.join(self.workdir, "checkpoints"),
@@ -163,6 +257,13 @@ class Trainer:
         self.val_data.first(c.eval.num_batches)  # fail now, not at the first evaluation
 
     # --- pieces -----------------------------------------------------------------------------------
+    def step(
+        self, state: TrainState, batch: dict[str, np.ndarray]
+    ) -> tuple[TrainState, dict[str, jax.Array]]:
+        """The jitted, sharded train step on this process's share of a batch (placed on the
+        mesh's batch axes first). ``state`` is donated: use the returned one."""
+        return self._step(state, self.layout.place_batch(batch))
+
     def example_batch(self) -> dict[str, np.ndarray]:
         """A batch of the training shapes (zeros): for init and templates, consumes no data."""
         return {
@@ -178,9 +279,11 @@ class Trainer:
         )
 
         def sample(state: TrainState, rng: jax.Array) -> tuple[jax.Array, jax.Array]:
-            return preview(ema_lib.debias(state.ema, self.ema.decay, state.step), rng)
+            return preview(
+                ema_lib.debias(state.ema, self.ema, num_updates(state.step, self.accumulation)), rng
+            )
 
-        return jax.jit(sample)
+        return jax.jit(sample, out_shardings=self.layout.replicated)
 
     def initial_state(self) -> TrainState:
         """The state the run starts from, as ``config.checkpoint`` asks.
@@ -250,7 +353,12 @@ class Trainer:
         if c.eval.every:
             stages.append(
                 EvalStage(
-                    self.eval, self.val_data.first(c.eval.num_batches), tracker, c.eval.every, seed=c.seed
+                    self.eval,
+                    self.val_data.first(c.eval.num_batches),
+                    tracker,
+                    c.eval.every,
+                    seed=c.seed,
+                    place_batch=self.layout.place_batch,
                 )
             )
             stages.append(
@@ -265,7 +373,16 @@ class Trainer:
                 )
             )
         stages.append(CheckpointStage(self.checkpoints, self.train_data, c.checkpoint.every))
+        profile_steps = _get(c, "profile.steps", 0)
+        if profile_steps:
+            directory = _get(c, "profile.directory", "") or os.path.join(self.workdir, "profile")
+            stages.append(ProfileWindow(profile_steps, directory, warmup=_get(c, "profile.warmup", 5)))
         return stages
+
+    def last_good_checkpoint(self) -> str | None:
+        """The newest saved checkpoint's path (named when a non-finite step stops the run)."""
+        latest = self.checkpoints.latest
+        return None if latest is None else self.checkpoints.path(latest)
 
     # --- the run ----------------------------------------------------------------------------------
     def run(self) -> TrainState:
@@ -281,16 +398,22 @@ class Trainer:
         tracker = self.tracker()
         try:
             state = fit(
-                state, self.step, iter(self.train_data), self.config.train.num_steps, self.stages(tracker)
+                state,
+                self.step,
+                iter(self.train_data),
+                self.config.train.num_steps,
+                self.stages(tracker),
+                nonfinite=_get(self.config, "train.nonfinite", "stop"),
+                last_good=self.last_good_checkpoint,
             )
         finally:
             tracker.close()
         return state
 
 
-def debiased_ema(state: TrainState, decay: float) -> Any:
-    """The EMA parameters a user samples or exports with."""
-    return ema_lib.debias(state.ema, decay, int(jax.device_get(state.step)))
+def debiased_ema(state: TrainState, decay: float | EMASpec, accumulation: int = 1) -> Any:
+    """The EMA parameters a user samples or exports with (``decay``: the run's EMASpec or β)."""
+    return ema_lib.debias(state.ema, decay, num_updates(int(jax.device_get(state.step)), accumulation))
 
 
 __all__ = ["Trainer", "check_workdir", "debiased_ema", "make_optimizer", "validate_config"]

@@ -1,0 +1,5 @@
+"""Run telemetry: native profiler capture (``profile``)."""
+
+from dew.telemetry.profile import profile
+
+__all__ = ["profile"]
