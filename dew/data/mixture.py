@@ -57,20 +57,22 @@ class GaussianMixture:
         )
 
     def denoise(self, x: jax.Array, sigma: jax.Array) -> jax.Array:
-        """The exact D(x; σ) for x [B, D] and σ scalar or [B]; pure and jittable."""
+        """The exact D(x; σ) for x [B, D] and σ scalar or [B]; pure and jittable.
+
+        Written with two [B, K] x [K, D] products and no [B, K, D] temporary:
+        ‖x − μ_k‖² = ‖x‖² − 2 x·μ_k + ‖μ_k‖², and the posterior mean splits into
+        x Σ_k w_k s_k²/(s_k² + σ²) + σ² Σ_k (w_k/(s_k² + σ²)) μ_k.
+        """
         dtype = x.dtype
         means = jnp.asarray(self.means, dtype)  # [K, D]
         var = jnp.asarray(self.stds, dtype) ** 2  # [K]
         sigma = jnp.asarray(sigma, dtype)
         s2 = (sigma**2).reshape(-1, 1) if sigma.ndim else sigma**2  # [B, 1] or []
         total = var[None, :] + s2  # [B or 1, K]
-        sq = jnp.sum((x[:, None, :] - means[None]) ** 2, axis=-1)  # [B, K]
-        logits = (
-            jnp.log(jnp.asarray(self.weights, dtype)) - 0.5 * self.dim * jnp.log(total) - 0.5 * sq / total
-        )
-        w = jax.nn.softmax(logits, axis=-1)  # [B, K]
-        posterior = (var[None, :, None] * x[:, None, :] + s2[..., None] * means[None]) / total[..., None]
-        return jnp.sum(w[..., None] * posterior, axis=1)
+        sq = jnp.sum(x**2, -1, keepdims=True) - 2 * x @ means.T + jnp.sum(means**2, -1)[None]
+        logits = jnp.log(jnp.asarray(self.weights, dtype)) - 0.5 * self.dim * jnp.log(total) - 0.5 * sq / total
+        w = jax.nn.softmax(logits, axis=-1) / total  # [B, K]
+        return x * jnp.sum(w * var[None, :], -1, keepdims=True) + s2 * (w @ means)
 
 
 def ring(modes: int = 8, radius: float = 1.0, std: float = 0.15) -> GaussianMixture:
