@@ -70,7 +70,9 @@ class GaussianMixture:
         s2 = (sigma**2).reshape(-1, 1) if sigma.ndim else sigma**2  # [B, 1] or []
         total = var[None, :] + s2  # [B or 1, K]
         sq = jnp.sum(x**2, -1, keepdims=True) - 2 * x @ means.T + jnp.sum(means**2, -1)[None]
-        logits = jnp.log(jnp.asarray(self.weights, dtype)) - 0.5 * self.dim * jnp.log(total) - 0.5 * sq / total
+        logits = (
+            jnp.log(jnp.asarray(self.weights, dtype)) - 0.5 * self.dim * jnp.log(total) - 0.5 * sq / total
+        )
         w = jax.nn.softmax(logits, axis=-1) / total  # [B, K]
         return x * jnp.sum(w * var[None, :], -1, keepdims=True) + s2 * (w @ means)
 
