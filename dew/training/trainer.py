@@ -135,8 +135,10 @@ class Trainer:
         self.config = config
         self.workdir = check_workdir(workdir)
         c = config
-        self.train_source = registry.datasets[c.dataset.name]("train")
-        self.val_source = registry.datasets[c.dataset.name]("validation")
+        # Keys of config.dataset beyond name/batch_size are the source's options (resolution, ...).
+        options = {k: v for k, v in c.dataset.items() if k not in ("name", "batch_size")}
+        self.train_source = registry.datasets[c.dataset.name]("train", **options)
+        self.val_source = registry.datasets[c.dataset.name]("validation", **options)
         self.train_data = Dataset(self.train_source, c.dataset.batch_size, seed=c.seed)
         self.val_data = Dataset(self.val_source, c.dataset.batch_size, seed=c.seed, shuffle=False)
         self.objective: Objective = registry.objectives[c.objective.name].from_config(c, self.train_source)
