@@ -67,8 +67,10 @@ _REGISTERING_MODULES = (
     "dew.objectives.diffusion",
     "dew.data.digits",
     "dew.data.mixture",
+    "dew.data.tfds_source",
     "dew.scoring.digits_classifier",
     "dew.scoring.sliced_wasserstein",
+    "dew.scoring.digits_features",
 )
 
 

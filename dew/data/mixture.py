@@ -98,7 +98,9 @@ def gaussian_mixture(split: str = "train") -> Source:
     if split not in _SIZES:
         raise ValueError(f"gaussian_mixture: split must be one of {sorted(_SIZES)}, got {split!r}")
     seed = 0 if split == "train" else 1
-    return Source(name=f"gaussian_mixture/{split}", fields={"x": RING.sample(_SIZES[split], seed)})
+    return Source(
+        name=f"gaussian_mixture/{split}", fields={"x": RING.sample(_SIZES[split], seed)}, sample_field="x"
+    )
 
 
 registry.datasets.register("gaussian_mixture", gaussian_mixture)
