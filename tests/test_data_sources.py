@@ -29,7 +29,7 @@ def test_oxford_flowers102_by_name_is_cropped_resized_and_resumable():
         assert first["image"].shape == (4, 16, 16, 3) and first["image"].dtype == np.float32
         assert first["label"].shape == (4,) and first["label"].dtype == np.int32
         assert first["image"].min() >= -1.0 and first["image"].max() <= 1.0
-        assert 0 <= first["label"].min() and first["label"].max() < 102
+        assert first["label"].min() >= 0 and first["label"].max() < 102
         saved = straight.save_position()
         resumed = Dataset(source, 4, seed=2)
         resumed.read_position(saved)

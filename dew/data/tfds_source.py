@@ -36,7 +36,8 @@ def _prepare_hint(name: str, data_dir: str | None) -> str:
         f"Prepare it once on a machine with network access:\n"
         f'  python -c "import tensorflow_datasets as tfds; tfds.builder({name!r}, data_dir={where!r}, '
         f"file_format='array_record').download_and_prepare()\"\n"
-        f"then copy that directory here and pass it as data_dir (config.dataset.data_dir) or set TFDS_DATA_DIR."
+        f"then copy that directory here and pass it as data_dir (config.dataset.data_dir) "
+        f"or set TFDS_DATA_DIR."
     )
 
 
