@@ -43,13 +43,19 @@ def digit_features(images: np.ndarray) -> np.ndarray:
 
 
 def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
-    """FD between Gaussians fitted to feature sets ``a`` [N, D] and ``b`` [M, D]."""
-    from scipy import linalg
+    """FD between Gaussians fitted to feature sets ``a`` [N, D] and ``b`` [M, D].
 
+    Tr (Σ_a Σ_b)^{1/2} is computed as Σ √λ_i of the symmetric PSD matrix Σ_b^{1/2} Σ_a Σ_b^{1/2}
+    (same eigenvalues), by ``eigh``: exact and stable when a covariance is singular, as it is
+    when a ReLU unit never fires on one of the sets.
+    """
     mu_a, mu_b = a.mean(0), b.mean(0)
     cov_a, cov_b = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
-    root, _ = linalg.sqrtm(cov_a @ cov_b, disp=False)
-    return float(np.sum((mu_a - mu_b) ** 2) + np.trace(cov_a + cov_b - 2 * np.real(root)))
+    values, vectors = np.linalg.eigh(cov_b)
+    root_b = (vectors * np.sqrt(np.clip(values, 0, None))) @ vectors.T
+    middle = np.linalg.eigvalsh(root_b @ cov_a @ root_b)
+    trace_root = float(np.sum(np.sqrt(np.clip(middle, 0, None))))
+    return float(np.sum((mu_a - mu_b) ** 2) + np.trace(cov_a) + np.trace(cov_b) - 2 * trace_root)
 
 
 @functools.cache
