@@ -76,3 +76,15 @@ def test_a_text_conditioned_digits_run_trains_and_previews_from_prompts(tmp_path
     assert np.isfinite(float(loss))
     images, labels = trainer.sample_fn()(state, jax.random.PRNGKey(0))
     assert images.shape == (20, 8, 8, 1) and list(np.asarray(labels[:4])) == [0, 0, 1, 1]
+
+
+def test_input_spec_names_fields_and_refuses_clashes():
+    text = Condition("byte_text", Field("text", (32,), "int32"), "")
+    spec = InputSpec(Field("image", (8, 8, 1)), {"label": text})
+    assert [f.name for f in spec.fields()] == ["image", "text"]
+    with pytest.raises(ValueError, match="distinct"):
+        InputSpec(Field("text", (8, 8, 1)), {"label": text})
+    with pytest.raises(ValueError, match="must name an encoder"):
+        Condition("", Field("text", (32,)))
+    with pytest.raises(TypeError, match="must be a Condition"):
+        InputSpec(Field("image", (8, 8, 1)), {"label": "byte_text"})
