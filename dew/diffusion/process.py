@@ -117,6 +117,8 @@ class Process:
     # --- Table 1, "Training" --------------------------------------------------------------------
     def loss_weight(self, sigma: Array) -> Array:
         """λ(σ) = 1 / c_out(σ)²: unit weight on the error of the predicted target."""
+        if self.target == "edm":  # Table 1's form of the same value, as the default run computes it
+            return (sigma**2 + self.sigma_data**2) / (sigma * self.sigma_data) ** 2
         return 1.0 / self.c_out(sigma) ** 2
 
     def sample_training_sigma(self, rng: Array, batch: int) -> Array:
