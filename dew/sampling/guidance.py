@@ -17,7 +17,9 @@ class CFG:
 
     Inside σ ∈ (sigma_lo, sigma_hi]: D = D_u + w (D_c − D_u). Outside it the conditional
     prediction alone is used. The interval is in σ, not in step indices, so it means the same
-    thing for any number of steps. ``weight == 1`` is no guidance.
+    thing for any number of steps. ``weight == 1`` is no guidance. The fields may also be traced
+    values, so one jitted sampler serves a sweep of weights or intervals; the range checks apply
+    to Python numbers.
     """
 
     weight: float = 1.0
