@@ -60,11 +60,17 @@ _EXPORTS: dict[str, str] = {
 _REGISTERING_MODULES = (
     "dew.diffusion.presets",
     "dew.networks.unet",
+    "dew.networks.mlp",
     "dew.encoding.class_label",
+    "dew.encoding.byte_text",
     "dew.sampling.solvers",
     "dew.objectives.diffusion",
     "dew.data.digits",
+    "dew.data.mixture",
+    "dew.data.tfds_source",
     "dew.scoring.digits_classifier",
+    "dew.scoring.sliced_wasserstein",
+    "dew.scoring.digits_features",
 )
 
 

@@ -32,6 +32,14 @@ class Condition:
     field: Field
     unconditional: Any = None
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.encoder, str) or not self.encoder:
+            raise ValueError(f"Condition.encoder must name an encoder in dew.encoders, got {self.encoder!r}")
+        if not isinstance(self.field, Field):
+            raise TypeError(
+                f"Condition.field must be a Field, got {type(self.field).__name__} ({self.field!r})"
+            )
+
 
 @dataclasses.dataclass(frozen=True)
 class InputSpec:
@@ -40,6 +48,16 @@ class InputSpec:
 
     sample: Field
     conditions: Mapping[str, Condition] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sample, Field):
+            raise TypeError(f"InputSpec.sample must be a Field, got {type(self.sample).__name__}")
+        for key, condition in self.conditions.items():
+            if not isinstance(condition, Condition):
+                raise TypeError(f"InputSpec.conditions[{key!r}] must be a Condition, got {condition!r}")
+        names = [f.name for f in self.fields()]
+        if len(set(names)) != len(names):
+            raise ValueError(f"InputSpec: batch field names must be distinct, got {names}")
 
     def fields(self) -> list[Field]:
         return [self.sample, *(c.field for c in self.conditions.values())]

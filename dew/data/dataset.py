@@ -11,11 +11,19 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-    """Whole arrays of one split, keyed by batch field name, all with the same leading size."""
+    """Whole arrays of one split, keyed by batch field name, all with the same leading size.
+
+    A field may also be any array-like with ``shape``, ``dtype``, ``len`` and row indexing by an
+    index array (a lazily read column, as the tfds sources use). ``sample_field`` names the field a
+    generative model learns; ``class_prompts`` (optional) is one text prompt per class, for
+    text-conditioned previews of a labelled source.
+    """
 
     name: str
     fields: Mapping[str, np.ndarray]
     num_classes: int | None = None
+    sample_field: str = "image"
+    class_prompts: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         sizes = {k: len(v) for k, v in self.fields.items()}

@@ -41,4 +41,40 @@ def digits(split: str = "train") -> Source:
     )
 
 
+WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+CAPTION_LENGTH = 32
+TEMPLATES = (
+    "a handwritten {word}",
+    "the digit {word}",
+    "{word}",
+    "a {word}",
+    "handwritten {digit}",
+    "the number {digit}",
+)
+"""Caption templates; example i of a split gets template i mod 6, so every class is described
+several ways, in words and in numerals."""
+
+
+def captions(labels: np.ndarray) -> list[str]:
+    return [
+        TEMPLATES[i % len(TEMPLATES)].format(word=WORDS[c], digit=c) for i, c in enumerate(np.asarray(labels))
+    ]
+
+
+def digits_text(split: str = "train") -> Source:
+    """``digits`` with a text caption per image: field ``text`` holds its UTF-8 byte tokens
+    [N, 32] (``dew.encoding.byte_text.tokenize``); ``label`` stays for scoring."""
+    from dew.encoding.byte_text import tokenize
+
+    base = digits(split)
+    text = tokenize(captions(base.fields["label"]), CAPTION_LENGTH)
+    return Source(
+        name=f"digits_text/{split}",
+        fields={**base.fields, "text": text},
+        num_classes=NUM_CLASSES,
+        class_prompts=tuple(f"a handwritten {w}" for w in WORDS),
+    )
+
+
 registry.datasets.register("digits", digits)
+registry.datasets.register("digits_text", digits_text)

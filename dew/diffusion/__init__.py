@@ -1,5 +1,5 @@
-"""Diffusion processes: noise schedules, preconditioning and loss weighting."""
+"""Diffusion processes: noise schedules, prediction targets, preconditioning and loss weighting."""
 
-from dew.diffusion.process import EDM, Process
+from dew.diffusion.process import EDM, FLOW, VE, VP, Process
 
-__all__ = ["EDM", "Process"]
+__all__ = ["EDM", "FLOW", "VE", "VP", "Process"]

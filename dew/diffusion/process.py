@@ -1,43 +1,86 @@
-"""The EDM formulation (Karras et al. 2022, "Elucidating the Design Space of Diffusion-Based
-Generative Models"), written as the paper's equations. Equation and table numbers refer to that
-paper; "Table 1" is its summary of design choices.
+"""``Process``: a noise schedule paired with what the network predicts and how the loss is
+weighted, in the common frame of Karras et al. 2022 (EDM). Equation and table numbers refer to
+that paper; "Table 1" is its summary of the design choices of VP, VE and EDM.
 
-The network F_θ never sees raw noisy data. The denoiser is (Eq. 7)
+Every process is written in the σ-parameterisation x = y + σ n (EDM Eq. 1 with s(t) = 1), which
+EDM shows loses nothing: VP's scaled samples and a rectified flow's x_t are rescalings of x (see
+``dew.diffusion.targets``), so one set of samplers serves all of them. The network F_θ never sees
+raw noisy data; the denoiser is (Eq. 7)
 
     D_θ(x; σ) = c_skip(σ) x + c_out(σ) F_θ(c_in(σ) x; c_noise(σ))
 
-and training minimises (Eq. 8, with Table 1's λ and p_train)
+with c_skip and c_out fixed by the prediction target, and training minimises (Eq. 8)
 
-    E_{σ, y, n} [ λ(σ) ‖D_θ(y + n; σ) − y‖² ],   ln σ ~ N(P_mean, P_std²),  n ~ N(0, σ² I).
+    E_{σ ~ p_train, y, n} [ λ(σ) ‖D_θ(y + n; σ) − y‖² ],   n ~ N(0, σ² I).
+
+λ(σ) = 1 / c_out(σ)², which turns Eq. 8 into an unweighted regression of F onto its target;
+for the four presets this is exactly their λ (EDM's (σ²+σ_d²)/(σσ_d)², VP's and VE's 1/σ²,
+the flow's 1/t²).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
+from dew.diffusion import schedules, targets
+
 Array = jax.Array
+
+TRAINING_NOISE = ("lognormal", "loguniform", "vp")
+INPUT_SCALINGS = ("variance", "none", "flow")
+NOISE_EMBEDDINGS = ("edm", "vp", "ve", "flow")
+
+
+def _one_of(field: str, value: str, accepted: tuple[str, ...]) -> None:
+    if value not in accepted:
+        raise ValueError(f"Process.{field}={value!r} is unknown: expected one of {accepted}")
 
 
 @dataclasses.dataclass(frozen=True)
 class Process:
     """Pairs a schedule with what the model predicts on it and how the loss is weighted.
 
-    Only the EDM parameterisation (the network predicts through c_skip/c_out towards the clean
-    sample) is built so far; VP, VE and flow presets land with the diffusion issue.
+    The defaults are Table 1's EDM column. Fields:
+
+    * ``target``: what F predicts, one of ``dew.diffusion.targets.TARGETS``;
+    * ``sigma_data``: the data scale of the ``edm`` target and of ``variance`` input scaling;
+    * ``training_noise``: p_train(σ): ``lognormal`` (ln σ ~ N(p_mean, p_std²); a logit-normal
+      flow time t = σ/(1+σ) is this too), ``loguniform`` in [σ_min, σ_max] (VE), or ``vp``
+      (t ~ U(ε_t, 1), σ = σ_vp(t));
+    * ``schedule``: the sampling discretisation, one of ``schedules.SCHEDULES``;
+    * ``input_scaling``: c_in: ``variance`` 1/√(σ²+σ_d²), ``none`` 1, ``flow`` 1/(1+σ);
+    * ``noise_embedding``: c_noise: ``edm`` ¼ ln σ, ``vp`` (M−1) t_vp(σ), ``ve`` ln(σ/2),
+      ``flow`` 1000 t.
     """
 
+    target: str = "edm"
     sigma_data: float = 0.5
+    training_noise: str = "lognormal"
     p_mean: float = -1.2
     p_std: float = 1.2
+    schedule: str = "karras"
     sigma_min: float = 0.002
     sigma_max: float = 80.0
     rho: float = 7.0
+    input_scaling: str = "variance"
+    noise_embedding: str = "edm"
+    beta_d: float = 19.9
+    beta_min: float = 0.1
+    eps_s: float = 1e-3
+    eps_t: float = 1e-5
+    m: int = 1000
 
     def __post_init__(self) -> None:
+        _one_of("target", self.target, targets.TARGETS)
+        _one_of("training_noise", self.training_noise, TRAINING_NOISE)
+        _one_of("schedule", self.schedule, schedules.SCHEDULES)
+        _one_of("input_scaling", self.input_scaling, INPUT_SCALINGS)
+        _one_of("noise_embedding", self.noise_embedding, NOISE_EMBEDDINGS)
         for name in ("sigma_data", "p_std", "sigma_min", "sigma_max", "rho"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"Process.{name} must be > 0, got {getattr(self, name)}")
@@ -48,25 +91,45 @@ class Process:
 
     # --- Table 1, "Network and preconditioning" ------------------------------------------------
     def c_skip(self, sigma: Array) -> Array:
-        return self.sigma_data**2 / (sigma**2 + self.sigma_data**2)
+        return targets.c_skip(self.target, sigma, self.sigma_data)
 
     def c_out(self, sigma: Array) -> Array:
-        return sigma * self.sigma_data / jnp.sqrt(sigma**2 + self.sigma_data**2)
+        return targets.c_out(self.target, sigma, self.sigma_data)
 
     def c_in(self, sigma: Array) -> Array:
-        return 1.0 / jnp.sqrt(sigma**2 + self.sigma_data**2)
+        sigma = jnp.asarray(sigma)
+        if self.input_scaling == "variance":
+            return 1.0 / jnp.sqrt(sigma**2 + self.sigma_data**2)
+        if self.input_scaling == "flow":
+            return 1.0 / (1.0 + sigma)
+        return jnp.ones_like(sigma)
 
     def c_noise(self, sigma: Array) -> Array:
-        return jnp.log(sigma) / 4.0
+        sigma = jnp.asarray(sigma)
+        if self.noise_embedding == "edm":
+            return jnp.log(sigma) / 4.0
+        if self.noise_embedding == "vp":
+            return (self.m - 1) * schedules.vp_time(sigma, self.beta_d, self.beta_min)
+        if self.noise_embedding == "ve":
+            return jnp.log(0.5 * sigma)
+        return 1000.0 * sigma / (1.0 + sigma)
 
     # --- Table 1, "Training" --------------------------------------------------------------------
     def loss_weight(self, sigma: Array) -> Array:
-        """λ(σ) = (σ² + σ_data²) / (σ σ_data)², which makes the effective target unit-variance."""
-        return (sigma**2 + self.sigma_data**2) / (sigma * self.sigma_data) ** 2
+        """λ(σ) = 1 / c_out(σ)²: unit weight on the error of the predicted target."""
+        if self.target == "edm":  # Table 1's form of the same value, as the default run computes it
+            return (sigma**2 + self.sigma_data**2) / (sigma * self.sigma_data) ** 2
+        return 1.0 / self.c_out(sigma) ** 2
 
     def sample_training_sigma(self, rng: Array, batch: int) -> Array:
-        """ln σ ~ N(P_mean, P_std²)."""
-        return jnp.exp(self.p_mean + self.p_std * jax.random.normal(rng, (batch,)))
+        """σ ~ p_train, [batch]."""
+        if self.training_noise == "lognormal":
+            return jnp.exp(self.p_mean + self.p_std * jax.random.normal(rng, (batch,)))
+        if self.training_noise == "loguniform":
+            lo, hi = jnp.log(self.sigma_min), jnp.log(self.sigma_max)
+            return jnp.exp(jax.random.uniform(rng, (batch,), minval=lo, maxval=hi))
+        t = jax.random.uniform(rng, (batch,), minval=self.eps_t, maxval=1.0)
+        return schedules.vp_sigma(t, self.beta_d, self.beta_min)
 
     # --- Eq. 7 ----------------------------------------------------------------------------------
     def denoise(self, network: Callable[[Array, Array], Array], x: Array, sigma: Array) -> Array:
@@ -75,19 +138,67 @@ class Process:
         raw = network(self.c_in(s) * x, self.c_noise(sigma).astype(x.dtype))
         return self.c_skip(s) * x + self.c_out(s) * raw
 
-    # --- Eq. 5, the sampling-time discretisation -----------------------------------------------
+    # --- Eq. 5 and Table 1, "Sampling" -----------------------------------------------------------
     def sigmas(self, steps: int) -> Array:
-        """``steps`` noise levels from σ_max down to σ_min, spaced by Eq. 5 with exponent ρ.
+        """``steps`` noise levels from σ_max down to σ_min on this process's schedule.
 
-        σ_i = (σ_max^{1/ρ} + i/(N−1) (σ_min^{1/ρ} − σ_max^{1/ρ}))^ρ. The final σ = 0 of the paper
-        is not included: the sampler ends on the model's clean prediction at σ_min instead.
+        For ``karras`` this is Eq. 5. The paper's final σ = 0 is not included: the sampler ends on
+        the model's clean prediction at the last point instead.
         """
         if steps < 2:
             raise ValueError(f"sigmas: steps must be >= 2 (T and the last point), got {steps}")
-        ramp = jnp.linspace(0.0, 1.0, steps)
-        lo, hi = self.sigma_min ** (1 / self.rho), self.sigma_max ** (1 / self.rho)
-        return (hi + ramp * (lo - hi)) ** self.rho
+        if self.schedule == "karras":
+            return schedules.karras(steps, self.sigma_min, self.sigma_max, self.rho)
+        if self.schedule == "uniform":
+            return schedules.uniform(steps, self.sigma_min, self.sigma_max)
+        if self.schedule == "geometric":
+            return schedules.geometric(steps, self.sigma_min, self.sigma_max)
+        if self.schedule == "vp":
+            return schedules.vp(steps, self.eps_s, self.beta_d, self.beta_min)
+        return schedules.flow(steps, self.sigma_min, self.sigma_max)
 
 
 EDM = Process()
-"""The preset of Table 1's "EDM" column: σ_data 0.5, P_mean −1.2, P_std 1.2, σ ∈ [0.002, 80], ρ 7."""
+"""Table 1's "EDM" column: σ_data 0.5, P_mean −1.2, P_std 1.2, σ ∈ [0.002, 80], ρ 7."""
+
+VP = Process(
+    target="eps",
+    sigma_data=1.0,  # c_in = 1/√(σ²+1)
+    training_noise="vp",
+    schedule="vp",
+    input_scaling="variance",
+    noise_embedding="vp",
+    sigma_min=math.sqrt(math.expm1(0.5 * 19.9 * 1e-3**2 + 0.1 * 1e-3)),  # σ(ε_s), no JAX at import
+    sigma_max=math.sqrt(math.expm1(0.5 * 19.9 + 0.1)),  # σ(1)
+)
+"""Table 1's "VP" column (DDPM++, Song et al. 2021): ε-prediction, t ~ U(ε_t, 1), λ = 1/σ²,
+σ(t) = √(e^{½β_d t² + β_min t} − 1) with β_d 19.9, β_min 0.1, sampled at t_i from 1 to ε_s = 10⁻³."""
+
+VE = Process(
+    target="eps",
+    training_noise="loguniform",
+    schedule="geometric",
+    input_scaling="none",
+    noise_embedding="ve",
+    sigma_min=0.02,
+    sigma_max=100.0,
+)
+"""Table 1's "VE" column (NCSN++): c_skip 1, c_in 1, c_noise ln(σ/2), ln σ ~ U(ln σ_min, ln σ_max),
+λ = 1/σ², geometric σ steps in [0.02, 100]. Table 1 writes c_out = +σ (F predicts −n); dew's
+``eps`` target is the same network up to the sign of its output layer."""
+
+FLOW = Process(
+    target="flow",
+    training_noise="lognormal",
+    p_mean=0.0,
+    p_std=1.0,
+    schedule="flow",
+    input_scaling="flow",
+    noise_embedding="flow",
+    sigma_min=0.002,
+    sigma_max=200.0,
+)
+"""Rectified flow / flow matching (Liu et al. 2022; Lipman et al. 2022) with the logit-normal
+time sampling of Esser et al. 2024: x_t = (1−t) y + t n, the network predicts u = n − y, t ~
+logit-N(0, 1) (i.e. σ = t/(1−t) is lognormal with P_mean 0, P_std 1), loss ‖F − u‖², and equal
+steps in t from t(σ_max) = 0.995 to t(σ_min)."""

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import haiku as hk
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dew import registry
 
@@ -24,6 +27,13 @@ class ClassLabel(hk.Module):
         if num_classes < 1:
             raise ValueError(f"ClassLabel: num_classes must be >= 1, got {num_classes}")
         self.num_classes = num_classes
+
+    @staticmethod
+    def tokens(datum: Any, shape: tuple[int, ...] = ()) -> np.ndarray:
+        """The batch-field value of one raw label (an int; ``None`` is the unconditional -1)."""
+        if shape != ():
+            raise ValueError(f"ClassLabel: the label field holds scalars, got a field shape {shape}")
+        return np.asarray(UNCONDITIONAL if datum is None else int(datum), np.int32)
 
     def __call__(self, labels: jax.Array) -> jax.Array:
         if not jnp.issubdtype(labels.dtype, jnp.integer):

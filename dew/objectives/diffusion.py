@@ -1,4 +1,5 @@
-"""Denoising score matching with EDM preconditioning (Karras et al. 2022, Eq. 2 and Table 1)."""
+"""Denoising score matching in the EDM frame (Karras et al. 2022, Eq. 2, 7, 8 and Table 1), for
+any ``Process`` preset, with class-label or text conditions and condition dropout for CFG."""
 
 from __future__ import annotations
 
@@ -10,22 +11,24 @@ import chex
 import haiku as hk
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dew import registry
 from dew.diffusion.process import Process
 from dew.encoding.class_label import UNCONDITIONAL
 from dew.inputs import Condition, Field, InputSpec
 from dew.objectives.base import Aux, Batch, Objective, Params, Stats, Step
-from dew.sampling import CFG, sample
+from dew.sampling import CFG, Solver, sample
 
 ModuleFactory = Callable[[], hk.Module]
 
 
 class Diffusion(Objective):
-    """EDM training of a denoiser D(x; σ) = c_skip x + c_out F(c_in x; c_noise, conditions).
+    """Training of a denoiser D(x; σ) = c_skip x + c_out F(c_in x; c_noise, conditions).
 
-    The loss is λ(σ) ‖D(y + n; σ) − y‖² with ln σ ~ N(P_mean, P_std²), averaged over pixels.
-    Each condition is dropped (replaced by its unconditional datum) with probability
+    The loss is λ(σ) ‖D(y + n; σ) − y‖² with σ ~ the process's p_train, averaged over the
+    sample's elements (pixels, or coordinates of a vector). Each condition is dropped (replaced by
+    its encoder's tokens for the condition's unconditional datum) with probability
     ``condition_dropout`` so the same network also serves as the unconditional branch of CFG.
     """
 
@@ -45,6 +48,11 @@ class Diffusion(Objective):
         self.input_spec = input_spec
         self.process = process
         self.condition_dropout = condition_dropout
+        # The batch-field value of each condition's unconditional datum, from its encoder.
+        self._unconditional_tokens = {
+            key: registry.encoders[c.encoder].tokens(c.unconditional, c.field.shape)
+            for key, c in input_spec.conditions.items()
+        }
 
         def forward(
             x: jax.Array, noise_level: jax.Array, conditions: Mapping[str, jax.Array], is_training: bool
@@ -85,15 +93,16 @@ class Diffusion(Objective):
         self, params: Params, rng: jax.Array, batch: Batch, step: Step
     ) -> tuple[jax.Array, tuple[Stats, Aux]]:
         y = batch[self.input_spec.sample.name]
-        chex.assert_rank(y, 4)
+        chex.assert_shape(y, (None, *self.input_spec.sample.shape))
         sigma_rng, noise_rng, drop_rng, net_rng = jax.random.split(rng, 4)
         sigma = self.process.sample_training_sigma(sigma_rng, y.shape[0])
-        noisy = y + jax.random.normal(noise_rng, y.shape, y.dtype) * sigma[:, None, None, None]
+        per_row = sigma.reshape((-1,) + (1,) * (y.ndim - 1))
+        noisy = y + jax.random.normal(noise_rng, y.shape, y.dtype) * per_row
         conditions = self._conditions(batch)
         if step.is_training and self.condition_dropout > 0:
             conditions = self._drop(drop_rng, conditions)
         denoised = self.denoiser(params, conditions, net_rng, step.is_training)(noisy, sigma)
-        per_example = jnp.mean((denoised - y) ** 2, axis=(1, 2, 3))
+        per_example = jnp.mean((denoised - y) ** 2, axis=tuple(range(1, y.ndim)))
         weighted = self.process.loss_weight(sigma) * per_example
         # mse_ is reported at σ-weights of 1: the plain denoising error, comparable across runs.
         return jnp.mean(weighted), ({"mse_denoised": jnp.mean(per_example)}, Aux())
@@ -104,13 +113,14 @@ class Diffusion(Objective):
             sorted(conditions.items()), jax.random.split(rng, len(conditions)), strict=True
         ):
             keep = jax.random.uniform(k, value.shape[:1]) >= self.condition_dropout
-            uncond = jnp.full_like(value, self._unconditional(key))
-            out[key] = jnp.where(keep.reshape((-1,) + (1,) * (value.ndim - 1)), value, uncond)
+            out[key] = jnp.where(
+                keep.reshape((-1,) + (1,) * (value.ndim - 1)), value, self._unconditional(key, value)
+            )
         return out
 
-    def _unconditional(self, key: str) -> Any:
-        datum = self.input_spec.conditions[key].unconditional
-        return UNCONDITIONAL if datum is None else datum
+    def _unconditional(self, key: str, like: jax.Array) -> jax.Array:
+        """The unconditional datum's tokens, one row per row of ``like``."""
+        return jnp.broadcast_to(jnp.asarray(self._unconditional_tokens[key], like.dtype), like.shape)
 
     def generate(
         self,
@@ -119,34 +129,52 @@ class Diffusion(Objective):
         conditions: Mapping[str, jax.Array],
         *,
         steps: int,
-        solver: str = "heun",
+        solver: str | Solver = "heun",
         guidance: CFG | None = None,
+        num_samples: int | None = None,
     ) -> jax.Array:
-        """Samples for the given conditions (one per row), pure and jittable."""
-        n = next(iter(conditions.values())).shape[0] if conditions else 1
+        """Samples for the given conditions (one per row), pure and jittable.
+
+        Without conditions, ``num_samples`` says how many. The initial noise is drawn from
+        ``rng`` itself; a stochastic solver's per-step noise from ``fold_in(rng, 1)``.
+        """
+        n = next(iter(conditions.values())).shape[0] if conditions else (num_samples or 1)
         shape = (n, *self.input_spec.sample.shape)
         denoise = self.denoiser(params, conditions)
         if guidance is not None:
-            uncond = {k: jnp.full_like(v, self._unconditional(k)) for k, v in conditions.items()}
+            uncond = {k: self._unconditional(k, v) for k, v in conditions.items()}
             denoise = guidance(denoise, self.denoiser(params, uncond))
         noise = jax.random.normal(rng, shape, jnp.float32)
-        return sample(denoise, noise, self.process.sigmas(steps), solver)
+        return sample(denoise, noise, self.process.sigmas(steps), solver, rng=jax.random.fold_in(rng, 1))
 
     # --- building from a config, and previews --------------------------------------------------
     @classmethod
     def from_config(cls, config: Any, source: Any) -> Diffusion:
         """Build from ``config.objective``/``config.model`` for a dataset ``source``.
 
-        A source with ``num_classes`` is trained class-conditionally on its ``label`` field.
+        ``config.objective.condition`` (optional, default ``auto``) picks the conditioning:
+        ``text`` (the source's ``text`` field through the jointly trained ``byte_text``
+        encoder), ``class_label`` (its ``label`` field), or ``none``; ``auto`` takes text when
+        the source has a ``text`` field, else class labels when it has ``num_classes``.
+        Either is passed to the model under its ``label`` keyword.
         """
-        image = source.fields["image"]
-        sample_field = Field("image", tuple(image.shape[1:]))
+        column = source.fields[source.sample_field]
+        sample_field = Field(source.sample_field, tuple(column.shape[1:]))
+        choice = config.objective.get("condition", "auto")
+        accepted = ("auto", "text", "class_label", "none")
+        if choice not in accepted:
+            raise ValueError(f"config.objective.condition={choice!r} is invalid: expected one of {accepted}")
+        if choice == "auto":
+            choice = "text" if "text" in source.fields else ("class_label" if source.num_classes else "none")
         conditions: dict[str, Condition] = {}
         encoders: dict[str, ModuleFactory] = {}
-        if source.num_classes:
+        if choice == "class_label":
             conditions["label"] = Condition("class_label", Field("label", (), "int32"), UNCONDITIONAL)
-            encoder = registry.encoders["class_label"]
-            encoders["label"] = functools.partial(encoder, source.num_classes)
+            encoders["label"] = functools.partial(registry.encoders["class_label"], source.num_classes)
+        elif choice == "text":
+            length = int(source.fields["text"].shape[1])
+            conditions["label"] = Condition("byte_text", Field("text", (length,), "int32"), "")
+            encoders["label"] = functools.partial(registry.encoders["byte_text"], max_length=length)
         model_cfg = {k: v for k, v in config.model.items() if k != "name"}
         model = functools.partial(registry.models[config.model.name], **model_cfg)
         objective = cls(
@@ -156,9 +184,13 @@ class Diffusion(Objective):
             encoders,
             config.objective.condition_dropout,
         )
-        objective.num_classes = source.num_classes
+        objective.num_classes = source.num_classes if conditions else None
+        if choice == "text":
+            prompts = source.class_prompts or tuple(str(c) for c in range(source.num_classes or 0))
+            objective.class_prompts = prompts
         return objective
 
+    class_prompts: tuple[str, ...] | None = None
     num_classes: int | None = None
 
     def preview(
@@ -174,9 +206,19 @@ class Diffusion(Objective):
         """``per_class`` samples of every class, class-major (one grid row per class)."""
         classes = self.num_classes or 1
         labels = jnp.repeat(jnp.arange(classes, dtype=jnp.int32), per_class)
-        conditions = {"label": labels} if self.num_classes else {}
+        conditions = {}
+        if self.num_classes:
+            conditions = {"label": labels}
+            if self.class_prompts is not None:  # text-conditioned: each class's prompt
+                field = self.input_spec.conditions["label"].field
+                prompts = np.stack(
+                    [registry.encoders["byte_text"].tokens(p, field.shape) for p in self.class_prompts]
+                )
+                conditions = {"label": jnp.asarray(prompts)[labels]}
         cfg = CFG(weight=guidance) if guidance != 1.0 else None
-        images = self.generate(params, rng, conditions, steps=steps, solver=solver, guidance=cfg)
+        images = self.generate(
+            params, rng, conditions, steps=steps, solver=solver, guidance=cfg, num_samples=per_class
+        )
         return images, labels
 
 

@@ -1,6 +1,27 @@
-"""Sampling: ODE solvers over a Process's σ schedule, and interval-limited guidance."""
+"""Sampling: ODE/SDE solvers over a Process's σ schedule, and interval-limited guidance."""
 
 from dew.sampling.guidance import CFG
-from dew.sampling.solvers import SOLVERS, sample
+from dew.sampling.solvers import (
+    SOLVERS,
+    DPMSolverPP2M,
+    EDMStochastic,
+    Euler,
+    Heun,
+    Solver,
+    nfe,
+    sample,
+    trajectory,
+)
 
-__all__ = ["CFG", "SOLVERS", "sample"]
+__all__ = [
+    "CFG",
+    "SOLVERS",
+    "DPMSolverPP2M",
+    "EDMStochastic",
+    "Euler",
+    "Heun",
+    "Solver",
+    "nfe",
+    "sample",
+    "trajectory",
+]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 
 import jax
 
@@ -16,7 +17,9 @@ class CFG:
 
     Inside σ ∈ (sigma_lo, sigma_hi]: D = D_u + w (D_c − D_u). Outside it the conditional
     prediction alone is used. The interval is in σ, not in step indices, so it means the same
-    thing for any number of steps. ``weight == 1`` is no guidance.
+    thing for any number of steps. ``weight == 1`` is no guidance. The fields may also be traced
+    values, so one jitted sampler serves a sweep of weights or intervals; the range checks apply
+    to Python numbers.
     """
 
     weight: float = 1.0
@@ -24,13 +27,13 @@ class CFG:
     sigma_hi: float = float("inf")
 
     def __post_init__(self) -> None:
-        if self.weight < 0:
+        if _concrete(self.weight) and self.weight < 0:
             raise ValueError(f"CFG.weight must be >= 0, got {self.weight}")
-        if not self.sigma_lo < self.sigma_hi:
+        if _concrete(self.sigma_lo, self.sigma_hi) and not self.sigma_lo < self.sigma_hi:
             raise ValueError(f"CFG: sigma_lo ({self.sigma_lo}) must be below sigma_hi ({self.sigma_hi})")
 
     def __call__(self, conditional: Denoiser, unconditional: Denoiser) -> Denoiser:
-        if self.weight == 1.0:
+        if _concrete(self.weight) and self.weight == 1.0:
             return conditional
 
         def guided(x: jax.Array, sigma: jax.Array) -> jax.Array:
@@ -44,3 +47,7 @@ class CFG:
             return jax.lax.cond(inside, guide, lambda: d_c)
 
         return guided
+
+
+def _concrete(*values: object) -> bool:
+    return all(isinstance(v, numbers.Real) for v in values)

@@ -1,61 +1,261 @@
-"""Deterministic samplers of the probability-flow ODE dx/dσ = (x − D(x; σ)) / σ (EDM Eq. 3 with
-σ(t) = t, s(t) = 1).
+"""Samplers of the probability-flow ODE dx/dσ = (x − D(x; σ)) / σ (EDM Eq. 3 with σ(t) = t,
+s(t) = 1) and of its stochastic variant (EDM Algorithm 2).
 
 The contract of ``sample``: ``sigmas`` are the points from T down to the last point; a solver
-step crosses each interval, then the model's clean prediction D(x; σ_last) is returned. The loop
-is a ``lax.scan``, so the whole trajectory compiles into one program.
+step crosses each interval, then the model's clean prediction D(x; σ_last) is returned. (That
+final prediction is what an Euler step from σ_last to σ = 0 computes, so ``sigmas`` here plus
+a trailing 0 is the schedule other implementations pass.) The loop is one ``lax.scan``, so the
+whole trajectory compiles into one program.
+
+A solver is a small frozen object: ``init`` builds the state it carries between steps (the
+previous prediction of a multistep method), ``step`` crosses one interval, ``finish`` produces the
+output at the last point. Stochastic solvers get fresh normal noise for each step from
+``step_noise(rng, i, shape)``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from dew import registry
 
 Denoiser = Callable[[jax.Array, jax.Array], jax.Array]
 """D(x, σ): noisy batch and a scalar noise level -> the clean-sample estimate."""
 
-Solver = Callable[[Denoiser, jax.Array, jax.Array, jax.Array], jax.Array]
+State = Any
 
 
-def euler_step(denoise: Denoiser, x: jax.Array, sigma: jax.Array, sigma_next: jax.Array) -> jax.Array:
-    """First-order step: x + (σ' − σ) d, with slope d = (x − D(x; σ)) / σ."""
-    d = (x - denoise(x, sigma)) / sigma
-    return x + (sigma_next - sigma) * d
+def _slope(denoise: Denoiser, x: jax.Array, sigma: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(D(x; σ), d) with d = (x − D(x; σ)) / σ, the ODE's dx/dσ (EDM Alg. 1 line 4)."""
+    denoised = denoise(x, sigma)
+    return denoised, (x - denoised) / sigma
 
 
-def heun_step(denoise: Denoiser, x: jax.Array, sigma: jax.Array, sigma_next: jax.Array) -> jax.Array:
+def step_noise(
+    rng: jax.Array, index: jax.Array | int, shape: tuple[int, ...], dtype=jnp.float32
+) -> jax.Array:
+    """The standard normal noise a stochastic solver draws at step ``index`` (folded into rng)."""
+    return jax.random.normal(jax.random.fold_in(rng, index), shape, dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Solver:
+    """One step rule; subclasses say how an interval is crossed. NFE per interval is ``nfe``."""
+
+    nfe = 1
+    stochastic = False
+
+    def init(self, x: jax.Array) -> State:
+        return ()
+
+    def step(
+        self,
+        denoise: Denoiser,
+        x: jax.Array,
+        state: State,
+        sigma: jax.Array,
+        sigma_next: jax.Array,
+        noise: jax.Array | None,
+        num_steps: int,
+    ) -> tuple[jax.Array, State]:
+        raise NotImplementedError
+
+    def finish(
+        self,
+        denoise: Denoiser,
+        x: jax.Array,
+        state: State,
+        sigma: jax.Array,
+        noise: jax.Array | None,
+        num_steps: int,
+    ) -> jax.Array:
+        return denoise(x, sigma)
+
+
+@dataclasses.dataclass(frozen=True)
+class Euler(Solver):
+    """First order: x' = x + (σ' − σ) d."""
+
+    def step(self, denoise, x, state, sigma, sigma_next, noise, num_steps):
+        _, d = _slope(denoise, x, sigma)
+        return x + (sigma_next - sigma) * d, state
+
+
+@dataclasses.dataclass(frozen=True)
+class Heun(Solver):
     """EDM Algorithm 1, lines 5-8: an Euler step, then the trapezoidal correction at σ'.
 
     σ' is never 0 here (the contract stops at the last point), so the correction always applies.
     """
-    d = (x - denoise(x, sigma)) / sigma
-    x_euler = x + (sigma_next - sigma) * d
-    d_next = (x_euler - denoise(x_euler, sigma_next)) / sigma_next
-    return x + (sigma_next - sigma) * 0.5 * (d + d_next)
+
+    nfe = 2
+
+    def step(self, denoise, x, state, sigma, sigma_next, noise, num_steps):
+        _, d = _slope(denoise, x, sigma)
+        x_euler = x + (sigma_next - sigma) * d
+        _, d_next = _slope(denoise, x_euler, sigma_next)
+        return x + (sigma_next - sigma) * 0.5 * (d + d_next), state
 
 
-SOLVERS: dict[str, Solver] = {"euler": euler_step, "heun": heun_step}
-registry.samplers.register("euler", euler_step)
-registry.samplers.register("heun", heun_step)
+@dataclasses.dataclass(frozen=True)
+class EDMStochastic(Solver):
+    """EDM Algorithm 2: before each step, add noise to raise σ to σ̂ = (1 + γ) σ, then take a Heun
+    step (or an Euler step, ``second_order=False``) from σ̂ to σ'.
+
+    γ = min(S_churn / N, √2 − 1) while σ ∈ [S_tmin, S_tmax], else 0, where N counts every step down
+    to σ = 0 (``len(sigmas)`` here, the final prediction included); the added noise is
+    S_noise · ε · √(σ̂² − σ²). The defaults are the paper's ImageNet-64 settings.
+    """
+
+    s_churn: float = 40.0
+    s_tmin: float = 0.05
+    s_tmax: float = 50.0
+    s_noise: float = 1.003
+    second_order: bool = True
+    stochastic = True
+
+    def __post_init__(self) -> None:
+        if self.s_churn < 0 or self.s_noise < 0:
+            raise ValueError(
+                f"EDMStochastic: s_churn and s_noise must be >= 0, got {self.s_churn}, {self.s_noise}"
+            )
+        if not self.s_tmin <= self.s_tmax:
+            raise ValueError(f"EDMStochastic: s_tmin ({self.s_tmin}) must be <= s_tmax ({self.s_tmax})")
+
+    @property
+    def nfe(self) -> int:  # type: ignore[override]
+        return 2 if self.second_order else 1
+
+    def _churn(self, x, sigma, noise, num_steps):
+        gamma_max = min(self.s_churn / num_steps, math.sqrt(2.0) - 1.0)
+        inside = (sigma >= self.s_tmin) & (sigma <= self.s_tmax)
+        gamma = jnp.where(inside, gamma_max, 0.0).astype(x.dtype)
+        sigma_hat = sigma * (1 + gamma)
+        # √(σ̂² − σ²) written as σ √(γ (2 + γ)): exactly 0 outside the churn range, never √(−ε).
+        x_hat = x + self.s_noise * noise * (sigma * jnp.sqrt(gamma * (2 + gamma)))
+        return x_hat, sigma_hat
+
+    def step(self, denoise, x, state, sigma, sigma_next, noise, num_steps):
+        x_hat, sigma_hat = self._churn(x, sigma, noise, num_steps)
+        _, d = _slope(denoise, x_hat, sigma_hat)
+        x_euler = x_hat + (sigma_next - sigma_hat) * d
+        if not self.second_order:
+            return x_euler, state
+        _, d_next = _slope(denoise, x_euler, sigma_next)
+        return x_hat + (sigma_next - sigma_hat) * 0.5 * (d + d_next), state
+
+    def finish(self, denoise, x, state, sigma, noise, num_steps):
+        # Alg. 2's last step goes to σ = 0, where Euler from σ̂ lands on D(x̂; σ̂).
+        x_hat, sigma_hat = self._churn(x, sigma, noise, num_steps)
+        return denoise(x_hat, sigma_hat)
 
 
-def sample(denoise: Denoiser, noise: jax.Array, sigmas: jax.Array, solver: str = "heun") -> jax.Array:
+@dataclasses.dataclass(frozen=True)
+class DPMSolverPP2M(Solver):
+    """DPM-Solver++(2M) (Lu et al. 2022, Algorithm 2) in the σ frame, with λ = −ln σ.
+
+    With h = λ' − λ, x' = (σ'/σ) x − (e^{−h} − 1) D̃, where D̃ is the current prediction on the
+    first step and, after it, the second-order multistep combination
+    D̃ = (1 + 1/(2r)) D_i − 1/(2r) D_{i−1}, r = h_{i−1} / h_i. One model evaluation per step.
+    """
+
+    def init(self, x):
+        return (jnp.zeros_like(x), jnp.zeros((), x.dtype), jnp.zeros((), bool))
+
+    def step(self, denoise, x, state, sigma, sigma_next, noise, num_steps):
+        previous, h_last, has_previous = state
+        denoised = denoise(x, sigma)
+        h = jnp.log(sigma) - jnp.log(sigma_next)
+        r = jnp.where(has_previous, h_last / h, 1.0)  # no 0/0 on the first step
+        combined = (1 + 1 / (2 * r)) * denoised - (1 / (2 * r)) * previous
+        estimate = jnp.where(has_previous, combined, denoised)
+        x_next = (sigma_next / sigma) * x - jnp.expm1(-h) * estimate
+        return x_next, (denoised, h.astype(x.dtype), jnp.ones((), bool))
+
+
+SOLVERS: dict[str, Solver] = {
+    "euler": Euler(),
+    "heun": Heun(),
+    "edm_stochastic": EDMStochastic(),
+    "dpmpp_2m": DPMSolverPP2M(),
+}
+for _name, _solver in SOLVERS.items():
+    registry.samplers.register(_name, _solver)
+
+
+def _resolve(solver: str | Solver) -> Solver:
+    if isinstance(solver, Solver):
+        return solver
+    found = registry.samplers[solver]
+    if not isinstance(found, Solver):
+        raise TypeError(f"sample: samplers[{solver!r}] is {found!r}, not a dew.sampling.solvers.Solver")
+    return found
+
+
+def nfe(solver: str | Solver, points: int) -> int:
+    """Model evaluations ``sample`` makes for ``points`` σ points: one per interval per stage,
+    plus the final prediction."""
+    return _resolve(solver).nfe * (points - 1) + 1
+
+
+def _run(denoise, noise, sigmas, solver, rng, keep_states: bool):
+    if sigmas.ndim != 1 or sigmas.shape[0] < 2:
+        raise ValueError(f"sample: sigmas must be a 1-D array of >= 2 points, got shape {sigmas.shape}")
+    rule = _resolve(solver)
+    if rule.stochastic and rng is None:
+        raise ValueError(f"sample: solver {rule!r} is stochastic and needs rng=")
+    num_steps = int(sigmas.shape[0])
+    sigmas = sigmas.astype(noise.dtype)
+
+    def noise_at(i: jax.Array) -> jax.Array | None:
+        return step_noise(rng, i, noise.shape, noise.dtype) if rule.stochastic else None
+
+    def body(carry, interval):
+        x, state = carry
+        i, sigma, sigma_next = interval
+        x_next, state = rule.step(denoise, x, state, sigma, sigma_next, noise_at(i), num_steps)
+        return (x_next, state), (x if keep_states else None)
+
+    x = noise * sigmas[0]
+    steps = (jnp.arange(num_steps - 1), sigmas[:-1], sigmas[1:])
+    (x, state), states = jax.lax.scan(body, (x, rule.init(x)), steps)
+    out = rule.finish(denoise, x, state, sigmas[-1], noise_at(num_steps - 1), num_steps)
+    return (jnp.concatenate([states, x[None]]) if keep_states else None), out
+
+
+def trajectory(
+    denoise: Denoiser,
+    noise: jax.Array,
+    sigmas: jax.Array,
+    solver: str | Solver = "heun",
+    *,
+    rng: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Like ``sample``, but also returns the state x_i at every point (before any churn noise of
+    step i): ([len(sigmas), *noise.shape], output)."""
+    return _run(denoise, noise, sigmas, solver, rng, keep_states=True)
+
+
+def sample(
+    denoise: Denoiser,
+    noise: jax.Array,
+    sigmas: jax.Array,
+    solver: str | Solver = "heun",
+    *,
+    rng: jax.Array | None = None,
+) -> jax.Array:
     """``len(sigmas)`` points from T to the last point: a solver step across each interval, then
     the model's clean prediction at the last point.
 
-    ``noise`` is a standard normal batch; it is scaled by σ_0 here. NFE is (len(sigmas) − 1)
-    for Euler and 2 (len(sigmas) − 1) for Heun, plus one for the final prediction.
+    ``noise`` is a standard normal batch; it is scaled by σ_0 here. ``solver`` is a name in
+    ``dew.samplers`` or a ``Solver`` (e.g. ``EDMStochastic(s_churn=10)``); stochastic solvers need
+    ``rng``. NFE is ``nfe(solver, len(sigmas))``: (len − 1) + 1 for Euler and DPM-Solver++(2M),
+    2 (len − 1) + 1 for Heun.
     """
-    if sigmas.ndim != 1 or sigmas.shape[0] < 2:
-        raise ValueError(f"sample: sigmas must be a 1-D array of >= 2 points, got shape {sigmas.shape}")
-    step = registry.samplers[solver]
-
-    def body(x: jax.Array, interval: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, None]:
-        return step(denoise, x, interval[0], interval[1]), None
-
-    x = noise * sigmas[0].astype(noise.dtype)
-    x, _ = jax.lax.scan(body, x, (sigmas[:-1], sigmas[1:]))
-    return denoise(x, sigmas[-1])
+    return _run(denoise, noise, sigmas, solver, rng, keep_states=False)[1]

@@ -220,8 +220,10 @@ class Trainer:
                 f"{share.count} processes (each reads an equal share)"
             )
         local_batch = c.dataset.batch_size // share.count
-        self.train_source = registry.datasets[c.dataset.name]("train")
-        self.val_source = registry.datasets[c.dataset.name]("validation")
+        # Keys of config.dataset beyond name/batch_size are the source's options (resolution, ...).
+        options = {k: v for k, v in c.dataset.items() if k not in ("name", "batch_size")}
+        self.train_source = registry.datasets[c.dataset.name]("train", **options)
+        self.val_source = registry.datasets[c.dataset.name]("validation", **options)
         self.train_data = Dataset(self.train_source, local_batch, seed=c.seed, share=share)
         self.val_data = Dataset(self.val_source, local_batch, seed=c.seed, shuffle=False, share=share)
         self.objective: Objective = registry.objectives[c.objective.name].from_config(c, self.train_source)
