@@ -10,7 +10,7 @@ STAMP := $(VENV)/.dew-installed
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[test]"
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[test,tracking]"
 	@touch $(STAMP)
 
 # Class-conditional EDM on the embedded digits; run again to resume from the last checkpoint.
@@ -28,8 +28,9 @@ format: $(STAMP)
 	$(BIN)/ruff format dew tests experiments benchmarks
 
 lock: $(STAMP)
-	@echo "# Exact versions tested together (Python 3.11, CPU). make installs with these as constraints." > requirements.lock
-	$(BIN)/python -m pip freeze --exclude-editable >> requirements.lock
+	@printf '%s\n' "# Exact versions tested together (Python 3.11, CPU). \`make\` installs with these as constraints:" \
+	  '#   pip install -c requirements.lock -e ".[test,tracking]"' "# Regenerate after changing pyproject.toml: make lock" > requirements.lock
+	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^-e ' >> requirements.lock
 
 clean:
 	rm -rf $(VENV) .cache runs
