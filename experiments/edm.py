@@ -83,7 +83,11 @@ def get_config() -> ConfigDict:
     config.eval = ConfigDict({"every": 1000, "num_batches": 2, "metrics": ("digits_class_accuracy",)})
 
     # Previews: one row per class, sampled with Heun's method on the EDM σ schedule.
-    config.sampling = ConfigDict({"steps": 18, "solver": "heun", "per_class": 10, "guidance": 1.0})
+    # guidance: CFG weight (1 = none); guidance_interval: () for the whole σ range, or
+    # (sigma_lo, sigma_hi) to guide only there (e.g. (0.28, 2.9)).
+    config.sampling = ConfigDict(
+        {"steps": 18, "solver": "heun", "per_class": 10, "guidance": 1.0, "guidance_interval": ()}
+    )
 
     # backends: any of ("local", "tensorboard", "mlflow", "wandb"). mlflow_uri "" keeps an
     # embedded sqlite store under the workdir; wandb_mode "online" needs the user's W&B key.

@@ -23,4 +23,6 @@ def get_config() -> ConfigDict:
     config.eval = ConfigDict({"every": 0, "num_batches": 1, "metrics": ()})
     config.sampling = ConfigDict({"steps": 32, "solver": "heun", "per_class": 1, "guidance": 1.0})
     config.tracking = ConfigDict({"backends": ("local",)})
+    # Devices per sharding axis; data parallelism takes the rest (devices: 0 = all of them).
+    config.mesh = ConfigDict({"model": 1, "fsdp": 1, "devices": 0})
     return config

@@ -36,6 +36,9 @@ def tiny_config(**overrides):
         "sampling.steps": 3,
         "sampling.per_class": 2,
         "optimizer.warmup_steps": 2,
+        # One device unless a test asks for a mesh: eight virtual devices on two cores make every
+        # step a cross-thread all-reduce, slow and (under load) prone to XLA's rendezvous timeout.
+        "mesh.devices": 1,
     }
     defaults.update(overrides)
     return apply_overrides(

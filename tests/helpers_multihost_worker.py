@@ -24,7 +24,7 @@ from dew.training.loop import fit  # noqa: E402
 from dew.training.trainer import Trainer  # noqa: E402
 
 assert jax.process_count() == 2 and jax.device_count() == 4, (jax.process_count(), jax.device_count())
-trainer = Trainer(tiny_config(**{"train.num_steps": 3, "eval.every": 0}), workdir)
+trainer = Trainer(tiny_config(**{"train.num_steps": 3, "eval.every": 0, "mesh.devices": 0}), workdir)
 assert trainer.mesh.shape == {"data": 4}, trainer.mesh.shape
 assert trainer.train_data.batch_size == 8  # half of the global batch of 16
 state = trainer.initial_state()

@@ -124,8 +124,8 @@ def test_a_run_that_does_not_restore_refuses_old_checkpoints_unless_it_clears_th
     assert clear.checkpoints.latest is None
 
 
-def test_the_checkpoint_stage_writes_local_steps_between_persistent_ones(tmp_path):
-    checkpoints = Checkpoints(str(tmp_path / "c"), local_directory=str(tmp_path / "local"), local_every=1)
+def counting_run():
+    """A 12-example stream, a three-parameter state and a step that adds each batch's sum."""
     data = Dataset(Source("n", {"x": np.arange(12, dtype=np.float32)[:, None]}), 2)
     state = TrainState(
         step=jnp.int32(0),
@@ -138,7 +138,45 @@ def test_the_checkpoint_stage_writes_local_steps_between_persistent_ones(tmp_pat
     def step(s, batch):
         return s.replace(step=s.step + 1, params={"w": s.params["w"] + batch["x"].sum()}), {}
 
-    fit(state, jax.jit(step), iter(data), 7, [CheckpointStage(checkpoints, data, every=4)])
+    return data, state, jax.jit(step)
+
+
+def test_the_checkpoint_stage_writes_local_steps_between_persistent_ones(tmp_path):
+    checkpoints = Checkpoints(str(tmp_path / "c"), local_directory=str(tmp_path / "local"), local_every=1)
+    data, state, step = counting_run()
+
+    fit(state, step, iter(data), 7, [CheckpointStage(checkpoints, data, every=4)])
     assert checkpoints.all_steps() == [4, 7] and checkpoints.local_step == 6 and checkpoints.latest == 7
     restored, position = checkpoints.restore(None, 6, share=data.share)
     assert int(restored.step) == 6 and position == b'{"batch": 0, "epoch": 1}'
+
+
+def test_the_checkpoint_stage_reports_each_new_best_to_the_trackers_also_across_a_resume(tmp_path):
+    from dew.training.loop import Stage
+    from dew.training.trackers import LoggingCategory, Trackers
+
+    data, state, step = counting_run()
+
+    class ScriptedEvalLoss(Stage):  # what EvalStage reports, scripted per step
+        every = 1
+
+        def __init__(self, losses):
+            self.losses = losses
+
+        def run(self, ctx):
+            ctx.reports["eval_loss"] = self.losses[ctx.step]
+
+    best = []
+    trackers = Trackers(
+        [lambda category, values, step: best.append(step) if category is LoggingCategory.BEST_MODEL else None]
+    )
+    checkpoints = Checkpoints(str(tmp_path / "c"), keep=1)
+    losses = {1: 0.9, 2: 0.5, 3: 0.7, 4: 0.4, 5: 0.6, 6: 0.45, 7: 0.3}
+    stages = [ScriptedEvalLoss(losses), CheckpointStage(checkpoints, data, every=1, tracker=trackers)]
+    first = fit(state, step, iter(data), 5, stages)
+    assert best == [1, 2, 4]
+    # A resumed run compares against the best already on disk (0.4 at step 4), not from scratch.
+    stages = [ScriptedEvalLoss(losses), CheckpointStage(checkpoints, data, every=1, tracker=trackers)]
+    fit(first, step, iter(data), 7, stages)
+    assert best == [1, 2, 4, 7]
+    assert checkpoints.best == 7

@@ -56,6 +56,11 @@ def test_bad_overrides_name_the_key(override, message):
         (["--config.sampling.solver=rk4"], "config.sampling.solver: unknown samplers 'rk4'"),
         (["--config.ema.decay=1.5"], r"config.ema.decay=1.5 is invalid: expected a float in \[0, 1\)"),
         (["--config.tracking.backends=('local','tensorbored')"], "config.tracking.backends"),
+        (
+            ["--config.sampling.guidance_interval=(3.0,1.0)"],
+            r"config.sampling.guidance_interval=\(3.0, 1.0\)",
+        ),
+        (["--config.tracking.wandb_mode=loud"], "config.tracking.wandb_mode='loud' is invalid"),
     ],
 )
 def test_bad_input_stops_before_writing_anything(tmp_path, capsys, args, message):

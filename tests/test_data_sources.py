@@ -43,7 +43,13 @@ def test_the_trainer_passes_the_configured_resolution(tmp_path):
 
     config = load_config(str(ROOT / "experiments" / "flowers.py"))
     config = apply_overrides(
-        config, ["config.dataset.resolution=8", "config.dataset.batch_size=4", "config.eval.num_batches=1"]
+        config,
+        [
+            "config.dataset.resolution=8",
+            "config.dataset.batch_size=4",
+            "config.eval.num_batches=1",
+            "config.mesh.devices=1",
+        ],
     )
     with tfds.testing.mock_data(num_examples=8):
         trainer = Trainer(config, str(tmp_path / "run"))

@@ -15,7 +15,7 @@ from dew.training.trainer import Trainer
 
 
 def run_on_mesh(tmp_path, name: str, num_steps: int = 3, **mesh):
-    overrides = {f"mesh.{k}": v for k, v in mesh.items()}
+    overrides = {"mesh.devices": 0, **{f"mesh.{k}": v for k, v in mesh.items()}}
     trainer = Trainer(tiny_config(**overrides, **{"eval.every": 0}), str(tmp_path / name))
     state = trainer.init(jax.random.PRNGKey(0), trainer.example_batch())
     losses, placements = [], []
@@ -87,14 +87,14 @@ def test_bad_meshes_and_batches_fail_before_any_step(tmp_path):
     with pytest.raises(ValueError, match="take 3 devices, which does not divide the 8 devices"):
         MeshSpec({"model": 3}).mesh()
     with pytest.raises(ConfigError, match="does not divide the 8 devices"):
-        Trainer(tiny_config(**{"mesh.model": 3}), str(tmp_path / "a"))
+        Trainer(tiny_config(**{"mesh.model": 3, "mesh.devices": 0}), str(tmp_path / "a"))
     with pytest.raises(
         ConfigError,
         match=r"batch_size size 12 is not divisible by the data-parallel axes \('data',\) of size 8",
     ):
-        Trainer(tiny_config(**{"dataset.batch_size": 12}), str(tmp_path / "b"))
+        Trainer(tiny_config(**{"dataset.batch_size": 12, "mesh.devices": 0}), str(tmp_path / "b"))
     with pytest.raises(ConfigError, match=r"config\.mesh\.model=0 is invalid"):
-        Trainer(tiny_config(**{"mesh.model": 0}), str(tmp_path / "c"))
+        Trainer(tiny_config(**{"mesh.model": 0, "mesh.devices": 0}), str(tmp_path / "c"))
     with pytest.raises(ValueError, match="cannot split dimension 0"):
         Layout(MeshSpec({"model": 2}).mesh(), rule=lambda path, shape: PartitionSpec("model")).place(
             {"odd": np.zeros((3,), np.float32)}

@@ -202,8 +202,12 @@ class Diffusion(Objective):
         steps: int,
         solver: str,
         guidance: float = 1.0,
+        guidance_interval: tuple[float, float] | tuple[()] = (),
     ) -> tuple[jax.Array, jax.Array]:
-        """``per_class`` samples of every class, class-major (one grid row per class)."""
+        """``per_class`` samples of every class, class-major (one grid row per class).
+
+        ``guidance`` is the CFG weight (1 = none), applied only while σ lies in
+        ``guidance_interval`` = (σ_lo, σ_hi] when one is given, else over the whole σ range."""
         classes = self.num_classes or 1
         labels = jnp.repeat(jnp.arange(classes, dtype=jnp.int32), per_class)
         conditions = {}
@@ -215,7 +219,8 @@ class Diffusion(Objective):
                     [registry.encoders["byte_text"].tokens(p, field.shape) for p in self.class_prompts]
                 )
                 conditions = {"label": jnp.asarray(prompts)[labels]}
-        cfg = CFG(weight=guidance) if guidance != 1.0 else None
+        lo, hi = guidance_interval or (0.0, float("inf"))
+        cfg = CFG(weight=guidance, sigma_lo=lo, sigma_hi=hi) if guidance != 1.0 else None
         images = self.generate(
             params, rng, conditions, steps=steps, solver=solver, guidance=cfg, num_samples=per_class
         )

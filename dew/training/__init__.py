@@ -12,6 +12,8 @@ from typing import Any
 _EXPORTS = {
     "Checkpoints": "dew.training.checkpoints",
     "CheckpointRestorationError": "dew.training.checkpoints",
+    "CheckpointWriteError": "dew.training.checkpoints",
+    "get_debiased_ema": "dew.training.checkpoints",
     "save_run_metadata": "dew.training.checkpoints",
     "read_run_metadata": "dew.training.checkpoints",
     "TrainState": "dew.training.state",

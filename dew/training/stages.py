@@ -132,10 +132,16 @@ class CheckpointStage(Stage):
     """Saves the state and the data position, asynchronously, ranked by the eval loss if one was
     reported this step: to the persistent directory every ``every`` steps (and at the end), and
     to each process's local directory every ``checkpoints.local_every`` steps in between.
-    ``close`` waits, so a finished ``fit`` has everything on disk and a failed write stops it."""
+    ``close`` waits, so a finished ``fit`` has everything on disk and a failed write stops it.
 
-    def __init__(self, checkpoints: Checkpoints, dataset: Dataset, every: int):
-        self.checkpoints, self.dataset, self.every = checkpoints, dataset, every
+    With a ``tracker``, a save whose eval loss beats every earlier one (this run's and, on a
+    resume, the best already on disk) is reported under ``LoggingCategory.BEST_MODEL``."""
+
+    def __init__(
+        self, checkpoints: Checkpoints, dataset: Dataset, every: int, tracker: Tracker | None = None
+    ):
+        self.checkpoints, self.dataset, self.every, self.tracker = checkpoints, dataset, every, tracker
+        self._best_loss: float | None = None
 
     def _local_due(self, ctx: StepContext) -> bool:
         local_every = self.checkpoints.local_every
@@ -149,8 +155,21 @@ class CheckpointStage(Stage):
         if super().due(ctx):
             metrics = {"loss": ctx.reports["eval_loss"]} if "eval_loss" in ctx.reports else None
             self.checkpoints.save(ctx.step, ctx.state, position, metrics, share=share)
+            if metrics is not None and self.tracker is not None:
+                self._report_if_best(ctx.step, metrics["loss"])
         else:
             self.checkpoints.save_local(ctx.step, ctx.state, position, share=share)
+
+    def _report_if_best(self, step: int, loss: float) -> None:
+        if self._best_loss is None:  # once per fit: the best a resumed run already has on disk
+            previous = self.checkpoints.best
+            metrics = (
+                None if previous is None or previous == step else self.checkpoints.manager.metrics(previous)
+            )
+            self._best_loss = float(metrics[self.checkpoints.best_metric]) if metrics else float("inf")
+        if loss < self._best_loss:
+            self._best_loss = loss
+            self.tracker.log(LoggingCategory.BEST_MODEL, {"eval_loss": loss, "step": step}, step)
 
     def close(self) -> None:
         self.checkpoints.wait()

@@ -33,7 +33,14 @@ from dew.training.sharding import Layout, MeshSpec
 from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage
 from dew.training.state import TrainState, num_updates
 from dew.training.steps import NONFINITE_POLICIES, abstract_state, make_eval, make_init, make_step
-from dew.training.trackers import BACKENDS, LoggingCategory, Tracker, Trackers, make_trackers
+from dew.training.trackers import (
+    BACKENDS,
+    LoggingCategory,
+    Tracker,
+    Trackers,
+    make_trackers,
+    validate_tracking,
+)
 
 TRACKING_BACKENDS = BACKENDS
 
@@ -76,19 +83,23 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _require(c.sampling.steps >= 2, "sampling.steps", c.sampling.steps, "an int >= 2")
     _require(c.sampling.per_class >= 1, "sampling.per_class", c.sampling.per_class, "an int >= 1")
     _require(c.sampling.guidance >= 0, "sampling.guidance", c.sampling.guidance, "a float >= 0 (1: none)")
+    interval = tuple(_get(c, "sampling.guidance_interval", ()))
+    _require(
+        interval == () or (len(interval) == 2 and 0 <= interval[0] < interval[1]),
+        "sampling.guidance_interval",
+        interval,
+        "() for the whole σ range, or (sigma_lo, sigma_hi) with 0 <= sigma_lo < sigma_hi",
+    )
     _require(
         0.0 <= c.objective.condition_dropout < 1.0,
         "objective.condition_dropout",
         c.objective.condition_dropout,
         "a float in [0, 1)",
     )
-    for backend in c.tracking.backends:
-        _require(
-            backend in TRACKING_BACKENDS,
-            "tracking.backends",
-            tuple(c.tracking.backends),
-            f"a tuple drawn from {TRACKING_BACKENDS}",
-        )
+    try:
+        validate_tracking(c.tracking)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
     for key, table in (
         ("dataset.name", registry.datasets),
         ("objective.name", registry.objectives),
@@ -277,7 +288,12 @@ class Trainer:
         """Jitted previews from the debiased EMA: one program for the whole sampler."""
         s = self.config.sampling
         preview = functools.partial(
-            self.objective.preview, per_class=s.per_class, steps=s.steps, solver=s.solver, guidance=s.guidance
+            self.objective.preview,
+            per_class=s.per_class,
+            steps=s.steps,
+            solver=s.solver,
+            guidance=s.guidance,
+            guidance_interval=tuple(_get(self.config, "sampling.guidance_interval", ())),
         )
 
         def sample(state: TrainState, rng: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -374,7 +390,7 @@ class Trainer:
                     seed=c.seed,
                 )
             )
-        stages.append(CheckpointStage(self.checkpoints, self.train_data, c.checkpoint.every))
+        stages.append(CheckpointStage(self.checkpoints, self.train_data, c.checkpoint.every, tracker))
         profile_steps = _get(c, "profile.steps", 0)
         if profile_steps:
             directory = _get(c, "profile.directory", "") or os.path.join(self.workdir, "profile")
