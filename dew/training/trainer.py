@@ -34,15 +34,12 @@ from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, Previe
 from dew.training.state import TrainState, num_updates
 from dew.training.steps import NONFINITE_POLICIES, abstract_state, make_eval, make_init, make_step
 from dew.training.trackers import (
-    BACKENDS,
     LoggingCategory,
     Tracker,
     Trackers,
     make_trackers,
     validate_tracking,
 )
-
-TRACKING_BACKENDS = BACKENDS
 
 
 def _require(ok: bool, key: str, value: Any, accepted: str) -> None:
