@@ -47,6 +47,7 @@ _EXPORTS: dict[str, str] = {
     "datasets": "dew.registry",
     "encoders": "dew.registry",
     "evaluate": "dew.training.evaluation",
+    "karras_sigmas": "dew.sampling.schedule",
     "metrics": "dew.registry",
     "models": "dew.registry",
     "pipeline": "dew.inference",

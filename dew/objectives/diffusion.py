@@ -145,7 +145,9 @@ class Diffusion(Objective):
             uncond = {k: self._unconditional(k, v) for k, v in conditions.items()}
             denoise = guidance(denoise, self.denoiser(params, uncond))
         noise = jax.random.normal(rng, shape, jnp.float32)
-        return sample(denoise, noise, self.process.sigmas(steps), solver, rng=jax.random.fold_in(rng, 1))
+        with jax.ensure_compile_time_eval():  # a schedule sample can check, even under jit
+            sigmas = self.process.sigmas(steps)
+        return sample(denoise, noise, sigmas, solver, rng=jax.random.fold_in(rng, 1))
 
     # --- building from a config, and previews --------------------------------------------------
     @classmethod
