@@ -22,9 +22,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dew import registry
 from dew.artifacts import Representations
 from dew.inputs import Field, InputSpec
-from dew.objectives.base import Aux, Batch, Objective, Params, Stats, Step
+from dew.schema import ConfigError, Key, Section
+from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
 
 
 class ImageEncoder(hk.Module):
@@ -130,6 +132,59 @@ class Contrastive(Objective):
         del rng
         return self.features(params, images)
 
+    # --- config ----------------------------------------------------------------------------------
+    @classmethod
+    def config_section(cls) -> Section:
+        return CONFIG
+
+    @classmethod
+    def from_config(cls, config: Any, source: Any) -> Contrastive:
+        """Build for a labelled image source (``image`` field, e.g. ``digits``); the probe set is
+        the validation split followed by the first ``probe_train`` training images."""
+        from dew.training.trainer import open_split
+
+        if "image" not in source.fields or "label" not in source.fields:
+            raise ConfigError(
+                f"config.dataset.name={config.dataset.name!r}: the contrastive objective needs 'image' and "
+                f"'label' fields (labels only for the probe), {source.name} has {sorted(source.fields)}"
+            )
+        if config.model.name is None:
+            raise ConfigError(
+                "config.model.name=None is invalid: the contrastive objective needs an encoder, "
+                "e.g. 'image_encoder'"
+            )
+        o = config.objective
+        held = open_split(config.dataset, "validation")
+        images = np.concatenate([held.fields["image"], source.fields["image"][: o.probe_train]])
+        labels = np.concatenate([held.fields["label"], source.fields["label"][: o.probe_train]])
+        options = {k: v for k, v in config.model.items() if k != "name"}
+        return cls(
+            tuple(source.fields["image"].shape[1:]),
+            functools.partial(registry.models[config.model.name], **options),
+            images,
+            labels,
+            projection=o.projection,
+            temperature=o.temperature,
+            shift=o.shift,
+            mask=o.mask,
+            noise=o.noise,
+        )
+
+    # --- inference ------------------------------------------------------------------------------
+    def inference_options(self) -> dict[str, Any]:
+        return {"images": None, "labels": None}
+
+    def infer(self, params: Params, *, images=None, labels=None) -> Representations:
+        """Representations of ``images`` [N, H, W, C] in [-1, 1] with their ``labels`` (default:
+        the probe set the run's previews embed, which this reproduces exactly)."""
+        if images is None:
+            return self.preview(params, jax.random.PRNGKey(0))
+        images = np.asarray(images, np.float32)
+        if images.shape[1:] != self.input_spec.sample.shape:
+            raise ValueError(f"images must be [N, *{self.input_spec.sample.shape}], got shape {images.shape}")
+        labels = np.zeros(len(images), np.int64) if labels is None else np.asarray(labels)
+        return Representations(np.asarray(_features_jit(self)(params, jnp.asarray(images))), labels)
+
     def preview(self, params: Params, rng: jax.Array) -> Representations:
         if self.probe_images is None:
             raise ValueError("Contrastive.preview needs probe_images and probe_labels")
@@ -147,6 +202,34 @@ class Contrastive(Objective):
         return out
 
 
+CONFIG = Section(
+    "a SimCLR-style contrastive encoder; previews embed a probe set as Representations",
+    {
+        "projection": Key(
+            32, "width of the projection head's output", check=lambda v: v >= 1, accepted="an int >= 1"
+        ),
+        "temperature": Key(0.2, "NT-Xent temperature", check=lambda v: v > 0, accepted="a float > 0"),
+        "shift": Key(1, "largest shift of a view, pixels", check=lambda v: v >= 0, accepted="an int >= 0"),
+        "mask": Key(
+            0.2, "share of a view's pixels blanked", check=lambda v: 0 <= v < 1, accepted="a float in [0, 1)"
+        ),
+        "noise": Key(
+            0.1, "std of the Gaussian noise added to a view", check=lambda v: v >= 0, accepted="a float >= 0"
+        ),
+        "probe_train": Key(
+            720,
+            "training images added to the validation split in the probe set",
+            check=lambda v: v >= 0,
+            accepted="an int >= 0",
+        ),
+    },
+)
+
+
 @functools.lru_cache(maxsize=4)
 def _features_jit(objective: Contrastive):
     return jax.jit(objective.features)
+
+
+registry.models.register("image_encoder", ImageEncoder)
+registry.objectives.register("contrastive", Contrastive)

@@ -19,9 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dew import registry
 from dew.artifacts import TextSamples, TokenScores
 from dew.inputs import Field, InputSpec
-from dew.objectives.base import Aux, Batch, Objective, Params, Stats, Step
+from dew.schema import ConfigError, Key, Section
+from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
 
 PROMPTS = ("import ", "def __init__(self", "class ", "    return ", "for i in range(", '"""Return the ')
 """The fixed prompts previews continue (the same every preview, so progress is comparable)."""
@@ -143,6 +145,79 @@ class LanguageModel(Objective):
         buffer = jax.lax.fori_loop(0, new_tokens, body, buffer)
         return buffer[:, :width]
 
+    # --- config ----------------------------------------------------------------------------------
+    @classmethod
+    def config_section(cls) -> Section:
+        return CONFIG
+
+    @classmethod
+    def from_config(cls, config: Any, source: Any) -> LanguageModel:
+        """Build for a byte source with ``tokens`` [N, T + 1] and ``weights`` [N, T] fields (e.g.
+        ``python_bytes``); the network is ``config.model`` (a registered model taking ``context``)
+        and the held-out rows the preview scores come from the data set's validation split."""
+        from dew.training.trainer import open_split
+
+        missing = {"tokens", "weights"} - set(source.fields)
+        if missing:
+            raise ConfigError(
+                f"config.dataset.name={config.dataset.name!r}: the language objective needs fields "
+                f"'tokens' and 'weights', {source.name} lacks {sorted(missing)}"
+            )
+        if config.model.name is None:
+            raise ConfigError(
+                "config.model.name=None is invalid: the language objective needs a network, "
+                "e.g. 'byte_transformer'"
+            )
+        context = int(source.fields["tokens"].shape[1]) - 1
+        options = {k: v for k, v in config.model.items() if k != "name"}
+        if options.get("context", context) < context:
+            raise ConfigError(
+                f"config.model.context={options['context']} is invalid: the data's rows hold {context} "
+                f"targets; expected >= {context}"
+            )
+        o = config.objective
+        score_rows = None
+        if o.score_rows:
+            held = open_split(config.dataset, "validation")
+            picks = np.linspace(0, len(held) - 1, o.score_rows).astype(int)
+            score_rows = {k: np.asarray(held.fields[k][picks]) for k in ("tokens", "weights")}
+        return cls(
+            functools.partial(registry.models[config.model.name], **options),
+            context=max(context, options.get("context", context)),
+            prompts=tuple(o.prompts),
+            new_tokens=o.new_tokens,
+            temperature=o.temperature,
+            score_rows=score_rows,
+        )
+
+    # --- inference ------------------------------------------------------------------------------
+    def inference_options(self) -> dict[str, Any]:
+        """What ``dew.pipeline`` accepts, with the preview's settings as defaults."""
+        return {
+            "prompts": self.prompts,
+            "new_tokens": self.new_tokens,
+            "temperature": self.temperature,
+            "seed": 0,
+        }
+
+    def infer(
+        self, params: Params, *, prompts, new_tokens: int, temperature: float, seed: int
+    ) -> TextSamples:
+        """Continuations of ``prompts`` (a str or a sequence of str); ``seed`` 0 with the
+        defaults is exactly the run's preview (which draws with ``PRNGKey(config.seed)``)."""
+        prompts = (prompts,) if isinstance(prompts, str) else tuple(prompts)
+        if not prompts or not all(isinstance(p, str) and p for p in prompts):
+            raise ValueError(f"prompts must be non-empty strings, got {prompts!r}")
+        longest = max(len(p.encode()) for p in prompts)
+        if not isinstance(new_tokens, int) or new_tokens < 1 or longest + new_tokens > self.context:
+            raise ValueError(
+                f"new_tokens={new_tokens!r} is invalid: expected an int >= 1 with prompt bytes ({longest}) + "
+                f"new_tokens <= the context ({self.context})"
+            )
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature!r} is invalid: expected >= 0 (0: greedy)")
+        return self.continue_prompts(params, jax.random.PRNGKey(seed), prompts, new_tokens, temperature)
+
     # --- what a person sees ---------------------------------------------------------------------
     def continue_prompts(
         self, params: Params, rng: jax.Array, prompts: Sequence[str], new_tokens: int, temperature: float
@@ -180,6 +255,33 @@ class LanguageModel(Objective):
         return {"samples": samples, "token_scores": self.token_scores(params, self.score_rows)}
 
 
+def _positive(v: int) -> bool:
+    return v >= 1
+
+
+CONFIG = Section(
+    "next-byte prediction: teacher-forced cross-entropy, bits per byte, prompt continuations",
+    {
+        "prompts": Key(PROMPTS, "fixed prompts every preview continues", item=str),
+        "new_tokens": Key(
+            96, "bytes each preview continuation adds", check=_positive, accepted="an int >= 1"
+        ),
+        "temperature": Key(
+            0.8,
+            "sampling temperature of previews (0: greedy)",
+            check=lambda v: v >= 0,
+            accepted="a float >= 0",
+        ),
+        "score_rows": Key(
+            4,
+            "held-out rows each preview scores token by token (TokenScores; 0: none)",
+            check=lambda v: v >= 0,
+            accepted="an int >= 0",
+        ),
+    },
+)
+
+
 @functools.lru_cache(maxsize=8)
 def _generate_jit(objective: LanguageModel, new_tokens: int, temperature: float):
     return jax.jit(functools.partial(objective.generate, new_tokens=new_tokens, temperature=temperature))
@@ -188,3 +290,6 @@ def _generate_jit(objective: LanguageModel, new_tokens: int, temperature: float)
 @functools.lru_cache(maxsize=8)
 def _losses_jit(objective: LanguageModel):
     return jax.jit(objective.token_losses)
+
+
+registry.objectives.register("language", LanguageModel)
