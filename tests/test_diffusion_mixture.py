@@ -4,10 +4,12 @@ experiments/mixture2d_score.py: 1,500 steps, 3 sets of 1,000 samples)."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 import jax
 import numpy as np
+from PIL import Image
 
 from dew.config import apply_overrides, load_config
 from dew.data.sources.mixture import RING
@@ -29,6 +31,24 @@ def test_trained_edm_on_the_mixture_is_within_1_25x_of_the_noise_floor(tmp_path)
     )
     trainer = Trainer(config, str(tmp_path / "run"))
     state = trainer.run()
+    # The experiment evaluates (every 1,000 steps and at the end), ranks checkpoints by that
+    # loss, and previews a scatter plot of its samples.
+    evals = [
+        json.loads(line)
+        for line in (tmp_path / "run" / "tracking" / "scalars.jsonl").read_text().splitlines()
+        if '"category": "eval"' in line
+    ]
+    assert [r["step"] for r in evals] == [1000, 1500]
+    best = min(evals, key=lambda r: r["loss"])["step"]
+    assert trainer.checkpoints.best == best and trainer.checkpoints.latest == 1500
+    picture = np.asarray(Image.open(tmp_path / "run" / "previews" / "samples.png").convert("L"), np.float64)
+    h, w = picture.shape
+    yy, xx = np.mgrid[:h, :w]
+    # The plot spans ±extent (1.15 x the largest |coordinate| of the data): the unit circle lies
+    # at radius h/2/extent pixels; the ring's mass is within ±0.45 (3 std) of it, none near 0.
+    extent = trainer.objective.extent
+    radius = np.hypot(yy - h / 2, xx - w / 2) / (h / 2) * extent
+    assert picture[np.abs(radius - 1.0) < 0.15].mean() < picture[radius < 0.4].mean() - 20  # darker ring
     params = trainer.debiased_ema(state)
     draw = jax.jit(lambda rng: trainer.objective.generate(params, rng, {}, steps=18, num_samples=1000))
     model, floor, ratio = ratio_to_noise_floor(
