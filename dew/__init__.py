@@ -62,16 +62,23 @@ _REGISTERING_MODULES = (
     "dew.diffusion.presets",
     "dew.networks.unet",
     "dew.networks.mlp",
+    "dew.networks.byte_transformer",
+    "dew.networks.video_unet",
     "dew.encoding.class_label",
     "dew.encoding.byte_text",
     "dew.sampling.solvers",
     "dew.objectives.diffusion",
+    "dew.objectives.language",
+    "dew.objectives.contrastive",
     "dew.data.sources.digits",
     "dew.data.sources.mixture",
     "dew.data.sources.tfds_source",
+    "dew.data.sources.python_bytes",
+    "dew.data.sources.moving_digits",
     "dew.scoring.digits_classifier",
     "dew.scoring.sliced_wasserstein",
     "dew.scoring.digits_features",
+    "dew.scoring.linear_probe",
 )
 
 

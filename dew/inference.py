@@ -11,6 +11,10 @@ records its EMA) or, with ``raw=True``, ``Checkpoints.restore`` of the live para
 placed on the default device when the pipeline is built; calling the task never touches the
 checkpoint again.
 
+The weights are placed as the Trainer places the parameters it previews (replicated over
+the mesh ``config.mesh`` describes), so the task's jitted sampler is the same program the run's
+previews ran.
+
 The task is the objective's own: ``objective.inference_options()`` names the keyword arguments
 it accepts, with defaults, and ``objective.infer(params, **options)`` returns an artifact (an
 ``ImageGrid``/``VideoGrid`` of samples, ``TextSamples``, ``Representations``). The defaults
@@ -68,6 +72,8 @@ class Pipeline:
         self.objective, self.config, self.step, self.params, self.raw = objective, config, step, params, raw
         self.workdir = workdir
         self.options: dict[str, Any] = dict(objective.inference_options())
+        if "seed" in self.options:  # the run's previews draw with PRNGKey(config.seed)
+            self.options["seed"] = int(config.seed)
 
     def check(self, options: Mapping[str, Any]) -> None:
         """Raise ``PipelineError`` for an option the task does not take."""
@@ -145,5 +151,10 @@ def pipeline(source: str, *, step: int | None = None, raw: bool = False) -> Pipe
         params = state.params
     else:
         params = checkpoints.restore_ema(template, step)
-    params = jax.device_put(jax.tree.map(np.asarray, params))
+    # Placed as the Trainer places what it previews (replicated over the run's mesh), so the
+    # task's jitted sampler is the very program the run's previews ran: same samples, bit for bit.
+    from dew.training import sharding
+
+    replicated = sharding.Layout.for_mesh(sharding.spec_from_config(config.mesh).mesh()).replicated
+    params = jax.device_put(jax.tree.map(np.asarray, params), replicated)
     return Pipeline(objective, config, step, params, raw, workdir)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import dew
-from dew.data.mixture import RING
+from dew.data.sources.mixture import RING
 from dew.diffusion import EDM
 from dew.sampling import EDMStochastic, karras_sigmas, sample, trajectory
 
