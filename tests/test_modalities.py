@@ -15,7 +15,12 @@ from dew.config import apply_overrides, load_config
 from dew.training.trainer import Trainer
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-COMMON = ["config.train.log_every=2", "config.checkpoint.every=2", "config.checkpoint.keep_best=False"]
+COMMON = [
+    "config.mesh.devices=1",
+    "config.train.log_every=2",
+    "config.checkpoint.every=2",
+    "config.checkpoint.keep_best=False",
+]
 
 
 def train(experiment: str, workdir: pathlib.Path, overrides: list[str]) -> Trainer:
