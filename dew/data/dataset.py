@@ -209,6 +209,14 @@ class Dataset:
         batch, self._position = self._feed.next()
         return batch
 
+    def set_placement(self, place: Callable[[dict[str, np.ndarray]], Any] | None, ahead: int = 1) -> None:
+        """Hand out batches through ``place`` (``None``: host arrays), ``ahead`` placed in advance.
+        What was prepared for the previous placement is dropped; the position is unchanged."""
+        if ahead < 1:
+            raise ValueError(f"Dataset {self.source.name!r}: ahead must be >= 1, got {ahead}")
+        self.close()
+        self.place, self.ahead = place, ahead
+
     def close(self) -> None:
         """Stop preparing batches ahead (the background thread, if any, ends here)."""
         feed, self._feed = self._feed, None
