@@ -212,7 +212,7 @@ def main() -> None:
 
         timed(sides["plain"], w, body, record)
 
-    fit_data = Dataset(trainer.train_source, 256, seed=2, place=trainer.layout.place_batch)
+    fit_data = Dataset(trainer.train_source, 256, seed=2)
     state_box["fit"] = trainer.init(jax.random.PRNGKey(4), trainer.example_batch())
 
     def run_fit(record: bool) -> None:
@@ -267,10 +267,14 @@ def main() -> None:
             f"{side.name:>8} {med:15.1f} {min(side.rates):8.1f} {max(side.rates):8.1f} "
             f"{statistics.median(side.cpu):12.1f}  {med / base:.3f}"
         )
-    if sides["stix"].rates:
-        stix_med = statistics.median(sides["stix"].rates)
-        for name in ("trainer", "fit", "plain"):
-            print(f"{name} / stix-ml: {statistics.median(sides[name].rates) / stix_med:.3f}")
+    print("ratios: of medians | median of the per-round ratios (each round's windows ran together)")
+    pairs = [(a, "bare") for a in ("plain", "fit", "trainer", "stix")]
+    pairs += [(a, "stix") for a in ("trainer", "fit", "plain")]
+    for a, b in pairs:
+        if sides[a].rates and sides[b].rates:
+            ratio = statistics.median(sides[a].rates) / statistics.median(sides[b].rates)
+            per_round = [x / y for x, y in zip(sides[a].rates, sides[b].rates, strict=False)]
+            print(f"  {a:>7} / {b:<5} {ratio:.3f} | {statistics.median(per_round):.3f}")
     if args.kernels:
         placed = trainer.layout.place_batch(next(plain_data))
         dew_text = step.lower(state_box["plain"], placed).compile().as_text()

@@ -112,20 +112,35 @@ def fit(
             ctx.step, ctx.state, ctx.stats, ctx.final = step, state, stats, step == num_steps
             if ctx.reports:
                 ctx.reports = {}
-            if watch and NONFINITE_FLAG in stats:
+            check = watch and NONFINITE_FLAG in stats
+            if check:
                 flags.add(stats[NONFINITE_FLAG])
                 unchecked.append(stats)
-                if ctx.final or len(unchecked) >= MAX_UNCHECKED or any(stage.due(ctx) for stage in stages):
-                    _raise_if_nonfinite(flags, unchecked, step, last_good)
-                    unchecked.clear()
+                if ctx.final or len(unchecked) >= MAX_UNCHECKED:
+                    check = _check(flags, unchecked, step, last_good)
             for stage in stages:
                 stage.observe(ctx)
                 if stage.due(ctx):
+                    if check:  # before the first stage that could save or report this state
+                        check = _check(flags, unchecked, step, last_good)
                     stage.run(ctx)
     finally:
         for stage in stages:
             stage.close()
     return state
+
+
+def _check(
+    flags: DeviceSums,
+    unchecked: list[dict[str, jax.Array]],
+    step: int,
+    last_good: Callable[[], str | None] | None,
+) -> bool:
+    """Raise if one of the unchecked steps was flagged; otherwise start a new window. Returns
+    False: nothing is left to check this step."""
+    _raise_if_nonfinite(flags, unchecked, step, last_good)
+    unchecked.clear()
+    return False
 
 
 def _raise_if_nonfinite(
