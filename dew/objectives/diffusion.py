@@ -274,7 +274,7 @@ class Diffusion(Objective):
         if not self.input_spec.sample.shape or len(self.input_spec.sample.shape) != 3:
             raise ConfigError(
                 f"config.preview.metrics={tuple(metrics)!r} is invalid: previews of "
-                f"{self.input_spec.sample.shape}-shaped samples are scatter plots; expected ()"
+                f"{self.input_spec.sample.shape}-shaped samples are not images; expected ()"
             )
         if preview is None:
             return {}

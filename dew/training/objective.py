@@ -71,7 +71,8 @@ class Objective(abc.ABC):
       collective device work); host-side, so it may jit internally and convert to numpy.
       ``has_preview`` says whether an objective provides one.
     * ``score(preview, metrics)``: scalars for the named ``dew.metrics`` (``preview.metrics``) on
-      what ``preview`` returned. Default: refuses any metric.
+      what ``preview`` returned; ``score(None, metrics)`` only checks that the objective can
+      score them (a ``ConfigError`` otherwise), before training. Default: refuses any metric.
 
     ``generate(params, rng, ...)`` produces outputs for inference (``dew.inference``); its
     arguments are the objective's own.

@@ -250,8 +250,8 @@ class Trainer:
                 f"config.preview.every={c.preview.every} is invalid: {type(self.objective).__name__} has no "
                 "preview; expected 0"
             )
-        if c.preview.metrics and type(self.objective).score is Objective.score:
-            self.objective.score(None, dict.fromkeys(c.preview.metrics))  # raises, naming the key
+        if c.preview.metrics:  # score(None, ...) checks the names without scoring anything
+            self.objective.score(None, {name: registry.metrics[name] for name in c.preview.metrics})
         if c.eval.every:
             try:  # fail now, not at the first evaluation
                 self.val_data.first(c.eval.num_batches)
