@@ -196,6 +196,8 @@ class Contrastive(Objective):
         ``linear_probe_pixels``: the same probe on the probe set's raw pixels (the baseline)."""
         from dew.scoring.linear_probe import probe_accuracy
 
+        if preview is None:  # the Trainer checking the metric names before training
+            return {}
         out = {name: float(metric(preview)) for name, metric in metrics.items()}
         if "linear_probe" in metrics:
             out["linear_probe_pixels"] = probe_accuracy(self.probe_images, self.probe_labels)
