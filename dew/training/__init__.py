@@ -10,12 +10,12 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "Checkpoints": "dew.training.checkpoints",
-    "CheckpointRestorationError": "dew.training.checkpoints",
-    "CheckpointWriteError": "dew.training.checkpoints",
-    "get_debiased_ema": "dew.training.checkpoints",
-    "save_run_metadata": "dew.training.checkpoints",
-    "read_run_metadata": "dew.training.checkpoints",
+    "Checkpoints": "dew.training.checkpointing.checkpoints",
+    "CheckpointRestorationError": "dew.training.checkpointing.errors",
+    "CheckpointWriteError": "dew.training.checkpointing.errors",
+    "get_debiased_ema": "dew.training.ema",
+    "save_run_metadata": "dew.training.checkpointing.run_metadata",
+    "read_run_metadata": "dew.training.checkpointing.run_metadata",
     "TrainState": "dew.training.state",
     "Trainer": "dew.training.trainer",
     "fit": "dew.training.loop",

@@ -19,13 +19,10 @@ from dew.config import ConfigError
 from dew.data.dataset import DataPartition, Dataset
 from dew.objectives.base import EMASpec, Objective
 from dew.training import ema as ema_lib
-from dew.training.checkpoint_config import checkpoint_settings
-from dew.training.checkpoints import (
-    CheckpointRestorationError,
-    Checkpoints,
-    read_run_metadata,
-    save_run_metadata,
-)
+from dew.training.checkpointing.checkpoints import Checkpoints
+from dew.training.checkpointing.errors import CheckpointRestorationError
+from dew.training.checkpointing.run_metadata import read_run_metadata, save_run_metadata
+from dew.training.checkpointing.settings import checkpoint_settings
 from dew.training.console import Progress
 from dew.training.loop import Stage, fit
 from dew.training.profile import ProfileWindow
@@ -317,17 +314,18 @@ class Trainer:
             return self.init(jax.random.PRNGKey(self.config.seed), self.example_batch())
 
         if not s.restores:
-            if self.checkpoints.latest is not None:
+            latest = self.checkpoints.latest_step()
+            if latest is not None:
                 raise CheckpointRestorationError(
                     f"{self.checkpoints.directory} already holds checkpoints (latest step "
-                    f"{self.checkpoints.latest}) and config.checkpoint.restore_checkpoint_if_exists=False: "
+                    f"{latest}) and config.checkpoint.restore_checkpoint_if_exists=False: "
                     "set clear_previous_checkpoints=True to start over, or choose another --workdir"
                 )
             return fresh()
         source = self.checkpoints
-        if s.restore_dir is not None and self.checkpoints.latest is None:
+        if s.restore_dir is not None and self.checkpoints.latest_step() is None:
             source = Checkpoints(s.restore_dir, read_only=True)
-        if s.step_to_restore is None and source.latest is None:
+        if s.step_to_restore is None and source.latest_step() is None:
             return fresh()
         share = self.train_data.share
         if s.restore_optimizer_state and s.restore_rng_key:
@@ -356,8 +354,8 @@ class Trainer:
             run_name=os.path.basename(self.workdir),
         )
         trackers = Trackers([*built.sinks, *self.extra_trackers])
-        if self.checkpoints.latest is not None:
-            trackers.log(LoggingCategory.CLEANUP_AFTER_CKPT_RESTORATION, {}, self.checkpoints.latest)
+        if self.checkpoints.latest_step() is not None:
+            trackers.log(LoggingCategory.CLEANUP_AFTER_CKPT_RESTORATION, {}, self.checkpoints.latest_step())
         return trackers
 
     def stages(self, tracker: Tracker) -> list[Stage]:
@@ -396,7 +394,7 @@ class Trainer:
 
     def last_good_checkpoint(self) -> str | None:
         """The newest saved checkpoint's path (named when a non-finite step stops the run)."""
-        latest = self.checkpoints.latest
+        latest = self.checkpoints.latest_step()
         return None if latest is None else self.checkpoints.path(latest)
 
     # --- the run ----------------------------------------------------------------------------------
