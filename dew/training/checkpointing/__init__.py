@@ -13,7 +13,8 @@ One idea per module:
 - ``settings``: ``config.checkpoint`` read and validated;
 - ``errors``: ``CheckpointRestorationError``, ``CheckpointWriteError``;
 - ``run_metadata``: ``run.json`` beside ``checkpoints/``;
-- ``stix``: ``TrainingIOHandler`` and ``Checkpointer``, the stix API over the same machinery.
+- ``checkpointer``, ``io_handler``, ``stix_config``: the stix API (``Checkpointer``,
+  ``TrainingIOHandler`` and their configs), a thin layer over the same machinery.
 
 Names resolve lazily, so importing the package opens no backend.
 """
@@ -32,6 +33,11 @@ _EXPORTS = {
     "read_run_metadata": "dew.training.checkpointing.run_metadata",
     "RUN_METADATA": "dew.training.checkpointing.run_metadata",
     "CheckpointSettings": "dew.training.checkpointing.settings",
+    "Checkpointer": "dew.training.checkpointing.checkpointer",
+    "CheckpointerConfig": "dew.training.checkpointing.stix_config",
+    "TrainingIOHandler": "dew.training.checkpointing.io_handler",
+    "TrainingIOHandlerConfig": "dew.training.checkpointing.stix_config",
+    "ConfigValidationError": "dew.training.checkpointing.stix_config",
     "checkpoint_settings": "dew.training.checkpointing.settings",
 }
 

@@ -120,6 +120,15 @@ class Checkpoints:
         """The metrics the save of ``step`` reported (None: saved without)."""
         return self.store.metrics(step)
 
+    def record(self, step: int) -> dict[str, Any]:
+        """The JSON ``record`` the save of ``step`` kept (empty when none)."""
+        return self.store.record(step)
+
+    def restore_dataset_state(self, template: Any, step: int | None = None) -> Any:
+        """The ``dataset_state`` saved at ``step`` (default: latest) in ``template``'s structure,
+        or None when that checkpoint holds none."""
+        return self.store.dataset_state(self._resolve(step), template)
+
     @property
     def best_metric(self) -> str:
         """The metric ``best_step`` ranks by (lowest is best)."""
@@ -146,19 +155,25 @@ class Checkpoints:
         metrics: Mapping[str, float] | None = None,
         *,
         share: DataPartition | None = None,
+        dataset_state: Any = None,
+        record: Mapping[str, Any] | None = None,
     ) -> None:
         """Write ``state`` under ``step``, asynchronously.
 
         Sharded arrays go straight to orbax: no gather to the host. ``saved`` is the data
         stream's position as JSON bytes, stored as a uint8 row beside the ``share`` that read it
         (one row per process); a position without its share is refused. A write that fails
-        surfaces from ``wait`` (or the next save); it is never swallowed.
+        surfaces from ``wait`` (or the next save); it is never swallowed. ``dataset_state`` is any
+        pytree (numbers, strings, arrays: e.g. a grain iterator's state) stored beside the state
+        (process 0's); ``record`` is JSON kept with the step (``record(step)``).
         """
         self._writable()
         self.writer.wait()  # one write in flight at most: a failed one stops here
         step, rows = _step_number(step), positions.global_rows(saved, share)
         metrics = None if metrics is None else {k: float(v) for k, v in metrics.items()}
-        self.writer.submit(self._write, step, snapshot(state), rows, metrics)
+        if dataset_state is not None:
+            dataset_state = jax.tree.map(_to_host, dataset_state)
+        self.writer.submit(self._write, step, snapshot(state), rows, metrics, dataset_state, record)
 
     def save_local(
         self, step: int, state: TrainState, saved: bytes | None, *, share: DataPartition | None = None
@@ -203,6 +218,7 @@ class Checkpoints:
         if how not in ("move", "delete"):
             raise ValueError(f"Checkpoints.roll_back: how must be 'move' or 'delete', got {how!r}")
         self._writable()
+        step = self._resolve(step)  # a step that is not stored raises before anything moves
         newer = [s for s in self.all_steps() if s > step]
         aside = self.store.set_aside(newer, how)
         local_newer = self.local_step()
@@ -307,9 +323,11 @@ class Checkpoints:
         return ema_lib.debias(ema, decay, num_updates(count, accumulation))
 
     # --- internals --------------------------------------------------------------------------------
-    def _write(self, step: int, state: TrainState, rows: Any, metrics: dict[str, float] | None) -> None:
+    def _write(
+        self, step: int, state: TrainState, rows: Any, metrics: Any, dataset: Any, record: Any
+    ) -> None:
         _check_step(step, state)
-        self.store.write(step, state, rows, metrics)
+        self.store.write(step, state, rows, metrics, dataset, record)
         if self.upload is not None:
             pending = self.upload(self.path(step))
             if pending is not None:
@@ -363,6 +381,12 @@ class Checkpoints:
     def _writable(self) -> None:
         if self.read_only:
             raise ValueError(f"Checkpoints: {self.directory} was opened read_only; it cannot be written")
+
+
+def _to_host(leaf: Any) -> Any:
+    """A jax array leaf is copied to the host now (the caller may mutate or donate it); numbers,
+    strings and numpy arrays are copied as they are."""
+    return np.array(leaf) if isinstance(leaf, jax.Array | np.ndarray) else leaf
 
 
 def _everywhere(ok: bool) -> bool:

@@ -9,6 +9,7 @@ A checkpoint holds separately restorable items:
     extra/       the small scalars: step, rng key
     pending/     gradient sums of an unfinished accumulation (only when the state has them)
     data/        data positions (``positions``)
+    dataset/     a caller's own pytree (the stix ``dataset_state``), when one was saved
 
 Also here, as pure helpers: naming leaves the way orbax names them, and listing every leaf in
 which a template differs from what a checkpoint holds (before any value is read).
@@ -30,6 +31,9 @@ STATE_ITEMS = ("params", "opt_state", "ema_params", "extra", "pending")
 #: Items every checkpoint has (``pending`` only mid-accumulation).
 REQUIRED_ITEMS = ("params", "opt_state", "ema_params", "extra")
 DATA_ITEM = "data"
+#: Any pytree a caller saves beside the state (the stix ``dataset_state``, e.g. a grain
+#: iterator's state): numbers, strings and arrays, stored by orbax like the state items.
+DATASET_ITEM = "dataset"
 FORMAT = "dew-checkpoint/1"
 
 

@@ -52,9 +52,8 @@ class Store:
                 create=not self.read_only,
                 read_only=self.read_only,
             )
-            handlers = {
-                name: ocp.PyTreeCheckpointHandler() for name in (*layout.STATE_ITEMS, layout.DATA_ITEM)
-            }
+            names = (*layout.STATE_ITEMS, layout.DATA_ITEM, layout.DATASET_ITEM)
+            handlers = {name: ocp.PyTreeCheckpointHandler() for name in names}
             self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
         return self._manager
 
@@ -84,12 +83,21 @@ class Store:
 
     # --- writing ----------------------------------------------------------------------------------
     def write(
-        self, step: int, state: TrainState, rows: dict[str, Any] | None, metrics: dict[str, float] | None
+        self,
+        step: int,
+        state: TrainState,
+        rows: dict[str, Any] | None,
+        metrics: dict[str, float] | None,
+        dataset_state: Any = None,
+        record: Mapping[str, Any] | None = None,
     ) -> None:
-        """One orbax checkpoint, landed (atomically renamed) on return; then prune."""
+        """One orbax checkpoint, landed (atomically renamed) on return; then prune. ``record``
+        is JSON kept in the step's metadata (e.g. the EMA decay ``restore_ema`` applies)."""
         items = {name: ocp.args.PyTreeSave(tree) for name, tree in layout.items_from_state(state).items()}
         if rows is not None:
             items[layout.DATA_ITEM] = ocp.args.PyTreeSave(rows)
+        if dataset_state is not None:
+            items[layout.DATASET_ITEM] = ocp.args.PyTreeSave(dataset_state)
         empty = [name for name, arg in items.items() if not jax.tree.leaves(arg.item)]
         for name in empty:
             del items[name]
@@ -99,6 +107,7 @@ class Store:
             "process_count": jax.process_count(),
             "empty_items": empty,
             "metrics": metrics,
+            "record": dict(record or {}),
         }
         if step in self.steps():
             raise CheckpointWriteError(
@@ -254,7 +263,35 @@ class Store:
         return trees
 
     def present_items(self, step: int) -> list[str]:
-        return [n for n in (*layout.STATE_ITEMS, layout.DATA_ITEM) if (self.path(step) / n).is_dir()]
+        names = (*layout.STATE_ITEMS, layout.DATA_ITEM, layout.DATASET_ITEM)
+        return [n for n in names if (self.path(step) / n).is_dir()]
+
+    def record(self, step: int) -> dict[str, Any]:
+        """The JSON record the save of ``step`` kept (empty when none)."""
+        return dict((_step_metadata(self.path(step)).get("custom_metadata") or {}).get("record") or {})
+
+    def dataset_state(self, step: int, template: Any) -> Any:
+        """The saved ``dataset`` pytree in ``template``'s structure (host values), or None when
+        the step has none."""
+        if layout.DATASET_ITEM in self.empty_items(step):
+            return template
+        if layout.DATASET_ITEM not in self.present_items(step):
+            return None
+        restore_args = jax.tree.map(
+            lambda leaf: ocp.RestoreArgs(
+                restore_type=np.ndarray if hasattr(leaf, "shape") and np.ndim(leaf) else type(leaf)
+            ),
+            template,
+        )
+        args = ocp.args.PyTreeRestore(item=template, restore_args=restore_args)
+        try:
+            restored = self.manager().restore(step, args=ocp.args.Composite(**{layout.DATASET_ITEM: args}))
+        except Exception as e:
+            raise CheckpointRestorationError(
+                f"checkpoint step {step} in {self.directory}: its dataset state does not fit the template "
+                f"given ({type(e).__name__}: {first_line(e)})"
+            ) from e
+        return restored[layout.DATASET_ITEM]
 
     def empty_items(self, step: int) -> list[str]:
         return list((_step_metadata(self.path(step)).get("custom_metadata") or {}).get("empty_items", []))
