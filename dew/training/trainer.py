@@ -25,6 +25,7 @@ from dew.training.checkpointing.run_metadata import read_run_metadata, save_run_
 from dew.training.checkpointing.settings import checkpoint_settings
 from dew.training.console import Progress
 from dew.training.loop import Stage, fit
+from dew.training.preemption import PreemptionStage
 from dew.training.profile import ProfileWindow
 from dew.training.sharding import Layout, MeshSpec
 from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage
@@ -252,14 +253,9 @@ class Trainer:
             out_shardings=self.layout.replicated,
         )
         self.checkpoint_settings = cs = checkpoint_settings(c.checkpoint)
-        self.checkpoints = Checkpoints(
-            os.path.join(self.workdir, "checkpoints"),
-            keep=cs.keep,
-            keep_best=cs.keep_best,
-            asynchronous=cs.asynchronous,
-            local_directory=cs.local_directory,
-            local_every=cs.local_every,
-        )
+        # None when config.checkpoint.every is None or 0 (no checkpointer).
+        self.checkpoints: Checkpoints | None = cs.checkpoints(self.workdir)
+        self.restored_step: int | None = None  # set by initial_state
         self.extra_trackers = trackers or []
         self.val_data.first(c.eval.num_batches)  # fail now, not at the first evaluation
 
@@ -307,12 +303,14 @@ class Trainer:
         checkpoints first. A run that does not restore refuses a directory that holds checkpoints.
         """
         s = self.checkpoint_settings
-        if s.clear_previous_checkpoints:
-            self.checkpoints.clear()
 
         def fresh() -> TrainState:
             return self.init(jax.random.PRNGKey(self.config.seed), self.example_batch())
 
+        if self.checkpoints is None:  # checkpointing off (a restore request was refused by the config)
+            return fresh()
+        if s.clear_previous_checkpoints:
+            self.checkpoints.clear()
         if not s.restores:
             latest = self.checkpoints.latest_step()
             if latest is not None:
@@ -327,6 +325,10 @@ class Trainer:
             source = Checkpoints(s.restore_dir, read_only=True)
         if s.step_to_restore is None and source.latest_step() is None:
             return fresh()
+        if source is self.checkpoints and s.step_to_restore is not None:
+            # Rolling back: the newer steps are moved aside or deleted (and logged), so this
+            # run's saves never collide with the abandoned continuation's.
+            self.checkpoints.roll_back(s.step_to_restore, how=s.on_rollback)
         share = self.train_data.share
         if s.restore_optimizer_state and s.restore_rng_key:
             template = abstract_state(self.init, self.example_batch())
@@ -341,6 +343,7 @@ class Trainer:
             )
         if position is not None:
             self.train_data.read_position(position)
+        self.restored_step = int(jax.device_get(state.step))
         return state
 
     def tracker(self) -> Trackers:
@@ -354,8 +357,8 @@ class Trainer:
             run_name=os.path.basename(self.workdir),
         )
         trackers = Trackers([*built.sinks, *self.extra_trackers])
-        if self.checkpoints.latest_step() is not None:
-            trackers.log(LoggingCategory.CLEANUP_AFTER_CKPT_RESTORATION, {}, self.checkpoints.latest_step())
+        if self.restored_step is not None:
+            trackers.log(LoggingCategory.CLEANUP_AFTER_CKPT_RESTORATION, {}, self.restored_step)
         return trackers
 
     def stages(self, tracker: Tracker) -> list[Stage]:
@@ -385,16 +388,19 @@ class Trainer:
                     seed=c.seed,
                 )
             )
-        stages.append(CheckpointStage(self.checkpoints, self.train_data, c.checkpoint.every, tracker))
+        if self.checkpoints is not None:
+            stages.append(CheckpointStage(self.checkpoints, self.train_data, c.checkpoint.every, tracker))
         profile_steps = _get(c, "profile.steps", 0)
         if profile_steps:
             directory = _get(c, "profile.directory", "") or os.path.join(self.workdir, "profile")
             stages.append(ProfileWindow(profile_steps, directory, warmup=_get(c, "profile.warmup", 5)))
+        # Last, so the step's own stages (its periodic save) have run when a signal stops it.
+        stages.append(PreemptionStage(self.checkpoints, self.train_data))
         return stages
 
     def last_good_checkpoint(self) -> str | None:
         """The newest saved checkpoint's path (named when a non-finite step stops the run)."""
-        latest = self.checkpoints.latest_step()
+        latest = None if self.checkpoints is None else self.checkpoints.latest_step()
         return None if latest is None else self.checkpoints.path(latest)
 
     # --- the run ----------------------------------------------------------------------------------
@@ -407,7 +413,7 @@ class Trainer:
         state = self.initial_state()
         start = int(jax.device_get(state.step))
         if start:
-            print(f"resuming from step {start} ({self.checkpoints.path(start)})", flush=True)
+            print(f"resuming from step {start} ({self.checkpoints.source(start)})", flush=True)
         tracker = self.tracker()
         try:
             state = fit(
