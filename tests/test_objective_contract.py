@@ -216,7 +216,7 @@ def test_restore_ema_debiases_a_half_life_accumulation_run_on_its_own(tmp_path):
     """The checkpoint records the EMA (half-life, ramp-up, tracked leaves, accumulation), so a
     reader that knows nothing of the run gets exactly the Trainer's own debiased EMA."""
     from dew.training import ema as ema_lib
-    from dew.training.checkpoints import Checkpoints
+    from dew.training.checkpointing import Checkpoints
     from dew.training.trainer import Trainer
 
     overrides = {
