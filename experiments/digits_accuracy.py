@@ -43,7 +43,7 @@ def main() -> int:
         print(f"error: no checkpoint in {trainer.checkpoints.directory}", file=sys.stderr)
         return 2
     template = jax.eval_shape(trainer.init, jax.random.PRNGKey(0), trainer.example_batch()).params
-    params = trainer.checkpoints.restore_ema(template, config.ema.decay, step)
+    params = trainer.checkpoints.restore_ema(template, trainer.ema, step)  # the run's EMASpec
     sampling = config.sampling
     steps = args.steps or sampling.steps
 

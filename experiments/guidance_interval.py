@@ -48,6 +48,7 @@ def main() -> int:
         load_config(str(HERE / "edm.py")),
         [
             f"config.train.num_steps={args.train_steps}",
+            "config.objective.condition_dropout=0.1",  # CFG needs the unconditional branch trained
             "config.eval.every=0",
             f"config.checkpoint.every={args.train_steps}",
         ],
@@ -58,7 +59,7 @@ def main() -> int:
     print(
         f"model: step {int(state.step)} ({time.perf_counter() - start:.0f} s incl. compiles), {args.workdir}"
     )
-    params = debiased_ema(state, config.ema.decay)
+    params = debiased_ema(state, trainer.ema)
     objective = trainer.objective
     labels = jnp.repeat(jnp.arange(10, dtype=jnp.int32), args.per_class)
 

@@ -45,6 +45,7 @@ def main() -> int:
         load_config(str(HERE / "edm.py")),
         [
             "config.dataset.name=digits_text",
+            "config.objective.condition_dropout=0.1",  # --guidance needs the unconditional branch
             f"config.train.num_steps={args.train_steps}",
             "config.eval.every=0",
             f"config.checkpoint.every={args.train_steps}",
@@ -56,7 +57,7 @@ def main() -> int:
     print(
         f"model: step {int(state.step)} ({time.perf_counter() - start:.0f} s incl. compiles), {args.workdir}"
     )
-    params = debiased_ema(state, config.ema.decay)
+    params = debiased_ema(state, trainer.ema)
     guidance = CFG(weight=args.guidance) if args.guidance != 1.0 else None
 
     @jax.jit
