@@ -111,3 +111,28 @@ def test_parameter_counts_equal_the_reference(name):
     arch, kwargs = dew_model(entry["config"])
     config = entry["config"]
     assert _count(arch, kwargs, config["img_resolution"], config["img_channels"]) == entry["num_parameters"]
+
+
+def test_conditioning_inputs_are_checked():
+    from dew.networks.edm_inputs import embed_conditions
+
+    label = jnp.zeros((2, 10))
+    with pytest.raises(ValueError, match="label_dim=3 but the label has width 10"):
+        embed_conditions("SongUNet", 3, 0, label, None, 2)
+    with pytest.raises(ValueError, match="label_dim=0 builds an unconditional network"):
+        embed_conditions("SongUNet", 0, 0, label, None, 2)
+    with pytest.raises(ValueError, match="augment_labels given but augment_dim=0"):
+        embed_conditions("SongUNet", None, 0, None, jnp.zeros((2, 9)), 2)
+    # A conditional network without a label sees zeros (EDMPrecond's class_labels=None).
+    zeros, augment = embed_conditions("SongUNet", 4, 9, None, None, 2)
+    assert zeros.shape == (2, 4) and not np.any(zeros) and augment.shape == (2, 9) and not np.any(augment)
+
+
+def test_fourier_frequencies_are_a_fixed_buffer():
+    from dew.networks.edm_layers import FourierEmbedding
+
+    emb = hk.transform(lambda t: FourierEmbedding(8)(t))
+    params = emb.init(jax.random.PRNGKey(0), jnp.zeros(3))
+    grads = jax.grad(lambda p: jnp.sum(emb.apply(p, None, jnp.linspace(-1, 1, 3)) ** 2))(params)
+    assert not np.any(np.asarray(grads["fourier_embedding"]["freqs"]))
+    assert count_parameters(params) == 0  # a buffer, as in the reference's parameters()
