@@ -260,6 +260,40 @@ def run_gpu(args) -> int:
     return 0
 
 
+def profile(args) -> int:
+    """Trace 3 warm steps (perfetto) and print XLA's thunk time by kind (fusion name sans number)."""
+    import collections
+    import glob
+    import gzip
+    import re
+
+    import jax
+
+    init, step, data, _ = dew_setup(args.net, args.batch)
+    state = init(jax.random.PRNGKey(0), data)
+    for _ in range(2):
+        state, stats = step(state, data)
+    jax.block_until_ready(stats)
+    with jax.profiler.trace(args.profile, create_perfetto_trace=True):
+        for _ in range(3):
+            state, stats = step(state, data)
+        jax.block_until_ready(stats)
+    path = sorted(glob.glob(f"{args.profile}/**/*perfetto_trace.json.gz", recursive=True))[-1]
+    with gzip.open(path) as f:
+        trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    total, calls = collections.Counter(), collections.Counter()
+    for e in events:
+        if e.get("ph") == "X" and "dur" in e and not e["name"].startswith(("ThunkExecutor", "$", "Pjit")):
+            kind = re.sub(r"[._]\d+$", "", e["name"])
+            total[kind] += e["dur"]
+            calls[kind] += 1
+    whole = sum(total.values())
+    for kind, us in total.most_common(20):
+        print(f"{100 * us / whole:5.1f} %  {calls[kind] // 3:5d} calls/step  {us / 3e3:9.1f} ms/step  {kind}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--net", choices=sorted(NETS), default="16")
@@ -273,6 +307,7 @@ def main() -> int:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--gpu", action="store_true", help="dew alone on an accelerator, bf16 and f32")
     parser.add_argument("--peak_tflops", type=float, default=0.0, help="the chip's peak, for --gpu")
+    parser.add_argument("--profile", default="", help="trace 3 dew steps into this directory, print shares")
     args = parser.parse_args()
     if args.worker:
         return torch_worker(args)
@@ -281,6 +316,8 @@ def main() -> int:
     if args.startup:
         print(json.dumps(dew_startup(args)))
         return 0
+    if args.profile:
+        return profile(args)
 
     # Start-up in a fresh process without the compilation cache, before the rounds.
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
