@@ -131,7 +131,9 @@ def convert(state_dict: Mapping[str, np.ndarray], config, workdir: str, step: in
     mask = spec.mask(params)
     ema = jax.tree.map(lambda p, tracked: p * correction if tracked else p, params, mask)
     state = fresh.replace(step=jnp.asarray(step, fresh.step.dtype), params=params, ema=ema)
-    checkpoints = Checkpoints(os.path.join(workdir, "checkpoints"), asynchronous=False)
+    checkpoints = Checkpoints(
+        os.path.join(workdir, "checkpoints"), asynchronous=False, ema=trainer.ema_record
+    )
     checkpoints.save(step, state, None)
     checkpoints.wait()
     checkpoints.close()

@@ -45,7 +45,7 @@ def test_converted_checkpoint_samples_like_the_reference(tmp_path):
     template = jax.eval_shape(trainer.init, jax.random.PRNGKey(0), trainer.example_batch()).params
     checkpoints = Checkpoints(directory, read_only=True)
     assert checkpoints.latest == 1
-    params = checkpoints.restore_ema(template, trainer.ema, 1)
+    params = checkpoints.restore_ema(template, 1)  # debiased with the EMA the checkpoint records
     with np.load(REFERENCE, allow_pickle=False) as data:
         x = jnp.asarray(data["x"].transpose(0, 2, 3, 1))
         sigma, expected = jnp.asarray(data["sigma"]), data["denoised"].transpose(0, 2, 3, 1)
