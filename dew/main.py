@@ -2,18 +2,21 @@
 
 Trains, evaluates, previews and checkpoints under ``--workdir``; run it again to resume from the
 latest checkpoint. Bad input (unknown key, wrong type, unknown registry name, a workdir that is a
-file) stops before anything is written, with a message naming what is wrong.
+file, a resume the config does not fit) stops before anything is written, with a message naming
+what is wrong, and exits 2; any other failure prints one short message and its cause, writes the
+full traceback under ``<workdir>/logs`` and exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
 
-from dew.config import ConfigError, apply_overrides, load_config
-from dew.registry import UnknownNameError
+from dew.config import apply_overrides, load_config
+from dew.failures import capture_library_logs, report
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -43,7 +46,11 @@ def enable_compilation_cache(workdir: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Train; return the exit status: 0 done, 2 bad input (one line, nothing written), 1 any
+    other failure (one short message and its cause; the traceback in a file, see
+    ``dew.failures``)."""
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    workdir = trainer = None
     try:
         config = apply_overrides(load_config(args.config), overrides)
         config.lock()
@@ -51,18 +58,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         workdir = check_workdir(args.workdir)
         trainer = Trainer(config, workdir)
-    except (ConfigError, UnknownNameError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    enable_compilation_cache(workdir)
-    print(f"dew: training {args.config} in {workdir}", flush=True)
-    state = trainer.run()
+        trainer.check_resumable()
+        enable_compilation_cache(workdir)
+        capture_library_logs(workdir)
+        print(f"dew: training {args.config} in {workdir}", flush=True)
+        state = trainer.run()
+    except Exception as e:  # the CLI boundary: every failure becomes one short report
+        if trainer is not None:
+            _release(trainer)
+        return report(e, workdir if workdir and os.path.isdir(workdir) else None)
     print(
         f"done at step {int(state.step)}: checkpoints in {trainer.checkpoints.directory}, "
         f"samples in {os.path.join(workdir, 'previews', 'samples.png')}",
         flush=True,
     )
     return 0
+
+
+def _release(trainer) -> None:
+    """Shut the checkpoint writer and orbax managers down before exiting, so no async teardown
+    runs at interpreter exit; what they raise now belongs to the failure already reported."""
+    with contextlib.suppress(Exception):  # the first failure is the one reported
+        trainer.checkpoints.close()
 
 
 def run() -> None:

@@ -23,12 +23,18 @@ from dew.training.checkpoint_config import checkpoint_settings
 from dew.training.checkpoints import (
     CheckpointRestorationError,
     Checkpoints,
-    read_run_metadata,
-    save_run_metadata,
 )
 from dew.training.console import Progress
 from dew.training.loop import Stage, fit
 from dew.training.profile import ProfileWindow
+from dew.training.resume_check import (
+    ResumeMismatchError,
+    check_num_steps,
+    check_state,
+    data_layout_changes,
+    remap_position,
+)
+from dew.training.run_history import record_start, set_aside_records, writer_of
 from dew.training.sharding import Layout, MeshSpec
 from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage
 from dew.training.state import TrainState, num_updates
@@ -312,6 +318,9 @@ class Trainer:
         s = self.checkpoint_settings
         if s.clear_previous_checkpoints:
             self.checkpoints.clear()
+            aside = set_aside_records(self.workdir)
+            if aside:
+                print(f"previous tracking and previews moved to {aside}", flush=True)
 
         def fresh() -> TrainState:
             return self.init(jax.random.PRNGKey(self.config.seed), self.example_batch())
@@ -330,8 +339,18 @@ class Trainer:
         if s.step_to_restore is None and source.latest is None:
             return fresh()
         share = self.train_data.share
+        step = s.step_to_restore if s.step_to_restore is not None else source.latest
+        written_by = writer_of(self.workdir, step) if source is self.checkpoints else None
+        template = abstract_state(self.init, self.example_batch())
+        check_state(
+            source.stored(step),
+            template,
+            step,
+            source.path(step),
+            None if written_by is None else written_by["config"],
+            self.config.to_dict(),
+        )
         if s.restore_optimizer_state and s.restore_rng_key:
-            template = abstract_state(self.init, self.example_batch())
             state, position = source.restore(template, s.step_to_restore, share=share)
         else:
             state, position = source.resume(
@@ -342,13 +361,40 @@ class Trainer:
                 restore_rng_key=s.restore_rng_key,
             )
         if position is not None:
-            self.train_data.read_position(position)
+            self._read_position(position, written_by, step)
         return state
 
-    def tracker(self) -> Trackers:
-        """The configured trackers under ``workdir/tracking``, plus any passed in. On a resume
-        they are first told which step was restored (``CLEANUP_AFTER_CKPT_RESTORATION``), so
-        what an interrupted run logged after its checkpoint is discarded or marked."""
+    def _read_position(self, position: bytes, written_by: dict[str, Any] | None, step: int) -> None:
+        """Continue the data stream from a checkpoint's position, carried over by example index
+        when run.json says it was written with another batch size or process count."""
+        batch_size, processes = self.config.dataset.batch_size, self.train_data.share.count
+        old_batch, old_processes = data_layout_changes(written_by, batch_size, processes)
+        if old_batch is not None:
+            position, account = remap_position(
+                position, old_batch, batch_size, self.train_data.batches_per_epoch
+            )
+            print(f"config.dataset.batch_size: {old_batch} -> {batch_size}; {account}", flush=True)
+        elif old_processes is not None:
+            print(
+                f"number of processes changed from {old_processes} to {processes} (global batch "
+                f"{batch_size} unchanged): the data position counts global batches and carries over",
+                flush=True,
+            )
+        try:
+            self.train_data.read_position(position)
+        except ValueError as e:
+            was = f" (written with batch size {old_batch})" if old_batch else ""
+            raise ResumeMismatchError(
+                f"cannot resume from step {step}: its data position{was} does not fit "
+                f"config.dataset.batch_size={batch_size} on {processes} process(es): {e}"
+            ) from None
+
+    def tracker(self, start: int | None = None) -> Trackers:
+        """The configured trackers under ``workdir/tracking``, plus any passed in. When the run
+        starts at step ``start`` (default: the latest checkpoint) and anything was tracked
+        before, they are first told that step (``CLEANUP_AFTER_CKPT_RESTORATION``), so what an
+        interrupted run logged after it (all of it, for a run killed before its first
+        checkpoint) is discarded or marked."""
         built = make_trackers(
             self.config.tracking,
             os.path.join(self.workdir, "tracking"),
@@ -356,8 +402,11 @@ class Trainer:
             run_name=os.path.basename(self.workdir),
         )
         trackers = Trackers([*built.sinks, *self.extra_trackers])
-        if self.checkpoints.latest is not None:
-            trackers.log(LoggingCategory.CLEANUP_AFTER_CKPT_RESTORATION, {}, self.checkpoints.latest)
+        if start is None:
+            start = self.checkpoints.latest
+        tracked_before = os.path.isdir(os.path.join(self.workdir, "tracking"))
+        if start is not None and (start > 0 or tracked_before):
+            trackers.log(LoggingCategory.CLEANUP_AFTER_CKPT_RESTORATION, {}, start)
         return trackers
 
     def stages(self, tracker: Tracker) -> list[Stage]:
@@ -400,17 +449,26 @@ class Trainer:
         return None if latest is None else self.checkpoints.path(latest)
 
     # --- the run ----------------------------------------------------------------------------------
+    def check_resumable(self) -> None:
+        """Bad input a resume would only find later, checked before anything is written:
+        ``num_steps`` below the step to resume from (``ResumeMismatchError``)."""
+        s = self.checkpoint_settings
+        if s.clear_previous_checkpoints or not s.restores:
+            return
+        step = s.step_to_restore if s.step_to_restore is not None else self.checkpoints.latest
+        if step is not None:
+            check_num_steps(self.config.train.num_steps, step, self.checkpoints.path(step))
+
     def run(self) -> TrainState:
+        self.check_resumable()
         os.makedirs(self.workdir, exist_ok=True)
-        if read_run_metadata(self.workdir) is None:
-            save_run_metadata(
-                self.workdir, {"config": self.config.to_dict(), "label": os.path.basename(self.workdir)}
-            )
         state = self.initial_state()
         start = int(jax.device_get(state.step))
         if start:
             print(f"resuming from step {start} ({self.checkpoints.path(start)})", flush=True)
-        tracker = self.tracker()
+        if jax.process_index() == 0:
+            record_start(self.workdir, self.config.to_dict(), start, processes=jax.process_count())
+        tracker = self.tracker(start)
         try:
             state = fit(
                 state,
