@@ -28,33 +28,51 @@ COUNTED = frozenset({NONFINITE_FLAG})
 
 class MetricsStage(Stage):
     """Averages the step statistics over each window of ``every`` steps and logs them; counts
-    (``skipped_updates``: non-finite updates dropped) are summed over the window instead."""
+    (``skipped_updates``: non-finite updates dropped) are summed over the window instead.
+
+    A window this stage saw only part of (the run resumed from a step inside it, or stopped
+    early) is marked: its row carries ``window_steps``, the number of steps it averages. Rows of
+    whole windows carry no such key, so a resumed run's history reads like a straight run's."""
 
     def __init__(self, tracker: Tracker, every: int, batch_size: int, progress: Progress | None = None):
         self.tracker, self.every, self.batch_size, self.progress = tracker, every, batch_size, progress
         self._window: list[dict[str, jax.Array]] = []
-        self._since: float | None = None
-        self._since_step = 0
+        # Throughput is timed from the loop's start (so the first window includes the compile),
+        # and every window gets a system row, the first after a resume too: the rows a resumed
+        # run writes are the rows a straight run writes.
+        self._since = time.perf_counter()
+        self._since_step: int | None = None
 
     def observe(self, ctx: StepContext) -> None:
+        if self._since_step is None:
+            self._since_step = ctx.step - 1
         self._window.append(ctx.stats)
 
     def run(self, ctx: StepContext) -> None:
+        if not self._window:
+            return
         window = jax.device_get(self._window)  # one transfer per window, not per step
         self._window = []
         means = {
             k: float(np.sum([s[k] for s in window]) if k in COUNTED else np.mean([s[k] for s in window]))
             for k in window[0]
         }
+        whole = ctx.step - (ctx.step - 1) // self.every * self.every  # steps since the last boundary
+        if len(window) < whole:
+            means["window_steps"] = float(len(window))
         self.tracker.log(LoggingCategory.TRAIN_METRICS, means, ctx.step)
         now = time.perf_counter()
-        if self._since is not None:
-            rate = (ctx.step - self._since_step) / (now - self._since)
-            system = {"steps_per_sec": rate, "examples_per_sec": rate * self.batch_size}
-            self.tracker.log(LoggingCategory.SYSTEM_METRICS, system, ctx.step)
+        rate = (ctx.step - self._since_step) / max(now - self._since, 1e-9)
+        system = {"steps_per_sec": rate, "examples_per_sec": rate * self.batch_size}
+        self.tracker.log(LoggingCategory.SYSTEM_METRICS, system, ctx.step)
         self._since, self._since_step = now, ctx.step
         if self.progress is not None:
             self.progress.update(ctx.step, means.get("loss"))
+
+    def stop_early(self, ctx: StepContext) -> None:
+        """Log the window so far, including the step the loop stopped at (not yet observed)."""
+        self.observe(ctx)
+        self.run(ctx)
 
     def close(self) -> None:
         if self.progress is not None:
@@ -95,6 +113,9 @@ class PreviewStage(Stage):
     """Samples from the debiased EMA, written as a PNG grid on rank zero (and scored by
     ``metrics``), as one bounded ``Evaluation`` event.
 
+    Samples with a non-finite value (a diverged model) are not given to ``metrics``, which may
+    not accept them: the event reports ``nonfinite_samples`` instead, and a console line says so.
+
     ``sample_fn(state, rng) -> (images in [-1, 1], labels)`` is jitted by the caller; a fixed
     key means successive previews show the same noise, so change over training is visible.
     """
@@ -117,8 +138,19 @@ class PreviewStage(Stage):
     def run(self, ctx: StepContext) -> None:
         # Every process runs the (collective) sampler; only rank zero hosts and writes previews.
         images, labels = jax.device_get(self.sample_fn(ctx.state, self.rng))
-        images = np.clip(images, -1.0, 1.0)
-        scores = {name: metric(images, labels) for name, metric in self.metrics.items()}
+        finite = np.all(np.isfinite(images.reshape(len(images), -1)), axis=1)
+        # Non-finite pixels are drawn grey (NaN) or saturated (inf), so the grid still shows them.
+        images = np.clip(np.nan_to_num(images, nan=0.0, posinf=1.0, neginf=-1.0), -1.0, 1.0)
+        if finite.all():
+            scores = {name: metric(images, labels) for name, metric in self.metrics.items()}
+        else:  # a metric cannot score NaN samples: say so instead of failing in its model
+            scores = {"nonfinite_samples": float(np.sum(~finite))}
+            if self.metrics and jax.process_index() == 0:
+                print(
+                    f"preview at step {ctx.step}: {int(np.sum(~finite))} of {len(finite)} samples are "
+                    f"non-finite; {', '.join(self.metrics)} not scored",
+                    flush=True,
+                )
         event = Evaluation.hosted(ctx.step, scores, {"samples": ImageGrid(images, columns=self.columns)})
         if "samples" in event.previews:
             grid = event.previews["samples"]
@@ -170,6 +202,13 @@ class CheckpointStage(Stage):
         if loss < self._best_loss:
             self._best_loss = loss
             self.tracker.log(LoggingCategory.BEST_MODEL, {"eval_loss": loss, "step": step}, step)
+
+    def stop_early(self, ctx: StepContext) -> None:
+        """Save the state the loop stopped with (persistently, unranked) and wait for it."""
+        if ctx.step not in self.checkpoints.all_steps():
+            position, share = self.dataset.save_position(), self.dataset.share
+            self.checkpoints.save(ctx.step, ctx.state, position, None, share=share)
+        self.checkpoints.wait()
 
     def close(self) -> None:
         self.checkpoints.wait()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 from collections.abc import Callable
@@ -76,12 +77,32 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _require(c.eval.every >= 0, "eval.every", c.eval.every, "an int >= 0 (0 disables evaluation)")
     _require(c.eval.num_batches >= 1, "eval.num_batches", c.eval.num_batches, "an int >= 1")
     _require(
-        c.optimizer.learning_rate > 0, "optimizer.learning_rate", c.optimizer.learning_rate, "a float > 0"
+        _is_int(c.seed) and 0 <= c.seed < 2**32,
+        "seed",
+        c.seed,
+        "an int in [0, 2**32) (it seeds jax and numpy)",
     )
-    _require(c.optimizer.warmup_steps >= 0, "optimizer.warmup_steps", c.optimizer.warmup_steps, "an int >= 0")
+    o = c.optimizer
     _require(
-        c.optimizer.grad_clip >= 0, "optimizer.grad_clip", c.optimizer.grad_clip, "a float >= 0 (0: off)"
+        _finite(o.learning_rate) and o.learning_rate > 0,
+        "optimizer.learning_rate",
+        o.learning_rate,
+        "a finite float > 0",
     )
+    _require(
+        _is_int(o.warmup_steps) and o.warmup_steps >= 0,
+        "optimizer.warmup_steps",
+        o.warmup_steps,
+        "an int >= 0",
+    )
+    _require(
+        _finite(o.grad_clip) and o.grad_clip >= 0,
+        "optimizer.grad_clip",
+        o.grad_clip,
+        "a finite float >= 0 (0: off)",
+    )
+    for key in ("b1", "b2"):
+        _require(_finite(o[key]) and 0 <= o[key] < 1, f"optimizer.{key}", o[key], "a float in [0, 1)")
     _require(0.0 <= c.ema.decay < 1.0, "ema.decay", c.ema.decay, "a float in [0, 1)")
     _require(c.sampling.steps >= 2, "sampling.steps", c.sampling.steps, "an int >= 2")
     _require(c.sampling.per_class >= 1, "sampling.per_class", c.sampling.per_class, "an int >= 1")
@@ -134,6 +155,11 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _finite(value: Any) -> bool:
+    """A real number that is neither inf nor NaN (ints count; bools do not)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def validate_trainer_config(c: ml_collections.ConfigDict) -> None:
     """The optional sections (absent keys take the defaults experiments/edm.py documents)."""
     for axis in ("model", "fsdp"):
@@ -145,6 +171,13 @@ def validate_trainer_config(c: ml_collections.ConfigDict) -> None:
     _require(_is_int(k) and k >= 1, "train.accumulation", k, "an int >= 1 (micro-batches per update)")
     policy = _get(c, "train.nonfinite", "stop")
     _require(policy in NONFINITE_POLICIES, "train.nonfinite", policy, f"one of {NONFINITE_POLICIES}")
+    max_skipped = _get(c, "train.max_skipped", 0.5)
+    _require(
+        _finite(max_skipped) and 0 <= max_skipped <= 1,
+        "train.max_skipped",
+        max_skipped,
+        "a fraction in [0, 1] of a logging window's updates the skip policy may drop (1: no brake)",
+    )
     half_life = _get(c, "ema.half_life", 0.0)
     _require(half_life >= 0, "ema.half_life", half_life, "a float >= 0 (updates; 0: use ema.decay)")
     ramp_up = _get(c, "ema.ramp_up", 0.0)
@@ -362,6 +395,12 @@ class Trainer:
             )
         if position is not None:
             self._read_position(position, written_by, step)
+        elif source is self.checkpoints:
+            raise CheckpointRestorationError(
+                f"checkpoint step {step} ({source.path(step)}) holds no data position (its 'data' "
+                "item is missing): resuming would silently restart the data stream from its first "
+                "batch. Restore another step with config.checkpoint.step_to_restore, or start over"
+            )
         return state
 
     def _read_position(self, position: bytes, written_by: dict[str, Any] | None, step: int) -> None:
@@ -478,6 +517,8 @@ class Trainer:
                 self.stages(tracker),
                 nonfinite=_get(self.config, "train.nonfinite", "stop"),
                 last_good=self.last_good_checkpoint,
+                max_skipped=_get(self.config, "train.max_skipped", 0.5),
+                skip_window=self.config.train.log_every,
             )
         finally:
             tracker.close()

@@ -79,6 +79,7 @@ class LocalTracker(Tracker):
         """Drop the rows and media of steps after ``step`` (an abandoned continuation)."""
         self.close()
         if os.path.exists(self.scalars_path):
+            trim_torn_tail(self.scalars_path)
             rows, damaged = read_rows(self.scalars_path)
             kept = [line for line, row in rows if row["step"] <= step]
             if damaged:
