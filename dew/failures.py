@@ -27,7 +27,7 @@ from dew.registry import UnknownNameError
 
 BAD_INPUT = (ConfigError, UnknownNameError)
 #: Longest message printed for one exception; tensorstore errors carry kilobytes of spec.
-_LIMIT = 400
+_LIMIT = 600
 _SPEC = re.compile(r"\s*\[tensorstore_spec=.*?\](?='|\)|$)|\s*\[source locations=.*?\]", re.S)
 
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from dew.config import ConfigError
 
-_MAX_LISTED = 2
+_MAX_LISTED = 1
 
 
 class ResumeMismatchError(ConfigError):
@@ -130,9 +130,8 @@ def check_state(
         more = f" (and {len(diff) - _MAX_LISTED} more)" if len(diff) > _MAX_LISTED else ""
         raise ResumeMismatchError(
             f"cannot resume from step {step} ({path}): {what} changed since it was written "
-            f"({cause}); resume with the values it was written with, or start over in another "
-            "--workdir (or with config.checkpoint.clear_previous_checkpoints=True). "
-            f"{len(diff)} array(s) differ, e.g. {'; '.join(diff[:_MAX_LISTED])}{more}"
+            f"({cause}); {len(diff)} array(s) differ, e.g. {'; '.join(diff[:_MAX_LISTED])}{more}. "
+            "Resume with the values it was written with, or start over in another --workdir"
         )
 
 

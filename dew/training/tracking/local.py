@@ -39,6 +39,10 @@ _STEP_SUFFIX = re.compile(r"_(\d{8,})\.(png|gif|txt)$")
 _TAIL_BYTES = 1 << 20
 
 
+class TrackingWriteError(RuntimeError):
+    """A report could not be written (the cause, e.g. a full disk, is chained)."""
+
+
 class LocalTracker(Tracker):
     """Writes synchronous reports in a tracking directory, readable with the standard library
     and Pillow (see the module docstring for the layout and the crash-safety contract). Nothing
@@ -57,7 +61,12 @@ class LocalTracker(Tracker):
             self._discard_after(step)
             return
         record = {"step": step, "category": category.value, **{k: _jsonable(v) for k, v in values.items()}}
-        _write_all(self._open(), (json.dumps(record) + "\n").encode())
+        try:
+            _write_all(self._open(), (json.dumps(record) + "\n").encode())
+        except OSError as e:  # e.g. a full disk: name the file, keep the cause
+            raise TrackingWriteError(
+                f"tracking: could not append the {category.value} row of step {step} to {self.scalars_path}"
+            ) from e
 
     def _write_artifact(self, name: str, artifact: Any, step: int) -> None:
         stem = f"{name}_{step:08d}"
