@@ -66,7 +66,7 @@ def get_config() -> ConfigDict:
     # directory "" = <workdir>/profile.
     config.profile = ConfigDict({"steps": 0, "warmup": 5, "directory": ""})
 
-    # Checkpoints (dew.training.checkpoint_config documents every key): the latest `keep` plus
+    # Checkpoints (dew.training.checkpointing.settings documents every key): the latest `keep` plus
     # the best; resume from the latest when the workdir has one.
     config.checkpoint = ConfigDict(
         {

@@ -21,7 +21,7 @@ import optax
 
 from dew.data.dataset import Dataset, Source
 from dew.training import ema as ema_lib
-from dew.training.checkpoints import Checkpoints
+from dew.training.checkpointing import Checkpoints
 from dew.training.loop import Stage, StepContext, fit
 from dew.training.stages import CheckpointStage
 from dew.training.state import TrainState

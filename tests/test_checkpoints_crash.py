@@ -13,7 +13,7 @@ import time
 import numpy as np
 from conftest import ROOT
 
-from dew.training.checkpoints import Checkpoints
+from dew.training.checkpointing import Checkpoints
 
 HELPER = str(ROOT / "tests" / "helpers_checkpoint_crash.py")
 NUM_STEPS = 24

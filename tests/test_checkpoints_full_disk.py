@@ -12,7 +12,7 @@ import optax
 import pytest
 
 from dew.data.dataset import Dataset, Source
-from dew.training.checkpoints import Checkpoints, CheckpointWriteError
+from dew.training.checkpointing import Checkpoints, CheckpointWriteError
 from dew.training.loop import Stage, StepContext, fit
 from dew.training.stages import CheckpointStage
 from dew.training.state import TrainState

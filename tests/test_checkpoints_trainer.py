@@ -11,8 +11,8 @@ from conftest import tiny_config
 
 from dew.config import ConfigError
 from dew.data.dataset import Dataset, Source
-from dew.training.checkpoint_config import checkpoint_settings
-from dew.training.checkpoints import CheckpointRestorationError, Checkpoints
+from dew.training.checkpointing import CheckpointRestorationError, Checkpoints
+from dew.training.checkpointing.settings import checkpoint_settings
 from dew.training.loop import fit
 from dew.training.stages import CheckpointStage
 from dew.training.state import TrainState
@@ -146,7 +146,7 @@ def test_the_checkpoint_stage_writes_local_steps_between_persistent_ones(tmp_pat
     data, state, step = counting_run()
 
     fit(state, step, iter(data), 7, [CheckpointStage(checkpoints, data, every=4)])
-    assert checkpoints.all_steps() == [4, 7] and checkpoints.local_step == 6 and checkpoints.latest == 7
+    assert checkpoints.all_steps() == [4, 7] and checkpoints.local_step() == 6 and checkpoints.latest == 7
     restored, position = checkpoints.restore(None, 6, share=data.share)
     assert int(restored.step) == 6 and position == b'{"batch": 0, "epoch": 1}'
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from helpers_cli import cli, dew_stderr, rows
 
-from dew.training.checkpoints import Checkpoints
+from dew.training.checkpointing import Checkpoints
 
 
 @pytest.fixture

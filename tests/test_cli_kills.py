@@ -26,7 +26,7 @@ from conftest import ROOT
 from helpers_cli import comparable, env, rows
 
 from dew.data.dataset import DataPartition
-from dew.training.checkpoints import Checkpoints
+from dew.training.checkpointing import Checkpoints
 
 KILLS = 20
 NUM_STEPS = 60

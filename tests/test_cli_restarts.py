@@ -21,7 +21,7 @@ from conftest import ROOT
 from helpers_cli import cli, command, comparable, dew_stderr, env, rows, snapshot
 
 from dew.data.dataset import DataPartition
-from dew.training.checkpoints import Checkpoints
+from dew.training.checkpointing import Checkpoints
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import numpy as np
 
 from dew.artifacts import ImageGrid
 from dew.data.dataset import Dataset
-from dew.training.checkpoints import Checkpoints
+from dew.training.checkpointing.checkpoints import Checkpoints
 from dew.training.console import Progress
 from dew.training.evaluation import Evaluation, evaluate
 from dew.training.loop import NONFINITE_FLAG, Stage, StepContext
@@ -194,10 +194,8 @@ class CheckpointStage(Stage):
 
     def _report_if_best(self, step: int, loss: float) -> None:
         if self._best_loss is None:  # once per fit: the best a resumed run already has on disk
-            previous = self.checkpoints.best
-            metrics = (
-                None if previous is None or previous == step else self.checkpoints.manager.metrics(previous)
-            )
+            previous = self.checkpoints.best_step()
+            metrics = None if previous is None or previous == step else self.checkpoints.metrics(previous)
             self._best_loss = float(metrics[self.checkpoints.best_metric]) if metrics else float("inf")
         if loss < self._best_loss:
             self._best_loss = loss

@@ -20,11 +20,9 @@ from dew.config import ConfigError
 from dew.data.dataset import DataPartition, Dataset
 from dew.objectives.base import EMASpec, Objective
 from dew.training import ema as ema_lib
-from dew.training.checkpoint_config import checkpoint_settings
-from dew.training.checkpoints import (
-    CheckpointRestorationError,
-    Checkpoints,
-)
+from dew.training.checkpointing.checkpoints import Checkpoints
+from dew.training.checkpointing.errors import CheckpointRestorationError
+from dew.training.checkpointing.settings import checkpoint_settings
 from dew.training.console import Progress
 from dew.training.loop import Stage, fit
 from dew.training.profile import ProfileWindow
@@ -359,20 +357,21 @@ class Trainer:
             return self.init(jax.random.PRNGKey(self.config.seed), self.example_batch())
 
         if not s.restores:
-            if self.checkpoints.latest is not None:
+            latest = self.checkpoints.latest_step()
+            if latest is not None:
                 raise CheckpointRestorationError(
                     f"{self.checkpoints.directory} already holds checkpoints (latest step "
-                    f"{self.checkpoints.latest}) and config.checkpoint.restore_checkpoint_if_exists=False: "
+                    f"{latest}) and config.checkpoint.restore_checkpoint_if_exists=False: "
                     "set clear_previous_checkpoints=True to start over, or choose another --workdir"
                 )
             return fresh()
         source = self.checkpoints
-        if s.restore_dir is not None and self.checkpoints.latest is None:
+        if s.restore_dir is not None and self.checkpoints.latest_step() is None:
             source = Checkpoints(s.restore_dir, read_only=True)
-        if s.step_to_restore is None and source.latest is None:
+        if s.step_to_restore is None and source.latest_step() is None:
             return fresh()
         share = self.train_data.share
-        step = s.step_to_restore if s.step_to_restore is not None else source.latest
+        step = s.step_to_restore if s.step_to_restore is not None else source.latest_step()
         written_by = writer_of(self.workdir, step) if source is self.checkpoints else None
         template = abstract_state(self.init, self.example_batch())
         check_state(
@@ -442,7 +441,7 @@ class Trainer:
         )
         trackers = Trackers([*built.sinks, *self.extra_trackers])
         if start is None:
-            start = self.checkpoints.latest
+            start = self.checkpoints.latest_step()
         tracked_before = os.path.isdir(os.path.join(self.workdir, "tracking"))
         if start is not None and (start > 0 or tracked_before):
             trackers.log(LoggingCategory.CLEANUP_AFTER_CKPT_RESTORATION, {}, start)
@@ -484,7 +483,7 @@ class Trainer:
 
     def last_good_checkpoint(self) -> str | None:
         """The newest saved checkpoint's path (named when a non-finite step stops the run)."""
-        latest = self.checkpoints.latest
+        latest = self.checkpoints.latest_step()
         return None if latest is None else self.checkpoints.path(latest)
 
     # --- the run ----------------------------------------------------------------------------------
@@ -494,7 +493,7 @@ class Trainer:
         s = self.checkpoint_settings
         if s.clear_previous_checkpoints or not s.restores:
             return
-        step = s.step_to_restore if s.step_to_restore is not None else self.checkpoints.latest
+        step = s.step_to_restore if s.step_to_restore is not None else self.checkpoints.latest_step()
         if step is not None:
             check_num_steps(self.config.train.num_steps, step, self.checkpoints.path(step))
 

@@ -1,0 +1,413 @@
+"""``Checkpoints``: the facade over the orbax store, the local format and the writer."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from dew.data.dataset import DataPartition
+from dew.objectives.base import EMASpec
+from dew.training import ema as ema_lib
+from dew.training.checkpointing import local, paths, positions
+from dew.training.checkpointing.errors import CheckpointRestorationError, CheckpointWriteError
+from dew.training.checkpointing.retention import Retention
+from dew.training.checkpointing.store import Store
+from dew.training.checkpointing.writer import Writer, snapshot
+from dew.training.state import TrainState, num_updates
+
+Upload = Callable[[str], Any]  # returns None or a future that ``wait`` waits for
+log = logging.getLogger("dew.checkpoints")
+
+
+class Checkpoints:
+    """Holds the checkpoints of one run, in one directory.
+
+    Constructing one opens nothing; the orbax managers are created on first use. ``directory`` is
+    a path or a URI (``file://``, or ``gs://`` and friends when their filesystem package is
+    installed). The directory keeps the latest ``keep`` steps (None: every step), so a resume has
+    something recent, plus the step with the lowest ``best_metric`` a save reported
+    (``keep_best=False``: only the latest). A save without that metric is never the best step.
+    ``retention`` replaces the whole policy (the stix ``Checkpointer`` passes its own).
+
+    ``local_directory`` names a path on every host's own disk where the run keeps one more
+    checkpoint, the latest, written every ``local_every`` steps by fit; each process writes the
+    shards its devices hold under a directory of its own (``local_path``). ``latest_step()`` is the
+    newest step every process can read, local or persistent, and ``restore`` reads it from
+    wherever it is. A local checkpoint restores onto the placement it was written with; the
+    persistent one restores onto any mesh.
+
+    Saves run on one background thread (``asynchronous=False``: each save returns once landed);
+    ``upload(path)`` is called after each persistent save lands. ``read_only=True`` opens another
+    run's directory for restoring only. With several processes every process must make the same
+    calls in the same order: ``latest_step()``, ``local_step()`` and saves are collectives, and
+    ``latest``/``best`` are the seed's property spellings of ``latest_step()``/``best_step()``.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        keep: int | None = 2,
+        local_directory: str | None = None,
+        local_every: int | None = None,
+        keep_best: bool = True,
+        best_metric: str = "loss",
+        asynchronous: bool = True,
+        upload: Upload | None = None,
+        read_only: bool = False,
+        retention: Retention | None = None,
+    ):
+        if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
+            raise ValueError(f"Checkpoints: keep must be None (keep all) or an int >= 1, got {keep!r}")
+        if (local_directory is None) != (local_every is None):
+            raise ValueError(
+                "Checkpoints: local_directory and local_every go together, got "
+                f"local_directory={local_directory!r}, local_every={local_every!r}"
+            )
+        if local_every is not None and (not isinstance(local_every, int) or local_every < 1):
+            raise ValueError(f"Checkpoints: local_every must be an int >= 1, got {local_every!r}")
+        self.store = Store(
+            paths.directory(directory),
+            retention or Retention(newest=keep, best=1 if keep_best else 0, metric=best_metric),
+            read_only=read_only,
+        )
+        self.directory = os.fspath(self.store.directory)
+        self.local_directory = None if local_directory is None else os.path.abspath(local_directory)
+        self.local_every, self.upload, self.read_only = local_every, upload, read_only
+        self.writer = Writer(asynchronous)
+
+    @property
+    def local_path(self) -> str:
+        """Return this process's own local directory."""
+        if self.local_directory is None:
+            raise ValueError("Checkpoints: no local_directory was given")
+        return os.path.join(self.local_directory, f"process_{jax.process_index()}")
+
+    # --- what exists ----------------------------------------------------------------------------
+    def all_steps(self) -> list[int]:
+        """The steps in the persistent directory (waits for pending writes)."""
+        self.wait()
+        return self.store.steps()
+
+    def local_step(self) -> int | None:
+        """The local step every process holds, or None (a collective with several processes)."""
+        if self.local_directory is None:
+            return None
+        self.wait()
+        mine = local.latest_step(self.local_path)
+        if jax.process_count() == 1:
+            return mine
+        steps = np.asarray(multihost_utils.process_allgather(np.int64(-1 if mine is None else mine))).ravel()
+        return int(steps[0]) if steps[0] >= 0 and np.all(steps == steps[0]) else None
+
+    def latest_step(self) -> int | None:
+        """Return the newest step a resume can read, local or persistent (waits; a collective)."""
+        candidates = [*self.all_steps()[-1:], self.local_step()]
+        return max((s for s in candidates if s is not None), default=None)
+
+    def best_step(self) -> int | None:
+        """Return the step with the lowest reported metric, or None when no save carried one."""
+        self.wait()
+        return self.store.retention.best_step(self.store.all_metrics())
+
+    def metrics(self, step: int) -> dict[str, float] | None:
+        """The metrics the save of ``step`` reported (None: saved without)."""
+        return self.store.metrics(step)
+
+    def record(self, step: int) -> dict[str, Any]:
+        """The JSON ``record`` the save of ``step`` kept (empty when none)."""
+        return self.store.record(step)
+
+    def restore_dataset_state(self, template: Any, step: int | None = None) -> Any:
+        """The ``dataset_state`` saved at ``step`` (default: latest) in ``template``'s structure,
+        or None when that checkpoint holds none."""
+        return self.store.dataset_state(self._resolve(step), template)
+
+    @property
+    def best_metric(self) -> str:
+        """The metric ``best_step`` ranks by (lowest is best)."""
+        return self.store.retention.metric
+
+    latest = property(latest_step, doc="The newest step a resume can read (``latest_step()``).")
+    best = property(best_step, doc="The step with the lowest reported loss (``best_step()``).")
+
+    def path(self, step: int) -> str:
+        """The persistent directory of ``step``."""
+        return os.fspath(self.store.path(step))
+
+    def source(self, step: int) -> str:
+        """Return the directory restore reads ``step`` from: this process's local one when the
+        step is the local one every process holds, else the persistent one."""
+        return os.path.join(self.local_path, str(step)) if self._is_local(step) else self.path(step)
+
+    # --- writing --------------------------------------------------------------------------------
+    def save(
+        self,
+        step: int,
+        state: TrainState,
+        saved: bytes | None,
+        metrics: Mapping[str, float] | None = None,
+        *,
+        share: DataPartition | None = None,
+        dataset_state: Any = None,
+        record: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Write ``state`` under ``step``, asynchronously.
+
+        Sharded arrays go straight to orbax: no gather to the host. ``saved`` is the data
+        stream's position as JSON bytes, stored as a uint8 row beside the ``share`` that read it
+        (one row per process); a position without its share is refused. A write that fails
+        surfaces from ``wait`` (or the next save); it is never swallowed. ``dataset_state`` is any
+        pytree (numbers, strings, arrays: e.g. a grain iterator's state) stored beside the state
+        (process 0's); ``record`` is JSON kept with the step (``record(step)``).
+        """
+        self._writable()
+        self.writer.wait()  # one write in flight at most: a failed one stops here
+        step, rows = _step_number(step), positions.global_rows(saved, share)
+        metrics = None if metrics is None else {k: float(v) for k, v in metrics.items()}
+        if dataset_state is not None:
+            dataset_state = jax.tree.map(_to_host, dataset_state)
+        self.writer.submit(self._write, step, snapshot(state), rows, metrics, dataset_state, record)
+
+    def save_local(
+        self, step: int, state: TrainState, saved: bytes | None, *, share: DataPartition | None = None
+    ) -> None:
+        """Write ``state`` under ``step`` to this process's local directory, asynchronously, in
+        place of the local step before it. The placement rides along; a resume onto another one
+        raises before reading shards from directories that do not hold them."""
+        if self.local_directory is None:
+            raise ValueError("Checkpoints.save_local: no local_directory was given")
+        self._writable()
+        self.writer.wait()
+        step, row = _step_number(step), positions.local_row(saved, share)
+        self.writer.submit(self._write_local, step, snapshot(state), row)
+
+    def wait(self) -> None:
+        """Block until pending async writes (and uploads) have landed; re-raise the first that
+        failed. Deliberately unguarded: a checkpoint that did not land is data loss."""
+        self.writer.wait()
+
+    def close(self) -> None:
+        """Wait for pending writes, then release the manager and the writer thread."""
+        try:
+            self.writer.close()
+        finally:
+            self.store.close()
+
+    def clear(self) -> None:
+        """Delete every checkpoint of this run: the persistent directory (by process 0) and this
+        process's local one. Waits for pending writes first."""
+        self._writable()
+        self.wait()
+        self.store.clear()
+        if self.local_directory is not None:
+            local.remove(self.local_path)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices("dew-checkpoints-clear")
+
+    def roll_back(self, step: int, how: str = "move") -> list[int]:
+        """Make ``step`` the newest checkpoint: the persistent steps after it are moved into a
+        sibling directory (``how="move"``) or deleted (``"delete"``), a newer local step is
+        deleted. Returns the steps set aside; logs what was done and where."""
+        if how not in ("move", "delete"):
+            raise ValueError(f"Checkpoints.roll_back: how must be 'move' or 'delete', got {how!r}")
+        self._writable()
+        step = self._resolve(step)  # a step that is not stored raises before anything moves
+        newer = [s for s in self.all_steps() if s > step]
+        aside = self.store.set_aside(newer, how)
+        local_newer = self.local_step()
+        if local_newer is not None and local_newer > step:
+            local.remove(self.local_path)
+        if newer or (local_newer is not None and local_newer > step):
+            where = f"moved to {os.fspath(aside)}" if aside is not None else "deleted"
+            log.warning(
+                "rolled back to step %d: persistent steps %s %s%s",
+                step,
+                newer,
+                where,
+                f", local step {local_newer} deleted"
+                if local_newer is not None and local_newer > step
+                else "",
+            )
+        return newer
+
+    # --- reading --------------------------------------------------------------------------------
+    def stored(self, step: int | None = None) -> TrainState:
+        """Return what the checkpoint at ``step`` (default: latest) holds, without reading its
+        values: each field a ``jax.ShapeDtypeStruct`` tree (from a local checkpoint: a flat dict
+        keyed by leaf name), an unset field None."""
+        step = self._resolve(step)
+        if self._is_local(step) and step not in self.all_steps():
+            return local.stored(local.read_meta(self.local_path, step))
+        return self.store.stored(step)
+
+    def accumulation_template(self, step: int) -> Any:
+        """Return the persisted pending-array shapes at ``step``, without reading their values
+        (None when that checkpoint holds no unfinished accumulation)."""
+        return self.stored(step).pending
+
+    def restore(
+        self,
+        template: TrainState | None = None,
+        step: int | None = None,
+        *,
+        share: DataPartition | None = None,
+    ) -> tuple[TrainState, bytes | None]:
+        """Restore the state at ``step`` (default: latest) and the data position of ``share``.
+
+        ``template`` is a TrainState of ``jax.ShapeDtypeStruct`` (or arrays) naming the leaves
+        to restore; a leaf's sharding, when set, is where the array is placed, so a checkpoint
+        written on one mesh restores onto whatever mesh this run is using. ``None`` restores
+        every leaf as a host array. A step that is the local one every process holds is read
+        from the local directory, onto the placement it was written with; any other step from
+        the persistent one. The position is the bytes the reader of ``share`` resumes from, or
+        None without a share (or when the checkpoint stored none).
+        """
+        return self._restore(template, step, share, read_opt_state=True)
+
+    def resume(
+        self,
+        fresh: TrainState,
+        step: int | None = None,
+        *,
+        share: DataPartition | None = None,
+        restore_optimizer_state: bool = True,
+        restore_rng_key: bool = True,
+    ) -> tuple[TrainState, bytes | None]:
+        """Restore onto a freshly initialised ``fresh`` state (its shapes, dtypes and shardings).
+
+        With ``restore_optimizer_state=False`` the optimizer state is not read and ``fresh``'s is
+        kept; with ``restore_rng_key=False`` ``fresh``'s key is kept. With no checkpoint at all
+        (and no ``step`` asked for), ``fresh`` comes back unchanged with no position.
+        """
+        if step is None and self.latest_step() is None:
+            return fresh, None
+        template = jax.tree.map(_abstract, fresh)
+        state, position = self._restore(template, step, share, read_opt_state=restore_optimizer_state)
+        if not restore_optimizer_state:
+            state = state.replace(opt_state=fresh.opt_state)
+        if not restore_rng_key:
+            state = state.replace(rng=fresh.rng)
+        return state, position
+
+    def restore_ema(
+        self, template: Any, decay: float | EMASpec, step: int | None = None, *, accumulation: int = 1
+    ) -> Any:
+        """The debiased EMA parameters at ``step`` (default: latest) for sampling or evaluation.
+
+        Reads only ``ema_params`` and ``extra``, never params or opt_state (which may be gone),
+        and applies the live loop's correction ``ema / (1 - decay ** n)``, n = ``step //
+        accumulation`` updates; ``decay`` may be the run's ``EMASpec``. ``template`` is a params
+        tree (shape/dtype, optionally sharded), or None for host arrays. Raises
+        ``CheckpointRestorationError`` (a ``ValueError``) when no checkpoint exists.
+        """
+        step = self._resolve(step)
+        if self._is_local(step) and step not in self.all_steps():
+            if template is not None:
+                raise CheckpointRestorationError(
+                    f"checkpoint step {step} is only local: restore_ema reads it with template=None, "
+                    "or restore the full state onto its placement"
+                )
+            state, _ = self.restore(None, step)
+            ema, count = state.ema, int(np.asarray(state.step))
+        else:
+            restored = self.store.read_items(step, {"ema_params": template, "extra": None})
+            ema, count = restored["ema_params"], int(np.asarray(restored["extra"]["step"]))
+            self.store.check_step(step, count)
+        return ema_lib.debias(ema, decay, num_updates(count, accumulation))
+
+    # --- internals --------------------------------------------------------------------------------
+    def _write(
+        self, step: int, state: TrainState, rows: Any, metrics: Any, dataset: Any, record: Any
+    ) -> None:
+        _check_step(step, state)
+        self.store.write(step, state, rows, metrics, dataset, record)
+        if self.upload is not None:
+            pending = self.upload(self.path(step))
+            if pending is not None:
+                pending.result()
+
+    def _write_local(self, step: int, state: TrainState, row: dict[str, np.ndarray] | None) -> None:
+        _check_step(step, state)
+        shards, meta = local.describe(step, state)
+        try:
+            local.write(self.local_path, step, shards, meta, row)
+        except Exception as e:
+            raise CheckpointWriteError(
+                f"local checkpoint step {step} did not land in {self.local_path}: {e}"
+            ) from e
+
+    def _restore(
+        self, template: TrainState | None, step: int | None, share: DataPartition | None, read_opt_state: bool
+    ) -> tuple[TrainState, bytes | None]:
+        step = self._resolve(step)
+        if self._is_local(step):
+            meta = local.read_meta(self.local_path, step)
+            problem = local.placement_problem(meta, template)
+            if _everywhere(problem is None):  # processes must agree, or their reads would diverge
+                return local.restore(self.local_path, step, meta, template, share)
+            if step not in self.all_steps():
+                raise CheckpointRestorationError(
+                    f"checkpoint step {step} is only in the local directories ({self.local_path}) and "
+                    "cannot be restored onto this placement: "
+                    f"{problem or 'another process placement differs from the one it wrote'}"
+                )
+        return self.store.restore(step, template, share, read_opt_state)
+
+    def _is_local(self, step: int) -> bool:
+        return self.local_directory is not None and self.local_step() == step
+
+    def _resolve(self, step: int | None) -> int:
+        if step is None:
+            latest = self.latest_step()
+            if latest is None:
+                where = self.directory + (f" or {self.local_path}" if self.local_directory else "")
+                raise CheckpointRestorationError(f"no checkpoint in {where}")
+            return latest
+        step = _step_number(step)
+        if step not in self.all_steps() and not self._is_local(step):
+            raise CheckpointRestorationError(
+                f"no checkpoint for step {step} in {self.directory}; stored steps are {self.all_steps()}"
+                + (f", local step {self.local_step()}" if self.local_directory else "")
+            )
+        return step
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise ValueError(f"Checkpoints: {self.directory} was opened read_only; it cannot be written")
+
+
+def _to_host(leaf: Any) -> Any:
+    """A jax array leaf is copied to the host now (the caller may mutate or donate it); numbers,
+    strings and numpy arrays are copied as they are."""
+    return np.array(leaf) if isinstance(leaf, jax.Array | np.ndarray) else leaf
+
+
+def _everywhere(ok: bool) -> bool:
+    """Whether ``ok`` holds on every process (a collective with several processes)."""
+    if jax.process_count() == 1:
+        return ok
+    return bool(np.asarray(multihost_utils.process_allgather(np.int32(ok))).all())
+
+
+def _step_number(step: Any) -> int:
+    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+        raise ValueError(f"Checkpoints: step must be an int >= 0, got {step!r}")
+    return int(step)
+
+
+def _check_step(step: int, state: TrainState) -> None:
+    held = int(np.asarray(jax.device_get(state.step)))
+    if held != step:
+        raise ValueError(f"Checkpoints.save: step {step} but the state is at step {held}")
+
+
+def _abstract(leaf: Any) -> jax.ShapeDtypeStruct:
+    dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+    return jax.ShapeDtypeStruct(np.shape(leaf), dtype, sharding=getattr(leaf, "sharding", None))

@@ -1,0 +1,125 @@
+"""The items of a dew checkpoint, and the one place a ``TrainState`` is split into them and
+rebuilt from them (the orbax store, the local format and ``stored`` all go through here).
+
+A checkpoint holds separately restorable items:
+
+    params/      the live parameters
+    opt_state/   the optimizer state
+    ema_params/  the raw (not debiased) EMA, so ``restore_ema`` needs neither of the above
+    extra/       the small scalars: step, rng key
+    pending/     gradient sums of an unfinished accumulation (only when the state has them)
+    data/        data positions (``positions``)
+    dataset/     a caller's own pytree (the stix ``dataset_state``), when one was saved
+
+Also here, as pure helpers: naming leaves the way orbax names them, and listing every leaf in
+which a template differs from what a checkpoint holds (before any value is read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
+
+from dew.training.state import TrainState
+
+#: The state items, in the order they are written.
+STATE_ITEMS = ("params", "opt_state", "ema_params", "extra", "pending")
+#: Items every checkpoint has (``pending`` only mid-accumulation).
+REQUIRED_ITEMS = ("params", "opt_state", "ema_params", "extra")
+DATA_ITEM = "data"
+#: Any pytree a caller saves beside the state (the stix ``dataset_state``, e.g. a grain
+#: iterator's state): numbers, strings and arrays, stored by orbax like the state items.
+DATASET_ITEM = "dataset"
+FORMAT = "dew-checkpoint/1"
+
+
+def items_from_state(state: Any) -> dict[str, Any]:
+    """``state``'s fields as checkpoint items (``pending`` only when set). ``state`` may be a
+    TrainState of arrays, of ``ShapeDtypeStruct`` (a template) or of None fields."""
+    items = {
+        "params": state.params,
+        "opt_state": state.opt_state,
+        "ema_params": state.ema,
+        "extra": {"step": state.step, "rng": state.rng},
+    }
+    if state.pending is not None:
+        items["pending"] = state.pending
+    return items
+
+
+def state_from_items(items: Mapping[str, Any]) -> TrainState:
+    """The TrainState the items describe; an absent item is an unset (None) field."""
+    extra = items.get("extra") or {}
+    return TrainState(
+        step=extra.get("step"),
+        params=items.get("params"),
+        opt_state=items.get("opt_state"),
+        ema=items.get("ema_params"),
+        rng=extra.get("rng"),
+        pending=items.get("pending"),
+    )
+
+
+# --- naming leaves the way orbax does ------------------------------------------------------------
+def _key_name(key: Any) -> str:
+    if isinstance(key, DictKey):
+        return str(key.key)
+    if isinstance(key, GetAttrKey):
+        return key.name
+    if isinstance(key, SequenceKey | FlattenedIndexKey):
+        return str(key.idx)
+    return str(key)
+
+
+def leaf_names(tree: Any) -> dict[str, Any]:
+    """``{"0.mu.w": leaf, ...}``: dotted paths, the names orbax gives the leaves it stores."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {".".join(_key_name(k) for k in path): leaf for path, leaf in flat}
+
+
+def stored_leaves(metadata_tree: Any) -> dict[str, Any]:
+    """Flatten an orbax metadata tree to ``{dotted name: ArrayMetadata}`` (empty nodes dropped)."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(metadata_tree)
+    return {".".join(_key_name(k) for k in path): leaf for path, leaf in flat if leaf is not None}
+
+
+def template_differences(item: str, template: Any, stored: Mapping[str, Any]) -> list[str]:
+    """Every leaf in which ``template`` differs from what the checkpoint stores, by name.
+
+    Structure (a leaf only one side has), shape and dtype are compared; an empty list means the
+    template can be restored as is.
+    """
+    wanted = leaf_names(template)
+    problems = []
+    for name in sorted(set(wanted) | set(stored)):
+        if name not in stored:
+            problems.append(f"{item}.{name}: in the template, not in the checkpoint")
+        elif name not in wanted:
+            problems.append(f"{item}.{name}: in the checkpoint, not in the template")
+        else:
+            w, s = wanted[name], stored[name]
+            if tuple(w.shape) != tuple(s.shape):
+                problems.append(f"{item}.{name}: template shape {tuple(w.shape)}, stored {tuple(s.shape)}")
+            elif np.dtype(w.dtype) != np.dtype(s.dtype):
+                problems.append(
+                    f"{item}.{name}: template dtype {np.dtype(w.dtype)}, stored {np.dtype(s.dtype)}"
+                )
+    return problems
+
+
+def shape_dtype_tree(metadata_tree: Any) -> Any:
+    """An orbax metadata tree as ``jax.ShapeDtypeStruct`` leaves (no values read)."""
+    return jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(tuple(m.shape), np.dtype(m.dtype)),
+        metadata_tree,
+        is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"),
+    )
+
+
+def default_sharding() -> jax.sharding.Sharding:
+    """Where a template leaf without a sharding is placed: this process's first device."""
+    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
