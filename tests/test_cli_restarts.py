@@ -191,3 +191,64 @@ def jax_leaves(tree):
     import jax
 
     return jax.tree.leaves(tree)
+
+
+def largest_file(directory):
+    return max((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+def final_state(workdir):
+    state, position = Checkpoints(str(workdir / "checkpoints")).restore(share=DataPartition())
+    return jax_leaves(state), position
+
+
+@pytest.mark.parametrize("damage", ["flip 16 bytes", "truncate"])
+def test_a_damaged_latest_checkpoint_is_set_aside_and_the_run_falls_back_to_the_intact_one(
+    straight, tmp_path, damage
+):
+    workdir = copy_of(straight, tmp_path)
+    victim = largest_file(workdir / "checkpoints" / "8" / "params")
+    data = bytearray(victim.read_bytes())
+    written = len(data)
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data[100:116] = bytes(b ^ 0xFF for b in data[100:116])
+    victim.write_bytes(bytes(data))
+    damaged = snapshot(workdir / "checkpoints" / "8")
+    result = cli(workdir, **{"train.num_steps": 12})
+    assert result.returncode == 0, result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if "damaged" in line]
+    (aside,) = workdir.glob("checkpoints.damaged-*")
+    assert line.startswith(
+        f"checkpoint step 8 is damaged or incomplete, kept aside in {aside}/8; resuming from step 4"
+    )
+    reason = (
+        "does not match its checksum"
+        if damage != "truncate"
+        else f"holds {len(data)} bytes, {written} were written"
+    )
+    assert f"item 'params': file {victim}" in line and reason in line
+    assert snapshot(aside / "8") == damaged  # kept as it was found, for a person to look at
+    # Resumed from step 4: the same state and history as a run never interrupted.
+    ours, straight_ones = final_state(workdir), final_state(straight / "12")
+    assert ours[1] == straight_ones[1]
+    for a, b in zip(ours[0], straight_ones[0], strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert comparable(rows(workdir)) == comparable(rows(straight / "12"))
+
+
+def test_one_flipped_bit_in_a_step_asked_for_by_number_is_an_error_naming_step_item_and_file(
+    straight, tmp_path
+):
+    workdir = copy_of(straight, tmp_path)
+    victim = largest_file(workdir / "checkpoints" / "8" / "opt_state")
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    before = snapshot(workdir / "checkpoints")
+    result = cli(workdir, **{"train.num_steps": 12, "checkpoint.step_to_restore": 8})
+    (line, *_rest) = assert_short_failure(result, 1)
+    assert f"error: checkpoint step 8, item 'opt_state': file {victim} does not match its checksum" in line
+    assert snapshot(workdir / "checkpoints") == before  # an explicit choice is not replaced or moved
+    assert not list(workdir.glob("checkpoints.damaged-*"))

@@ -21,7 +21,7 @@ from dew.data.dataset import DataPartition, Dataset
 from dew.objectives.base import EMASpec, Objective
 from dew.training import ema as ema_lib
 from dew.training.checkpointing.checkpoints import Checkpoints
-from dew.training.checkpointing.errors import CheckpointRestorationError
+from dew.training.checkpointing.errors import CheckpointDamagedError, CheckpointRestorationError, first_line
 from dew.training.checkpointing.settings import checkpoint_settings
 from dew.training.console import Progress
 from dew.training.loop import Stage, fit
@@ -370,8 +370,44 @@ class Trainer:
             source = Checkpoints(s.restore_dir, read_only=True)
         if s.step_to_restore is None and source.latest_step() is None:
             return fresh()
-        share = self.train_data.share
         step = s.step_to_restore if s.step_to_restore is not None else source.latest_step()
+        # The latest step may be damaged or incomplete: say so, set it aside (never delete it)
+        # and fall back to the newest intact one. A step asked for by number is not replaced.
+        falls_back = s.step_to_restore is None and source is self.checkpoints
+        while True:
+            try:
+                state, position, written_by = self._restore_step(source, step, fresh)
+                break
+            except CheckpointDamagedError as e:
+                if not falls_back:
+                    raise
+                aside = source.set_aside_damaged(step)
+                newer = source.latest_step()
+                print(
+                    f"checkpoint step {step} is damaged or incomplete, kept aside in {aside}; resuming "
+                    f"from {'the start' if newer is None else f'step {newer}'} ({first_line(e)})",
+                    flush=True,
+                )
+                if newer is None:
+                    return fresh()
+                step = newer
+        if position is not None:
+            self._read_position(position, written_by, step)
+        elif source is self.checkpoints:
+            raise CheckpointRestorationError(
+                f"checkpoint step {step} ({source.path(step)}) holds no data position (its 'data' "
+                "item is missing): resuming would silently restart the data stream from its first "
+                "batch. Restore another step with config.checkpoint.step_to_restore, or start over"
+            )
+        return state
+
+    def _restore_step(
+        self, source: Checkpoints, step: int, fresh: Callable[[], TrainState]
+    ) -> tuple[TrainState, bytes | None, dict[str, Any] | None]:
+        """Verify ``step``'s checksums, check it fits this config, then read it: the state, the
+        data position, and run.json's record of the start that wrote it."""
+        s = self.checkpoint_settings
+        source.verify(step)
         written_by = writer_of(self.workdir, step) if source is self.checkpoints else None
         template = abstract_state(self.init, self.example_batch())
         check_state(
@@ -382,25 +418,18 @@ class Trainer:
             None if written_by is None else written_by["config"],
             self.config.to_dict(),
         )
+        share = self.train_data.share
         if s.restore_optimizer_state and s.restore_rng_key:
-            state, position = source.restore(template, s.step_to_restore, share=share)
+            state, position = source.restore(template, step, share=share)
         else:
             state, position = source.resume(
                 fresh(),
-                s.step_to_restore,
+                step,
                 share=share,
                 restore_optimizer_state=s.restore_optimizer_state,
                 restore_rng_key=s.restore_rng_key,
             )
-        if position is not None:
-            self._read_position(position, written_by, step)
-        elif source is self.checkpoints:
-            raise CheckpointRestorationError(
-                f"checkpoint step {step} ({source.path(step)}) holds no data position (its 'data' "
-                "item is missing): resuming would silently restart the data stream from its first "
-                "batch. Restore another step with config.checkpoint.step_to_restore, or start over"
-            )
-        return state
+        return state, position, written_by
 
     def _read_position(self, position: bytes, written_by: dict[str, Any] | None, step: int) -> None:
         """Continue the data stream from a checkpoint's position, carried over by example index
