@@ -128,3 +128,23 @@ def test_a_failure_prints_one_line_its_cause_and_where_the_traceback_is(tmp_path
     path = lines[2].split("full traceback: ")[1]
     assert path.startswith(str(tmp_path / "logs")) and "Traceback" in pathlib.Path(path).read_text()
     assert exit_code(ConfigError("x")) == 2 and exit_code(ResumeMismatchError("x")) == 2
+
+
+def test_a_window_resumed_in_its_middle_is_marked_partial_and_whole_ones_are_not():
+    from dew.training.stages import MetricsStage
+
+    tracker = Collect()
+    stage = MetricsStage(tracker, every=4, batch_size=16)
+    for step in range(6, 13):  # resumed from step 5: the window 5..8 was only partly seen
+        ctx = StepContext(step=step, state=None, stats={"loss": jnp.asarray(float(step))}, final=False)
+        stage.observe(ctx)
+        if step % 4 == 0:
+            stage.run(ctx)
+    train = [
+        (step, values)
+        for category, values, step in tracker.reports
+        if category is LoggingCategory.TRAIN_METRICS
+    ]
+    assert train == [(8, {"loss": 7.0, "window_steps": 3.0}), (12, {"loss": 10.5})]
+    system = [step for category, _, step in tracker.reports if category is LoggingCategory.SYSTEM_METRICS]
+    assert system == [8, 12]  # every window has its throughput row, the first after a resume too
