@@ -65,7 +65,7 @@ def test_one_flipped_bit_is_caught_before_the_restore_reads_it(saved):
     with pytest.raises(CheckpointDamagedError) as caught:
         checkpoints.restore(None, 4)
     assert str(caught.value) == (
-        f"checkpoint step 4, item 'ema_params': file {victim} does not match its checksum "
+        f"checkpoint step 4 is damaged: item 'ema_params', file {victim} does not match its checksum "
         "(its bytes changed after it was written)"
     )
     assert (caught.value.step, caught.value.item, caught.value.path) == (4, "ema_params", str(victim))
@@ -75,7 +75,9 @@ def test_one_flipped_bit_is_caught_before_the_restore_reads_it(saved):
 def test_checksums_that_never_landed_make_the_step_incomplete(saved):
     checkpoints, root = saved
     (root / "checkpoints" / "4" / "extra" / CHECKSUMS).unlink()  # a kill after orbax, before these
-    with pytest.raises(CheckpointDamagedError, match=r"checkpoint step 4, item 'extra' is incomplete"):
+    with pytest.raises(
+        CheckpointDamagedError, match=r"checkpoint step 4 is damaged: item 'extra' is incomplete"
+    ):
         checkpoints.verify(4)
 
 
@@ -85,7 +87,8 @@ def test_a_damaged_local_shard_is_named_and_set_aside_not_deleted(saved):
     damaged = victim.read_bytes()[:-4]
     victim.write_bytes(damaged)
     with pytest.raises(
-        CheckpointDamagedError, match=r"checkpoint step 5, item 'local': file .*leaf0.shard0.npy holds"
+        CheckpointDamagedError,
+        match=r"checkpoint step 5 is damaged: item 'local', file .*leaf0.shard0.npy holds",
     ):
         checkpoints.restore(None, 5)
     aside = pathlib.Path(checkpoints.set_aside_damaged(5))

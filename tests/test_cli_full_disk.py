@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import shutil
 import subprocess
 
 import numpy as np
@@ -35,14 +34,22 @@ def small_disk(tmp_path):
         subprocess.run(["umount", str(target)], check=False)
 
 
-def test_a_disk_with_room_for_one_checkpoint_stops_at_the_second_and_keeps_the_first(tmp_path, small_disk):
-    probe = tmp_path / "probe"
+@pytest.fixture(scope="module")
+def sizes(tmp_path_factory):
+    """Bytes of one checkpoint of the tiny config, and of everything else its run writes."""
+    probe = tmp_path_factory.mktemp("probe") / "run"
     assert cli(probe, **{"train.num_steps": 4}).returncode == 0
     one = sum(f.stat().st_size for f in (probe / "checkpoints" / "4").rglob("*") if f.is_file())
     others = sum(f.stat().st_size for f in probe.rglob("*") if f.is_file() and "checkpoints" not in f.parts)
-    # Room for the records and one checkpoint (plus a quarter), never for two.
-    disk = small_disk(f"{(others + one * 5 // 4) // 1024 + 64}k")
-    workdir = disk / "run"
+    return one, others
+
+
+@pytest.mark.parametrize("room", ["one checkpoint", "no checkpoint"])
+def test_a_full_disk_is_one_short_error_and_what_was_saved_stays_intact(sizes, small_disk, room):
+    one, others = sizes
+    # Room for the records and (plus a quarter) one checkpoint or none, never for two.
+    fits = one * 5 // 4 if room == "one checkpoint" else one // 4
+    workdir = small_disk(f"{(others + fits) // 1024 + 64}k") / "run"
     result = cli(workdir)
     lines = dew_stderr(result)
     assert result.returncode == 1, result.stderr
@@ -50,12 +57,14 @@ def test_a_disk_with_room_for_one_checkpoint_stops_at_the_second_and_keeps_the_f
     assert "No space left on device" in "\n".join(lines)
     assert "Traceback" not in result.stderr
     checkpoints = Checkpoints(str(workdir / "checkpoints"))
-    assert checkpoints.latest == 4  # the step that fitted is intact and is what a resume reads
-    state, _ = checkpoints.restore()
-    assert int(state.step) == 4 and np.isfinite(np.asarray(state.params["u_net/conv_in"]["w"])).all()
+    if room == "one checkpoint":
+        assert checkpoints.latest == 4  # the step that fitted is intact and is what a resume reads
+        state, _ = checkpoints.restore()
+        assert int(state.step) == 4 and np.isfinite(np.asarray(state.params["u_net/conv_in"]["w"])).all()
+    else:
+        assert checkpoints.latest is None  # no partial step passes for a checkpoint
     assert [r["step"] for r in rows(workdir) if r["category"] == "train"][:2] == [2, 4]
     assert json.loads((workdir / "run.json").read_text())["starts"][0]["resumed_from"] == 0
-    # The traceback went where there was room (the workdir's disk has none).
+    # The traceback went where there was room (the workdir's disk may have none).
     traceback_file = lines[-1].split("full traceback: ")[-1]
     assert "Traceback" in pathlib.Path(traceback_file).read_text()
-    shutil.rmtree(workdir, ignore_errors=True)

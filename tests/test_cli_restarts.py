@@ -218,7 +218,7 @@ def test_a_damaged_latest_checkpoint_is_set_aside_and_the_run_falls_back_to_the_
     damaged = snapshot(workdir / "checkpoints" / "8")
     result = cli(workdir, **{"train.num_steps": 12})
     assert result.returncode == 0, result.stderr
-    (line,) = [line for line in result.stdout.splitlines() if "damaged" in line]
+    (line,) = [line for line in result.stdout.splitlines() if "is damaged or incomplete" in line]
     (aside,) = workdir.glob("checkpoints.damaged-*")
     assert line.startswith(
         f"checkpoint step 8 is damaged or incomplete, kept aside in {aside}/8; resuming from step 4"
@@ -228,7 +228,7 @@ def test_a_damaged_latest_checkpoint_is_set_aside_and_the_run_falls_back_to_the_
         if damage != "truncate"
         else f"holds {len(data)} bytes, {written} were written"
     )
-    assert f"item 'params': file {victim}" in line and reason in line
+    assert f"item 'params', file {victim}" in line and reason in line
     assert snapshot(aside / "8") == damaged  # kept as it was found, for a person to look at
     # Resumed from step 4: the same state and history as a run never interrupted.
     ours, straight_ones = final_state(workdir), final_state(straight / "12")
@@ -249,6 +249,9 @@ def test_one_flipped_bit_in_a_step_asked_for_by_number_is_an_error_naming_step_i
     before = snapshot(workdir / "checkpoints")
     result = cli(workdir, **{"train.num_steps": 12, "checkpoint.step_to_restore": 8})
     (line, *_rest) = assert_short_failure(result, 1)
-    assert f"error: checkpoint step 8, item 'opt_state': file {victim} does not match its checksum" in line
+    assert (
+        f"error: checkpoint step 8 is damaged: item 'opt_state', file {victim} does not match its checksum"
+        in line
+    )
     assert snapshot(workdir / "checkpoints") == before  # an explicit choice is not replaced or moved
     assert not list(workdir.glob("checkpoints.damaged-*"))

@@ -69,11 +69,11 @@ def verify_item(step: int, item: str, item_dir: epath.Path) -> None:
     """Check every file ``dew_checksums.json`` lists under ``item_dir``; raise
     ``CheckpointDamagedError`` naming ``step``, ``item`` and the file at the first mismatch."""
     item_dir = epath.Path(item_dir)
-    where = f"checkpoint step {step}, item '{item}'"
+    where = f"checkpoint step {step} is damaged: item {item!r}"
     record_path = item_dir / CHECKSUMS
     if not item_dir.exists():
         raise CheckpointDamagedError(
-            f"{where}: {item_dir} is missing", step=step, item=item, path=str(item_dir)
+            f"{where} is missing ({item_dir})", step=step, item=item, path=str(item_dir)
         )
     if not record_path.exists():
         raise CheckpointDamagedError(
@@ -86,25 +86,28 @@ def verify_item(step: int, item: str, item_dir: epath.Path) -> None:
         files = json.loads(record_path.read_text())["files"]
     except (ValueError, KeyError, TypeError) as e:
         raise CheckpointDamagedError(
-            f"{where}: {record_path} is unreadable ({e})", step=step, item=item, path=str(record_path)
+            f"{where}: its checksums {record_path} are unreadable ({e})",
+            step=step,
+            item=item,
+            path=str(record_path),
         ) from None
     for name, expected in sorted(files.items()):
         path = item_dir / name
         if not path.exists():
             raise CheckpointDamagedError(
-                f"{where}: file {path} is missing", step=step, item=item, path=str(path)
+                f"{where}, file {path} is missing", step=step, item=item, path=str(path)
             )
         size, sha = digest(path)
         if size != expected["size"]:
             raise CheckpointDamagedError(
-                f"{where}: file {path} holds {size} bytes, {expected['size']} were written",
+                f"{where}, file {path} holds {size} bytes, {expected['size']} were written",
                 step=step,
                 item=item,
                 path=str(path),
             )
         if sha != expected["sha256"]:
             raise CheckpointDamagedError(
-                f"{where}: file {path} does not match its checksum (its bytes changed after it was written)",
+                f"{where}, file {path} does not match its checksum (its bytes changed after it was written)",
                 step=step,
                 item=item,
                 path=str(path),
