@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -46,11 +47,13 @@ def enable_compilation_cache(workdir: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Train; return the exit status: 0 done, 2 bad input (one line, nothing written), 1 any
-    other failure (one short message and its cause; the traceback in a file, see
+    """Train; return the exit status: 0 done, 2 bad input (one line, nothing written; also a
+    workdir another live run holds), 128 + signal when preempted (saved, with the command to
+    resume), 1 any other failure (one short message and its cause; the traceback in a file, see
     ``dew.failures``)."""
-    args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    workdir = trainer = None
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, overrides = parse_args(argv)
+    workdir = trainer = lock = None
     try:
         config = apply_overrides(load_config(args.config), overrides)
         config.lock()
@@ -59,6 +62,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         workdir = check_workdir(args.workdir)
         trainer = Trainer(config, workdir)
         trainer.check_resumable()
+        import jax
+
+        from dew.training.workdir_lock import WorkdirLock, describe_stale
+
+        # One run per workdir (process 0 holds it for the whole run).
+        lock = WorkdirLock(workdir).acquire() if jax.process_index() == 0 else None
+        if lock is not None and lock.stale:
+            print(f"dew: {describe_stale(lock.stale)}", flush=True)
         enable_compilation_cache(workdir)
         capture_library_logs(workdir)
         print(f"dew: training {args.config} in {workdir}", flush=True)
@@ -66,9 +77,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # the CLI boundary: every failure becomes one short report
         if trainer is not None:
             _release(trainer)
+        from dew.training.preemption import Preempted
+
+        if isinstance(e, Preempted):
+            command = " ".join(shlex.quote(a) for a in ["python", "-m", "dew.main", *argv])
+            print(f"dew: {e}", file=sys.stderr, flush=True)
+            if e.path is not None:
+                print(f"dew: resume with: {command}", file=sys.stderr, flush=True)
+            return e.exit_code
         return report(e, workdir if workdir and os.path.isdir(workdir) else None)
+    finally:
+        if lock is not None:
+            lock.release()
     print(
-        f"done at step {int(state.step)}: checkpoints in {trainer.checkpoints.directory}, "
+        f"done at step {int(state.step)}: checkpoints in "
+        f"{trainer.checkpoints.directory if trainer.checkpoints else 'none (checkpointing off)'}, "
         f"samples in {os.path.join(workdir, 'previews', 'samples.png')}",
         flush=True,
     )

@@ -70,9 +70,11 @@ def get_config() -> ConfigDict:
     # the best; resume from the latest when the workdir has one.
     config.checkpoint = ConfigDict(
         {
+            "directory": None,
             "every": 500,
             "keep": 2,
             "keep_best": True,
+            "best_metric": "loss",
             "asynchronous": True,
             "local_directory": None,
             "local_every": None,
@@ -82,6 +84,7 @@ def get_config() -> ConfigDict:
             "restore_optimizer_state": True,
             "restore_rng_key": True,
             "clear_previous_checkpoints": False,
+            "on_rollback": "move",
         }
     )
     config.eval = ConfigDict({"every": 1000, "num_batches": 2, "metrics": ("digits_class_accuracy",)})

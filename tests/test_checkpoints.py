@@ -420,3 +420,62 @@ def test_bad_arguments_are_named():
         Checkpoints("x", local_directory="y")
     with pytest.raises(ValueError, match="local_every must be an int >= 1, got 0"):
         Checkpoints("x", local_directory="y", local_every=0)
+
+
+# --- retention that never stops, keep-all, directories as URIs -----------------------------------
+def test_saves_without_the_ranked_metric_never_stop_pruning_and_any_metric_name_ranks(tmp_path):
+    checkpoints = Checkpoints(str(tmp_path / "c"), keep=2, best_metric="fid")
+    reports = [{"fid": 9.0}, None, {"accuracy": 0.5}, {"fid": 3.0, "loss": 7.0}, {}, None, {"loss": 0.1}]
+    for step, metrics in enumerate(reports, start=1):
+        checkpoints.save(step, state_at(step), None, metrics)
+        checkpoints.wait()  # every save lands: none raises, whatever it reported
+        kept = checkpoints.all_steps()
+        assert len(kept) <= 3, kept  # the latest two plus the best: the directory stays bounded
+    assert checkpoints.all_steps() == [4, 6, 7] and checkpoints.best_step() == 4
+    assert checkpoints.metrics(4) == {"fid": 3.0, "loss": 7.0} and checkpoints.metrics(6) is None
+
+
+def test_keep_none_keeps_every_step(tmp_path):
+    checkpoints = Checkpoints(str(tmp_path / "c"), keep=None)
+    for step in range(1, 6):
+        checkpoints.save(step, state_at(step), None, {"loss": float(step)})
+    assert checkpoints.all_steps() == [1, 2, 3, 4, 5]
+
+
+def test_a_file_uri_round_trips_to_the_local_directory_it_names(tmp_path):
+    uri = (tmp_path / "under uri").as_uri()  # file:///.../under%20uri
+    assert uri.startswith("file:///")
+    checkpoints = Checkpoints(uri + "/checkpoints")
+    checkpoints.save(3, state_at(3), POSITION, {"loss": 1.0}, share=DataPartition())
+    checkpoints.wait()
+    assert (tmp_path / "under uri" / "checkpoints" / "3" / "params").is_dir()
+    state, position = Checkpoints(uri + "/checkpoints").restore(TEMPLATE, share=DataPartition())
+    assert_same(state, state_at(3)) and position == POSITION
+    assert checkpoints.path(3) == str(tmp_path / "under uri" / "checkpoints" / "3")
+
+
+def test_an_unknown_or_unserved_scheme_is_one_clear_error_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"URI scheme foo://, which orbax's path handling .* does not serve"):
+        Checkpoints("foo://bucket/run")
+    import importlib.util
+
+    if importlib.util.find_spec("gcsfs") is None and importlib.util.find_spec("tensorflow") is None:
+        with pytest.raises(ValueError, match=r"'gs://bucket/run' is on gs://.* install gcsfs or tensorflow"):
+            Checkpoints("gs://bucket/run")
+    assert list(tmp_path.iterdir()) == []  # never ./gs:/bucket/run
+
+
+def test_roll_back_moves_newer_steps_aside_or_deletes_them_and_refuses_a_missing_step(tmp_path):
+    checkpoints = Checkpoints(str(tmp_path / "c"), keep=None)
+    for step in (2, 4, 6):
+        checkpoints.save(step, state_at(step), None)
+    with pytest.raises(CheckpointRestorationError, match="no checkpoint for step 3"):
+        checkpoints.roll_back(3)
+    assert checkpoints.all_steps() == [2, 4, 6]  # nothing moved before the step was found
+    assert checkpoints.roll_back(4) == [6]
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("c.rolled-back-")]
+    assert os.listdir(aside) == ["6"] and checkpoints.all_steps() == [2, 4]
+    checkpoints.save(6, state_at(6), None)  # the step is free again
+    assert checkpoints.roll_back(2, how="delete") == [4, 6]
+    assert checkpoints.all_steps() == [2] and len(list(tmp_path.iterdir())) == 2

@@ -480,3 +480,33 @@ def test_a_training_loop_written_from_the_stix_text_runs_and_resumes(tmp_path):
     )
     assert int(first.step) == 4 and same(resumed, straight)
     assert lines[0] == (1, {"rmse_fit": 0.5})
+
+
+def test_the_stix_names_resolve_from_dew_training_without_a_modality_or_tracker_backend():
+    import subprocess
+    import sys
+
+    names = [
+        "TrainingIOHandler",
+        "TrainingIOHandlerConfig",
+        "Checkpointer",
+        "CheckpointerConfig",
+        "LoggingCategory",
+        "CheckpointRestorationError",
+        "save_run_metadata",
+        "read_run_metadata",
+        "get_debiased_ema",
+        "log_metrics_to_line",
+        "log_metrics_to_table",
+        "convert_mse_to_rmse_in_logs",
+    ]
+    code = (
+        "import sys, json, dew.training as t\n"
+        f"[getattr(t, n) for n in {names!r}]\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('mlflow', 'wandb', 'tensorboard', 'tensorflow', 'haiku') or m.startswith(('dew.diffusion', "
+        "'dew.sampling', 'dew.networks', 'dew.encoding', 'dew.scoring', 'dew.objectives.diffusion', "
+        "'dew.data.digits')))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []

@@ -185,10 +185,13 @@ class CheckpointStage(Stage):
     def run(self, ctx: StepContext) -> None:
         position, share = self.dataset.save_position(), self.dataset.share
         if super().due(ctx):
-            metrics = {"loss": ctx.reports["eval_loss"]} if "eval_loss" in ctx.reports else None
+            # Everything this step reported (the evaluation loss as "loss"); the checkpoints rank
+            # by the metric they were configured with, and a save without it is never the best.
+            metrics = {("loss" if k == "eval_loss" else k): float(v) for k, v in ctx.reports.items()} or None
             self.checkpoints.save(ctx.step, ctx.state, position, metrics, share=share)
-            if metrics is not None and self.tracker is not None:
-                self._report_if_best(ctx.step, metrics["loss"])
+            metric = self.checkpoints.best_metric
+            if metrics is not None and metric in metrics and self.tracker is not None:
+                self._report_if_best(ctx.step, metrics[metric])
         else:
             self.checkpoints.save_local(ctx.step, ctx.state, position, share=share)
 
@@ -199,7 +202,8 @@ class CheckpointStage(Stage):
             self._best_loss = float(metrics[self.checkpoints.best_metric]) if metrics else float("inf")
         if loss < self._best_loss:
             self._best_loss = loss
-            self.tracker.log(LoggingCategory.BEST_MODEL, {"eval_loss": loss, "step": step}, step)
+            name = "eval_loss" if self.checkpoints.best_metric == "loss" else self.checkpoints.best_metric
+            self.tracker.log(LoggingCategory.BEST_MODEL, {name: loss, "step": step}, step)
 
     def stop_early(self, ctx: StepContext) -> None:
         """Save the state the loop stopped with (persistently, unranked) and wait for it."""

@@ -25,6 +25,7 @@ from dew.training.checkpointing.errors import CheckpointDamagedError, Checkpoint
 from dew.training.checkpointing.settings import checkpoint_settings
 from dew.training.console import Progress
 from dew.training.loop import Stage, fit
+from dew.training.preemption import PreemptionStage
 from dew.training.profile import ProfileWindow
 from dew.training.resume_check import (
     ResumeMismatchError,
@@ -292,14 +293,9 @@ class Trainer:
             out_shardings=self.layout.replicated,
         )
         self.checkpoint_settings = cs = checkpoint_settings(c.checkpoint)
-        self.checkpoints = Checkpoints(
-            os.path.join(self.workdir, "checkpoints"),
-            keep=cs.keep,
-            keep_best=cs.keep_best,
-            asynchronous=cs.asynchronous,
-            local_directory=cs.local_directory,
-            local_every=cs.local_every,
-        )
+        # None when config.checkpoint.every is None or 0 (no checkpointer).
+        self.checkpoints: Checkpoints | None = cs.checkpoints(self.workdir)
+        self.restored_step: int | None = None  # set by initial_state
         self.extra_trackers = trackers or []
         self.val_data.first(c.eval.num_batches)  # fail now, not at the first evaluation
 
@@ -347,15 +343,17 @@ class Trainer:
         checkpoints first. A run that does not restore refuses a directory that holds checkpoints.
         """
         s = self.checkpoint_settings
+
+        def fresh() -> TrainState:
+            return self.init(jax.random.PRNGKey(self.config.seed), self.example_batch())
+
+        if self.checkpoints is None:  # checkpointing off (a restore request was refused by the config)
+            return fresh()
         if s.clear_previous_checkpoints:
             self.checkpoints.clear()
             aside = set_aside_records(self.workdir)
             if aside:
                 print(f"previous tracking and previews moved to {aside}", flush=True)
-
-        def fresh() -> TrainState:
-            return self.init(jax.random.PRNGKey(self.config.seed), self.example_batch())
-
         if not s.restores:
             latest = self.checkpoints.latest_step()
             if latest is not None:
@@ -370,6 +368,10 @@ class Trainer:
             source = Checkpoints(s.restore_dir, read_only=True)
         if s.step_to_restore is None and source.latest_step() is None:
             return fresh()
+        if source is self.checkpoints and s.step_to_restore is not None:
+            # Rolling back: the newer steps are moved aside or deleted (and logged), so this
+            # run's saves never collide with the abandoned continuation's.
+            self.checkpoints.roll_back(s.step_to_restore, how=s.on_rollback)
         step = s.step_to_restore if s.step_to_restore is not None else source.latest_step()
         # The latest step may be damaged or incomplete: say so, set it aside (never delete it)
         # and fall back to the newest intact one. A step asked for by number is not replaced.
@@ -399,6 +401,7 @@ class Trainer:
                 "item is missing): resuming would silently restart the data stream from its first "
                 "batch. Restore another step with config.checkpoint.step_to_restore, or start over"
             )
+        self.restored_step = int(jax.device_get(state.step))
         return state
 
     def _restore_step(
@@ -458,7 +461,7 @@ class Trainer:
 
     def tracker(self, start: int | None = None) -> Trackers:
         """The configured trackers under ``workdir/tracking``, plus any passed in. When the run
-        starts at step ``start`` (default: the latest checkpoint) and anything was tracked
+        starts at step ``start`` (default: the restored step) and anything was tracked
         before, they are first told that step (``CLEANUP_AFTER_CKPT_RESTORATION``), so what an
         interrupted run logged after it (all of it, for a run killed before its first
         checkpoint) is discarded or marked."""
@@ -470,7 +473,7 @@ class Trainer:
         )
         trackers = Trackers([*built.sinks, *self.extra_trackers])
         if start is None:
-            start = self.checkpoints.latest_step()
+            start = self.restored_step
         tracked_before = os.path.isdir(os.path.join(self.workdir, "tracking"))
         if start is not None and (start > 0 or tracked_before):
             trackers.log(LoggingCategory.CLEANUP_AFTER_CKPT_RESTORATION, {}, start)
@@ -503,16 +506,19 @@ class Trainer:
                     seed=c.seed,
                 )
             )
-        stages.append(CheckpointStage(self.checkpoints, self.train_data, c.checkpoint.every, tracker))
+        if self.checkpoints is not None:
+            stages.append(CheckpointStage(self.checkpoints, self.train_data, c.checkpoint.every, tracker))
         profile_steps = _get(c, "profile.steps", 0)
         if profile_steps:
             directory = _get(c, "profile.directory", "") or os.path.join(self.workdir, "profile")
             stages.append(ProfileWindow(profile_steps, directory, warmup=_get(c, "profile.warmup", 5)))
+        # Last, so the step's own stages (its periodic save) have run when a signal stops it.
+        stages.append(PreemptionStage(self.checkpoints, self.train_data))
         return stages
 
     def last_good_checkpoint(self) -> str | None:
         """The newest saved checkpoint's path (named when a non-finite step stops the run)."""
-        latest = self.checkpoints.latest_step()
+        latest = None if self.checkpoints is None else self.checkpoints.latest_step()
         return None if latest is None else self.checkpoints.path(latest)
 
     # --- the run ----------------------------------------------------------------------------------
@@ -520,7 +526,7 @@ class Trainer:
         """Bad input a resume would only find later, checked before anything is written:
         ``num_steps`` below the step to resume from (``ResumeMismatchError``)."""
         s = self.checkpoint_settings
-        if s.clear_previous_checkpoints or not s.restores:
+        if self.checkpoints is None or s.clear_previous_checkpoints or not s.restores:
             return
         step = s.step_to_restore if s.step_to_restore is not None else self.checkpoints.latest_step()
         if step is not None:
@@ -532,7 +538,7 @@ class Trainer:
         state = self.initial_state()
         start = int(jax.device_get(state.step))
         if start:
-            print(f"resuming from step {start} ({self.checkpoints.path(start)})", flush=True)
+            print(f"resuming from step {start} ({self.checkpoints.source(start)})", flush=True)
         if jax.process_index() == 0:
             record_start(self.workdir, self.config.to_dict(), start, processes=jax.process_count())
         tracker = self.tracker(start)

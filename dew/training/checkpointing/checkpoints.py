@@ -1,4 +1,5 @@
-"""``Checkpoints``: the facade over the orbax store, the local format and the writer."""
+"""``Checkpoints``: the facade over the tiers (``store``, ``local``, read through ``tiers``), the
+``writer`` and the ``retention``; each method states its contract and delegates."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from jax.experimental import multihost_utils
 from dew.data.dataset import DataPartition
 from dew.objectives.base import EMASpec
 from dew.training import ema as ema_lib
-from dew.training.checkpointing import local, paths, positions
-from dew.training.checkpointing.errors import CheckpointRestorationError, CheckpointWriteError
+from dew.training.checkpointing import layout, local, paths, positions
+from dew.training.checkpointing.errors import CheckpointWriteError
 from dew.training.checkpointing.retention import Retention
 from dew.training.checkpointing.store import Store
-from dew.training.checkpointing.writer import Writer, snapshot
+from dew.training.checkpointing.tiers import Tiers
+from dew.training.checkpointing.writer import Writer, host_copy, snapshot
 from dew.training.state import TrainState, num_updates
 
 Upload = Callable[[str], Any]  # returns None or a future that ``wait`` waits for
@@ -81,35 +83,25 @@ class Checkpoints:
         self.local_directory = None if local_directory is None else os.path.abspath(local_directory)
         self.local_every, self.upload, self.read_only = local_every, upload, read_only
         self.writer = Writer(asynchronous)
+        self.tiers = Tiers(self.store, self.local_directory, self.writer.wait)
 
     @property
     def local_path(self) -> str:
         """Return this process's own local directory."""
-        if self.local_directory is None:
-            raise ValueError("Checkpoints: no local_directory was given")
-        return os.path.join(self.local_directory, f"process_{jax.process_index()}")
+        return self.tiers.local_path
 
     # --- what exists ----------------------------------------------------------------------------
     def all_steps(self) -> list[int]:
         """The steps in the persistent directory (waits for pending writes)."""
-        self.wait()
-        return self.store.steps()
+        return self.tiers.all_steps()
 
     def local_step(self) -> int | None:
         """The local step every process holds, or None (a collective with several processes)."""
-        if self.local_directory is None:
-            return None
-        self.wait()
-        mine = local.latest_step(self.local_path)
-        if jax.process_count() == 1:
-            return mine
-        steps = np.asarray(multihost_utils.process_allgather(np.int64(-1 if mine is None else mine))).ravel()
-        return int(steps[0]) if steps[0] >= 0 and np.all(steps == steps[0]) else None
+        return self.tiers.local_step()
 
     def latest_step(self) -> int | None:
         """Return the newest step a resume can read, local or persistent (waits; a collective)."""
-        candidates = [*self.all_steps()[-1:], self.local_step()]
-        return max((s for s in candidates if s is not None), default=None)
+        return self.tiers.latest_step()
 
     def best_step(self) -> int | None:
         """Return the step with the lowest reported metric, or None when no save carried one."""
@@ -127,7 +119,7 @@ class Checkpoints:
     def restore_dataset_state(self, template: Any, step: int | None = None) -> Any:
         """The ``dataset_state`` saved at ``step`` (default: latest) in ``template``'s structure,
         or None when that checkpoint holds none."""
-        return self.store.dataset_state(self._resolve(step), template)
+        return self.store.dataset_state(self.tiers.resolve(step), template)
 
     @property
     def best_metric(self) -> str:
@@ -144,7 +136,7 @@ class Checkpoints:
     def source(self, step: int) -> str:
         """Return the directory restore reads ``step`` from: this process's local one when the
         step is the local one every process holds, else the persistent one."""
-        return os.path.join(self.local_path, str(step)) if self._is_local(step) else self.path(step)
+        return self.tiers.source(step)
 
     # --- writing --------------------------------------------------------------------------------
     def save(
@@ -169,10 +161,10 @@ class Checkpoints:
         """
         self._writable()
         self.writer.wait()  # one write in flight at most: a failed one stops here
-        step, rows = _step_number(step), positions.global_rows(saved, share)
+        step, rows = layout.step_number(step), positions.global_rows(saved, share)
         metrics = None if metrics is None else {k: float(v) for k, v in metrics.items()}
         if dataset_state is not None:
-            dataset_state = jax.tree.map(_to_host, dataset_state)
+            dataset_state = jax.tree.map(host_copy, dataset_state)
         self.writer.submit(self._write, step, snapshot(state), rows, metrics, dataset_state, record)
 
     def save_local(
@@ -185,7 +177,7 @@ class Checkpoints:
             raise ValueError("Checkpoints.save_local: no local_directory was given")
         self._writable()
         self.writer.wait()
-        step, row = _step_number(step), positions.local_row(saved, share)
+        step, row = layout.step_number(step), positions.local_row(saved, share)
         self.writer.submit(self._write_local, step, snapshot(state), row)
 
     def wait(self) -> None:
@@ -237,7 +229,7 @@ class Checkpoints:
         if how not in ("move", "delete"):
             raise ValueError(f"Checkpoints.roll_back: how must be 'move' or 'delete', got {how!r}")
         self._writable()
-        step = self._resolve(step)  # a step that is not stored raises before anything moves
+        step = self.tiers.resolve(step)  # a step that is not stored raises before anything moves
         newer = [s for s in self.all_steps() if s > step]
         aside = self.store.set_aside(newer, how)
         local_newer = self.local_step()
@@ -261,10 +253,7 @@ class Checkpoints:
         """Return what the checkpoint at ``step`` (default: latest) holds, without reading its
         values: each field a ``jax.ShapeDtypeStruct`` tree (from a local checkpoint: a flat dict
         keyed by leaf name), an unset field None."""
-        step = self._resolve(step)
-        if self._is_local(step) and step not in self.all_steps():
-            return local.stored(local.read_meta(self.local_path, step))
-        return self.store.stored(step)
+        return self.tiers.stored(self.tiers.resolve(step))
 
     def accumulation_template(self, step: int) -> Any:
         """Return the persisted pending-array shapes at ``step``, without reading their values
@@ -288,7 +277,7 @@ class Checkpoints:
         the persistent one. The position is the bytes the reader of ``share`` resumes from, or
         None without a share (or when the checkpoint stored none).
         """
-        return self._restore(template, step, share, read_opt_state=True)
+        return self.tiers.restore(template, self.tiers.resolve(step), share, read_opt_state=True)
 
     def resume(
         self,
@@ -307,8 +296,9 @@ class Checkpoints:
         """
         if step is None and self.latest_step() is None:
             return fresh, None
-        template = jax.tree.map(_abstract, fresh)
-        state, position = self._restore(template, step, share, read_opt_state=restore_optimizer_state)
+        template = jax.tree.map(layout.abstract_leaf, fresh)
+        step = self.tiers.resolve(step)
+        state, position = self.tiers.restore(template, step, share, read_opt_state=restore_optimizer_state)
         if not restore_optimizer_state:
             state = state.replace(opt_state=fresh.opt_state)
         if not restore_rng_key:
@@ -326,26 +316,14 @@ class Checkpoints:
         tree (shape/dtype, optionally sharded), or None for host arrays. Raises
         ``CheckpointRestorationError`` (a ``ValueError``) when no checkpoint exists.
         """
-        step = self._resolve(step)
-        if self._is_local(step) and step not in self.all_steps():
-            if template is not None:
-                raise CheckpointRestorationError(
-                    f"checkpoint step {step} is only local: restore_ema reads it with template=None, "
-                    "or restore the full state onto its placement"
-                )
-            state, _ = self.restore(None, step)
-            ema, count = state.ema, int(np.asarray(state.step))
-        else:
-            restored = self.store.read_items(step, {"ema_params": template, "extra": None})
-            ema, count = restored["ema_params"], int(np.asarray(restored["extra"]["step"]))
-            self.store.check_step(step, count)
+        ema, count = self.tiers.ema(template, self.tiers.resolve(step))
         return ema_lib.debias(ema, decay, num_updates(count, accumulation))
 
     # --- internals --------------------------------------------------------------------------------
     def _write(
         self, step: int, state: TrainState, rows: Any, metrics: Any, dataset: Any, record: Any
     ) -> None:
-        _check_step(step, state)
+        layout.check_step(step, state)
         self.store.write(step, state, rows, metrics, dataset, record)
         if self.upload is not None:
             pending = self.upload(self.path(step))
@@ -353,7 +331,7 @@ class Checkpoints:
                 pending.result()
 
     def _write_local(self, step: int, state: TrainState, row: dict[str, np.ndarray] | None) -> None:
-        _check_step(step, state)
+        layout.check_step(step, state)
         shards, meta = local.describe(step, state)
         try:
             local.write(self.local_path, step, shards, meta, row)
@@ -362,71 +340,6 @@ class Checkpoints:
                 f"local checkpoint step {step} did not land in {self.local_path}: {e}"
             ) from e
 
-    def _restore(
-        self, template: TrainState | None, step: int | None, share: DataPartition | None, read_opt_state: bool
-    ) -> tuple[TrainState, bytes | None]:
-        step = self._resolve(step)
-        if self._is_local(step):
-            meta = local.read_meta(self.local_path, step)
-            problem = local.placement_problem(meta, template)
-            if _everywhere(problem is None):  # processes must agree, or their reads would diverge
-                return local.restore(self.local_path, step, meta, template, share)
-            if step not in self.all_steps():
-                raise CheckpointRestorationError(
-                    f"checkpoint step {step} is only in the local directories ({self.local_path}) and "
-                    "cannot be restored onto this placement: "
-                    f"{problem or 'another process placement differs from the one it wrote'}"
-                )
-        return self.store.restore(step, template, share, read_opt_state)
-
-    def _is_local(self, step: int) -> bool:
-        return self.local_directory is not None and self.local_step() == step
-
-    def _resolve(self, step: int | None) -> int:
-        if step is None:
-            latest = self.latest_step()
-            if latest is None:
-                where = self.directory + (f" or {self.local_path}" if self.local_directory else "")
-                raise CheckpointRestorationError(f"no checkpoint in {where}")
-            return latest
-        step = _step_number(step)
-        if step not in self.all_steps() and not self._is_local(step):
-            raise CheckpointRestorationError(
-                f"no checkpoint for step {step} in {self.directory}; stored steps are {self.all_steps()}"
-                + (f", local step {self.local_step()}" if self.local_directory else "")
-            )
-        return step
-
     def _writable(self) -> None:
         if self.read_only:
             raise ValueError(f"Checkpoints: {self.directory} was opened read_only; it cannot be written")
-
-
-def _to_host(leaf: Any) -> Any:
-    """A jax array leaf is copied to the host now (the caller may mutate or donate it); numbers,
-    strings and numpy arrays are copied as they are."""
-    return np.array(leaf) if isinstance(leaf, jax.Array | np.ndarray) else leaf
-
-
-def _everywhere(ok: bool) -> bool:
-    """Whether ``ok`` holds on every process (a collective with several processes)."""
-    if jax.process_count() == 1:
-        return ok
-    return bool(np.asarray(multihost_utils.process_allgather(np.int32(ok))).all())
-
-
-def _step_number(step: Any) -> int:
-    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
-        raise ValueError(f"Checkpoints: step must be an int >= 0, got {step!r}")
-    return int(step)
-
-
-def _check_step(step: int, state: TrainState) -> None:
-    held = int(np.asarray(jax.device_get(state.step)))
-    if held != step:
-        raise ValueError(f"Checkpoints.save: step {step} but the state is at step {held}")
-
-
-def _abstract(leaf: Any) -> jax.ShapeDtypeStruct:
-    dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
-    return jax.ShapeDtypeStruct(np.shape(leaf), dtype, sharding=getattr(leaf, "sharding", None))

@@ -123,3 +123,23 @@ def shape_dtype_tree(metadata_tree: Any) -> Any:
 def default_sharding() -> jax.sharding.Sharding:
     """Where a template leaf without a sharding is placed: this process's first device."""
     return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+
+def step_number(step: Any) -> int:
+    """``step`` as an int, refusing anything but a non-negative integer."""
+    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+        raise ValueError(f"Checkpoints: step must be an int >= 0, got {step!r}")
+    return int(step)
+
+
+def check_step(step: int, state: TrainState) -> None:
+    """A state is saved under the step it is at."""
+    held = int(np.asarray(jax.device_get(state.step)))
+    if held != step:
+        raise ValueError(f"Checkpoints.save: step {step} but the state is at step {held}")
+
+
+def abstract_leaf(leaf: Any) -> jax.ShapeDtypeStruct:
+    """A leaf's shape, dtype and sharding (a template for restoring onto it)."""
+    dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+    return jax.ShapeDtypeStruct(np.shape(leaf), dtype, sharding=getattr(leaf, "sharding", None))

@@ -55,7 +55,7 @@ class Retention:
         steps = sorted(metrics)
         if self.newest is None:
             return set(steps)
-        kept = set(steps[len(steps) - self.newest :]) if self.newest else set()
+        kept = set(steps[max(0, len(steps) - self.newest) :]) if self.newest else set()
         kept.update(self.ranked(metrics)[: self.best])
         return kept
 

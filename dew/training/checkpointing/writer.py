@@ -71,3 +71,9 @@ def snapshot(state: TrainState) -> TrainState:
     for i, copy in zip(on_device, copies, strict=True):
         out[i] = copy
     return jax.tree.unflatten(treedef, out)
+
+
+def host_copy(leaf: Any) -> Any:
+    """A copy of an array leaf on the host, taken now (the caller may mutate or donate it);
+    numbers and strings as they are."""
+    return np.array(leaf) if isinstance(leaf, jax.Array | np.ndarray) else leaf
