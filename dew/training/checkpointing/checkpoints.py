@@ -207,9 +207,9 @@ class Checkpoints:
         """Check that the checkpoint at ``step`` (default: latest) is whole before reading it:
         every item's checksums (persistent tier) or files (local tier), streamed on this host.
         Raises ``CheckpointDamagedError`` naming the step, the item and the file."""
-        step = self._resolve(step)
-        if self._is_local(step):
-            local.verify(self.local_path, step)
+        step = self.tiers.resolve(step)
+        if self.tiers.is_local(step):
+            local.verify(self.tiers.local_path, step)
         else:
             self.store.verify(step)
 
@@ -218,8 +218,8 @@ class Checkpoints:
         the sibling ``<directory>.damaged-<time>/``, this process's local step to
         ``<local>/damaged-<step>-<time>``. Returns where it went."""
         self._writable()
-        if self._is_local(step):
-            return local.set_aside(self.local_path, step)
+        if self.tiers.is_local(step):
+            return local.set_aside(self.tiers.local_path, step)
         return os.fspath(self.store.set_aside([step], "move", label="damaged")) + f"/{step}"
 
     def roll_back(self, step: int, how: str = "move") -> list[int]:
