@@ -39,8 +39,11 @@ def exit_code(error: BaseException) -> int:
 
 
 def short(error: BaseException) -> str:
-    """An exception as one bounded line: its first line, tensorstore specs cut out."""
+    """An exception as one bounded line: its first line (all of a bad-input message, joined),
+    tensorstore specs cut out."""
     text = _SPEC.sub("", str(error).strip())
+    if isinstance(error, BAD_INPUT):  # written for a person: every line of it, joined
+        text = " ".join(text.split())
     text = text.splitlines()[0] if text else type(error).__name__
     if isinstance(error, KeyError) and not isinstance(error, UnknownNameError):
         text = f"KeyError: {text}"

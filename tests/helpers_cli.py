@@ -22,8 +22,9 @@ TINY = {
     "checkpoint.every": 4,
     "eval.every": 4,
     "eval.num_batches": 1,
-    "sampling.steps": 3,
-    "sampling.per_class": 2,
+    "preview.every": 4,
+    "objective.sampling.steps": 3,
+    "objective.sampling.per_class": 2,
     "optimizer.warmup_steps": 2,
     "mesh.devices": 1,
 }

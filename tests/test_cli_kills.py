@@ -40,6 +40,8 @@ MIXTURE = {
     "train.log_every": 3,
     "checkpoint.every": 3,
     "optimizer.warmup_steps": 5,
+    "eval.every": 0,
+    "preview.every": 0,
     "mesh.devices": 1,
 }
 

@@ -7,6 +7,7 @@ import io
 import json
 import pathlib
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -16,7 +17,6 @@ from dew.failures import exit_code, report
 from dew.training.loop import StepContext
 from dew.training.resume_check import ResumeMismatchError, config_changes, remap_position, tree_differences
 from dew.training.run_history import record_start, set_aside_records, starts, writer_of
-from dew.training.stages import PreviewStage
 from dew.training.trackers import LoggingCategory, Tracker
 
 
@@ -95,21 +95,26 @@ class Collect(Tracker):
 
 
 def test_a_preview_with_nonfinite_samples_reports_them_instead_of_scoring(tmp_path, capsys):
-    def sample_fn(state, rng):
-        images = np.zeros((4, 8, 8, 1), np.float32)
-        images[1, 2, 3, 0] = np.nan
-        return images, np.arange(4)
+    from conftest import tiny_config
+
+    from dew.training.trainer import Trainer
+
+    trainer = Trainer(tiny_config(), str(tmp_path / "run"))
+    state = trainer.init(jax.random.PRNGKey(0), trainer.example_batch())
+    diverged = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), state.params)  # what lr=1e9 leaves
 
     def metric(images, labels):  # a scorer that, like an SVM, refuses missing values
         raise AssertionError("a metric was asked to score NaN samples")
 
-    tracker = Collect()
-    stage = PreviewStage(sample_fn, str(tmp_path), tracker, 1, columns=2, metrics={"accuracy": metric})
-    ctx = StepContext(step=3, state=None, stats={}, final=False)
-    stage.run(ctx)
-    scores = [values for category, values, _ in tracker.reports if category is LoggingCategory.EVAL_METRICS]
-    assert scores == [{"nonfinite_samples": 1.0}]
-    assert "preview at step 3: 1 of 4 samples are non-finite; accuracy not scored" in capsys.readouterr().out
+    grid = trainer.objective.preview(diverged, jax.random.PRNGKey(1))
+    assert np.isfinite(grid.images).all()  # drawn (grey), not refused by ImageGrid
+    assert trainer.objective.score(grid, {"accuracy": metric}) == {
+        "nonfinite_samples": float(len(grid.images))
+    }
+    assert (
+        f"preview: {len(grid.images)} of {len(grid.images)} samples are non-finite; accuracy not scored"
+        in (capsys.readouterr().out)
+    )
 
 
 def test_a_failure_prints_one_line_its_cause_and_where_the_traceback_is(tmp_path):

@@ -8,15 +8,18 @@ that step bit-identically. A second Ctrl-C while the save is in progress interru
 (``KeyboardInterrupt``, nothing more is written). Without a checkpointer the run stops without
 saving and says so.
 
-With several processes the signal may reach only some of them; JAX's coordination service
-delivers SIGTERM to every process as a preemption notice, and ``reached_preemption_sync_point``
-makes all of them stop at the same step (used when ``jax.process_count() > 1``).
+With several processes the signal may reach only some of them: there JAX's preemption service
+(on by default with ``jax.distributed.initialize``) catches SIGTERM itself and
+``reached_preemption_sync_point`` makes every process stop at the same step, so no Python handler
+is installed; Ctrl-C is then not handled (a ``KeyboardInterrupt``, nothing saved), and with the
+service disabled a warning says that preemption is not handled.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+import warnings
 from typing import Any
 
 import jax
@@ -59,7 +62,8 @@ class PreemptionStage(Stage):
         self.checkpoints, self.dataset = checkpoints, dataset
         self.received: int | None = None
         self._previous: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():
+        self._sync = jax.process_count() > 1  # JAX's preemption service, not a handler of ours
+        if not self._sync and threading.current_thread() is threading.main_thread():
             for signum in signals:
                 self._previous[signum] = signal.signal(signum, self._handle)
 
@@ -70,13 +74,17 @@ class PreemptionStage(Stage):
                 signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C interrupts
 
     def due(self, ctx: StepContext) -> bool:
-        if jax.process_count() > 1:
+        if self._sync:
             from jax.experimental import multihost_utils
 
-            if multihost_utils.reached_preemption_sync_point(ctx.step):
-                self.received = self.received or signal.SIGTERM
-                return True
-            return False
+            try:
+                reached = multihost_utils.reached_preemption_sync_point(ctx.step)
+            except RuntimeError as e:  # the service is disabled: say so once, then stop asking
+                warnings.warn(f"preemption is not handled in this multi-process run: {e}", stacklevel=2)
+                self._sync, reached = False, False
+            if reached:
+                self.received = signal.SIGTERM
+            return reached
         return self.received is not None
 
     def run(self, ctx: StepContext) -> None:

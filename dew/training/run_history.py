@@ -48,9 +48,15 @@ def starts(workdir: str) -> list[dict[str, Any]]:
 
 
 def record_start(
-    workdir: str, config: Mapping[str, Any], resumed_from: int, *, processes: int = 1
+    workdir: str,
+    config: Mapping[str, Any],
+    resumed_from: int,
+    *,
+    processes: int = 1,
+    extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Append this start to ``run.json`` (creating it); return the entry written."""
+    """Append this start to ``run.json`` (creating it); return the entry written. ``extra`` are
+    run-level keys kept at the top beside ``config`` (e.g. the EMA record ``restore_ema`` reads)."""
     history = starts(workdir)
     entry = {
         "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -60,8 +66,10 @@ def record_start(
         "dew_version": _version(),
     }
     history.append(entry)
-    label = (read_run_metadata(workdir) or {}).get("label") or os.path.basename(os.path.abspath(workdir))
-    save_run_metadata(workdir, {"label": label, "config": entry["config"], "starts": history})
+    previous = read_run_metadata(workdir) or {}
+    label = previous.get("label") or os.path.basename(os.path.abspath(workdir))
+    metadata = {**previous, **dict(extra or {}), "label": label, "config": entry["config"], "starts": history}
+    save_run_metadata(workdir, metadata)
     return entry
 
 

@@ -1,5 +1,7 @@
 """The side-effect stages ``fit`` calls: metrics, evaluation, previews, checkpoints, progress.
 
+Evaluation and previews have cadences of their own (``eval.every``, ``preview.every``).
+
 Each stage touches the host only when due; between cadences the loop never waits on the device.
 """
 
@@ -13,12 +15,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from dew.artifacts import ImageGrid
+from dew.artifacts import ImageGrid, TextSamples
 from dew.data.dataset import Dataset
 from dew.training.checkpointing.checkpoints import Checkpoints
 from dew.training.console import Progress
 from dew.training.evaluation import Evaluation, evaluate
 from dew.training.loop import NONFINITE_FLAG, Stage, StepContext
+from dew.training.objective import Objective, check_artifact
 from dew.training.state import TrainState
 from dew.training.trackers import LoggingCategory, Tracker, write_png
 
@@ -110,63 +113,70 @@ class EvalStage(Stage):
 
 
 class PreviewStage(Stage):
-    """Samples from the debiased EMA, written as a PNG grid on rank zero (and scored by
-    ``metrics``), as one bounded ``Evaluation`` event.
+    """The objective's preview of the debiased EMA, scored by ``metrics`` and logged as one
+    bounded ``Evaluation`` event; an ``ImageGrid`` is also written as PNG (a ``TextSamples`` as
+    text) under ``directory`` on rank zero, the latest as ``samples.png`` / ``samples.txt``.
 
-    Samples with a non-finite value (a diverged model) are not given to ``metrics``, which may
-    not accept them: the event reports ``nonfinite_samples`` instead, and a console line says so.
-
-    ``sample_fn(state, rng) -> (images in [-1, 1], labels)`` is jitted by the caller; a fixed
-    key means successive previews show the same noise, so change over training is visible.
+    ``params_fn(state)`` gives the parameters to preview (the Trainer's jitted debiased EMA,
+    replicated); ``objective.preview(params, rng)`` runs on every process (it may be collective)
+    and ``objective.score(artifact, metrics)`` turns it into scalars. A fixed key means
+    successive previews show the same noise, so change over training is visible.
     """
 
     def __init__(
         self,
-        sample_fn: Callable[[TrainState, jax.Array], tuple[jax.Array, jax.Array]],
+        objective: Objective,
+        params_fn: Callable[[TrainState], Any],
         directory: str,
         tracker: Tracker,
         every: int,
-        columns: int,
-        metrics: dict[str, Callable[[np.ndarray, np.ndarray], float]] | None = None,
+        metrics: dict[str, Callable[..., float]] | None = None,
         seed: int = 0,
     ):
-        self.sample_fn, self.directory, self.tracker = sample_fn, directory, tracker
-        self.every, self.columns, self.metrics = every, columns, metrics or {}
+        self.objective, self.params_fn, self.directory, self.tracker = (
+            objective,
+            params_fn,
+            directory,
+            tracker,
+        )
+        self.every, self.metrics = every, metrics or {}
         self.rng = jax.random.PRNGKey(seed)
         self.latest_path: str | None = None
 
     def run(self, ctx: StepContext) -> None:
-        # Every process runs the (collective) sampler; only rank zero hosts and writes previews.
-        images, labels = jax.device_get(self.sample_fn(ctx.state, self.rng))
-        finite = np.all(np.isfinite(images.reshape(len(images), -1)), axis=1)
-        # Non-finite pixels are drawn grey (NaN) or saturated (inf), so the grid still shows them.
-        images = np.clip(np.nan_to_num(images, nan=0.0, posinf=1.0, neginf=-1.0), -1.0, 1.0)
-        if finite.all():
-            scores = {name: metric(images, labels) for name, metric in self.metrics.items()}
-        else:  # a metric cannot score NaN samples: say so instead of failing in its model
-            scores = {"nonfinite_samples": float(np.sum(~finite))}
-            if self.metrics and jax.process_index() == 0:
-                print(
-                    f"preview at step {ctx.step}: {int(np.sum(~finite))} of {len(finite)} samples are "
-                    f"non-finite; {', '.join(self.metrics)} not scored",
-                    flush=True,
-                )
-        event = Evaluation.hosted(ctx.step, scores, {"samples": ImageGrid(images, columns=self.columns)})
-        if "samples" in event.previews:
-            grid = event.previews["samples"]
-            self.latest_path = write_png(os.path.join(self.directory, f"samples_{ctx.step:08d}.png"), grid)
-            write_png(os.path.join(self.directory, "samples.png"), grid)
+        artifact = self.objective.preview(self.params_fn(ctx.state), self.rng)
+        artifact = check_artifact(artifact, self.objective)
+        scores = self.objective.score(artifact, self.metrics)
+        event = Evaluation.hosted(ctx.step, scores, {"samples": artifact})
+        shown = event.previews.get("samples")
+        if isinstance(shown, ImageGrid):
+            self.latest_path = write_png(os.path.join(self.directory, f"samples_{ctx.step:08d}.png"), shown)
+            write_png(os.path.join(self.directory, "samples.png"), shown)
+        elif isinstance(shown, TextSamples):
+            self.latest_path = _write_text(os.path.join(self.directory, f"samples_{ctx.step:08d}.txt"), shown)
+            _write_text(os.path.join(self.directory, "samples.txt"), shown)
         event.log(self.tracker)
         ctx.reports.update(scores)
 
 
+def _write_text(path: str, samples: TextSamples) -> str:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(samples.to_text())
+    os.replace(tmp, path)
+    return path
+
+
 class CheckpointStage(Stage):
-    """Saves the state and the data position, asynchronously, ranked by the eval loss if one was
-    reported this step: to the persistent directory every ``every`` steps (and at the end), and
-    to each process's local directory every ``checkpoints.local_every`` steps in between.
+    """Saves the state and the data position, asynchronously, with the most recent value of each
+    metric reported in this fit (``ctx.reports``, ``eval_loss`` as ``loss``; the checkpoints rank
+    by their ``best_metric``, and a save before it was ever reported cannot become the best): to
+    the persistent directory every ``every`` steps (and at the end), and to each process's local
+    directory every ``checkpoints.local_every`` steps in between.
     ``close`` waits, so a finished ``fit`` has everything on disk and a failed write stops it.
 
-    With a ``tracker``, a save whose eval loss beats every earlier one (this run's and, on a
+    With a ``tracker``, a save whose ranked metric beats every earlier one (this run's and, on a
     resume, the best already on disk) is reported under ``LoggingCategory.BEST_MODEL``."""
 
     def __init__(
@@ -174,6 +184,11 @@ class CheckpointStage(Stage):
     ):
         self.checkpoints, self.dataset, self.every, self.tracker = checkpoints, dataset, every, tracker
         self._best_loss: float | None = None
+        self._latest: dict[str, float] = {}
+
+    def observe(self, ctx: StepContext) -> None:
+        # stages before this one ran already this step
+        self._latest.update({("loss" if k == "eval_loss" else k): float(v) for k, v in ctx.reports.items()})
 
     def _local_due(self, ctx: StepContext) -> bool:
         local_every = self.checkpoints.local_every
@@ -185,9 +200,10 @@ class CheckpointStage(Stage):
     def run(self, ctx: StepContext) -> None:
         position, share = self.dataset.save_position(), self.dataset.share
         if super().due(ctx):
-            # Everything this step reported (the evaluation loss as "loss"); the checkpoints rank
-            # by the metric they were configured with, and a save without it is never the best.
-            metrics = {("loss" if k == "eval_loss" else k): float(v) for k, v in ctx.reports.items()} or None
+            # The latest value of everything reported so far in this fit (the evaluation loss as
+            # "loss"); the checkpoints rank by the metric they were configured with, and a save
+            # without it is never the best.
+            metrics = dict(self._latest) or None
             self.checkpoints.save(ctx.step, ctx.state, position, metrics, share=share)
             metric = self.checkpoints.best_metric
             if metrics is not None and metric in metrics and self.tracker is not None:

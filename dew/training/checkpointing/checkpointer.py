@@ -14,11 +14,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from dew.objectives.base import EMASpec
+from dew.training import ema as ema_lib
 from dew.training.checkpointing.checkpoints import Checkpoints
-from dew.training.checkpointing.errors import CheckpointRestorationError
 from dew.training.checkpointing.retention import Retention
 from dew.training.checkpointing.stix_config import CheckpointerConfig
+from dew.training.ema import EMASpec
 from dew.training.state import TrainState
 
 #: The metric a stix save reports, and ranks by.
@@ -82,7 +82,7 @@ class Checkpointer:
         eval_loss: float,
         dataset_state: Any | Mapping[str, Any] | None = None,
         *,
-        ema_decay: float | None = None,
+        ema_decay: float | EMASpec | None = None,
     ) -> None:
         """Persist ``training_state`` under ``step`` as independently-loadable items.
 
@@ -91,13 +91,17 @@ class Checkpointer:
         on its own; ``eval_loss`` ranks the checkpoint (stored in its metrics as ``eval_loss``);
         ``dataset_state`` is any pytree (e.g. a grain iterator state), saved when not None.
         A step that ``should_save`` declines is skipped (orbax's cadence). Dew extension:
-        ``ema_decay`` is recorded with the step so ``restore_ema`` can debias without being told.
+        ``ema_decay`` (a β or an ``EMASpec``) is recorded with the step, so ``restore_ema`` debiases
+        without being told.
         """
         if not self.should_save(step):
             return
-        record = {} if ema_decay is None else {"ema_decay": float(ema_decay)}
+        ema = None
+        if ema_decay is not None:
+            spec = ema_decay if isinstance(ema_decay, EMASpec) else EMASpec(decay=float(ema_decay))
+            ema = ema_lib.record(spec, training_state.params)
         metrics = {EVAL_LOSS: float(np.asarray(jax.device_get(eval_loss)))}
-        self.checkpoints.save(step, training_state, None, metrics, dataset_state=dataset_state, record=record)
+        self.checkpoints.save(step, training_state, None, metrics, dataset_state=dataset_state, ema=ema)
 
     def restore(
         self,
@@ -140,22 +144,12 @@ class Checkpointer:
         params are gone is served), then applies the live loop's bias correction
         ``ema / (1 - decay ** num_steps)``. ``template`` is a params pytree of the right structure
         (shape/dtype, optionally sharded), or None for host arrays; ``step`` defaults to
-        ``latest_step()``. ``decay`` (dew extension) defaults to the ``ema_decay`` recorded at
-        save. Raises ``ValueError`` (``CheckpointRestorationError``) if no checkpoint exists or
-        no decay is known.
+        ``latest_step()``. ``decay`` (dew extension) defaults to the EMA recorded at save (by
+        ``save(..., ema_decay=)`` or a dew Trainer, whose record also names the tracked leaves and
+        the accumulation). Raises ``ValueError`` (``CheckpointRestorationError``) if no
+        checkpoint exists or no decay is known.
         """
-        if step is None:
-            step = self.latest_step()
-            if step is None:
-                raise CheckpointRestorationError(f"no checkpoint in {self.directory}")
-        if decay is None:
-            decay = self.checkpoints.record(step).get("ema_decay")
-            if decay is None:
-                raise CheckpointRestorationError(
-                    f"checkpoint step {step} in {self.directory} records no EMA decay: pass decay=... "
-                    "(or save with ema_decay=...)"
-                )
-        return self.checkpoints.restore_ema(template, decay, step)
+        return self.checkpoints.restore_ema(template, step, decay=decay)
 
     def latest_step(self) -> int | None:
         """Return the most recent checkpoint step, or None."""

@@ -13,7 +13,6 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from dew.data.dataset import DataPartition
-from dew.objectives.base import EMASpec
 from dew.training import ema as ema_lib
 from dew.training.checkpointing import layout, local, paths, positions
 from dew.training.checkpointing.errors import CheckpointWriteError
@@ -21,6 +20,7 @@ from dew.training.checkpointing.retention import Retention
 from dew.training.checkpointing.store import Store
 from dew.training.checkpointing.tiers import Tiers
 from dew.training.checkpointing.writer import Writer, host_copy, snapshot
+from dew.training.ema import EMASpec
 from dew.training.state import TrainState, num_updates
 
 Upload = Callable[[str], Any]  # returns None or a future that ``wait`` waits for
@@ -45,7 +45,9 @@ class Checkpoints:
     persistent one restores onto any mesh.
 
     Saves run on one background thread (``asynchronous=False``: each save returns once landed);
-    ``upload(path)`` is called after each persistent save lands. ``read_only=True`` opens another
+    ``upload(path)`` is called after each persistent save lands. ``ema`` is the run's EMA as
+    ``dew.training.ema.record`` describes it (β's law, tracked leaves, accumulation); every save
+    records it, so ``restore_ema`` debiases on its own. ``read_only=True`` opens another
     run's directory for restoring only. With several processes every process must make the same
     calls in the same order: ``latest_step()``, ``local_step()`` and saves are collectives, and
     ``latest``/``best`` are the seed's property spellings of ``latest_step()``/``best_step()``.
@@ -64,6 +66,7 @@ class Checkpoints:
         upload: Upload | None = None,
         read_only: bool = False,
         retention: Retention | None = None,
+        ema: Mapping[str, Any] | None = None,
     ):
         if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
             raise ValueError(f"Checkpoints: keep must be None (keep all) or an int >= 1, got {keep!r}")
@@ -82,6 +85,7 @@ class Checkpoints:
         self.directory = os.fspath(self.store.directory)
         self.local_directory = None if local_directory is None else os.path.abspath(local_directory)
         self.local_every, self.upload, self.read_only = local_every, upload, read_only
+        self.ema = None if ema is None else dict(ema)
         self.writer = Writer(asynchronous)
         self.tiers = Tiers(self.store, self.local_directory, self.writer.wait)
 
@@ -112,9 +116,9 @@ class Checkpoints:
         """The metrics the save of ``step`` reported (None: saved without)."""
         return self.store.metrics(step)
 
-    def record(self, step: int) -> dict[str, Any]:
-        """The JSON ``record`` the save of ``step`` kept (empty when none)."""
-        return self.store.record(step)
+    def ema_record(self, step: int) -> dict[str, Any] | None:
+        """The EMA record kept with ``step`` (``dew.training.ema.record``; None: none kept)."""
+        return self.tiers.ema_record(self.tiers.resolve(step))
 
     def restore_dataset_state(self, template: Any, step: int | None = None) -> Any:
         """The ``dataset_state`` saved at ``step`` (default: latest) in ``template``'s structure,
@@ -148,7 +152,7 @@ class Checkpoints:
         *,
         share: DataPartition | None = None,
         dataset_state: Any = None,
-        record: Mapping[str, Any] | None = None,
+        ema: Mapping[str, Any] | None = None,
     ) -> None:
         """Write ``state`` under ``step``, asynchronously.
 
@@ -157,7 +161,7 @@ class Checkpoints:
         (one row per process); a position without its share is refused. A write that fails
         surfaces from ``wait`` (or the next save); it is never swallowed. ``dataset_state`` is any
         pytree (numbers, strings, arrays: e.g. a grain iterator's state) stored beside the state
-        (process 0's); ``record`` is JSON kept with the step (``record(step)``).
+        (process 0's); ``ema`` (default: the constructor's) is the EMA record kept with the step.
         """
         self._writable()
         self.writer.wait()  # one write in flight at most: a failed one stops here
@@ -165,7 +169,8 @@ class Checkpoints:
         metrics = None if metrics is None else {k: float(v) for k, v in metrics.items()}
         if dataset_state is not None:
             dataset_state = jax.tree.map(host_copy, dataset_state)
-        self.writer.submit(self._write, step, snapshot(state), rows, metrics, dataset_state, record)
+        ema = self.ema if ema is None else dict(ema)
+        self.writer.submit(self._write, step, snapshot(state), rows, metrics, dataset_state, ema)
 
     def save_local(
         self, step: int, state: TrainState, saved: bytes | None, *, share: DataPartition | None = None
@@ -306,25 +311,39 @@ class Checkpoints:
         return state, position
 
     def restore_ema(
-        self, template: Any, decay: float | EMASpec, step: int | None = None, *, accumulation: int = 1
+        self,
+        template: Any,
+        step: int | None = None,
+        *,
+        decay: float | EMASpec | None = None,
+        accumulation: int | None = None,
     ) -> Any:
         """The debiased EMA parameters at ``step`` (default: latest) for sampling or evaluation.
 
         Reads only ``ema_params`` and ``extra``, never params or opt_state (which may be gone),
-        and applies the live loop's correction ``ema / (1 - decay ** n)``, n = ``step //
-        accumulation`` updates; ``decay`` may be the run's ``EMASpec``. ``template`` is a params
-        tree (shape/dtype, optionally sharded), or None for host arrays. Raises
+        and applies the live loop's correction ``ema / (1 − Π β_i)`` over the optimizer updates
+        behind the step (``step // accumulation``). The checkpoint records the run's EMA (β's law,
+        the tracked leaves, the accumulation), so no further argument is needed; an explicit
+        ``decay`` (a β or an ``EMASpec``) or ``accumulation`` that contradicts the record is an
+        error, and one is required only for a checkpoint written without a record. ``template``
+        is a params tree (shape/dtype, optionally sharded), or None for host arrays. Raises
         ``CheckpointRestorationError`` (a ``ValueError``) when no checkpoint exists.
         """
-        ema, count = self.tiers.ema(template, self.tiers.resolve(step))
-        return ema_lib.debias(ema, decay, num_updates(count, accumulation))
+        if step is not None and (isinstance(step, bool | float) or not isinstance(step, int | np.integer)):
+            raise TypeError(
+                f"restore_ema: step must be an int or None, got {step!r}; the EMA's decay is recorded in "
+                "the checkpoint (pass decay= only to check it)"
+            )
+        step = self.tiers.resolve(step)
+        where = f"checkpoint step {step} in {self.directory}"
+        spec, k = layout.ema_to_use(self.tiers.ema_record(step), decay, accumulation, where)
+        ema, count = self.tiers.ema(template, step)
+        return ema_lib.debias(ema, spec, num_updates(count, k))
 
     # --- internals --------------------------------------------------------------------------------
-    def _write(
-        self, step: int, state: TrainState, rows: Any, metrics: Any, dataset: Any, record: Any
-    ) -> None:
+    def _write(self, step: int, state: TrainState, rows: Any, metrics: Any, dataset: Any, ema: Any) -> None:
         layout.check_step(step, state)
-        self.store.write(step, state, rows, metrics, dataset, record)
+        self.store.write(step, state, rows, metrics, dataset, ema)
         if self.upload is not None:
             pending = self.upload(self.path(step))
             if pending is not None:
@@ -333,6 +352,8 @@ class Checkpoints:
     def _write_local(self, step: int, state: TrainState, row: dict[str, np.ndarray] | None) -> None:
         layout.check_step(step, state)
         shards, meta = local.describe(step, state)
+        if self.ema is not None:
+            meta["ema"] = self.ema
         try:
             local.write(self.local_path, step, shards, meta, row)
         except Exception as e:

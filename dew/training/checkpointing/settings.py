@@ -31,7 +31,7 @@ from typing import Any
 
 import ml_collections
 
-from dew.config import ConfigError
+from dew.schema import ConfigError, Key, Section
 from dew.training.checkpointing import paths
 from dew.training.checkpointing.errors import CheckpointRestorationError
 
@@ -165,3 +165,42 @@ def checkpoint_settings(section: ml_collections.ConfigDict | dict) -> Checkpoint
             "set restore_checkpoint_if_exists=False and leave step_to_restore and restore_dir unset"
         )
     return s
+
+
+# --- the config.checkpoint section of the schema (an adapter over CheckpointSettings) --------------
+_DOCS = {
+    "directory": "where checkpoints go: a path or URI (file://, gs://, ...); None: <workdir>/checkpoints",
+    "every": "save every N steps (and at the end); None or 0: no checkpointer",
+    "keep": "keep the latest N steps (plus the best, see keep_best); None: every step",
+    "keep_best": "also keep the step with the lowest best_metric (needs a metric reported at saves)",
+    "best_metric": "the reported metric ranking the best step, lowest wins ('loss': the evaluation loss)",
+    "asynchronous": "write on a background thread (False: each save lands first)",
+    "local_directory": "one more checkpoint, the latest, on each host's own disk (with local_every)",
+    "local_every": "steps between local checkpoints (with local_directory)",
+    "restore_checkpoint_if_exists": "resume from the latest checkpoint when there is one",
+    "step_to_restore": "resume from this step instead of the latest (must exist; older: a rollback)",
+    "restore_dir": "restore from this checkpoints directory when the run's own is empty",
+    "restore_optimizer_state": "False: keep the freshly initialised optimizer state",
+    "restore_rng_key": "False: keep the freshly initialised rng key",
+    "clear_previous_checkpoints": "delete the run's checkpoints before starting (never with a restore)",
+    "on_rollback": "step_to_restore older than the latest: 'move' newer steps to a sibling dir, or 'delete'",
+}
+_KINDS = {
+    "directory": str,
+    "every": int,
+    "keep": int,
+    "local_directory": str,
+    "local_every": int,
+    "step_to_restore": int,
+    "restore_dir": str,
+}
+_OPTIONAL = {"every", "keep"}
+
+CONFIG = Section(
+    "checkpoints under checkpoint.directory (<workdir>/checkpoints): the latest `keep` plus the best",
+    {
+        f.name: Key(f.default, _DOCS[f.name], kind=_KINDS.get(f.name), optional=f.name in _OPTIONAL)
+        for f in dataclasses.fields(CheckpointSettings)
+    },
+    validate=lambda section, path: checkpoint_settings(section),
+)

@@ -94,10 +94,10 @@ class Store:
         rows: dict[str, Any] | None,
         metrics: dict[str, float] | None,
         dataset_state: Any = None,
-        record: Mapping[str, Any] | None = None,
+        ema: Mapping[str, Any] | None = None,
     ) -> None:
-        """One orbax checkpoint, landed (atomically renamed) on return; then prune. ``record``
-        is JSON kept in the step's metadata (e.g. the EMA decay ``restore_ema`` applies)."""
+        """One orbax checkpoint, landed (atomically renamed) on return; then prune. ``ema`` is
+        the run's EMA record (``dew.training.ema.record``), kept in the step's metadata."""
         items = {name: ocp.args.PyTreeSave(tree) for name, tree in layout.items_from_state(state).items()}
         if rows is not None:
             items[layout.DATA_ITEM] = ocp.args.PyTreeSave(rows)
@@ -112,9 +112,10 @@ class Store:
             "process_count": jax.process_count(),
             "empty_items": empty,
             "metrics": metrics,
-            "record": dict(record or {}),
             "checksummed": True,  # each item's dew_checksums.json follows its data (integrity)
         }
+        if ema is not None:
+            custom["ema"] = dict(ema)
         if step in self.steps():
             raise CheckpointWriteError(
                 f"checkpoint step {step} was not written: {self.directory} already holds steps "
@@ -305,9 +306,9 @@ class Store:
         names = (*layout.STATE_ITEMS, layout.DATA_ITEM, layout.DATASET_ITEM)
         return [n for n in names if (self.path(step) / n).is_dir()]
 
-    def record(self, step: int) -> dict[str, Any]:
-        """The JSON record the save of ``step`` kept (empty when none)."""
-        return dict((_step_metadata(self.path(step)).get("custom_metadata") or {}).get("record") or {})
+    def ema_record(self, step: int) -> dict[str, Any] | None:
+        """The EMA record the save of ``step`` kept (None: written without one)."""
+        return (_step_metadata(self.path(step)).get("custom_metadata") or {}).get("ema")
 
     def dataset_state(self, step: int, template: Any) -> Any:
         """The saved ``dataset`` pytree in ``template``'s structure (host values), or None when

@@ -108,6 +108,12 @@ class Tiers:
                 )
         return self.store.restore(step, template, share, read_opt_state)
 
+    def ema_record(self, step: int) -> dict[str, Any] | None:
+        """The EMA record kept with ``step`` (None: written without one)."""
+        if self.only_local(step):
+            return local.read_meta(self.local_path, step).get("ema")
+        return self.store.ema_record(step)
+
     def ema(self, template: Any, step: int) -> tuple[Any, int]:
         """The raw EMA at ``step`` and the step count, reading only ``ema_params`` and ``extra``
         from the persistent tier (a local-only step is read whole, as host arrays)."""
