@@ -1,6 +1,6 @@
 """How ``python -m dew.main`` reports a failure: one short message, the full story in a file.
 
-The console gets at most three lines on stderr: ``error: <what failed>``, the relevant cause
+Bad input gets one line. A failure gets at most three on stderr: ``error: <what failed>``, the relevant cause
 (the innermost exception the message does not already say), and where the full traceback was
 written: ``<workdir>/logs/error-<UTC time>.log`` (or the system's temporary directory when the
 workdir cannot take it, e.g. a full disk). Exit status: 2 for bad input (``ConfigError``,
@@ -87,7 +87,7 @@ def report(error: BaseException, workdir: str | None, *, stream=None) -> int:
     stream = stream or sys.stderr
     code = exit_code(error)
     lines = [f"error: {short(error)}"]
-    cause = root_cause(error)
+    cause = root_cause(error) if code == 1 else None  # bad input is one line, saying it all
     if cause is not None:
         text = short(cause)
         if text[:80] not in str(error):  # a cause the message already quotes is not repeated
