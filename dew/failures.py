@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import traceback
 
 from dew.config import ConfigError
@@ -109,16 +110,39 @@ class _LazyFileHandler(logging.FileHandler):
         os.makedirs(os.path.dirname(self.baseFilename), exist_ok=True)
         return super()._open()
 
+    def handleError(self, record: logging.LogRecord) -> None:
+        """A log that cannot be written (a full disk) is dropped, never printed to the console."""
+
 
 def capture_library_logs(workdir: str) -> logging.Handler:
-    """Send absl/orbax log records to ``<workdir>/logs/dew.log`` instead of the console; return
+    """Send absl/orbax/asyncio log records, and exceptions that library threads (or ``__del__``
+    methods) leave uncaught, to ``<workdir>/logs/dew.log`` instead of the console; return
     the handler. Nothing is created until the first record arrives."""
     handler = _LazyFileHandler(os.path.join(workdir, "logs", "dew.log"))
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    for name in ("absl", "orbax", "jax._src.distributed"):
+    for name in ("absl", "orbax", "asyncio", "jax._src.distributed"):
         logger = logging.getLogger(name)
         logger.addHandler(handler)
         logger.propagate = False
+
+    def thread_failure(args: threading.ExceptHookArgs) -> None:
+        # A library thread dying (e.g. an orbax writer once its event loop is closed) goes to the
+        # log; the run's own failure is what reaches the console, from the loop's thread.
+        logging.getLogger("orbax").error(
+            "uncaught exception in thread %s",
+            getattr(args.thread, "name", "?"),
+            exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+        )
+
+    def unraisable(args) -> None:  # e.g. an exception in a library's __del__ at a failed write
+        logging.getLogger("orbax").error(
+            "unraisable exception in %r",
+            args.object,
+            exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+        )
+
+    threading.excepthook = thread_failure
+    sys.unraisablehook = unraisable
     return handler
 
 

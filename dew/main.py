@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import shlex
 import sys
@@ -124,7 +125,15 @@ def _release(trainer) -> None:
 
 
 def run() -> None:
-    sys.exit(main())
+    code = main()
+    if code not in (0, 2):
+        # A failure was reported and everything dew opened is closed: end here, so no library
+        # thread's teardown (orbax's event loops) prints after the report.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
