@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 
 from dew.artifacts import ImageGrid, TextSamples
 from dew.data.dataset import Dataset
@@ -21,6 +20,7 @@ from dew.training.checkpointing.checkpoints import Checkpoints
 from dew.training.console import Progress
 from dew.training.evaluation import Evaluation, evaluate
 from dew.training.loop import NONFINITE_FLAG, Stage, StepContext
+from dew.training.metrics import DeviceSums
 from dew.training.objective import Objective, check_artifact
 from dew.training.state import TrainState
 from dew.training.trackers import LoggingCategory, Tracker, write_png
@@ -31,7 +31,8 @@ COUNTED = frozenset({NONFINITE_FLAG})
 
 class MetricsStage(Stage):
     """Averages the step statistics over each window of ``every`` steps and logs them; counts
-    (``skipped_updates``: non-finite updates dropped) are summed over the window instead.
+    (``skipped_updates``: non-finite updates dropped) are summed over the window instead. The
+    sums are kept on the device and fetched once per window, in one transfer.
 
     A window this stage saw only part of (the run resumed from a step inside it, or stopped
     early) is marked: its row carries ``window_steps``, the number of steps it averages. Rows of
@@ -39,7 +40,7 @@ class MetricsStage(Stage):
 
     def __init__(self, tracker: Tracker, every: int, batch_size: int, progress: Progress | None = None):
         self.tracker, self.every, self.batch_size, self.progress = tracker, every, batch_size, progress
-        self._window: list[dict[str, jax.Array]] = []
+        self._sums = DeviceSums()
         # Throughput is timed from the loop's start (so the first window includes the compile),
         # and every window gets a system row, the first after a resume too: the rows a resumed
         # run writes are the rows a straight run writes.
@@ -49,20 +50,15 @@ class MetricsStage(Stage):
     def observe(self, ctx: StepContext) -> None:
         if self._since_step is None:
             self._since_step = ctx.step - 1
-        self._window.append(ctx.stats)
+        self._sums.add(ctx.stats)
 
     def run(self, ctx: StepContext) -> None:
-        if not self._window:
+        means, count = self._sums.means(COUNTED)
+        if not count:
             return
-        window = jax.device_get(self._window)  # one transfer per window, not per step
-        self._window = []
-        means = {
-            k: float(np.sum([s[k] for s in window]) if k in COUNTED else np.mean([s[k] for s in window]))
-            for k in window[0]
-        }
         whole = ctx.step - (ctx.step - 1) // self.every * self.every  # steps since the last boundary
-        if len(window) < whole:
-            means["window_steps"] = float(len(window))
+        if count < whole:
+            means["window_steps"] = float(count)
         self.tracker.log(LoggingCategory.TRAIN_METRICS, means, ctx.step)
         now = time.perf_counter()
         rate = (ctx.step - self._since_step) / max(now - self._since, 1e-9)
