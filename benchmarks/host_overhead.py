@@ -54,6 +54,9 @@ TOY = [
     "config.optimizer.grad_clip=0.0",
     "config.ema.decay=0.99",
     "config.mesh.devices=1",
+    "config.eval.every=0",  # no side evaluates or previews: the loops are compared, not the extras
+    "config.preview.every=0",
+    "config.checkpoint.keep_best=False",
 ]
 
 

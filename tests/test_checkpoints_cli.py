@@ -27,8 +27,7 @@ TINY = {
     "model.attn_resolutions": "(4,)",
     "train.log_every": 1,
     "eval.every": 0,
-    "sampling.steps": 3,
-    "sampling.per_class": 2,
+    "preview.every": 0,
     "optimizer.warmup_steps": 2,
     "mesh.devices": 1,
 }

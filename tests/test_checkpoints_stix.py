@@ -259,7 +259,12 @@ def test_restore_ema_reads_only_ema_params_and_extra_and_applies_the_bias_correc
     ema = c.restore_ema(template)
     np.testing.assert_allclose(ema["w"], 0.5 * 3.0 / (1 - 0.9**3), rtol=1e-6)
     np.testing.assert_allclose(ema["b"], get_debiased_ema(state_at(3).ema, 0.9, 3)["b"], rtol=1e-6)
-    np.testing.assert_allclose(c.restore_ema(None, step=3, decay=0.5)["w"], 1.5 / (1 - 0.5**3), rtol=1e-6)
+    with pytest.raises(ValueError, match="contradicts the EMA"):  # the recorded decay is the truth
+        c.restore_ema(None, step=3, decay=0.5)
+    c.save(state_at(4), 4, 1.0)  # saved without a decay: restore_ema must be told
+    with pytest.raises(ValueError, match="records no EMA"):
+        c.restore_ema(None, step=4)
+    np.testing.assert_allclose(c.restore_ema(None, step=4, decay=0.5)["w"], 2.0 / (1 - 0.5**4), rtol=1e-6)
 
 
 def test_restore_ema_raises_value_error_if_no_checkpoint_exists(tmp_path):

@@ -219,6 +219,7 @@ def test_rolling_back_from_6_to_2_then_training_to_8_continues_with_one_history(
         "checkpoint.every": 2,
         "checkpoint.keep": 5,
         "eval.every": 0,
+        "preview.every": 0,
     }
     Trainer(tiny_config(**base), str(tmp_path)).run()
     assert Checkpoints(str(tmp_path / "checkpoints")).all_steps() == [2, 4, 6]
@@ -238,14 +239,21 @@ def test_rolling_back_from_6_to_2_then_training_to_8_continues_with_one_history(
 @pytest.mark.slow
 def test_checkpointing_off_writes_no_checkpoints_and_a_file_uri_directory_round_trips(tmp_path):
     off = Trainer(
-        tiny_config(**{"checkpoint.every": 0, "train.num_steps": 2, "eval.every": 0}), str(tmp_path / "a")
+        tiny_config(**{"checkpoint.every": 0, "train.num_steps": 2, "eval.every": 0, "preview.every": 0}),
+        str(tmp_path / "a"),
     )
     assert off.checkpoints is None
     off.run()
     assert not (tmp_path / "a" / "checkpoints").exists()
 
     uri = (tmp_path / "elsewhere").as_uri()
-    config = {"checkpoint.directory": uri, "train.num_steps": 2, "checkpoint.every": 2, "eval.every": 0}
+    config = {
+        "checkpoint.directory": uri,
+        "train.num_steps": 2,
+        "checkpoint.every": 2,
+        "eval.every": 0,
+        "preview.every": 0,
+    }
     Trainer(tiny_config(**config), str(tmp_path / "b")).run()
     assert (
         sorted(os.listdir(tmp_path / "elsewhere")) == ["2"] and not (tmp_path / "b" / "checkpoints").exists()
