@@ -88,8 +88,12 @@ def get_config() -> ConfigDict:
 
     # accumulation: micro-batches of dataset.batch_size per optimizer update (num_steps counts
     # micro-batches). nonfinite: "stop" (raise naming the step and the last good checkpoint) or
-    # "skip" (drop that update and count it in the logged metrics).
-    config.train = ConfigDict({"num_steps": 4000, "log_every": 50, "accumulation": 1, "nonfinite": "stop"})
+    # "skip" (drop that update and count it in the logged metrics). max_skipped: the skip policy's
+    # brake, the fraction of a log_every window's updates it may drop before the run stops as
+    # "stop" would (after saving the state, which skipped updates never touched; 1: no brake).
+    config.train = ConfigDict(
+        {"num_steps": 4000, "log_every": 50, "accumulation": 1, "nonfinite": "stop", "max_skipped": 0.5}
+    )
 
     # Devices per sharding axis; data parallelism takes the rest (devices: 0 = all of them).
     config.mesh = ConfigDict({"model": 1, "fsdp": 1, "devices": 0})
@@ -102,9 +106,11 @@ def get_config() -> ConfigDict:
     # the best; resume from the latest when the workdir has one.
     config.checkpoint = ConfigDict(
         {
+            "directory": None,
             "every": 500,
             "keep": 2,
             "keep_best": True,
+            "best_metric": "loss",
             "asynchronous": True,
             "local_directory": None,
             "local_every": None,
@@ -114,6 +120,7 @@ def get_config() -> ConfigDict:
             "restore_optimizer_state": True,
             "restore_rng_key": True,
             "clear_previous_checkpoints": False,
+            "on_rollback": "move",
         }
     )
     # Held-out loss every 1000 steps (ranks the best checkpoint); previews on their own cadence,

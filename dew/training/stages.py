@@ -16,7 +16,7 @@ import jax
 
 from dew.artifacts import ImageGrid, TextSamples
 from dew.data.dataset import Dataset
-from dew.training.checkpoints import Checkpoints
+from dew.training.checkpointing.checkpoints import Checkpoints
 from dew.training.console import Progress
 from dew.training.evaluation import Evaluation, evaluate
 from dew.training.loop import NONFINITE_FLAG, Stage, StepContext
@@ -32,28 +32,46 @@ COUNTED = frozenset({NONFINITE_FLAG})
 class MetricsStage(Stage):
     """Averages the step statistics over each window of ``every`` steps and logs them; counts
     (``skipped_updates``: non-finite updates dropped) are summed over the window instead. The
-    sums are kept on the device and fetched once per window, in one transfer."""
+    sums are kept on the device and fetched once per window, in one transfer.
+
+    A window this stage saw only part of (the run resumed from a step inside it, or stopped
+    early) is marked: its row carries ``window_steps``, the number of steps it averages. Rows of
+    whole windows carry no such key, so a resumed run's history reads like a straight run's."""
 
     def __init__(self, tracker: Tracker, every: int, batch_size: int, progress: Progress | None = None):
         self.tracker, self.every, self.batch_size, self.progress = tracker, every, batch_size, progress
         self._sums = DeviceSums()
-        self._since: float | None = None
-        self._since_step = 0
+        # Throughput is timed from the loop's start (so the first window includes the compile),
+        # and every window gets a system row, the first after a resume too: the rows a resumed
+        # run writes are the rows a straight run writes.
+        self._since = time.perf_counter()
+        self._since_step: int | None = None
 
     def observe(self, ctx: StepContext) -> None:
+        if self._since_step is None:
+            self._since_step = ctx.step - 1
         self._sums.add(ctx.stats)
 
     def run(self, ctx: StepContext) -> None:
-        means, _ = self._sums.means(COUNTED)
+        means, count = self._sums.means(COUNTED)
+        if not count:
+            return
+        whole = ctx.step - (ctx.step - 1) // self.every * self.every  # steps since the last boundary
+        if count < whole:
+            means["window_steps"] = float(count)
         self.tracker.log(LoggingCategory.TRAIN_METRICS, means, ctx.step)
         now = time.perf_counter()
-        if self._since is not None:
-            rate = (ctx.step - self._since_step) / (now - self._since)
-            system = {"steps_per_sec": rate, "examples_per_sec": rate * self.batch_size}
-            self.tracker.log(LoggingCategory.SYSTEM_METRICS, system, ctx.step)
+        rate = (ctx.step - self._since_step) / max(now - self._since, 1e-9)
+        system = {"steps_per_sec": rate, "examples_per_sec": rate * self.batch_size}
+        self.tracker.log(LoggingCategory.SYSTEM_METRICS, system, ctx.step)
         self._since, self._since_step = now, ctx.step
         if self.progress is not None:
             self.progress.update(ctx.step, means.get("loss"))
+
+    def stop_early(self, ctx: StepContext) -> None:
+        """Log the window so far, including the step the loop stopped at (not yet observed)."""
+        self.observe(ctx)
+        self.run(ctx)
 
     def close(self) -> None:
         if self.progress is not None:
@@ -147,14 +165,14 @@ def _write_text(path: str, samples: TextSamples) -> str:
 
 
 class CheckpointStage(Stage):
-    """Saves the state and the data position, asynchronously, ranked by the most recent
-    evaluation loss (``ctx.reports["eval_loss"]`` of this step or an earlier one of this fit; a
-    save before any evaluation carries no metric and cannot become the best): to the persistent
-    directory every ``every`` steps (and at the end), and
-    to each process's local directory every ``checkpoints.local_every`` steps in between.
+    """Saves the state and the data position, asynchronously, with the most recent value of each
+    metric reported in this fit (``ctx.reports``, ``eval_loss`` as ``loss``; the checkpoints rank
+    by their ``best_metric``, and a save before it was ever reported cannot become the best): to
+    the persistent directory every ``every`` steps (and at the end), and to each process's local
+    directory every ``checkpoints.local_every`` steps in between.
     ``close`` waits, so a finished ``fit`` has everything on disk and a failed write stops it.
 
-    With a ``tracker``, a save whose eval loss beats every earlier one (this run's and, on a
+    With a ``tracker``, a save whose ranked metric beats every earlier one (this run's and, on a
     resume, the best already on disk) is reported under ``LoggingCategory.BEST_MODEL``."""
 
     def __init__(
@@ -162,11 +180,11 @@ class CheckpointStage(Stage):
     ):
         self.checkpoints, self.dataset, self.every, self.tracker = checkpoints, dataset, every, tracker
         self._best_loss: float | None = None
-        self._latest_eval: float | None = None
+        self._latest: dict[str, float] = {}
 
     def observe(self, ctx: StepContext) -> None:
-        if "eval_loss" in ctx.reports:  # stages before this one ran already this step
-            self._latest_eval = float(ctx.reports["eval_loss"])
+        # stages before this one ran already this step
+        self._latest.update({("loss" if k == "eval_loss" else k): float(v) for k, v in ctx.reports.items()})
 
     def _local_due(self, ctx: StepContext) -> bool:
         local_every = self.checkpoints.local_every
@@ -178,23 +196,33 @@ class CheckpointStage(Stage):
     def run(self, ctx: StepContext) -> None:
         position, share = self.dataset.save_position(), self.dataset.share
         if super().due(ctx):
-            metrics = None if self._latest_eval is None else {"loss": self._latest_eval}
+            # The latest value of everything reported so far in this fit (the evaluation loss as
+            # "loss"); the checkpoints rank by the metric they were configured with, and a save
+            # without it is never the best.
+            metrics = dict(self._latest) or None
             self.checkpoints.save(ctx.step, ctx.state, position, metrics, share=share)
-            if metrics is not None and self.tracker is not None:
-                self._report_if_best(ctx.step, metrics["loss"])
+            metric = self.checkpoints.best_metric
+            if metrics is not None and metric in metrics and self.tracker is not None:
+                self._report_if_best(ctx.step, metrics[metric])
         else:
             self.checkpoints.save_local(ctx.step, ctx.state, position, share=share)
 
     def _report_if_best(self, step: int, loss: float) -> None:
         if self._best_loss is None:  # once per fit: the best a resumed run already has on disk
-            previous = self.checkpoints.best
-            metrics = (
-                None if previous is None or previous == step else self.checkpoints.manager.metrics(previous)
-            )
+            previous = self.checkpoints.best_step()
+            metrics = None if previous is None or previous == step else self.checkpoints.metrics(previous)
             self._best_loss = float(metrics[self.checkpoints.best_metric]) if metrics else float("inf")
         if loss < self._best_loss:
             self._best_loss = loss
-            self.tracker.log(LoggingCategory.BEST_MODEL, {"eval_loss": loss, "step": step}, step)
+            name = "eval_loss" if self.checkpoints.best_metric == "loss" else self.checkpoints.best_metric
+            self.tracker.log(LoggingCategory.BEST_MODEL, {name: loss, "step": step}, step)
+
+    def stop_early(self, ctx: StepContext) -> None:
+        """Save the state the loop stopped with (persistently, unranked) and wait for it."""
+        if ctx.step not in self.checkpoints.all_steps():
+            position, share = self.dataset.save_position(), self.dataset.share
+            self.checkpoints.save(ctx.step, ctx.state, position, None, share=share)
+        self.checkpoints.wait()
 
     def close(self) -> None:
         self.checkpoints.wait()
