@@ -61,6 +61,8 @@ _EXPORTS: dict[str, str] = {
 _REGISTERING_MODULES = (
     "dew.diffusion.presets",
     "dew.networks.unet",
+    "dew.networks.songunet",
+    "dew.networks.dhariwalunet",
     "dew.networks.mlp",
     "dew.networks.byte_transformer",
     "dew.networks.video_unet",
