@@ -124,11 +124,12 @@ def test_import_dew_training_stays_in_the_training_layer():
     assert result == {"bad": [], "backends": []}
 
 
-def test_unbuilt_names_raise_not_implemented_naming_the_missing_piece():
+def test_pipeline_is_built_and_refuses_a_source_that_is_not_a_run(tmp_path):
     import dew
+    from dew.inference import PipelineError
 
-    with pytest.raises(NotImplementedError, match=re.escape("pipeline is not built yet")):
-        dew.pipeline("runs/edm")
+    with pytest.raises(PipelineError, match=r"is not a dew run: no run\.json"):
+        dew.pipeline(str(tmp_path))
 
 
 def test_the_training_layer_speaks_no_diffusion():
