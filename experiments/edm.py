@@ -47,8 +47,19 @@ def get_config() -> ConfigDict:
     # EMA of the weights, zero-initialised and debiased. half_life > 0 (in optimizer updates)
     # replaces decay with EDM's half-life, ramped up over the first updates when ramp_up > 0
     # (β_n = 0.5^(1/min(half_life, ramp_up·n))). tracks: a regex searched in each parameter path
-    # ("" = every leaf).
-    config.ema = ConfigDict({"decay": 0.999, "half_life": 0.0, "ramp_up": 0.0, "tracks": ""})
+    # ("" = every leaf). power_sigma_rels: power-function EMA profiles tracked for post-hoc EMA
+    # (EDM2; e.g. (0.05, 0.1); () = off), their snapshots saved every snapshot_every steps (0 =
+    # checkpoint.every) under <workdir>/power_ema; `python -m dew.phema` reconstructs any σ_rel.
+    config.ema = ConfigDict(
+        {
+            "decay": 0.999,
+            "half_life": 0.0,
+            "ramp_up": 0.0,
+            "tracks": "",
+            "power_sigma_rels": (),
+            "snapshot_every": 0,
+        }
+    )
 
     # accumulation: micro-batches of dataset.batch_size per optimizer update (num_steps counts
     # micro-batches). nonfinite: "stop" (raise naming the step and the last good checkpoint) or

@@ -28,6 +28,7 @@ from dew.training.checkpoints import (
 )
 from dew.training.console import Progress
 from dew.training.loop import Stage, fit
+from dew.training.power_ema import SNAPSHOT_DIR, PowerEMA, PowerEMASnapshots, SnapshotStage
 from dew.training.profile import ProfileWindow
 from dew.training.sharding import Layout, MeshSpec
 from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage
@@ -144,6 +145,10 @@ def validate_trainer_config(c: ml_collections.ConfigDict) -> None:
     ramp_up = _get(c, "ema.ramp_up", 0.0)
     _require(ramp_up >= 0, "ema.ramp_up", ramp_up, "a float >= 0 (0: no ramp-up)")
     _require(not (ramp_up and not half_life), "ema.ramp_up", ramp_up, "0 unless ema.half_life is set")
+    try:
+        power_ema_from_config(c)
+    except ValueError as e:
+        raise ConfigError(f"config.ema.power_sigma_rels / config.ema.snapshot_every: {e}") from e
     tracks = _get(c, "ema.tracks", "")
     try:
         re.compile(tracks)
@@ -168,6 +173,16 @@ def ema_spec_from_config(c: ml_collections.ConfigDict) -> EMASpec:
         half_life=half_life,
         ramp_up=(_get(c, "ema.ramp_up", 0.0) or None) if half_life else None,
     )
+
+
+def power_ema_from_config(c: ml_collections.ConfigDict) -> PowerEMA | None:
+    """``config.ema.power_sigma_rels`` (post-hoc EMA profiles; () = off) and
+    ``config.ema.snapshot_every`` (train steps; 0 = every ``checkpoint.every``)."""
+    sigma_rels = tuple(_get(c, "ema.power_sigma_rels", ()))
+    if not sigma_rels:
+        return None
+    every = _get(c, "ema.snapshot_every", 0) or c.checkpoint.every
+    return PowerEMA(sigma_rels, every)
 
 
 def mesh_spec_from_config(c: ml_collections.ConfigDict) -> MeshSpec:
@@ -238,7 +253,10 @@ class Trainer:
         self.optimizer = make_optimizer(c)
         self.ema = ema_spec_from_config(c)
         self.accumulation = _get(c, "train.accumulation", 1)
-        init = make_init(self.objective, self.optimizer, self.ema, accumulation=self.accumulation)
+        self.power_ema = power_ema_from_config(c)
+        init = make_init(
+            self.objective, self.optimizer, self.ema, accumulation=self.accumulation, power_ema=self.power_ema
+        )
         abstract = abstract_state(init, self.example_batch())
         try:
             self.ema.check(abstract.params)
@@ -247,7 +265,14 @@ class Trainer:
         self.state_shardings = self.layout.state_shardings(abstract)
         self.init = self.layout.jit_init(init, abstract)
         self._step = self.layout.jit_step(
-            make_step(self.objective, self.optimizer, self.ema, accumulation=self.accumulation), abstract
+            make_step(
+                self.objective,
+                self.optimizer,
+                self.ema,
+                accumulation=self.accumulation,
+                power_ema=self.power_ema,
+            ),
+            abstract,
         )
         self.eval = jax.jit(
             make_eval(self.objective, self.ema, accumulation=self.accumulation),
@@ -388,11 +413,17 @@ class Trainer:
                 )
             )
         stages.append(CheckpointStage(self.checkpoints, self.train_data, c.checkpoint.every, tracker))
+        if self.power_ema is not None:
+            stages.append(SnapshotStage(self.power_ema_snapshots(), self.power_ema, self.accumulation))
         profile_steps = _get(c, "profile.steps", 0)
         if profile_steps:
             directory = _get(c, "profile.directory", "") or os.path.join(self.workdir, "profile")
             stages.append(ProfileWindow(profile_steps, directory, warmup=_get(c, "profile.warmup", 5)))
         return stages
+
+    def power_ema_snapshots(self) -> PowerEMASnapshots:
+        """The run's post-hoc EMA snapshot store, ``<workdir>/power_ema``."""
+        return PowerEMASnapshots(os.path.join(self.workdir, SNAPSHOT_DIR))
 
     def last_good_checkpoint(self) -> str | None:
         """The newest saved checkpoint's path (named when a non-finite step stops the run)."""
@@ -410,6 +441,10 @@ class Trainer:
         start = int(jax.device_get(state.step))
         if start:
             print(f"resuming from step {start} ({self.checkpoints.path(start)})", flush=True)
+        if self.power_ema is not None:  # snapshots newer than the restored state are redone
+            store = self.power_ema_snapshots()
+            store.discard_after(start)
+            store.close()
         tracker = self.tracker()
         try:
             state = fit(
