@@ -71,6 +71,7 @@ _REGISTERING_MODULES = (
     "dew.scoring.digits_classifier",
     "dew.scoring.sliced_wasserstein",
     "dew.scoring.digits_features",
+    "dew.scoring.inception_metrics",
 )
 
 
