@@ -83,6 +83,30 @@ def test_slots_snapshots_and_phema_checkpoint(tmp_path, capsys):
     assert "snapshot steps are [2, 4, 6]" in err[2] and "not a dew run" in err[3]
     assert not any(os.path.exists(tmp_path / d) for d in "xyz")
 
+    # Resume: the checkpoint holds the slots (their own item), so a longer run continues them
+    # and snapshots newer than the restored step are redone.
+    from conftest import tiny_config
+
+    from dew.training.trainer import Trainer
+
+    config = tiny_config(
+        **{
+            "ema.power_sigma_rels": (0.05, 0.1),
+            "ema.snapshot_every": 2,
+            "eval.every": 0,
+            "train.num_steps": 8,
+        }
+    )
+    resumed = Trainer(config, run)
+    start = resumed.initial_state()
+    assert int(start.step) == 6
+    for slot, snap in zip(start.power_ema, snapshots[-2:], strict=True):
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(slot), snap.params)
+    resumed.run()
+    store = PowerEMASnapshots(os.path.join(run, "power_ema"), read_only=True)
+    assert store.steps() == [2, 4, 6, 8]
+    store.close()
+
 
 def test_power_slots_update_only_at_accumulation_boundaries():
     """With k micro-batches per update the slots move once per k steps, with β at update n."""

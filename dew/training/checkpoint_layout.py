@@ -28,6 +28,7 @@ STATE_ITEMS: dict[str, str | None] = {
     "ema_params": "ema",
     "extra": None,  # the small scalars: step and rng key
     "pending": "pending",  # gradient sums of an unfinished accumulation (only when set)
+    "power_ema": "power_ema",  # post-hoc EMA profiles (only when the run tracks them)
 }
 DATA_ITEM = "data"
 FORMAT = "dew-checkpoint/1"
@@ -174,6 +175,8 @@ def state_tree(state: TrainState) -> dict[str, Any]:
     tree = {"params": state.params, "opt_state": state.opt_state, "ema": state.ema, "extra": extra(state)}
     if state.pending is not None:
         tree["pending"] = state.pending
+    if state.power_ema is not None:
+        tree["power_ema"] = state.power_ema
     return tree
 
 

@@ -334,6 +334,8 @@ class Checkpoints:
         }
         if state.pending is not None:
             items["pending"] = ocp.args.PyTreeSave(state.pending)
+        if state.power_ema is not None:
+            items["power_ema"] = ocp.args.PyTreeSave(state.power_ema)
         if rows is not None:
             items[layout.DATA_ITEM] = ocp.args.PyTreeSave(rows)
         # Orbax cannot write a tree without arrays (e.g. plain SGD's optimizer state): such an
@@ -395,6 +397,7 @@ class Checkpoints:
             ema=trees["ema_params"],
             rng=extra["rng"],
             pending=trees.get("pending"),
+            power_ema=_as_tuple(trees.get("power_ema")),
         )
 
     def accumulation_template(self, step: int) -> Any:
@@ -511,6 +514,14 @@ class Checkpoints:
             items["opt_state"] = None if template is None else template.opt_state
         if "pending" in present:
             items["pending"] = None if template is None else template.pending
+        wants_power = template is not None and template.power_ema is not None
+        if wants_power and "power_ema" not in present:
+            raise CheckpointRestorationError(
+                f"checkpoint step {step} holds no power-EMA slots (config.ema.power_sigma_rels) for the "
+                "template's; resume with the power-EMA profiles the run was trained with"
+            )
+        if "power_ema" in present and (template is None or wants_power):
+            items["power_ema"] = None if template is None else template.power_ema
         if share is not None and layout.DATA_ITEM in present:
             items[layout.DATA_ITEM] = None
         restored = self._read_items(step, items)
@@ -523,6 +534,7 @@ class Checkpoints:
             ema=restored["ema_params"],
             rng=restored["extra"]["rng"],
             pending=restored.get("pending"),
+            power_ema=_as_tuple(restored.get("power_ema")),
         )
         position = None
         if layout.DATA_ITEM in restored:
@@ -704,6 +716,11 @@ def _check_step(step: int, state: TrainState) -> None:
     held = int(np.asarray(jax.device_get(state.step)))
     if held != step:
         raise ValueError(f"Checkpoints.save: step {step} but the state is at step {held}")
+
+
+def _as_tuple(slots: Any) -> tuple[Any, ...] | None:
+    """Power-EMA slots as the tuple ``TrainState`` holds (orbax returns a list without a template)."""
+    return None if slots is None else tuple(slots)
 
 
 def _abstract(leaf: Any) -> jax.ShapeDtypeStruct:

@@ -187,6 +187,7 @@ def restore(
         ema=tree["ema"],
         rng=tree["extra"]["rng"],
         pending=tree.get("pending"),
+        power_ema=tree.get("power_ema"),
     )
     if template is not None:
         state = restructure(state, template)
@@ -215,6 +216,7 @@ def stored(meta: Mapping[str, Any]) -> TrainState:
         ema=by_field.get("ema"),
         rng=extra.get("rng"),
         pending=by_field.get("pending"),
+        power_ema=by_field.get("power_ema"),
     )
 
 
@@ -269,6 +271,7 @@ def restructure(state: TrainState, template: TrainState) -> TrainState:
         ema=fill(template.ema, tree["ema"], ""),
         rng=tree["extra"]["rng"],
         pending=None if template.pending is None else fill(template.pending, tree["pending"], ""),
+        power_ema=None if template.power_ema is None else fill(template.power_ema, tree["power_ema"], ""),
     )
 
 
