@@ -39,7 +39,7 @@ WORKER = textwrap.dedent(
     means, var, log_w = t(spec["means"]), t(spec["stds"]) ** 2, torch.log(t(spec["weights"]))
     mean_sq = (means**2).sum(-1)[None]
 
-    def denoise(x, sigma):  # the same algebra as dew.data.mixture.GaussianMixture.denoise
+    def denoise(x, sigma):  # the same algebra as dew.data.sources.mixture.GaussianMixture.denoise
         s2 = (sigma**2)[:, None]
         total = var[None] + s2
         sq = (x**2).sum(-1, keepdim=True) - 2 * x @ means.T + mean_sq
@@ -79,7 +79,7 @@ def main() -> int:
 
     import jax
 
-    from dew.data.mixture import RING
+    from dew.data.sources.mixture import RING
     from dew.diffusion import EDM
     from dew.sampling import nfe, sample
 

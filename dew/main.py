@@ -1,8 +1,10 @@
 """``python -m dew.main --config=experiments/edm.py --workdir=runs/edm [--config.key=value ...]``
 
 Trains, evaluates, previews and checkpoints under ``--workdir``; run it again to resume from the
-latest checkpoint. Bad input (unknown key, wrong type, unknown registry name, a workdir that is a
-file) stops before anything is written, with a message naming what is wrong.
+latest checkpoint. Bad input (unknown key, wrong type, unknown registry name, a data set that
+cannot be opened, a workdir that is a file) stops before anything is written: one line naming
+what is wrong, exit status 2. ``--help-config`` prints the resolved schema (every key with its
+value, default, kind and doc) and exits.
 """
 
 from __future__ import annotations
@@ -22,13 +24,20 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         description="Train a dew experiment. Override config keys with --config.<key>=<value>.",
     )
     parser.add_argument("--config", required=True, help="experiment file, e.g. experiments/edm.py[:arg]")
-    parser.add_argument("--workdir", required=True, help="run directory: checkpoints, tracking, previews")
+    parser.add_argument("--workdir", help="run directory: checkpoints, tracking, previews")
+    parser.add_argument(
+        "--help-config",
+        action="store_true",
+        help="print every config key (value, default, kind, doc) after overrides, and exit",
+    )
     args, rest = parser.parse_known_args(argv)
     overrides = []
     for item in rest:
         if not item.startswith("--config."):
             parser.error(f"unrecognised argument {item!r} (config keys are set with --config.<key>=<value>)")
         overrides.append(item[2:])
+    if args.workdir is None and not args.help_config:
+        parser.error("the following arguments are required: --workdir")
     return args, overrides
 
 
@@ -45,21 +54,30 @@ def enable_compilation_cache(workdir: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        config = apply_overrides(load_config(args.config), overrides)
-        config.lock()
+        raw = load_config(args.config)
+        if args.help_config:
+            from dew.schema import describe, resolve
+            from dew.training.trainer import config_schema
+
+            config, schema = resolve(config_schema(), raw, overrides)
+            print(f"# {args.config}: every key, as resolved (value, default if different, kind, doc)")
+            print(describe(schema, config), end="")
+            return 0
+        config = apply_overrides(raw, overrides)
         from dew.training.trainer import Trainer, check_workdir
 
         workdir = check_workdir(args.workdir)
         trainer = Trainer(config, workdir)
     except (ConfigError, UnknownNameError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     enable_compilation_cache(workdir)
     print(f"dew: training {args.config} in {workdir}", flush=True)
     state = trainer.run()
+    previews = os.path.join(workdir, "previews")
     print(
-        f"done at step {int(state.step)}: checkpoints in {trainer.checkpoints.directory}, "
-        f"samples in {os.path.join(workdir, 'previews', 'samples.png')}",
+        f"done at step {int(state.step)}: checkpoints in {trainer.checkpoints.directory}"
+        + (f", previews in {previews}" if trainer.config.preview.every else ""),
         flush=True,
     )
     return 0

@@ -1,7 +1,7 @@
 """``python -m dew.phema --workdir=runs/edm --sigma_rel=0.07 [--out=DIR] [--step=N]``
 
 Post-hoc EMA (Karras et al. 2024): reconstructs the power-function EMA of relative width
-``sigma_rel`` from the snapshots a run saved (``config.ema.power_sigma_rels``,
+``sigma_rel`` from the snapshots a run saved (``config.ema.power_std_rels``,
 ``<workdir>/power_ema``) by the least-squares solution of ``dew.training.posthoc_ema``, and writes
 it as a checkpoint of a run directory (default ``<workdir>/phema/sigma_rel_0.070``):
 
@@ -9,9 +9,9 @@ it as a checkpoint of a run directory (default ``<workdir>/phema/sigma_rel_0.070
     <out>/checkpoints/<step>/     a full dew checkpoint of the run's step, its params and EMA
                                   replaced by the reconstruction
 
-The EMA item is stored so that the run's own debiasing returns the reconstruction:
-``Checkpoints(<out>/checkpoints).restore_ema(template, ema_spec)`` (the run's ``EMASpec``) gives
-the reconstructed weights, and anything that reads a run directory reads this one. Bad input
+The EMA item holds the reconstruction, recorded as an average that needs no debiasing, so
+``Checkpoints(<out>/checkpoints).restore_ema(template)`` gives the reconstructed weights, and
+anything that reads a run directory reads this one. Bad input
 exits 2 with one line and writes nothing.
 """
 
@@ -32,7 +32,7 @@ class PhemaError(ValueError):
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m dew.phema", description=__doc__.split("\n\n")[1])
-    parser.add_argument("--workdir", required=True, help="a run trained with config.ema.power_sigma_rels")
+    parser.add_argument("--workdir", required=True, help="a run trained with config.ema.power_std_rels")
     parser.add_argument("--sigma_rel", required=True, type=float, help="EMA width to reconstruct, e.g. 0.07")
     parser.add_argument("--out", default=None, help="output run directory (default <workdir>/phema/...)")
     parser.add_argument("--step", default=None, type=int, help="train step to reconstruct at (default: last)")
@@ -45,7 +45,7 @@ def _plan(workdir: str, sigma_rel: float, step: int | None, out: str | None) -> 
     from dew.training.power_ema import SNAPSHOT_DIR, PowerEMASnapshots
 
     try:
-        posthoc_ema.parse_sigma_rels([sigma_rel], "--sigma_rel")
+        posthoc_ema.parse_std_rels([sigma_rel], "--sigma_rel")
     except ValueError as e:
         raise PhemaError(str(e)) from None
     workdir = os.path.abspath(workdir)
@@ -56,7 +56,7 @@ def _plan(workdir: str, sigma_rel: float, step: int | None, out: str | None) -> 
     if not os.path.isdir(snapshot_dir):
         raise PhemaError(
             f"--workdir={workdir!r} has no power-EMA snapshots ({snapshot_dir}); train with "
-            "--config.ema.power_sigma_rels='(0.05, 0.1)' to save them"
+            "--config.ema.power_std_rels='(0.05, 0.1)' to save them"
         )
     store = PowerEMASnapshots(snapshot_dir, read_only=True)
     steps = store.steps()
@@ -69,7 +69,7 @@ def _plan(workdir: str, sigma_rel: float, step: int | None, out: str | None) -> 
     if step not in ckpt_steps:
         raise PhemaError(f"--step={step} has no checkpoint in {ckpt_dir}; checkpoint steps are {ckpt_steps}")
     out = os.path.abspath(
-        out or os.path.join(workdir, "phema", f"sigma_rel_{posthoc_ema.sigma_rel_key(sigma_rel)}")
+        out or os.path.join(workdir, "phema", f"sigma_rel_{posthoc_ema.std_rel_key(sigma_rel)}")
     )
     if os.path.exists(os.path.join(out, "checkpoints")):
         raise PhemaError(f"--out={out!r} already holds checkpoints; choose another --out or delete it")
@@ -80,50 +80,45 @@ def reconstruct_run(
     workdir: str, sigma_rel: float, *, step: int | None = None, out: str | None = None
 ) -> tuple[str, dict[str, Any]]:
     """Write the post-hoc EMA checkpoint; returns (output directory, its ``phema`` record)."""
-    import jax
     import ml_collections
 
+    from dew.training import ema as ema_lib
     from dew.training.checkpoints import Checkpoints, save_run_metadata
     from dew.training.power_ema import PowerEMASnapshots
     from dew.training.state import num_updates
-    from dew.training.trainer import _get, ema_spec_from_config
 
     plan = _plan(workdir, sigma_rel, step, out)
     config = ml_collections.ConfigDict(plan["meta"]["config"])
-    spec = ema_spec_from_config(config)
     store = PowerEMASnapshots(plan["snapshot_dir"], read_only=True)
     snapshots = store.snapshots()
     store.close()
-    updates = int(num_updates(plan["step"], _get(config, "train.accumulation", 1)))
+    updates = int(num_updates(plan["step"], config.train.accumulation))
     used = [s for s in snapshots if s.t <= updates]
     weights = posthoc_ema.solve_coefficients(
-        [s.t for s in used], [s.sigma_rel for s in used], updates, sigma_rel
+        [s.t for s in used], [s.std_rel for s in used], updates, sigma_rel
     )
     weights = weights[:, 0]
     params = posthoc_ema.reconstruct(snapshots, sigma_rel, updates)
 
     source = Checkpoints(os.path.join(plan["workdir"], "checkpoints"), read_only=True)
     state, _ = source.restore(None, plan["step"])
-    # Stored as ema·(1 − Π β): the run's own debiasing (restore_ema with its EMASpec) returns
-    # the reconstruction; untracked leaves hold the live parameter and are not debiased.
-    retained = float(spec.retained(updates))
-    mask = spec.mask(params)
-    ema = jax.tree.map(lambda p, m: (p * (1.0 - retained)).astype(p.dtype) if m else p, params, mask)
-    state = state.replace(params=params, ema=ema, power_ema=None)
+    # The EMA item holds the reconstruction itself, recorded as a β = 0 EMA (an average that
+    # needs no debiasing), so restore_ema (which debiases by the recorded law) returns it as is.
+    state = state.replace(params=params, ema=params, power_ema=None)
+    plain = ema_lib.record(ema_lib.EMASpec(decay=0.0), params, config.train.accumulation)
     record = {
         "sigma_rel": float(sigma_rel),
-        "gamma": float(posthoc_ema.sigma_rel_to_gamma(sigma_rel)),
+        "gamma": float(posthoc_ema.std_rel_to_gamma(sigma_rel)),
         "source": plan["workdir"],
         "step": plan["step"],
         "updates": updates,
         "snapshots": [
-            {"t": s.t, "sigma_rel": s.sigma_rel, "weight": float(w)}
-            for s, w in zip(used, weights, strict=True)
+            {"t": s.t, "sigma_rel": s.std_rel, "weight": float(w)} for s, w in zip(used, weights, strict=True)
         ],
     }
     save_run_metadata(plan["out"], {**plan["meta"], "phema": record, "label": os.path.basename(plan["out"])})
     target = Checkpoints(
-        os.path.join(plan["out"], "checkpoints"), keep=1, keep_best=False, asynchronous=False
+        os.path.join(plan["out"], "checkpoints"), keep=1, keep_best=False, asynchronous=False, ema=plain
     )
     target.save(plan["step"], state, None)
     target.close()
@@ -133,11 +128,11 @@ def reconstruct_run(
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        _plan(args.workdir, args.sigma_rel, args.step, args.out)
+        _plan(args.workdir, args.std_rel, args.step, args.out)
     except PhemaError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out, record = reconstruct_run(args.workdir, args.sigma_rel, step=args.step, out=args.out)
+    out, record = reconstruct_run(args.workdir, args.std_rel, step=args.step, out=args.out)
     largest = max(abs(s["weight"]) for s in record["snapshots"])
     print(
         f"post-hoc EMA sigma_rel={record['sigma_rel']:.3f} (gamma={record['gamma']:.3f}) at step "

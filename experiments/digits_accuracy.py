@@ -43,19 +43,20 @@ def main() -> int:
         print(f"error: no checkpoint in {trainer.checkpoints.directory}", file=sys.stderr)
         return 2
     template = jax.eval_shape(trainer.init, jax.random.PRNGKey(0), trainer.example_batch()).params
-    params = trainer.checkpoints.restore_ema(template, config.ema.decay, step)
-    sampling = config.sampling
+    params = trainer.checkpoints.restore_ema(template, step)  # debiased as the checkpoint records
+    sampling = trainer.objective.sampling
     steps = args.steps or sampling.steps
 
     @jax.jit
     def draw(rng):
-        return trainer.objective.preview(
+        return trainer.objective.draw(
             params,
             rng,
             per_class=args.per_class,
             steps=steps,
             solver=sampling.solver,
             guidance=sampling.guidance,
+            guidance_interval=sampling.guidance_interval,
         )
 
     images, labels = jax.device_get(draw(jax.random.PRNGKey(args.seed)))

@@ -7,7 +7,10 @@ Run it (trains, samples, checkpoints and logs under --workdir; run again to resu
 Override any key from the command line, e.g. a two-minute smoke run:
 
     python -m dew.main --config=experiments/edm.py --workdir=runs/edm_smoke \
-        --config.train.num_steps=300 --config.eval.every=100
+        --config.train.num_steps=300 --config.eval.every=100 --config.preview.every=100
+
+Every key, its default and its meaning: add --help-config. Keys this file leaves out take their
+defaults and can still be set from the command line.
 """
 
 from ml_collections import ConfigDict
@@ -20,8 +23,24 @@ def get_config() -> ConfigDict:
     # The embedded default: 1,617 training / 180 validation digits, no download.
     config.dataset = ConfigDict({"name": "digits", "batch_size": 64})
 
-    # EDM preconditioning, loss weighting and σ schedule (Table 1, "EDM" column).
-    config.objective = ConfigDict({"name": "diffusion", "preset": "EDM", "condition_dropout": 0.1})
+    # EDM preconditioning, loss weighting and σ schedule (Table 1, "EDM" column). Previews: one
+    # row per class, sampled with Heun's method on the EDM σ schedule. guidance: CFG weight
+    # (1 = none); guidance_interval: () for the whole σ range, or (sigma_lo, sigma_hi) to guide
+    # only there (e.g. (0.28, 2.9)).
+    config.objective = ConfigDict(
+        {
+            "name": "diffusion",
+            "preset": "EDM",
+            "condition_dropout": 0.1,
+            "sampling": {
+                "steps": 18,
+                "solver": "heun",
+                "per_class": 10,
+                "guidance": 1.0,
+                "guidance_interval": (),
+            },
+        }
+    )
 
     # A DDPM++-style U-Net at CPU scale: 8x8 -> 4x4 with attention at 4x4.
     config.model = ConfigDict(
@@ -47,7 +66,7 @@ def get_config() -> ConfigDict:
     # EMA of the weights, zero-initialised and debiased. half_life > 0 (in optimizer updates)
     # replaces decay with EDM's half-life, ramped up over the first updates when ramp_up > 0
     # (β_n = 0.5^(1/min(half_life, ramp_up·n))). tracks: a regex searched in each parameter path
-    # ("" = every leaf). power_sigma_rels: power-function EMA profiles tracked for post-hoc EMA
+    # ("" = every leaf). power_std_rels: power-function EMA profiles tracked for post-hoc EMA
     # (EDM2; e.g. (0.05, 0.1); () = off), their snapshots saved every snapshot_every steps (0 =
     # checkpoint.every) under <workdir>/power_ema; `python -m dew.phema` reconstructs any σ_rel.
     config.ema = ConfigDict(
@@ -56,7 +75,7 @@ def get_config() -> ConfigDict:
             "half_life": 0.0,
             "ramp_up": 0.0,
             "tracks": "",
-            "power_sigma_rels": (),
+            "power_std_rels": (),
             "snapshot_every": 0,
         }
     )
@@ -73,7 +92,7 @@ def get_config() -> ConfigDict:
     # directory "" = <workdir>/profile.
     config.profile = ConfigDict({"steps": 0, "warmup": 5, "directory": ""})
 
-    # Checkpoints (dew.training.checkpoint_config documents every key): the latest `keep` plus
+    # Checkpoints (`--help-config` documents every key): the latest `keep` plus
     # the best; resume from the latest when the workdir has one.
     config.checkpoint = ConfigDict(
         {
@@ -91,14 +110,10 @@ def get_config() -> ConfigDict:
             "clear_previous_checkpoints": False,
         }
     )
-    config.eval = ConfigDict({"every": 1000, "num_batches": 2, "metrics": ("digits_class_accuracy",)})
-
-    # Previews: one row per class, sampled with Heun's method on the EDM σ schedule.
-    # guidance: CFG weight (1 = none); guidance_interval: () for the whole σ range, or
-    # (sigma_lo, sigma_hi) to guide only there (e.g. (0.28, 2.9)).
-    config.sampling = ConfigDict(
-        {"steps": 18, "solver": "heun", "per_class": 10, "guidance": 1.0, "guidance_interval": ()}
-    )
+    # Held-out loss every 1000 steps (ranks the best checkpoint); previews on their own cadence,
+    # scored by an independent digit classifier.
+    config.eval = ConfigDict({"every": 1000, "num_batches": 2})
+    config.preview = ConfigDict({"every": 1000, "metrics": ("digits_class_accuracy",)})
 
     # backends: any of ("local", "tensorboard", "mlflow", "wandb"). mlflow_uri "" keeps an
     # embedded sqlite store under the workdir; wandb_mode "online" needs the user's W&B key.

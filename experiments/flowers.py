@@ -16,7 +16,14 @@ def get_config() -> ConfigDict:
     config.dataset = ConfigDict(
         {"name": "oxford_flowers102", "batch_size": 32, "resolution": 32, "data_dir": ""}
     )
-    config.objective = ConfigDict({"name": "diffusion", "preset": "EDM", "condition_dropout": 0.1})
+    config.objective = ConfigDict(
+        {
+            "name": "diffusion",
+            "preset": "EDM",
+            "condition_dropout": 0.1,
+            "sampling": {"steps": 32, "solver": "heun", "per_class": 1, "guidance": 1.0},
+        }
+    )
     config.model = ConfigDict(
         {
             "name": "unet",
@@ -33,8 +40,8 @@ def get_config() -> ConfigDict:
     config.ema = ConfigDict({"decay": 0.9995})
     config.train = ConfigDict({"num_steps": 200_000, "log_every": 100})
     config.checkpoint = ConfigDict({"every": 5000, "keep": 2})
-    config.eval = ConfigDict({"every": 5000, "num_batches": 4, "metrics": ()})
-    config.sampling = ConfigDict({"steps": 32, "solver": "heun", "per_class": 1, "guidance": 1.0})
+    config.eval = ConfigDict({"every": 5000, "num_batches": 4})
+    config.preview = ConfigDict({"every": 5000})
     config.tracking = ConfigDict({"backends": ("local",)})
     # Devices per sharding axis; data parallelism takes the rest (devices: 0 = all of them).
     config.mesh = ConfigDict({"model": 1, "fsdp": 1, "devices": 0})

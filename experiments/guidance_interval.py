@@ -27,7 +27,7 @@ from dew.config import apply_overrides, load_config
 from dew.sampling import CFG, nfe
 from dew.scoring.digits_classifier import classify_digits
 from dew.scoring.digits_features import classifier_accuracy_on_real_validation, digits_frechet_distance
-from dew.training.trainer import Trainer, debiased_ema
+from dew.training.trainer import Trainer
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -49,6 +49,7 @@ def main() -> int:
         [
             f"config.train.num_steps={args.train_steps}",
             "config.eval.every=0",
+            "config.preview.every=0",
             f"config.checkpoint.every={args.train_steps}",
         ],
     )
@@ -58,7 +59,7 @@ def main() -> int:
     print(
         f"model: step {int(state.step)} ({time.perf_counter() - start:.0f} s incl. compiles), {args.workdir}"
     )
-    params = debiased_ema(state, config.ema.decay)
+    params = trainer.debiased_ema(state)
     objective = trainer.objective
     labels = jnp.repeat(jnp.arange(10, dtype=jnp.int32), args.per_class)
 

@@ -21,10 +21,10 @@ import jax
 import numpy as np
 
 from dew.config import apply_overrides, load_config
-from dew.data.mixture import RING
+from dew.data.sources.mixture import RING
 from dew.sampling import nfe
 from dew.scoring.sliced_wasserstein import ratio_to_noise_floor
-from dew.training.trainer import Trainer, debiased_ema
+from dew.training.trainer import Trainer
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -45,7 +45,7 @@ def main() -> int:
     start = time.perf_counter()
     state = trainer.run()
     print(f"trained to step {int(state.step)} in {time.perf_counter() - start:.0f} s (incl. compiles)")
-    params = debiased_ema(state, config.ema.decay)
+    params = trainer.debiased_ema(state)
 
     draw = jax.jit(
         lambda rng: trainer.objective.generate(

@@ -21,7 +21,7 @@ import numpy as np
 import optax
 
 import dew
-from dew.data.mixture import RING
+from dew.data.sources.mixture import RING
 from dew.inputs import Field, InputSpec
 from dew.objectives.base import Step
 from dew.objectives.diffusion import Diffusion

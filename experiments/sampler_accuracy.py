@@ -1,5 +1,5 @@
 """EDM Table 1 / Fig. 3 in miniature: ODE endpoint error vs NFE, per solver and σ schedule, on
-the exact denoiser of the 2D Gaussian mixture (``dew.data.mixture.RING``), so only the
+the exact denoiser of the 2D Gaussian mixture (``dew.data.sources.mixture.RING``), so only the
 discretisation errs.
 
 Error: RMS over 2,048 fixed noise draws of ‖x_solver − x_ref‖, where x_ref is Heun with 1,000
@@ -17,7 +17,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from dew.data.mixture import RING
+from dew.data.sources.mixture import RING
 from dew.diffusion import EDM, schedules
 from dew.sampling import nfe, sample
 

@@ -23,11 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from dew.config import apply_overrides, load_config
-from dew.data.digits import CAPTION_LENGTH, WORDS
+from dew.data.sources.digits import CAPTION_LENGTH, WORDS
 from dew.encoding.byte_text import tokenize
 from dew.sampling import CFG
 from dew.scoring.digits_classifier import classify_digits
-from dew.training.trainer import Trainer, debiased_ema
+from dew.training.trainer import Trainer
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -47,6 +47,7 @@ def main() -> int:
             "config.dataset.name=digits_text",
             f"config.train.num_steps={args.train_steps}",
             "config.eval.every=0",
+            "config.preview.every=0",
             f"config.checkpoint.every={args.train_steps}",
         ],
     )
@@ -56,7 +57,7 @@ def main() -> int:
     print(
         f"model: step {int(state.step)} ({time.perf_counter() - start:.0f} s incl. compiles), {args.workdir}"
     )
-    params = debiased_ema(state, config.ema.decay)
+    params = trainer.debiased_ema(state)
     guidance = CFG(weight=args.guidance) if args.guidance != 1.0 else None
 
     @jax.jit

@@ -33,8 +33,9 @@ def tiny_config(**overrides):
         "checkpoint.every": 3,
         "eval.every": 3,
         "eval.num_batches": 1,
-        "sampling.steps": 3,
-        "sampling.per_class": 2,
+        "preview.every": 3,
+        "objective.sampling.steps": 3,
+        "objective.sampling.per_class": 2,
         "optimizer.warmup_steps": 2,
         # One device unless a test asks for a mesh: eight virtual devices on two cores make every
         # step a cross-thread all-reduce, slow and (under load) prone to XLA's rendezvous timeout.

@@ -62,7 +62,7 @@ MODALITIES = [
     "dew.networks",
     "dew.encoding",
     "dew.scoring",
-    "dew.data.digits",
+    "dew.data.sources.digits",
     "dew.objectives.diffusion",
 ]
 
@@ -129,3 +129,16 @@ def test_unbuilt_names_raise_not_implemented_naming_the_missing_piece():
 
     with pytest.raises(NotImplementedError, match=re.escape("pipeline is not built yet")):
         dew.pipeline("runs/edm")
+
+
+def test_the_training_layer_speaks_no_diffusion():
+    """The Trainer knows the Objective contract and nothing else: no σ, preset, solver or
+    guidance anywhere under dew/training/ (code, comments or docs)."""
+    words = re.compile(r"σ|(?i:sigma|preset|solver|guidance)")  # case-sensitive σ: Σ is a sum
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in sorted((ROOT / "dew" / "training").rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if words.search(line)
+    ]
+    assert found == []

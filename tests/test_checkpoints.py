@@ -156,7 +156,7 @@ def test_restoring_what_is_not_there_is_a_named_error(tmp_path):
     with pytest.raises(CheckpointRestorationError, match="no checkpoint in"):
         checkpoints.restore(TEMPLATE)
     with pytest.raises(ValueError, match="no checkpoint in"):  # stix: restore_ema raises ValueError
-        checkpoints.restore_ema(TEMPLATE.params, 0.9)
+        checkpoints.restore_ema(TEMPLATE.params, decay=0.9)
     checkpoints.save(1, state_at(1), None)
     with pytest.raises(
         CheckpointRestorationError, match=r"no checkpoint for step 9 .* stored steps are \[1\]"
@@ -345,7 +345,7 @@ def test_no_pickle_is_written_or_read(tmp_path, monkeypatch):
     template = TEMPLATE.replace(pending=checkpoints.accumulation_template(1))
     checkpoints.restore(template, step=1, share=DataPartition())
     checkpoints.restore(TEMPLATE, step=2, share=DataPartition())
-    checkpoints.restore_ema(None, 0.9, step=1)
+    checkpoints.restore_ema(None, step=1, decay=0.9)
     checkpoints.stored(1)
     for path in tmp_path.rglob("*"):  # every file is JSON or raw array data, none a pickle stream
         if path.is_file():

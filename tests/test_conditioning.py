@@ -74,8 +74,9 @@ def test_a_text_conditioned_digits_run_trains_and_previews_from_prompts(tmp_path
         state.params, jax.random.PRNGKey(0), batch, Step(index=jnp.int32(0), is_training=False)
     )
     assert np.isfinite(float(loss))
-    images, labels = trainer.sample_fn()(state, jax.random.PRNGKey(0))
-    assert images.shape == (20, 8, 8, 1) and list(np.asarray(labels[:4])) == [0, 0, 1, 1]
+    grid = trainer.objective.preview(trainer.preview_params(state), jax.random.PRNGKey(0))
+    assert grid.images.shape == (20, 8, 8, 1) and grid.columns == 2
+    assert grid.captions[:3] == ("a handwritten zero", "a handwritten zero", "a handwritten one")
 
 
 def test_input_spec_names_fields_and_refuses_clashes():

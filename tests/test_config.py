@@ -53,20 +53,34 @@ def test_bad_overrides_name_the_key(override, message):
         (["--config.train.num_stpes=5"], "unknown config key 'config.train.num_stpes'"),
         (["--config.dataset.name=mnist"], "config.dataset.name: unknown datasets 'mnist'"),
         (["--config.model.name=unte"], "did you mean 'unet'"),
-        (["--config.sampling.solver=rk4"], "config.sampling.solver: unknown samplers 'rk4'"),
+        (
+            ["--config.objective.sampling.solver=rk4"],
+            "config.objective.sampling.solver: unknown samplers 'rk4'",
+        ),
         (["--config.ema.decay=1.5"], r"config.ema.decay=1.5 is invalid: expected a float in \[0, 1\)"),
         (["--config.tracking.backends=('local','tensorbored')"], "config.tracking.backends"),
         (
-            ["--config.sampling.guidance_interval=(3.0,1.0)"],
-            r"config.sampling.guidance_interval=\(3.0, 1.0\)",
+            ["--config.objective.sampling.guidance_interval=(3.0,1.0)"],
+            r"config.objective.sampling.guidance_interval=\(3.0, 1.0\)",
         ),
         (["--config.tracking.wandb_mode=loud"], "config.tracking.wandb_mode='loud' is invalid"),
+        (
+            ["--config.optimiser.learning_rate=1.0"],
+            "unknown config key 'config.optimiser'; did you mean 'optimizer'",
+        ),
+        (["--config.dataset.batch_size=4096"], r"batch_size=4096 is invalid: .*must be in \[1, 1617\]"),
+        (["--config.eval.num_batches=50"], "config.eval.num_batches=50 is invalid: .*only 2 fit"),
+        (["--config.dataset.name=oxford_flowers102"], "tfds data set 'oxford_flowers102' is not prepared"),
+        (["--config.dataset.name=gaussian_mixture"], "cannot build parameters for 'gaussian_mixture/train'"),
+        (["--config.preview.metrics=('fid',)"], "config.preview.metrics: unknown metrics 'fid'"),
     ],
 )
 def test_bad_input_stops_before_writing_anything(tmp_path, capsys, args, message):
     workdir = tmp_path / "run"
     assert main(["--config", EDM, "--workdir", str(workdir), *args]) == 2
-    assert pytest.importorskip("re").search(message, capsys.readouterr().err)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ")  # one line
+    assert pytest.importorskip("re").search(message, err)
     assert not workdir.exists()
 
 
@@ -82,3 +96,59 @@ def test_a_workdir_that_is_a_file_is_refused_and_left_alone(tmp_path, capsys):
 def test_missing_config_file_is_named(tmp_path, capsys):
     assert main(["--config", str(tmp_path / "nope.py"), "--workdir", str(tmp_path / "w")]) == 2
     assert "no config file at" in capsys.readouterr().err
+
+
+def write_experiment(tmp_path, body: str):
+    path = tmp_path / "experiment.py"
+    path.write_text(
+        "from ml_collections import ConfigDict\n\n\ndef get_config():\n"
+        "    config = ConfigDict()\n"
+        + "".join(f"    {line}\n" for line in body.splitlines())
+        + "    return config\n"
+    )
+    return path
+
+
+def test_a_typo_in_the_experiment_file_is_one_line_naming_the_closest_key(tmp_path, capsys):
+    path = write_experiment(tmp_path, 'config.optimiser = ConfigDict({"learning_rate": 1e-3})')
+    workdir = tmp_path / "run"
+    assert main([f"--config={path}", f"--workdir={workdir}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "unknown config key 'config.optimiser'; did you mean 'optimizer'" in err
+    assert not workdir.exists()
+
+
+def test_a_wrong_kind_in_the_experiment_file_is_named(tmp_path, capsys):
+    path = write_experiment(tmp_path, 'config.train = ConfigDict({"num_steps": "ten"})')
+    assert main([f"--config={path}", f"--workdir={tmp_path / 'run'}"]) == 2
+    assert "config.train.num_steps='ten': expected an int, got str" in capsys.readouterr().err
+
+
+def test_a_syntax_error_in_the_experiment_file_names_file_and_line(tmp_path, capsys):
+    path = tmp_path / "broken.py"
+    path.write_text("from ml_collections import ConfigDict\n\ndef get_config(:\n    return ConfigDict()\n")
+    assert main([f"--config={path}", f"--workdir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path}, line 3" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_omitted_keys_take_defaults_and_stay_overridable(tmp_path):
+    path = write_experiment(tmp_path, 'config.train = ConfigDict({"num_steps": 5})')
+    config = apply_overrides(
+        load_config(str(path)), ["config.train.accumulation=2", "config.profile.warmup=3"]
+    )
+    assert config.train.num_steps == 5 and config.train.accumulation == 2
+    assert config.train.log_every == 50 and config.profile.warmup == 3
+    assert config.objective.sampling.solver == "heun"  # the diffusion objective's own default
+    assert config.checkpoint.keep_best is True
+
+
+def test_help_config_prints_the_resolved_schema_and_writes_nothing(tmp_path, capsys):
+    assert main([f"--config={EDM}", "--help-config", "--config.train.num_steps=7"]) == 0
+    out = capsys.readouterr().out
+    assert "train.num_steps = 7 (default 1000)  [int] micro-batches to train for" in out
+    assert "objective.sampling.solver = 'heun'  [str] registered solver (dew.samplers)" in out
+    assert "model.channels = 32 (default 64)  [int]" in out
+    assert os.listdir(tmp_path) == []

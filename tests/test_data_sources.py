@@ -13,7 +13,7 @@ import pytest
 
 import dew
 from dew.data import DataPartition, Dataset
-from dew.data.mixture import RING, GaussianMixture
+from dew.data.sources.mixture import RING, GaussianMixture
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 tfds = pytest.importorskip("tensorflow_datasets")
@@ -73,7 +73,7 @@ def test_a_missing_prepared_dataset_says_how_to_prepare_it(tmp_path, capsys):
     assert "'oxford_flowers102' is not prepared in array_record format" in err
     assert "download_and_prepare()" in err and "Traceback" not in err
     with pytest.raises(ValueError, match="no tfds data set named 'no_such_set'"):
-        from dew.data.tfds_source import tfds_source
+        from dew.data.sources.tfds_source import tfds_source
 
         tfds_source("no_such_set", data_dir=str(tmp_path))
 

@@ -40,10 +40,7 @@ def test_conversions_between_targets_are_exact(pair, source, target):
 def test_the_closed_forms_of_the_targets(pair):
     y, n, x = pair
     s = SIGMAS[:, None]
-    alpha, sigma_vp = 1 / jnp.sqrt(1 + s**2), s / jnp.sqrt(1 + s**2)
-    # v from VP's own frame: x_vp = α y + σ_vp n and v = α n − σ_vp y (Salimans & Ho 2022).
     v = targets.ground_truth("v", y, n, SIGMAS)
-    np.testing.assert_allclose(alpha * v, alpha * (alpha * n - sigma_vp * y), rtol=1e-5, atol=1e-6)
     # flow: x_t = (1−t) y + t n with t = σ/(1+σ) is x/(1+σ); and y = x_t − t u.
     t = s / (1 + s)
     u = targets.ground_truth("flow", y, n, SIGMAS)
@@ -52,6 +49,35 @@ def test_the_closed_forms_of_the_targets(pair):
     np.testing.assert_allclose(
         targets.ground_truth("edm", y, n, SIGMAS, sigma_data=1.0), -v, rtol=1e-4, atol=1e-4
     )
+
+
+def test_v_target_matches_table_1_vp_frame_in_float64():
+    """v = α_t ε − σ_t y (Salimans & Ho 2022) in VP's own frame, built from EDM Table 1's VP
+    column in float64: σ(t) = √(exp(½β_d t² + β_min t) − 1), s(t) = 1/√(exp(½β_d t² + β_min t)),
+    so x_vp = s(t)·x = α_t y + σ_t ε with α_t = s(t), σ_t = s(t)·σ(t)."""
+    beta_d, beta_min = 19.9, 0.1
+    t = np.array([1e-3, 0.05, 0.2, 0.5, 0.9, 1.0])
+    growth = np.exp(0.5 * beta_d * t**2 + beta_min * t)
+    sigma, scale = np.sqrt(growth - 1.0), 1.0 / np.sqrt(growth)
+    alpha_t, sigma_t = scale, scale * sigma
+    np.testing.assert_allclose(alpha_t**2 + sigma_t**2, 1.0, rtol=1e-12)  # a VP frame
+    rng = np.random.default_rng(0)
+    y, eps = rng.standard_normal((2, len(t), 3))
+    reference = alpha_t[:, None] * eps - sigma_t[:, None] * y  # float64
+    got = np.asarray(
+        targets.ground_truth(
+            "v", jnp.asarray(y, jnp.float32), jnp.asarray(eps, jnp.float32), sigma.astype(np.float32)
+        ),
+        np.float64,
+    )
+    # float32 inputs and ~6 float32 operations, each within half an ulp (2^-24 relative) of
+    # terms no larger than |y| + |ε|: 8 ulps of that magnitude bound the difference.
+    bound = 8 * 2.0**-24 * (np.abs(y) + np.abs(eps))
+    assert np.all(np.abs(got - reference) <= bound), np.max(np.abs(got - reference) / bound)
+    # and D = c_skip x + c_out v recovers y (Table 1 with the v-target's c_skip, c_out), in float64
+    x = y + sigma[:, None] * eps
+    c_skip, c_out = 1 / (1 + sigma**2), -sigma / np.sqrt(1 + sigma**2)
+    np.testing.assert_allclose(c_skip[:, None] * x + c_out[:, None] * reference, y, rtol=0, atol=1e-12)
 
 
 def test_presets_follow_table_1():

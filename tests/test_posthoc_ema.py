@@ -13,20 +13,18 @@ REF = np.load(pathlib.Path(__file__).resolve().parent.parent / "third_party" / "
 
 
 def test_sigma_rel_gamma_conversions_match_edm2():
-    np.testing.assert_allclose(
-        ph.gamma_to_sigma_rel(REF["exp_to_std/exp"]), REF["exp_to_std/std"], rtol=1e-12
-    )
+    np.testing.assert_allclose(ph.gamma_to_std_rel(REF["exp_to_std/exp"]), REF["exp_to_std/std"], rtol=1e-12)
     # edm2 takes the largest real root of Eq. 126 with np.roots (companion-matrix eigenvalues,
     # ~1e-13 relative); dew by Newton: both are float64 roots of the same cubic.
-    np.testing.assert_allclose(ph.sigma_rel_to_gamma(REF["std_to_exp/std"]), REF["std_to_exp/exp"], rtol=1e-9)
+    np.testing.assert_allclose(ph.std_rel_to_gamma(REF["std_to_exp/std"]), REF["std_to_exp/exp"], rtol=1e-9)
     # and the two conversions invert each other
-    g = ph.sigma_rel_to_gamma(REF["std_to_exp/std"])
-    np.testing.assert_allclose(ph.gamma_to_sigma_rel(g), REF["std_to_exp/std"], rtol=1e-12)
+    g = ph.std_rel_to_gamma(REF["std_to_exp/std"])
+    np.testing.assert_allclose(ph.gamma_to_std_rel(g), REF["std_to_exp/std"], rtol=1e-12)
 
 
 def test_per_update_beta_matches_edm2():
     for std in ("0.050", "0.100"):
-        gamma = float(ph.sigma_rel_to_gamma(float(std)))
+        gamma = float(ph.std_rel_to_gamma(float(std)))
         for t_key, b_key, dt in (("t", "dt1", 1.0), ("dt64_t", "dt64", 64.0)):
             got = np.asarray(ph.power_beta(gamma, REF[f"beta/{std}/{t_key}"], dt), np.float64)
             # float32 inside the step: exp((γ+1)·log1p(−Δt/t)) is good to a few float32 ulps.
@@ -65,7 +63,7 @@ def test_inner_product_is_the_integral_of_the_profiles():
         ((0.4, 0.07), (1.0, 0.12)),
         ((1.0, 0.2), (0.7, 0.05)),
     ]:
-        ga, gb = ph.sigma_rel_to_gamma(sa), ph.sigma_rel_to_gamma(sb)
+        ga, gb = ph.std_rel_to_gamma(sa), ph.std_rel_to_gamma(sb)
         edges = np.linspace(0.0, max(ta, tb), 200_001)
         tau = 0.5 * (edges[1:] + edges[:-1])
         pa = np.where(tau <= ta, (ga + 1) * tau**ga / ta ** (ga + 1), 0.0)
@@ -78,7 +76,7 @@ def test_tracked_power_ema_has_the_telescoped_weights():
     """The recursion with β_γ(n) (Eq. 127) from n = 1 puts weight (1 − ((k−1)/k)^(γ+1))(k/n)^(γ+1)
     on θ_k: compare a tracked scalar sequence with that explicit sum (float32 tracking over 300
     steps of O(1) values: round-off ~300·6e-8)."""
-    gamma = float(ph.sigma_rel_to_gamma(0.1))
+    gamma = float(ph.std_rel_to_gamma(0.1))
     thetas = np.random.default_rng(0).standard_normal(300).astype(np.float32)
     ema = np.float32(123.0)  # anything: the first update (β = 0) replaces it
     for n, theta in enumerate(thetas, start=1):
@@ -98,7 +96,7 @@ def test_reconstruction_recovers_a_tracked_profile():
     n, every = 2000, 100
     target = 0.07
     sigmas = (0.05, 0.10, target)
-    gammas = [float(ph.sigma_rel_to_gamma(s)) for s in sigmas]
+    gammas = [float(ph.std_rel_to_gamma(s)) for s in sigmas]
     t = np.arange(1, n + 1)
     theta = np.sin(t / 150.0) + 0.002 * t  # drifting, oscillating parameter
     emas = [np.float64(0.0)] * 3
@@ -119,9 +117,9 @@ def test_reconstruction_recovers_a_tracked_profile():
 
 
 def test_bad_inputs_name_the_value():
-    with pytest.raises(ValueError, match=r"sigma_rel=\[0.3\]"):
-        ph.sigma_rel_to_gamma(0.3)
+    with pytest.raises(ValueError, match=r"std_rel=\[0.3\]"):
+        ph.std_rel_to_gamma(0.3)
     with pytest.raises(ValueError, match="not the time of a snapshot"):
         ph.reconstruct([ph.Snapshot(10, 0.05, {"w": np.zeros(2)})], 0.07, t=5)
     with pytest.raises(ValueError, match="distinct"):
-        ph.parse_sigma_rels([0.05, 0.0501], "config.ema.power_sigma_rels")
+        ph.parse_std_rels([0.05, 0.0501], "config.ema.power_std_rels")

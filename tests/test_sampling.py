@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import dew
-from dew.data.mixture import RING
+from dew.data.sources.mixture import RING
 from dew.diffusion import EDM, schedules
 from dew.sampling import CFG, DPMSolverPP2M, EDMStochastic, Euler, Heun, nfe, sample
 
@@ -112,7 +112,7 @@ def test_guidance_in_an_interval_beats_full_range_guidance_with_exact_denoisers(
     """The fast analogue of Kynkäänniemi et al.'s finding: with the exact class-conditional
     (one component) and unconditional (the mixture) denoisers, CFG limited to σ ∈ (0.28, 2.9]
     lands closer to the true class distribution than CFG over all σ at the same weight."""
-    from dew.data.mixture import GaussianMixture
+    from dew.data.sources.mixture import GaussianMixture
     from dew.scoring.sliced_wasserstein import sliced_wasserstein
 
     component = GaussianMixture((RING.means[0],), (RING.stds[0],), (1.0,))

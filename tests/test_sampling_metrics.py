@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import dew
-from dew.data.digits import digits
+from dew.data.sources.digits import digits
 from dew.scoring.digits_features import digits_frechet_distance, frechet_distance
 from dew.scoring.sliced_wasserstein import sliced_wasserstein
 

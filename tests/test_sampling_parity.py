@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from dew.data.mixture import GaussianMixture
+from dew.data.sources.mixture import GaussianMixture
 from dew.diffusion import EDM
 from dew.sampling import DPMSolverPP2M, EDMStochastic, trajectory
 

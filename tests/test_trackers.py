@@ -9,7 +9,7 @@ from PIL import Image
 
 from dew.artifacts import ImageGrid
 from dew.training.console import Progress, log_metrics_to_line, log_metrics_to_table
-from dew.training.trackers import LocalTracker, LoggingCategory, Tracker, Trackers, convert_mse_to_rmse
+from dew.training.trackers import LocalTracker, LoggingCategory, Tracker, Trackers
 
 
 def test_local_tracker_writes_json_lines_and_png_readable_with_stdlib_and_pillow(tmp_path):
@@ -26,13 +26,6 @@ def test_local_tracker_writes_json_lines_and_png_readable_with_stdlib_and_pillow
     ]
     image = Image.open(tmp_path / "tracking" / "images" / "samples_00000020.png")
     assert image.size == (2 * (64 + 4) + 4, 2 * (64 + 4) + 4)
-
-
-def test_rmse_is_taken_after_averaging():
-    window = [0.01, 0.09]  # per-step MSEs
-    converted = convert_mse_to_rmse({"mse_denoised": float(np.mean(window))})
-    assert converted == {"rmse_denoised": pytest.approx(np.sqrt(0.05))}
-    assert converted["rmse_denoised"] != pytest.approx(np.mean(np.sqrt(window)))
 
 
 class Broken(Tracker):

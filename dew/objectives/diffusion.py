@@ -3,6 +3,7 @@ any ``Process`` preset, with class-label or text conditions and condition dropou
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -14,11 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from dew import registry
+from dew.artifacts import ImageGrid
 from dew.diffusion.process import Process
 from dew.encoding.class_label import UNCONDITIONAL
 from dew.inputs import Condition, Field, InputSpec
-from dew.objectives.base import Aux, Batch, Objective, Params, Stats, Step
+from dew.objectives import scatter
 from dew.sampling import CFG, Solver, sample
+from dew.schema import ConfigError, Key, Section
+from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
 
 ModuleFactory = Callable[[], hk.Module]
 
@@ -39,6 +43,8 @@ class Diffusion(Objective):
         model: ModuleFactory,
         encoders: Mapping[str, ModuleFactory],
         condition_dropout: float = 0.0,
+        *,
+        sampling: Sampling | None = None,
     ):
         if not 0.0 <= condition_dropout < 1.0:
             raise ValueError(f"condition_dropout must be in [0, 1), got {condition_dropout}")
@@ -48,6 +54,8 @@ class Diffusion(Objective):
         self.input_spec = input_spec
         self.process = process
         self.condition_dropout = condition_dropout
+        self.sampling = sampling or Sampling()
+        self._preview_fn: Callable[..., Any] | None = None
         # The batch-field value of each condition's unconditional datum, from its encoder.
         self._unconditional_tokens = {
             key: registry.encoders[c.encoder].tokens(c.unconditional, c.field.shape)
@@ -147,25 +155,38 @@ class Diffusion(Objective):
         noise = jax.random.normal(rng, shape, jnp.float32)
         return sample(denoise, noise, self.process.sigmas(steps), solver, rng=jax.random.fold_in(rng, 1))
 
-    # --- building from a config, and previews --------------------------------------------------
+    # --- config -------------------------------------------------------------------------------------
+    @classmethod
+    def config_section(cls) -> Section:
+        """``config.objective``'s diffusion keys: the preset, conditioning, and ``sampling``
+        (how previews are drawn). Every diffusion check lives here, not in the Trainer."""
+        return CONFIG
+
     @classmethod
     def from_config(cls, config: Any, source: Any) -> Diffusion:
         """Build from ``config.objective``/``config.model`` for a dataset ``source``.
 
-        ``config.objective.condition`` (optional, default ``auto``) picks the conditioning:
-        ``text`` (the source's ``text`` field through the jointly trained ``byte_text``
-        encoder), ``class_label`` (its ``label`` field), or ``none``; ``auto`` takes text when
-        the source has a ``text`` field, else class labels when it has ``num_classes``.
-        Either is passed to the model under its ``label`` keyword.
+        ``config.objective.condition`` picks the conditioning: ``text`` (the source's ``text``
+        field through the jointly trained ``byte_text`` encoder), ``class_label`` (its ``label``
+        field), or ``none``; ``auto`` takes text when the source has a ``text`` field, else class
+        labels when it has ``num_classes``. Either is passed to the model under its ``label``
+        keyword. ``config.objective.sampling`` sets how ``preview`` samples.
         """
+        o = config.objective
+        if config.model.name is None:
+            raise ConfigError(
+                f"config.model.name=None is invalid: the diffusion objective needs a network, one of "
+                f"{registry.models.names()}"
+            )
         column = source.fields[source.sample_field]
         sample_field = Field(source.sample_field, tuple(column.shape[1:]))
-        choice = config.objective.get("condition", "auto")
-        accepted = ("auto", "text", "class_label", "none")
-        if choice not in accepted:
-            raise ValueError(f"config.objective.condition={choice!r} is invalid: expected one of {accepted}")
+        choice = o.condition
         if choice == "auto":
             choice = "text" if "text" in source.fields else ("class_label" if source.num_classes else "none")
+        if choice == "class_label" and not source.num_classes:
+            raise ConfigError(f"config.objective.condition='class_label': {source.name} has no classes")
+        if choice == "text" and "text" not in source.fields:
+            raise ConfigError(f"config.objective.condition='text': {source.name} has no 'text' field")
         conditions: dict[str, Condition] = {}
         encoders: dict[str, ModuleFactory] = {}
         if choice == "class_label":
@@ -179,21 +200,26 @@ class Diffusion(Objective):
         model = functools.partial(registry.models[config.model.name], **model_cfg)
         objective = cls(
             InputSpec(sample_field, conditions),
-            registry.presets[config.objective.preset],
+            registry.presets[o.preset],
             model,
             encoders,
-            config.objective.condition_dropout,
+            o.condition_dropout,
+            sampling=Sampling(**o.sampling.to_dict()),
         )
         objective.num_classes = source.num_classes if conditions else None
         if choice == "text":
             prompts = source.class_prompts or tuple(str(c) for c in range(source.num_classes or 0))
             objective.class_prompts = prompts
+        if len(sample_field.shape) == 1:  # points: previews are scatter plots over the data's extent
+            objective.extent = scatter.extent_of(np.asarray(column[: min(len(column), 4096)]))
         return objective
 
     class_prompts: tuple[str, ...] | None = None
     num_classes: int | None = None
+    extent: float | None = None
 
-    def preview(
+    # --- previews -----------------------------------------------------------------------------------
+    def draw(
         self,
         params: Params,
         rng: jax.Array,
@@ -204,7 +230,7 @@ class Diffusion(Objective):
         guidance: float = 1.0,
         guidance_interval: tuple[float, float] | tuple[()] = (),
     ) -> tuple[jax.Array, jax.Array]:
-        """``per_class`` samples of every class, class-major (one grid row per class).
+        """``per_class`` samples of every class, class-major, and their labels; pure and jittable.
 
         ``guidance`` is the CFG weight (1 = none), applied only while σ lies in
         ``guidance_interval`` = (σ_lo, σ_hi] when one is given, else over the whole σ range."""
@@ -221,10 +247,101 @@ class Diffusion(Objective):
                 conditions = {"label": jnp.asarray(prompts)[labels]}
         lo, hi = guidance_interval or (0.0, float("inf"))
         cfg = CFG(weight=guidance, sigma_lo=lo, sigma_hi=hi) if guidance != 1.0 else None
-        images = self.generate(
+        samples = self.generate(
             params, rng, conditions, steps=steps, solver=solver, guidance=cfg, num_samples=per_class
         )
-        return images, labels
+        return samples, labels
+
+    def preview(self, params: Params, rng: jax.Array) -> ImageGrid:
+        """Samples as ``config.objective.sampling`` asks: an ``ImageGrid`` with one row per class
+        for images, a scatter plot (one ``ImageGrid`` picture) for points."""
+        if self._preview_fn is None:
+            settings = dataclasses.asdict(self.sampling)
+            self._preview_fn = jax.jit(functools.partial(self.draw, **settings))
+        samples, _ = jax.device_get(self._preview_fn(params, rng))
+        if samples.ndim == 2:
+            return scatter.scatter_grid(samples, self.extent or scatter.extent_of(samples))
+        captions = None
+        if self.class_prompts is not None:
+            captions = tuple(p for p in self.class_prompts for _ in range(self.sampling.per_class))
+        return ImageGrid(np.clip(samples, -1.0, 1.0), captions=captions, columns=self.sampling.per_class)
+
+    def score(self, preview: Any, metrics: Mapping[str, Callable[..., float]]) -> dict[str, float]:
+        """``metric(images, labels)`` for each named metric on an image preview, the labels being
+        the classes the rows were asked for."""
+        if not metrics:
+            return {}
+        if not self.input_spec.sample.shape or len(self.input_spec.sample.shape) != 3:
+            raise ConfigError(
+                f"config.preview.metrics={tuple(metrics)!r} is invalid: previews of "
+                f"{self.input_spec.sample.shape}-shaped samples are not images; expected ()"
+            )
+        if preview is None:
+            return {}
+        labels = np.repeat(np.arange(self.num_classes or 1), self.sampling.per_class)
+        return {name: float(metric(preview.images, labels)) for name, metric in metrics.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """How ``Diffusion.preview`` samples: ``config.objective.sampling``."""
+
+    steps: int = 18
+    solver: str = "heun"
+    per_class: int = 10
+    guidance: float = 1.0
+    guidance_interval: tuple[float, ...] = ()
+
+
+def _interval_ok(interval: tuple[float, ...]) -> bool:
+    return interval == () or (len(interval) == 2 and 0 <= interval[0] < interval[1])
+
+
+CONFIG = Section(
+    "denoising score matching in the EDM frame (Karras et al. 2022)",
+    {
+        "preset": Key("EDM", "preconditioning, loss weight and σ schedule (dew.presets)", registry="presets"),
+        "condition": Key(
+            "auto",
+            "conditioning: text, class_label, none, or auto (text if the data has it, else labels)",
+            choices=("auto", "text", "class_label", "none"),
+        ),
+        "condition_dropout": Key(
+            0.0,
+            "probability of dropping a condition while training (the unconditional branch of CFG)",
+            check=lambda v: 0.0 <= v < 1.0,
+            accepted="a float in [0, 1)",
+        ),
+        "sampling": Section(
+            "how previews are sampled",
+            {
+                "steps": Key(
+                    18, "sampler points from σ_max to 0", check=lambda v: v >= 2, accepted="an int >= 2"
+                ),
+                "solver": Key("heun", "registered solver (dew.samplers)", registry="samplers"),
+                "per_class": Key(
+                    10,
+                    "samples per class (one grid row each); in all, without classes",
+                    check=lambda v: v >= 1,
+                    accepted="an int >= 1",
+                ),
+                "guidance": Key(
+                    1.0,
+                    "classifier-free guidance weight (1: none)",
+                    check=lambda v: v >= 0,
+                    accepted="a float >= 0 (1: none)",
+                ),
+                "guidance_interval": Key(
+                    (),
+                    "() guides over the whole σ range; (σ_lo, σ_hi) only there, e.g. (0.28, 2.9)",
+                    item=float,
+                    check=_interval_ok,
+                    accepted="() for the whole σ range, or (σ_lo, σ_hi) with 0 <= σ_lo < σ_hi",
+                ),
+            },
+        ),
+    },
+)
 
 
 registry.objectives.register("diffusion", Diffusion)

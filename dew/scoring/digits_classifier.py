@@ -12,7 +12,7 @@ import functools
 import numpy as np
 
 from dew import registry
-from dew.data.digits import to_source_range
+from dew.data.sources.digits import to_source_range
 
 
 @functools.cache

@@ -17,7 +17,7 @@ import functools
 import numpy as np
 
 from dew import registry
-from dew.data.digits import to_source_range
+from dew.data.sources.digits import to_source_range
 from dew.scoring import distances
 from dew.scoring.statistics import FeatureStatistics, feature_statistics
 
@@ -28,7 +28,7 @@ def _classifier():
     from sklearn.neural_network import MLPClassifier
 
     raw = load_digits()
-    train = np.arange(len(raw.target)) % 10 != 0  # the training split of dew.data.digits
+    train = np.arange(len(raw.target)) % 10 != 0  # the training split of dew.data.sources.digits
     return MLPClassifier(hidden_layer_sizes=(64,), max_iter=600, random_state=0).fit(
         raw.data[train] / 16.0, raw.target[train]
     )
@@ -56,7 +56,7 @@ def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
 def _real_features() -> np.ndarray:
     from sklearn.datasets import load_digits
 
-    from dew.data.digits import to_unit_range
+    from dew.data.sources.digits import to_unit_range
 
     return digit_features(to_unit_range(load_digits().data))
 

@@ -1,4 +1,5 @@
-"""The trainer: pure stages (``init``/``step``/``eval``), side-effect stages and ``fit``.
+"""The trainer: the ``Objective`` contract, pure stages (``init``/``step``/``eval``), side-effect
+stages and ``fit``.
 
 Importing this package pulls in no modality (diffusion, sampling, models, encoders, metrics,
 dataset sources) and no tracker backend; names resolve lazily.
@@ -16,6 +17,11 @@ _EXPORTS = {
     "get_debiased_ema": "dew.training.checkpoints",
     "save_run_metadata": "dew.training.checkpoints",
     "read_run_metadata": "dew.training.checkpoints",
+    "Objective": "dew.training.objective",
+    "Step": "dew.training.objective",
+    "Aux": "dew.training.objective",
+    "EMASpec": "dew.training.ema",
+    "config_schema": "dew.training.trainer",
     "TrainState": "dew.training.state",
     "Trainer": "dew.training.trainer",
     "fit": "dew.training.loop",

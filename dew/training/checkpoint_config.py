@@ -24,7 +24,7 @@ from typing import Any
 
 import ml_collections
 
-from dew.config import ConfigError
+from dew.schema import ConfigError, Key, Section
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,3 +102,30 @@ def checkpoint_settings(section: ml_collections.ConfigDict | dict) -> Checkpoint
             "set restore_checkpoint_if_exists=False and leave step_to_restore and restore_dir unset"
         )
     return s
+
+
+# --- the config.checkpoint section of the schema (an adapter over CheckpointSettings) --------------
+_DOCS = {
+    "every": "save to the run's checkpoints/ every N steps (and at the end)",
+    "keep": "keep the latest N steps (plus the best, see keep_best)",
+    "keep_best": "also keep the step with the lowest evaluation loss (needs eval.every > 0)",
+    "asynchronous": "write on a background thread (False: each save lands first)",
+    "local_directory": "one more checkpoint, the latest, on each host's own disk (with local_every)",
+    "local_every": "steps between local checkpoints (with local_directory)",
+    "restore_checkpoint_if_exists": "resume from the latest checkpoint when there is one",
+    "step_to_restore": "resume from this step instead of the latest (must exist)",
+    "restore_dir": "restore from this checkpoints directory when the run's own is empty",
+    "restore_optimizer_state": "False: keep the freshly initialised optimizer state",
+    "restore_rng_key": "False: keep the freshly initialised rng key",
+    "clear_previous_checkpoints": "delete the run's checkpoints before starting (never with a restore)",
+}
+_KINDS = {"local_directory": str, "local_every": int, "step_to_restore": int, "restore_dir": str}
+
+CONFIG = Section(
+    "checkpoints under <workdir>/checkpoints: the latest `keep` plus the best",
+    {
+        f.name: Key(f.default, _DOCS[f.name], kind=_KINDS.get(f.name))
+        for f in dataclasses.fields(CheckpointSettings)
+    },
+    validate=lambda section, path: checkpoint_settings(section),
+)

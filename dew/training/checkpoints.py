@@ -36,11 +36,11 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as ocm
 
 from dew.data.dataset import DataPartition
-from dew.objectives.base import EMASpec
 from dew.training import checkpoint_layout as layout
 from dew.training import ema as ema_lib
 from dew.training import local_checkpoint
 from dew.training.checkpoint_errors import CheckpointRestorationError, CheckpointWriteError, first_line
+from dew.training.ema import EMASpec
 from dew.training.run_metadata import RUN_METADATA, read_run_metadata, save_run_metadata
 from dew.training.state import TrainState, num_updates
 
@@ -77,6 +77,8 @@ class Checkpoints:
     state (the step donates its input buffers); a save waits for the one before it, so at most
     one copy is held and a failed write stops the next save. ``asynchronous=False`` makes each save return
     once it has landed. ``read_only=True`` opens another run's directory for restoring only.
+    ``ema`` is the run's EMA as ``dew.training.ema.record`` describes it (β's law, tracked
+    leaves, accumulation); every save records it, so ``restore_ema`` debiases on its own.
     ``upload(path)`` is called after each persistent save lands (it may
     return a future, which ``wait`` waits for). With several processes, every process must
     make the same calls in the same order (saves and ``latest`` agree across processes).
@@ -94,6 +96,7 @@ class Checkpoints:
         asynchronous: bool = True,
         upload: Upload | None = None,
         read_only: bool = False,
+        ema: Mapping[str, Any] | None = None,
     ):
         if not isinstance(keep, int) or keep < 1:
             raise ValueError(f"Checkpoints: keep must be an int >= 1, got {keep!r}")
@@ -113,6 +116,7 @@ class Checkpoints:
         self.asynchronous = asynchronous
         self.upload = upload
         self.read_only = read_only
+        self.ema = None if ema is None else dict(ema)
         self._manager: ocp.CheckpointManager | None = None
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
         self._inflight: list[concurrent.futures.Future] = []
@@ -349,6 +353,8 @@ class Checkpoints:
             "process_count": jax.process_count(),
             "empty_items": empty,
         }
+        if self.ema is not None:
+            custom["ema"] = self.ema
         try:
             saved = self.manager.save(
                 step, args=ocp.args.Composite(**items), metrics=metrics, custom_metadata=custom
@@ -370,6 +376,8 @@ class Checkpoints:
         """On the writer thread: this process's shards and their placement, host-local."""
         _check_step(step, state)
         shards, meta = local_checkpoint.describe(step, state)
+        if self.ema is not None:
+            meta["ema"] = self.ema
         try:
             local_checkpoint.write(self.local_path, step, shards, meta, row)
         except Exception as e:
@@ -450,29 +458,44 @@ class Checkpoints:
         return state, position
 
     def restore_ema(
-        self, template: Any, decay: float | EMASpec, step: int | None = None, *, accumulation: int = 1
+        self,
+        template: Any,
+        step: int | None = None,
+        *,
+        decay: float | EMASpec | None = None,
+        accumulation: int | None = None,
     ) -> Any:
         """The debiased EMA parameters at ``step`` (default: latest) for sampling or evaluation.
 
         Reads only ``ema_params`` and ``extra``, never params or opt_state, and applies the
-        correction the live loop uses, ``ema / (1 - decay ** n)`` with n the optimizer updates
-        behind the step (``step // accumulation``); ``decay`` may be the run's ``EMASpec``
-        (warm-up, tracked leaves). ``template`` is a params tree (shape/dtype, optionally
-        sharded), or None for host arrays.
+        correction the live loop uses, ``ema / (1 − Π β_i)`` over the optimizer updates behind
+        the step (``step // accumulation``). The checkpoint records the run's EMA (β's law, the
+        tracked leaves, the accumulation), so no further argument is needed; an explicit
+        ``decay`` (a β or an ``EMASpec``) or ``accumulation`` that contradicts the record is an
+        error, and one is required only for a checkpoint written without a record.
+        ``template`` is a params tree (shape/dtype, optionally sharded), or None for host arrays.
         """
+        if step is not None and (isinstance(step, bool | float) or not isinstance(step, int | np.integer)):
+            raise TypeError(
+                f"restore_ema: step must be an int or None, got {step!r}; the EMA's decay is recorded in "
+                "the checkpoint (pass decay= only to check it)"
+            )
         step = self._resolve(step)
-        if self._is_local(step) and step not in self.all_steps():
+        local = self._is_local(step) and step not in self.all_steps()
+        recorded = (self._local_custom(step) if local else _custom_metadata(self.path(step))).get("ema")
+        spec, k = _ema_to_use(recorded, decay, accumulation, f"checkpoint step {step} in {self.directory}")
+        if local:
             if template is not None:
                 raise CheckpointRestorationError(
                     f"checkpoint step {step} is only local: restore_ema reads it with template=None, "
                     "or restore the full state onto its placement"
                 )
             state, _ = self.restore(None, step)
-            return ema_lib.debias(state.ema, decay, num_updates(int(np.asarray(state.step)), accumulation))
+            return ema_lib.debias(state.ema, spec, num_updates(int(np.asarray(state.step)), k))
         restored = self._read_items(step, {"ema_params": template, "extra": None})
         count = int(np.asarray(restored["extra"]["step"]))
         self._check_step_metadata(step, count)
-        return ema_lib.debias(restored["ema_params"], decay, num_updates(count, accumulation))
+        return ema_lib.debias(restored["ema_params"], spec, num_updates(count, k))
 
     # --- reading: persistent ----------------------------------------------------------------------
     def _restore(
@@ -517,7 +540,7 @@ class Checkpoints:
         wants_power = template is not None and template.power_ema is not None
         if wants_power and "power_ema" not in present:
             raise CheckpointRestorationError(
-                f"checkpoint step {step} holds no power-EMA slots (config.ema.power_sigma_rels) for the "
+                f"checkpoint step {step} holds no power-EMA slots (config.ema.power_std_rels) for the "
                 "template's; resume with the power-EMA profiles the run was trained with"
             )
         if "power_ema" in present and (template is None or wants_power):
@@ -767,6 +790,38 @@ def _restore_args(template: Any, stored_tree: Any) -> ocp.args.PyTreeRestore:
         item,
     )
     return ocp.args.PyTreeRestore(item=item, restore_args=restore_args)
+
+
+def _ema_to_use(
+    recorded: Mapping[str, Any] | None,
+    decay: float | EMASpec | None,
+    accumulation: int | None,
+    where: str,
+) -> tuple[EMASpec, int]:
+    """The EMASpec and accumulation to debias with: the recorded ones, checked against any
+    explicit argument; without a record, the arguments (a decay is then required)."""
+    if recorded is None:
+        if decay is None:
+            raise CheckpointRestorationError(
+                f"{where} records no EMA (written before runs recorded it): pass decay= (the run's β or "
+                "EMASpec) and accumulation="
+            )
+        spec = decay if isinstance(decay, EMASpec) else EMASpec(decay=float(decay))
+        return spec, 1 if accumulation is None else int(accumulation)
+    spec, k = ema_lib.from_record(recorded)
+    if decay is not None:
+        given = decay if isinstance(decay, EMASpec) else EMASpec(decay=float(decay))
+        if not ema_lib.same_law(given, spec):
+            raise ValueError(
+                f"restore_ema: decay={decay!r} contradicts the EMA {where} records (decay={spec.decay}, "
+                f"half_life={spec.half_life}, ramp_up={spec.ramp_up}); leave decay unset to use the record"
+            )
+    if accumulation is not None and int(accumulation) != k:
+        raise ValueError(
+            f"restore_ema: accumulation={accumulation} contradicts the {k} micro-batches per update {where} "
+            "records; leave it unset to use the record"
+        )
+    return spec, k
 
 
 def get_debiased_ema(ema_params: Any, decay: float, num_updates: int | jax.Array) -> Any:

@@ -74,8 +74,9 @@ def evaluate(
 class Evaluation:
     """Holds one evaluation event, with bounded hosted previews on rank zero.
 
-    ``metrics`` are the event's scalars (the same on every process). ``previews`` are image
-    grids hosted only on process 0 (elsewhere the mapping is empty: previews are for people, and
+    ``metrics`` are the event's scalars (the same on every process). ``previews`` are artifacts
+    (``dew.artifacts``; image grids are bounded, others kept as they are) hosted only on
+    process 0 (elsewhere the mapping is empty: previews are for people, and
     one copy is enough), capped by ``hosted`` at ``max_images`` images per grid and ``max_bytes``
     over the event, so an evaluation can never flood a tracker or the disk. ``dropped`` counts
     the images the caps left out.
@@ -83,7 +84,7 @@ class Evaluation:
 
     step: int
     metrics: Mapping[str, float]
-    previews: Mapping[str, ImageGrid] = dataclasses.field(default_factory=dict)
+    previews: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     dropped: int = 0
 
     @classmethod
@@ -91,7 +92,7 @@ class Evaluation:
         cls,
         step: int,
         metrics: Mapping[str, float],
-        previews: Mapping[str, ImageGrid] | None = None,
+        previews: Mapping[str, Any] | None = None,
         *,
         max_images: int = MAX_PREVIEW_IMAGES,
         max_bytes: int = MAX_PREVIEW_BYTES,
@@ -101,10 +102,13 @@ class Evaluation:
             raise ValueError(
                 f"Evaluation: max_images and max_bytes must be >= 1, got {max_images}, {max_bytes}"
             )
-        kept: dict[str, ImageGrid] = {}
+        kept: dict[str, Any] = {}
         dropped, budget = 0, max_bytes
         if jax.process_index() == 0:
             for name, grid in (previews or {}).items():
+                if not isinstance(grid, ImageGrid):  # other artifacts are hosted as they are
+                    kept[name] = grid
+                    continue
                 images = grid.images
                 per_image = images[0].nbytes if len(images) else 0
                 n = min(len(images), max_images, budget // per_image if per_image else 0)

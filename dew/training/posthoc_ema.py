@@ -11,13 +11,13 @@ arXiv v2), the same ones its reference implementation (NVlabs/edm2 ``training/ph
 so a fixed fraction of the run (say its last 10 %) always carries the same weight, however long
 the run. Its width relative to t, the standard deviation of τ/t under p_γ,
 
-    σ_rel = √( (γ + 1) / ((γ + 2)² (γ + 3)) )                                      (Eq. 123)
+    std_rel = √( (γ + 1) / ((γ + 2)² (γ + 3)) )                                      (Eq. 123)
 
 parameterises the profile; the inverse takes γ as the largest real root of
 
-    γ³ + 7γ² + (16 − σ_rel⁻²) γ + (12 − σ_rel⁻²) = 0                  (Eq. 126, Algorithm 2)
+    γ³ + 7γ² + (16 − std_rel⁻²) γ + (12 − std_rel⁻²) = 0                  (Eq. 126, Algorithm 2)
 
-(the same as (γ+2)²(γ+3) = σ_rel⁻² (γ+1), Eq. 123 cleared of its fraction). Tracked during training
+(the same as (γ+2)²(γ+3) = std_rel⁻² (γ+1), Eq. 123 cleared of its fraction). Tracked during training
 by the ordinary EMA recursion θ̂(t) = β θ̂(t − Δt) + (1 − β) θ(t) with
 
     β_γ(t) = (1 − Δt / t)^(γ+1)                                                    (Eq. 127)
@@ -48,38 +48,38 @@ import numpy as np
 
 Params = Any
 
-#: σ_rel of the uniform average over the whole run (γ = 0): the widest profile accepted here.
-MAX_SIGMA_REL = float(np.sqrt(1.0 / 12.0))
+#: std_rel of the uniform average over the whole run (γ = 0): the widest profile accepted here.
+MAX_STD_REL = float(np.sqrt(1.0 / 12.0))
 
 
-def _check_sigma_rel(sigma_rel: np.ndarray, what: str = "sigma_rel") -> np.ndarray:
-    sigma_rel = np.asarray(sigma_rel, np.float64)
-    bad = ~((sigma_rel > 0) & (sigma_rel < MAX_SIGMA_REL))
+def _check_std_rel(std_rel: np.ndarray, what: str = "std_rel") -> np.ndarray:
+    std_rel = np.asarray(std_rel, np.float64)
+    bad = ~((std_rel > 0) & (std_rel < MAX_STD_REL))
     if np.any(bad):
         raise ValueError(
-            f"{what}={sigma_rel[bad].ravel().tolist()} is invalid: expected values in "
-            f"(0, {MAX_SIGMA_REL:.6f}) (0 < σ_rel < 1/√12, the uniform average; EDM2 uses 0.05-0.10)"
+            f"{what}={std_rel[bad].ravel().tolist()} is invalid: expected values in "
+            f"(0, {MAX_STD_REL:.6f}) (0 < std_rel < 1/√12, the uniform average; EDM2 uses 0.05-0.10)"
         )
-    return sigma_rel
+    return std_rel
 
 
-def gamma_to_sigma_rel(gamma: np.ndarray | float) -> np.ndarray:
-    """σ_rel of the power profile with exponent γ ≥ 0 (Eq. 123)."""
+def gamma_to_std_rel(gamma: np.ndarray | float) -> np.ndarray:
+    """std_rel of the power profile with exponent γ ≥ 0 (Eq. 123)."""
     gamma = np.asarray(gamma, np.float64)
     if np.any(gamma < 0):
         raise ValueError(f"gamma={gamma.ravel().tolist()} is invalid: expected exponents >= 0")
     return np.sqrt((gamma + 1) / ((gamma + 2) ** 2 * (gamma + 3)))
 
 
-def sigma_rel_to_gamma(sigma_rel: np.ndarray | float) -> np.ndarray:
-    """γ of the power profile of relative width σ_rel: the largest real root of Eq. 126.
+def std_rel_to_gamma(std_rel: np.ndarray | float) -> np.ndarray:
+    """γ of the power profile of relative width std_rel: the largest real root of Eq. 126.
 
-    f(γ) = (γ+2)²(γ+3) − s(γ+1), s = σ_rel⁻², is convex for γ > −7/3 and positive at γ = √s
+    f(γ) = (γ+2)²(γ+3) − s(γ+1), s = std_rel⁻², is convex for γ > −7/3 and positive at γ = √s
     (there (√s+2)²(√s+3) > s(√s+3) > s(√s+1)), so Newton's method started at √s decreases
     monotonically onto the largest root; a fixed 64 iterations reach float64 precision.
     """
-    sigma_rel = _check_sigma_rel(sigma_rel)
-    s = sigma_rel**-2
+    std_rel = _check_std_rel(std_rel)
+    s = std_rel**-2
     gamma = np.sqrt(s)
     for _ in range(64):
         f = (gamma + 2) ** 2 * (gamma + 3) - s * (gamma + 1)
@@ -114,39 +114,39 @@ def power_update(ema: Params, params: Params, gamma: float, t: jax.Array | int) 
     return jax.tree.map(lambda e, p: (beta * e + weight * p).astype(e.dtype), ema, params)
 
 
-def profile_weights(t: float, sigma_rel: float, length: int) -> np.ndarray:
+def profile_weights(t: float, std_rel: float, length: int) -> np.ndarray:
     """The power profile ending at ``t`` sampled at τ = 0, 1, ..., length−1 and normalised to
     sum to one (Eq. 121 at integer times, the discrete form Eq. 108): the weight each training
     time carries in the average; zero after t."""
-    gamma = sigma_rel_to_gamma(sigma_rel)
+    gamma = std_rel_to_gamma(std_rel)
     tau = np.arange(length, dtype=np.float64)
     w = np.where(tau <= t, (gamma + 1) / t * (np.minimum(tau, t) / t) ** gamma, 0.0)
     return w / np.sum(w)
 
 
 def profile_inner_product(
-    t_a: np.ndarray | float, sigma_a: np.ndarray | float, t_b: np.ndarray | float, sigma_b: np.ndarray | float
+    t_a: np.ndarray | float, std_a: np.ndarray | float, t_b: np.ndarray | float, std_b: np.ndarray | float
 ) -> np.ndarray:
     """⟨p_a, p_b⟩ = ∫ p_a(τ) p_b(τ) dτ of two power profiles (Eq. 151); broadcasts."""
     t_a, t_b = np.asarray(t_a, np.float64), np.asarray(t_b, np.float64)
-    g_a, g_b = sigma_rel_to_gamma(sigma_a), sigma_rel_to_gamma(sigma_b)
+    g_a, g_b = std_rel_to_gamma(std_a), std_rel_to_gamma(std_b)
     exponent = np.where(t_a < t_b, g_b, -g_a)
     return (g_a + 1) * (g_b + 1) * (t_a / t_b) ** exponent / ((g_a + g_b + 1) * np.maximum(t_a, t_b))
 
 
 def solve_coefficients(
     t_in: Sequence[float],
-    sigma_in: Sequence[float],
+    std_in: Sequence[float],
     t_out: float | Sequence[float],
-    sigma_out: float | Sequence[float],
+    std_out: float | Sequence[float],
 ) -> np.ndarray:
     """Least-squares weights [len(in), len(out)] that turn snapshots of profiles (t_in,
-    sigma_in) into the profiles (t_out, sigma_out) (Algorithm 3): solve A x = b with Gram matrix
+    std_in) into the profiles (t_out, std_out) (Algorithm 3): solve A x = b with Gram matrix
     A_ij = ⟨p_i, p_j⟩ and b_ij = ⟨p_i, p_out_j⟩ (Eq. 151), then scale each column to sum to one.
     """
-    t_in, sigma_in = np.broadcast_arrays(np.asarray(t_in, np.float64), np.asarray(sigma_in, np.float64))
-    t_out, sigma_out = np.broadcast_arrays(np.asarray(t_out, np.float64), np.asarray(sigma_out, np.float64))
-    t_in, sigma_in, t_out, sigma_out = (np.ravel(a) for a in (t_in, sigma_in, t_out, sigma_out))
+    t_in, std_in = np.broadcast_arrays(np.asarray(t_in, np.float64), np.asarray(std_in, np.float64))
+    t_out, std_out = np.broadcast_arrays(np.asarray(t_out, np.float64), np.asarray(std_out, np.float64))
+    t_in, std_in, t_out, std_out = (np.ravel(a) for a in (t_in, std_in, t_out, std_out))
     if t_in.size == 0:
         raise ValueError("solve_coefficients: no snapshots to reconstruct from")
     if np.any(t_in <= 0) or np.any(t_out <= 0):
@@ -154,27 +154,27 @@ def solve_coefficients(
             f"solve_coefficients: times must be > 0, got t_in={t_in.tolist()}, t_out={t_out.tolist()}"
         )
     col, row = (lambda a: a[:, None]), (lambda a: a[None, :])
-    gram = profile_inner_product(col(t_in), col(sigma_in), row(t_in), row(sigma_in))
-    rhs = profile_inner_product(col(t_in), col(sigma_in), row(t_out), row(sigma_out))
+    gram = profile_inner_product(col(t_in), col(std_in), row(t_in), row(std_in))
+    rhs = profile_inner_product(col(t_in), col(std_in), row(t_out), row(std_out))
     x = np.linalg.solve(gram, rhs)
     return x / np.sum(x, axis=0, keepdims=True)
 
 
 class Snapshot(NamedTuple):
-    """A stored power EMA: its update count ``t`` (> 0), its ``sigma_rel`` and its ``params``."""
+    """A stored power EMA: its update count ``t`` (> 0), its ``std_rel`` and its ``params``."""
 
     t: int
-    sigma_rel: float
+    std_rel: float
     params: Params
 
 
-def reconstruct(snapshots: Sequence[Snapshot], sigma_rel: float, t: int | None = None) -> Params:
-    """The power EMA of relative width ``sigma_rel`` at update ``t`` (default: the latest snapshot),
+def reconstruct(snapshots: Sequence[Snapshot], std_rel: float, t: int | None = None) -> Params:
+    """The power EMA of relative width ``std_rel`` at update ``t`` (default: the latest snapshot),
     as the least-squares combination (Algorithm 3) of ``snapshots`` taken at or before ``t``.
 
     Leaves are combined on the host in float64 and returned as NumPy arrays of each leaf's dtype.
     """
-    _check_sigma_rel(np.asarray(sigma_rel), "sigma_rel")
+    _check_std_rel(np.asarray(std_rel), "std_rel")
     if not snapshots:
         raise ValueError("reconstruct: no snapshots given")
     t = max(s.t for s in snapshots) if t is None else t
@@ -182,7 +182,7 @@ def reconstruct(snapshots: Sequence[Snapshot], sigma_rel: float, t: int | None =
         times = sorted({s.t for s in snapshots})
         raise ValueError(f"reconstruct: t={t} is not the time of a snapshot; snapshot times are {times}")
     used = [s for s in snapshots if 0 < s.t <= t]
-    weights = solve_coefficients([s.t for s in used], [s.sigma_rel for s in used], t, sigma_rel)[:, 0]
+    weights = solve_coefficients([s.t for s in used], [s.std_rel for s in used], t, std_rel)[:, 0]
     leaves = [jax.tree.leaves(s.params) for s in used]
     treedef = jax.tree.structure(used[0].params)
     out = []
@@ -194,32 +194,32 @@ def reconstruct(snapshots: Sequence[Snapshot], sigma_rel: float, t: int | None =
     return jax.tree.unflatten(treedef, out)
 
 
-def sigma_rel_key(sigma_rel: float) -> str:
+def std_rel_key(std_rel: float) -> str:
     """A stable name for a profile (``"0.050"`` style, three decimals, as EDM2 names its files)."""
-    return f"{float(sigma_rel):.3f}"
+    return f"{float(std_rel):.3f}"
 
 
-def parse_sigma_rels(values: Sequence[float] | Mapping[str, Any], what: str) -> tuple[float, ...]:
+def parse_std_rels(values: Sequence[float] | Mapping[str, Any], what: str) -> tuple[float, ...]:
     """Validate a list of profile widths: each in (0, 1/√12), distinct at three decimals."""
     values = tuple(float(v) for v in values)
-    _check_sigma_rel(np.asarray(values, np.float64), what)
-    keys = [sigma_rel_key(v) for v in values]
+    _check_std_rel(np.asarray(values, np.float64), what)
+    keys = [std_rel_key(v) for v in values]
     if len(set(keys)) != len(keys):
         raise ValueError(f"{what}={list(values)} is invalid: expected distinct widths (to 3 decimals)")
     return values
 
 
 __all__ = [
-    "MAX_SIGMA_REL",
+    "MAX_STD_REL",
     "Snapshot",
-    "gamma_to_sigma_rel",
-    "parse_sigma_rels",
+    "gamma_to_std_rel",
+    "parse_std_rels",
     "power_beta",
     "power_update",
     "profile_inner_product",
     "profile_weights",
     "reconstruct",
-    "sigma_rel_key",
-    "sigma_rel_to_gamma",
     "solve_coefficients",
+    "std_rel_key",
+    "std_rel_to_gamma",
 ]

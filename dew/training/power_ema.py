@@ -1,20 +1,20 @@
 """Power-function EMAs tracked during training, and their snapshots on disk (EDM2 post-hoc EMA).
 
-``PowerEMA`` names the profiles (σ_rel values, e.g. 0.05 and 0.10) a run tracks: each is one
+``PowerEMA`` names the profiles (std_rel values, e.g. 0.05 and 0.10) a run tracks: each is one
 extra EMA slot of ``TrainState.power_ema``, updated inside the pure step with β_γ(n) =
 (1 − 1/n)^(γ+1) at the n-th optimizer update (``dew.training.posthoc_ema``, Eq. 127). Such an
 average needs no debiasing (β_γ(1) = 0).
 
 ``PowerEMASnapshots`` keeps every snapshot of the slots (one orbax checkpoint per snapshot
-step under ``<workdir>/power_ema``, one item per profile, ``sigma_rel_0.050``-style; never
+step under ``<workdir>/power_ema``, one item per profile, ``std_rel_0.050``-style; never
 garbage-collected: the reconstruction needs all of them), and ``SnapshotStage`` writes one
-every ``snapshot_every`` train steps. ``python -m dew.phema`` reconstructs any σ_rel from them.
+every ``snapshot_every`` train steps. ``python -m dew.phema`` reconstructs any std_rel from them.
 
 Directory layout::
 
-    <workdir>/power_ema/<step>/sigma_rel_0.050/   the σ_rel = 0.05 slot after <step> train steps
-                               sigma_rel_0.100/
-                               _CHECKPOINT_METADATA  custom: {"updates": n, "sigma_rels": [...]}
+    <workdir>/power_ema/<step>/std_rel_0.050/   the std_rel = 0.05 slot after <step> train steps
+                               std_rel_0.100/
+                               _CHECKPOINT_METADATA  custom: {"updates": n, "std_rels": [...]}
 """
 
 from __future__ import annotations
@@ -36,21 +36,21 @@ from dew.training.state import num_updates
 
 Params = Any
 SNAPSHOT_DIR = "power_ema"
-_ITEM_PREFIX = "sigma_rel_"
+_ITEM_PREFIX = "std_rel_"
 
 
 @dataclasses.dataclass(frozen=True)
 class PowerEMA:
-    """The power-EMA profiles a run tracks (``sigma_rels``) and how often (train steps) their
+    """The power-EMA profiles a run tracks (``std_rels``) and how often (train steps) their
     snapshots are saved (``snapshot_every``)."""
 
-    sigma_rels: tuple[float, ...]
+    std_rels: tuple[float, ...]
     snapshot_every: int
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "sigma_rels", posthoc_ema.parse_sigma_rels(self.sigma_rels, "sigma_rels"))
-        if not self.sigma_rels:
-            raise ValueError("PowerEMA: sigma_rels is empty; give at least one σ_rel (EDM2: 0.05, 0.10)")
+        object.__setattr__(self, "std_rels", posthoc_ema.parse_std_rels(self.std_rels, "std_rels"))
+        if not self.std_rels:
+            raise ValueError("PowerEMA: std_rels is empty; give at least one std_rel (EDM2: 0.05, 0.10)")
         if not isinstance(self.snapshot_every, int) or self.snapshot_every < 1:
             raise ValueError(
                 f"PowerEMA.snapshot_every must be an int >= 1 (train steps), got {self.snapshot_every!r}"
@@ -58,11 +58,11 @@ class PowerEMA:
 
     @property
     def gammas(self) -> tuple[float, ...]:
-        return tuple(float(posthoc_ema.sigma_rel_to_gamma(s)) for s in self.sigma_rels)
+        return tuple(float(posthoc_ema.std_rel_to_gamma(s)) for s in self.std_rels)
 
     def init(self, params: Params) -> tuple[Params, ...]:
         """Zero slots, one per profile (the first update replaces them)."""
-        return tuple(jax.tree.map(jnp.zeros_like, params) for _ in self.sigma_rels)
+        return tuple(jax.tree.map(jnp.zeros_like, params) for _ in self.std_rels)
 
     def update(self, slots: tuple[Params, ...], params: Params, n: jax.Array | int) -> tuple[Params, ...]:
         """Every slot after the ``n``-th optimizer update (n ≥ 1); pure, runs inside jit."""
@@ -72,8 +72,16 @@ class PowerEMA:
         )
 
 
-def item_name(sigma_rel: float) -> str:
-    return _ITEM_PREFIX + posthoc_ema.sigma_rel_key(sigma_rel)
+def power_ema_from_config(c: Any) -> PowerEMA | None:
+    """``config.ema.power_std_rels`` (() = off) and ``config.ema.snapshot_every`` (train steps;
+    0 = every ``config.checkpoint.every``) of a resolved config."""
+    if not tuple(c.ema.power_std_rels):
+        return None
+    return PowerEMA(tuple(c.ema.power_std_rels), c.ema.snapshot_every or c.checkpoint.every)
+
+
+def item_name(std_rel: float) -> str:
+    return _ITEM_PREFIX + posthoc_ema.std_rel_key(std_rel)
 
 
 class PowerEMASnapshots:
@@ -90,7 +98,7 @@ class PowerEMASnapshots:
         self.read_only = read_only
         if read_only and not os.path.isdir(self.directory):
             raise FileNotFoundError(
-                f"no power-EMA snapshots at {self.directory}: train with config.ema.power_sigma_rels "
+                f"no power-EMA snapshots at {self.directory}: train with config.ema.power_std_rels "
                 "set (e.g. (0.05, 0.1)) so the run saves them"
             )
         options = ocp.CheckpointManagerOptions(
@@ -106,9 +114,9 @@ class PowerEMASnapshots:
         import orbax.checkpoint as ocp
 
         items = {
-            item_name(s): ocp.args.PyTreeSave(slot) for s, slot in zip(power.sigma_rels, slots, strict=True)
+            item_name(s): ocp.args.PyTreeSave(slot) for s, slot in zip(power.std_rels, slots, strict=True)
         }
-        custom = {"updates": int(updates), "sigma_rels": list(power.sigma_rels)}
+        custom = {"updates": int(updates), "std_rels": list(power.std_rels)}
         self.manager.save(step, args=ocp.args.Composite(**items), custom_metadata=custom, force=True)
         self.manager.wait_until_finished()
 
@@ -133,7 +141,7 @@ class PowerEMASnapshots:
             meta = self.metadata(step)
             if meta.get("updates", 0) < 1:
                 continue
-            names = [item_name(s) for s in meta["sigma_rels"]]
+            names = [item_name(s) for s in meta["std_rels"]]
             args = {}
             for name in names:
                 stored = ocp.PyTreeCheckpointHandler().metadata(epath.Path(self.directory) / str(step) / name)
@@ -145,8 +153,8 @@ class PowerEMASnapshots:
                 )
                 args[name] = ocp.args.PyTreeRestore(restore_args=restore_args)
             restored = self.manager.restore(step, args=ocp.args.Composite(**args))
-            for sigma_rel, name in zip(meta["sigma_rels"], names, strict=True):
-                out.append(posthoc_ema.Snapshot(int(meta["updates"]), float(sigma_rel), restored[name]))
+            for std_rel, name in zip(meta["std_rels"], names, strict=True):
+                out.append(posthoc_ema.Snapshot(int(meta["updates"]), float(std_rel), restored[name]))
         return out
 
     def close(self) -> None:
@@ -174,4 +182,11 @@ class SnapshotStage(Stage):
         self.store.close()
 
 
-__all__ = ["SNAPSHOT_DIR", "PowerEMA", "PowerEMASnapshots", "SnapshotStage", "item_name"]
+__all__ = [
+    "SNAPSHOT_DIR",
+    "PowerEMA",
+    "PowerEMASnapshots",
+    "SnapshotStage",
+    "item_name",
+    "power_ema_from_config",
+]

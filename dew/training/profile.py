@@ -8,6 +8,7 @@ import dataclasses
 
 import jax
 
+from dew.schema import Key, Section
 from dew.telemetry.profile import profile
 from dew.training.loop import Stage, StepContext
 
@@ -59,5 +60,19 @@ class ProfileWindow(Stage):
     def traces(self) -> list[str]:
         return self._capture.traces()
 
+
+CONFIG = Section(
+    "one profiler window per run, placed after the compile",
+    {
+        "steps": Key(0, "steps to trace (0: no profiling)", check=lambda v: v >= 0, accepted="an int >= 0"),
+        "warmup": Key(
+            5,
+            "steps run before the window opens (the first compiles)",
+            check=lambda v: v >= 1,
+            accepted="an int >= 1",
+        ),
+        "directory": Key("", "where the trace goes ('': <workdir>/profile)"),
+    },
+)
 
 __all__ = ["ProfileWindow", "profile"]

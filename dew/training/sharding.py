@@ -18,7 +18,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from dew.objectives.base import leaf_path
+from dew.schema import Key, Section
+from dew.training.ema import leaf_path
 
 Rule = Callable[[str, tuple[int, ...]], PartitionSpec]
 DATA = "data"
@@ -256,3 +257,38 @@ class Layout:
             in_shardings=(self.replicated, self.replicated),
             out_shardings=self.state_shardings(abstract_state),
         )
+
+
+def _positive(value: int) -> bool:
+    return value >= 1
+
+
+CONFIG = Section(
+    "devices per sharding axis; data parallelism takes the rest",
+    {
+        "model": Key(
+            1,
+            "devices on the model (tensor-parallel) axis",
+            check=_positive,
+            accepted="an int >= 1 (devices on that axis)",
+        ),
+        "fsdp": Key(
+            1,
+            "devices on the fsdp (parameter-sharding) axis",
+            check=_positive,
+            accepted="an int >= 1 (devices on that axis)",
+        ),
+        "devices": Key(
+            0,
+            "use only the first N devices (0: all of them, across every process)",
+            check=lambda v: v >= 0,
+            accepted="an int >= 0 (0: all devices)",
+        ),
+    },
+)
+
+
+def spec_from_config(section: Any) -> MeshSpec:
+    """The ``MeshSpec`` a resolved ``config.mesh`` describes."""
+    axes = {axis: section[axis] for axis in ("fsdp", "model")}
+    return MeshSpec({k: v for k, v in axes.items() if v > 1}, devices=section.devices or None)

@@ -1,5 +1,7 @@
 """The side-effect stages ``fit`` calls: metrics, evaluation, previews, checkpoints, progress.
 
+Evaluation and previews have cadences of their own (``eval.every``, ``preview.every``).
+
 Each stage touches the host only when due; between cadences the loop never waits on the device.
 """
 
@@ -13,12 +15,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from dew.artifacts import ImageGrid
+from dew.artifacts import ImageGrid, TextSamples
 from dew.data.dataset import Dataset
 from dew.training.checkpoints import Checkpoints
 from dew.training.console import Progress
 from dew.training.evaluation import Evaluation, evaluate
 from dew.training.loop import NONFINITE_FLAG, Stage, StepContext
+from dew.training.objective import Objective, check_artifact
 from dew.training.state import TrainState
 from dew.training.trackers import LoggingCategory, Tracker, write_png
 
@@ -92,45 +95,66 @@ class EvalStage(Stage):
 
 
 class PreviewStage(Stage):
-    """Samples from the debiased EMA, written as a PNG grid on rank zero (and scored by
-    ``metrics``), as one bounded ``Evaluation`` event.
+    """The objective's preview of the debiased EMA, scored by ``metrics`` and logged as one
+    bounded ``Evaluation`` event; an ``ImageGrid`` is also written as PNG (a ``TextSamples`` as
+    text) under ``directory`` on rank zero, the latest as ``samples.png`` / ``samples.txt``.
 
-    ``sample_fn(state, rng) -> (images in [-1, 1], labels)`` is jitted by the caller; a fixed
-    key means successive previews show the same noise, so change over training is visible.
+    ``params_fn(state)`` gives the parameters to preview (the Trainer's jitted debiased EMA,
+    replicated); ``objective.preview(params, rng)`` runs on every process (it may be collective)
+    and ``objective.score(artifact, metrics)`` turns it into scalars. A fixed key means
+    successive previews show the same noise, so change over training is visible.
     """
 
     def __init__(
         self,
-        sample_fn: Callable[[TrainState, jax.Array], tuple[jax.Array, jax.Array]],
+        objective: Objective,
+        params_fn: Callable[[TrainState], Any],
         directory: str,
         tracker: Tracker,
         every: int,
-        columns: int,
-        metrics: dict[str, Callable[[np.ndarray, np.ndarray], float]] | None = None,
+        metrics: dict[str, Callable[..., float]] | None = None,
         seed: int = 0,
     ):
-        self.sample_fn, self.directory, self.tracker = sample_fn, directory, tracker
-        self.every, self.columns, self.metrics = every, columns, metrics or {}
+        self.objective, self.params_fn, self.directory, self.tracker = (
+            objective,
+            params_fn,
+            directory,
+            tracker,
+        )
+        self.every, self.metrics = every, metrics or {}
         self.rng = jax.random.PRNGKey(seed)
         self.latest_path: str | None = None
 
     def run(self, ctx: StepContext) -> None:
-        # Every process runs the (collective) sampler; only rank zero hosts and writes previews.
-        images, labels = jax.device_get(self.sample_fn(ctx.state, self.rng))
-        images = np.clip(images, -1.0, 1.0)
-        scores = {name: metric(images, labels) for name, metric in self.metrics.items()}
-        event = Evaluation.hosted(ctx.step, scores, {"samples": ImageGrid(images, columns=self.columns)})
-        if "samples" in event.previews:
-            grid = event.previews["samples"]
-            self.latest_path = write_png(os.path.join(self.directory, f"samples_{ctx.step:08d}.png"), grid)
-            write_png(os.path.join(self.directory, "samples.png"), grid)
+        artifact = self.objective.preview(self.params_fn(ctx.state), self.rng)
+        artifact = check_artifact(artifact, self.objective)
+        scores = self.objective.score(artifact, self.metrics)
+        event = Evaluation.hosted(ctx.step, scores, {"samples": artifact})
+        shown = event.previews.get("samples")
+        if isinstance(shown, ImageGrid):
+            self.latest_path = write_png(os.path.join(self.directory, f"samples_{ctx.step:08d}.png"), shown)
+            write_png(os.path.join(self.directory, "samples.png"), shown)
+        elif isinstance(shown, TextSamples):
+            self.latest_path = _write_text(os.path.join(self.directory, f"samples_{ctx.step:08d}.txt"), shown)
+            _write_text(os.path.join(self.directory, "samples.txt"), shown)
         event.log(self.tracker)
         ctx.reports.update(scores)
 
 
+def _write_text(path: str, samples: TextSamples) -> str:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(samples.to_text())
+    os.replace(tmp, path)
+    return path
+
+
 class CheckpointStage(Stage):
-    """Saves the state and the data position, asynchronously, ranked by the eval loss if one was
-    reported this step: to the persistent directory every ``every`` steps (and at the end), and
+    """Saves the state and the data position, asynchronously, ranked by the most recent
+    evaluation loss (``ctx.reports["eval_loss"]`` of this step or an earlier one of this fit; a
+    save before any evaluation carries no metric and cannot become the best): to the persistent
+    directory every ``every`` steps (and at the end), and
     to each process's local directory every ``checkpoints.local_every`` steps in between.
     ``close`` waits, so a finished ``fit`` has everything on disk and a failed write stops it.
 
@@ -142,6 +166,11 @@ class CheckpointStage(Stage):
     ):
         self.checkpoints, self.dataset, self.every, self.tracker = checkpoints, dataset, every, tracker
         self._best_loss: float | None = None
+        self._latest_eval: float | None = None
+
+    def observe(self, ctx: StepContext) -> None:
+        if "eval_loss" in ctx.reports:  # stages before this one ran already this step
+            self._latest_eval = float(ctx.reports["eval_loss"])
 
     def _local_due(self, ctx: StepContext) -> bool:
         local_every = self.checkpoints.local_every
@@ -153,7 +182,7 @@ class CheckpointStage(Stage):
     def run(self, ctx: StepContext) -> None:
         position, share = self.dataset.save_position(), self.dataset.share
         if super().due(ctx):
-            metrics = {"loss": ctx.reports["eval_loss"]} if "eval_loss" in ctx.reports else None
+            metrics = None if self._latest_eval is None else {"loss": self._latest_eval}
             self.checkpoints.save(ctx.step, ctx.state, position, metrics, share=share)
             if metrics is not None and self.tracker is not None:
                 self._report_if_best(ctx.step, metrics["loss"])

@@ -14,8 +14,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dew.objectives.base import EMASpec, Objective, Step
 from dew.training import ema as ema_lib
+from dew.training.ema import EMASpec
+from dew.training.objective import Objective, Step
 from dew.training.power_ema import PowerEMA
 from dew.training.state import TrainState, num_updates
 

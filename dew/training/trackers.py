@@ -26,6 +26,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from dew.schema import ConfigError, Key, Section
 from dew.training.tracking.base import (
     Logger,
     LoggingCategory,
@@ -105,8 +106,29 @@ def make_trackers(
     return Trackers(sinks)
 
 
+def _validate_section(section: Any, path: str) -> None:
+    try:
+        validate_tracking(section)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+CONFIG = Section(
+    "where metrics and previews are reported",
+    {
+        "backends": Key(("local",), f"trackers to write to, any of {BACKENDS}", item=str),
+        "mlflow_uri": Key("", "MLflow tracking URI ('': an embedded sqlite store under the workdir)"),
+        "mlflow_experiment": Key("dew", "MLflow experiment name"),
+        "wandb_project": Key("dew", "Weights & Biases project"),
+        "wandb_mode": Key("offline", f"Weights & Biases mode, one of {WANDB_MODES} (online needs a key)"),
+    },
+    validate=_validate_section,
+)
+
+
 __all__ = [
     "BACKENDS",
+    "CONFIG",
     "LocalTracker",
     "Logger",
     "LoggingCategory",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import functools
 import os
-import re
-from collections.abc import Callable
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -15,10 +15,12 @@ import numpy as np
 import optax
 
 from dew import registry
-from dew.config import ConfigError
+from dew.data import config as data_config
 from dew.data.dataset import DataPartition, Dataset
-from dew.objectives.base import EMASpec, Objective
+from dew.schema import ConfigError, Key, Section, resolve
+from dew.training import checkpoint_config, sharding
 from dew.training import ema as ema_lib
+from dew.training import trackers as trackers_lib
 from dew.training.checkpoint_config import checkpoint_settings
 from dew.training.checkpoints import (
     CheckpointRestorationError,
@@ -27,168 +29,116 @@ from dew.training.checkpoints import (
     save_run_metadata,
 )
 from dew.training.console import Progress
+from dew.training.ema import EMASpec
 from dew.training.loop import Stage, fit
-from dew.training.power_ema import SNAPSHOT_DIR, PowerEMA, PowerEMASnapshots, SnapshotStage
+from dew.training.objective import MODEL_CONFIG, OBJECTIVE_CONFIG, Objective
+from dew.training.power_ema import SNAPSHOT_DIR, PowerEMASnapshots, SnapshotStage, power_ema_from_config
+from dew.training.profile import CONFIG as PROFILE_CONFIG
 from dew.training.profile import ProfileWindow
-from dew.training.sharding import Layout, MeshSpec
+from dew.training.sharding import Layout
 from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage
 from dew.training.state import TrainState, num_updates
 from dew.training.steps import NONFINITE_POLICIES, abstract_state, make_eval, make_init, make_step
-from dew.training.trackers import (
-    LoggingCategory,
-    Tracker,
-    Trackers,
-    make_trackers,
-    validate_tracking,
+from dew.training.trackers import LoggingCategory, Tracker, Trackers, make_trackers
+
+
+# --- the trainer's own config sections ------------------------------------------------------------
+def _at_least(low: float, accepted: str) -> dict[str, Any]:
+    return {"check": lambda v: v >= low, "accepted": accepted}
+
+
+TRAIN_CONFIG = Section(
+    "the loop",
+    {
+        "num_steps": Key(
+            1000, "micro-batches to train for: the run's last step", **_at_least(1, "an int >= 1")
+        ),
+        "log_every": Key(50, "steps per logged window of training metrics", **_at_least(1, "an int >= 1")),
+        "accumulation": Key(
+            1,
+            "micro-batches of dataset.batch_size per optimizer update (num_steps counts micro-batches)",
+            **_at_least(1, "an int >= 1 (micro-batches per update)"),
+        ),
+        "nonfinite": Key(
+            "stop",
+            "on a non-finite loss or gradient: 'stop' (raise naming the step) or 'skip' (drop, count it)",
+            choices=NONFINITE_POLICIES,
+        ),
+    },
+)
+OPTIMIZER_CONFIG = Section(
+    "Adam with a linear learning-rate warm-up and optional global-norm clipping",
+    {
+        "learning_rate": Key(1e-3, "peak learning rate", check=lambda v: v > 0, accepted="a float > 0"),
+        "warmup_steps": Key(0, "optimizer updates of linear warm-up from 0", **_at_least(0, "an int >= 0")),
+        "b1": Key(0.9, "Adam β1", check=lambda v: 0 <= v < 1, accepted="a float in [0, 1)"),
+        "b2": Key(0.999, "Adam β2", check=lambda v: 0 <= v < 1, accepted="a float in [0, 1)"),
+        "grad_clip": Key(
+            0.0, "clip gradients to this global norm (0: off)", **_at_least(0, "a float >= 0 (0: off)")
+        ),
+    },
+)
+EVAL_CONFIG = Section(
+    "the objective's held-out statistics on a fixed prefix of the validation split (debiased EMA)",
+    {
+        "every": Key(
+            500,
+            "steps between evaluations (0: none, and so no best checkpoint)",
+            **_at_least(0, "an int >= 0 (0 disables evaluation)"),
+        ),
+        "num_batches": Key(1, "validation batches per evaluation", **_at_least(1, "an int >= 1")),
+    },
+)
+PREVIEW_CONFIG = Section(
+    "the objective's preview artifact of the debiased EMA, written under <workdir>/previews",
+    {
+        "every": Key(
+            500, "steps between previews (0: none)", **_at_least(0, "an int >= 0 (0 disables previews)")
+        ),
+        "metrics": Key(
+            (),
+            "registered metrics (dew.metrics) the objective scores each preview with",
+            item=str,
+            registry="metrics",
+        ),
+    },
 )
 
 
-def _require(ok: bool, key: str, value: Any, accepted: str) -> None:
-    if not ok:
-        raise ConfigError(f"config.{key}={value!r} is invalid: expected {accepted}")
-
-
-def validate_config(config: ml_collections.ConfigDict) -> None:
-    """Check ranges and names before any work; every error names the key and what is accepted."""
-    for key in (
-        "dataset",
-        "objective",
-        "model",
-        "optimizer",
-        "ema",
-        "train",
-        "checkpoint",
-        "eval",
-        "sampling",
-        "tracking",
-    ):
-        _require(key in config, key, None, "a section (see experiments/edm.py)")
-    c = config
-    _require(c.dataset.batch_size >= 1, "dataset.batch_size", c.dataset.batch_size, "an int >= 1")
-    _require(c.train.num_steps >= 1, "train.num_steps", c.train.num_steps, "an int >= 1")
-    _require(c.train.log_every >= 1, "train.log_every", c.train.log_every, "an int >= 1")
-    checkpoint_settings(c.checkpoint)
-    _require(c.eval.every >= 0, "eval.every", c.eval.every, "an int >= 0 (0 disables evaluation)")
-    _require(c.eval.num_batches >= 1, "eval.num_batches", c.eval.num_batches, "an int >= 1")
-    _require(
-        c.optimizer.learning_rate > 0, "optimizer.learning_rate", c.optimizer.learning_rate, "a float > 0"
-    )
-    _require(c.optimizer.warmup_steps >= 0, "optimizer.warmup_steps", c.optimizer.warmup_steps, "an int >= 0")
-    _require(
-        c.optimizer.grad_clip >= 0, "optimizer.grad_clip", c.optimizer.grad_clip, "a float >= 0 (0: off)"
-    )
-    _require(0.0 <= c.ema.decay < 1.0, "ema.decay", c.ema.decay, "a float in [0, 1)")
-    _require(c.sampling.steps >= 2, "sampling.steps", c.sampling.steps, "an int >= 2")
-    _require(c.sampling.per_class >= 1, "sampling.per_class", c.sampling.per_class, "an int >= 1")
-    _require(c.sampling.guidance >= 0, "sampling.guidance", c.sampling.guidance, "a float >= 0 (1: none)")
-    interval = tuple(_get(c, "sampling.guidance_interval", ()))
-    _require(
-        interval == () or (len(interval) == 2 and 0 <= interval[0] < interval[1]),
-        "sampling.guidance_interval",
-        interval,
-        "() for the whole σ range, or (sigma_lo, sigma_hi) with 0 <= sigma_lo < sigma_hi",
-    )
-    _require(
-        0.0 <= c.objective.condition_dropout < 1.0,
-        "objective.condition_dropout",
-        c.objective.condition_dropout,
-        "a float in [0, 1)",
-    )
-    try:
-        validate_tracking(c.tracking)
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
-    for key, table in (
-        ("dataset.name", registry.datasets),
-        ("objective.name", registry.objectives),
-        ("objective.preset", registry.presets),
-        ("model.name", registry.models),
-        ("sampling.solver", registry.samplers),
-    ):
-        section, field = key.split(".")
-        name = c[section][field]
-        if name not in table:
-            raise ConfigError(f"config.{key}: {table._miss_message(name)}")
-    for name in c.eval.metrics:
-        if name not in registry.metrics:
-            raise ConfigError(f"config.eval.metrics: {registry.metrics._miss_message(name)}")
-    validate_trainer_config(c)
-
-
-# --- the trainer's own knobs: mesh, accumulation, EMA warm-up, non-finite policy, profiling -------
-def _get(config: ml_collections.ConfigDict, key: str, default: Any) -> Any:
-    node: Any = config
-    for part in key.split("."):
-        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def validate_trainer_config(c: ml_collections.ConfigDict) -> None:
-    """The optional sections (absent keys take the defaults experiments/edm.py documents)."""
-    for axis in ("model", "fsdp"):
-        size = _get(c, f"mesh.{axis}", 1)
-        _require(_is_int(size) and size >= 1, f"mesh.{axis}", size, "an int >= 1 (devices on that axis)")
-    devices = _get(c, "mesh.devices", 0)
-    _require(_is_int(devices) and devices >= 0, "mesh.devices", devices, "an int >= 0 (0: all devices)")
-    k = _get(c, "train.accumulation", 1)
-    _require(_is_int(k) and k >= 1, "train.accumulation", k, "an int >= 1 (micro-batches per update)")
-    policy = _get(c, "train.nonfinite", "stop")
-    _require(policy in NONFINITE_POLICIES, "train.nonfinite", policy, f"one of {NONFINITE_POLICIES}")
-    half_life = _get(c, "ema.half_life", 0.0)
-    _require(half_life >= 0, "ema.half_life", half_life, "a float >= 0 (updates; 0: use ema.decay)")
-    ramp_up = _get(c, "ema.ramp_up", 0.0)
-    _require(ramp_up >= 0, "ema.ramp_up", ramp_up, "a float >= 0 (0: no ramp-up)")
-    _require(not (ramp_up and not half_life), "ema.ramp_up", ramp_up, "0 unless ema.half_life is set")
-    try:
-        power_ema_from_config(c)
-    except ValueError as e:
-        raise ConfigError(f"config.ema.power_sigma_rels / config.ema.snapshot_every: {e}") from e
-    tracks = _get(c, "ema.tracks", "")
-    try:
-        re.compile(tracks)
-    except (re.error, TypeError) as e:
-        raise ConfigError(
-            f"config.ema.tracks={tracks!r} is invalid: expected a regular expression ({e})"
-        ) from e
-    for key, low in (("profile.steps", 0), ("profile.warmup", 1)):
-        value = _get(c, key, low)
-        _require(_is_int(value) and value >= low, key, value, f"an int >= {low}")
-
-
-def ema_spec_from_config(c: ml_collections.ConfigDict) -> EMASpec:
-    """``config.ema``: decay, or EDM's half-life (+ ramp-up) in updates; ``tracks`` a regex
-    searched in each parameter path ("" tracks every leaf)."""
-    tracks = _get(c, "ema.tracks", "")
-    pattern = re.compile(tracks) if tracks else None
-    half_life = _get(c, "ema.half_life", 0.0) or None
-    return EMASpec(
-        decay=c.ema.decay,
-        tracks=None if pattern is None else (lambda path: pattern.search(path) is not None),
-        half_life=half_life,
-        ramp_up=(_get(c, "ema.ramp_up", 0.0) or None) if half_life else None,
+def config_schema() -> Section:
+    """The whole schema of a Trainer config: each section as the code that owns it declares it."""
+    return Section(
+        "a dew experiment",
+        {
+            "seed": Key(0, "seeds the parameters, the data order, evaluation and previews"),
+            "dataset": data_config.CONFIG,
+            "objective": OBJECTIVE_CONFIG,
+            "model": MODEL_CONFIG,
+            "optimizer": OPTIMIZER_CONFIG,
+            "ema": ema_lib.CONFIG,
+            "train": TRAIN_CONFIG,
+            "mesh": sharding.CONFIG,
+            "checkpoint": checkpoint_config.CONFIG,
+            "eval": EVAL_CONFIG,
+            "preview": PREVIEW_CONFIG,
+            "profile": PROFILE_CONFIG,
+            "tracking": trackers_lib.CONFIG,
+        },
     )
 
 
-def power_ema_from_config(c: ml_collections.ConfigDict) -> PowerEMA | None:
-    """``config.ema.power_sigma_rels`` (post-hoc EMA profiles; () = off) and
-    ``config.ema.snapshot_every`` (train steps; 0 = every ``checkpoint.every``)."""
-    sigma_rels = tuple(_get(c, "ema.power_sigma_rels", ()))
-    if not sigma_rels:
-        return None
-    every = _get(c, "ema.snapshot_every", 0) or c.checkpoint.every
-    return PowerEMA(sigma_rels, every)
+def resolve_config(
+    config: ml_collections.ConfigDict, overrides: Sequence[str] = ()
+) -> ml_collections.ConfigDict:
+    """``config`` checked against ``config_schema()`` with ``overrides`` applied: every key set
+    (omitted ones take their defaults), or a ``ConfigError`` naming the first bad key."""
+    resolved, _ = resolve(config_schema(), config, overrides)
+    return resolved
 
 
-def mesh_spec_from_config(c: ml_collections.ConfigDict) -> MeshSpec:
-    """``config.mesh``: devices per sharding axis (model, fsdp); data parallelism fills the rest."""
-    axes = {axis: _get(c, f"mesh.{axis}", 1) for axis in ("fsdp", "model")}
-    return MeshSpec({k: v for k, v in axes.items() if v > 1}, devices=_get(c, "mesh.devices", 0) or None)
+def validate_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Check a config before any work (``resolve_config`` without overrides)."""
+    return resolve_config(config)
 
 
 def check_workdir(workdir: str) -> str:
@@ -217,21 +167,21 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
 class Trainer:
     """Runs an Objective: gradients, EMA, checkpoints, logging, previews.
 
-    Construction validates the config and builds every piece but writes nothing, so a bad config
+    Construction resolves the config against ``config_schema()`` (``self.config`` is the
+    complete config), validates it and builds every piece but writes nothing, so a bad config
     or workdir fails before any file exists. ``run`` trains (resuming from the latest checkpoint
-    in ``workdir`` if there is one) and returns the final state.
+    in ``workdir`` if there is one) and returns the final state. The Trainer knows the
+    ``Objective`` contract and nothing else about what is learned.
     """
 
     def __init__(
         self, config: ml_collections.ConfigDict, workdir: str, trackers: list[Tracker] | None = None
     ):
-        validate_config(config)
-        self.config = config
+        self.config = c = resolve_config(config)
         self.workdir = check_workdir(workdir)
-        c = config
         # The mesh and the batch split are checked first: bad input fails before any work.
         try:
-            self.mesh = mesh_spec_from_config(c).mesh()
+            self.mesh = sharding.spec_from_config(c.mesh).mesh()
             self.layout = Layout.for_mesh(self.mesh)
             self.layout.check_batch(c.dataset.batch_size, "config.dataset.batch_size")
         except ValueError as e:
@@ -243,25 +193,30 @@ class Trainer:
                 f"{share.count} processes (each reads an equal share)"
             )
         local_batch = c.dataset.batch_size // share.count
-        # Keys of config.dataset beyond name/batch_size are the source's options (resolution, ...).
-        options = {k: v for k, v in c.dataset.items() if k not in ("name", "batch_size")}
-        self.train_source = registry.datasets[c.dataset.name]("train", **options)
-        self.val_source = registry.datasets[c.dataset.name]("validation", **options)
-        self.train_data = Dataset(self.train_source, local_batch, seed=c.seed, share=share)
-        self.val_data = Dataset(self.val_source, local_batch, seed=c.seed, shuffle=False, share=share)
-        self.objective: Objective = registry.objectives[c.objective.name].from_config(c, self.train_source)
+        self.train_source = open_split(c.dataset, "train")
+        self.val_source = open_split(c.dataset, "validation")
+        self.train_data = _dataset(self.train_source, local_batch, c, share, shuffle=True)
+        self.val_data = _dataset(self.val_source, local_batch, c, share, shuffle=False)
+        self.objective: Objective = build_objective(c, self.train_source)
         self.optimizer = make_optimizer(c)
-        self.ema = ema_spec_from_config(c)
-        self.accumulation = _get(c, "train.accumulation", 1)
+        self.ema = ema_lib.spec_from_config(c.ema)
+        self.accumulation = c.train.accumulation
         self.power_ema = power_ema_from_config(c)
         init = make_init(
             self.objective, self.optimizer, self.ema, accumulation=self.accumulation, power_ema=self.power_ema
         )
-        abstract = abstract_state(init, self.example_batch())
+        try:
+            abstract = abstract_state(init, self.example_batch())
+        except (ValueError, TypeError) as e:  # e.g. a convolutional model given 2D points
+            raise ConfigError(
+                f"config.model (name={c.model.name!r}) / config.objective (name={c.objective.name!r}) cannot "
+                f"build parameters for {self.train_source.name!r} batches: {type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}"
+            ) from None
         try:
             self.ema.check(abstract.params)
         except ValueError as e:
-            raise ConfigError(f"config.ema.tracks={_get(c, 'ema.tracks', '')!r}: {e}") from e
+            raise ConfigError(f"config.ema.tracks={c.ema.tracks!r}: {e}") from e
         self.state_shardings = self.layout.state_shardings(abstract)
         self.init = self.layout.jit_init(init, abstract)
         self._step = self.layout.jit_step(
@@ -279,7 +234,14 @@ class Trainer:
             in_shardings=(self.state_shardings, self.layout.batch_sharding, self.layout.replicated),
             out_shardings=self.layout.replicated,
         )
+        self._debiased = jax.jit(
+            functools.partial(_debias, spec=self.ema, accumulation=self.accumulation),
+            in_shardings=(self.state_shardings.ema, self.layout.replicated),
+            out_shardings=self.layout.replicated,
+        )
         self.checkpoint_settings = cs = checkpoint_settings(c.checkpoint)
+        # Every checkpoint records the EMA it holds, so restore_ema debiases it on its own.
+        self.ema_record = ema_lib.record(self.ema, abstract.params, self.accumulation)
         self.checkpoints = Checkpoints(
             os.path.join(self.workdir, "checkpoints"),
             keep=cs.keep,
@@ -287,9 +249,32 @@ class Trainer:
             asynchronous=cs.asynchronous,
             local_directory=cs.local_directory,
             local_every=cs.local_every,
+            ema=self.ema_record,
         )
         self.extra_trackers = trackers or []
-        self.val_data.first(c.eval.num_batches)  # fail now, not at the first evaluation
+        self._check_cadences()
+
+    def _check_cadences(self) -> None:
+        c = self.config
+        if c.preview.every and not self.objective.has_preview:
+            raise ConfigError(
+                f"config.preview.every={c.preview.every} is invalid: {type(self.objective).__name__} has no "
+                "preview; expected 0"
+            )
+        if c.preview.metrics:  # score(None, ...) checks the names without scoring anything
+            self.objective.score(None, {name: registry.metrics[name] for name in c.preview.metrics})
+        if c.eval.every:
+            try:  # fail now, not at the first evaluation
+                self.val_data.first(c.eval.num_batches)
+            except ValueError as e:
+                raise ConfigError(f"config.eval.num_batches={c.eval.num_batches} is invalid: {e}") from None
+        elif c.checkpoint.keep_best:
+            print(
+                "warning: config.checkpoint.keep_best=True but config.eval.every=0: without evaluation "
+                "there is no loss to rank checkpoints by, so no best checkpoint is kept",
+                file=sys.stderr,
+                flush=True,
+            )
 
     # --- pieces -----------------------------------------------------------------------------------
     def step(
@@ -306,24 +291,15 @@ class Trainer:
             for k, v in self.train_source.fields.items()
         }
 
-    def sample_fn(self) -> Callable[[TrainState, jax.Array], tuple[jax.Array, jax.Array]]:
-        """Jitted previews from the debiased EMA: one program for the whole sampler."""
-        s = self.config.sampling
-        preview = functools.partial(
-            self.objective.preview,
-            per_class=s.per_class,
-            steps=s.steps,
-            solver=s.solver,
-            guidance=s.guidance,
-            guidance_interval=tuple(_get(self.config, "sampling.guidance_interval", ())),
-        )
+    def debiased_ema(self, state: TrainState) -> Any:
+        """The EMA parameters this run evaluates, previews and exports: debiased with the run's
+        ``EMASpec`` and accumulation (eagerly, on the host's arrays; ``preview_params`` is the
+        jitted, replicated equivalent the stages use)."""
+        return debiased_ema(state, self.ema, self.accumulation)
 
-        def sample(state: TrainState, rng: jax.Array) -> tuple[jax.Array, jax.Array]:
-            return preview(
-                ema_lib.debias(state.ema, self.ema, num_updates(state.step, self.accumulation)), rng
-            )
-
-        return jax.jit(sample, out_shardings=self.layout.replicated)
+    def preview_params(self, state: TrainState) -> Any:
+        """The debiased EMA, jitted and replicated on every device: what previews are drawn from."""
+        return self._debiased(state.ema, state.step)
 
     def initial_state(self) -> TrainState:
         """The state the run starts from, as ``config.checkpoint`` asks.
@@ -386,8 +362,9 @@ class Trainer:
         return trackers
 
     def stages(self, tracker: Tracker) -> list[Stage]:
+        """The side-effect stages, in order: metrics, evaluation (``eval.every``), previews
+        (``preview.every``), checkpoints (ranked by the latest evaluation loss), profiling."""
         c = self.config
-        metrics = {name: registry.metrics[name] for name in c.eval.metrics}
         progress = Progress(c.train.num_steps, c.dataset.batch_size)
         stages: list[Stage] = [MetricsStage(tracker, c.train.log_every, c.dataset.batch_size, progress)]
         if c.eval.every:
@@ -401,24 +378,24 @@ class Trainer:
                     place_batch=self.layout.place_batch,
                 )
             )
+        if c.preview.every:
             stages.append(
                 PreviewStage(
-                    self.sample_fn(),
+                    self.objective,
+                    self.preview_params,
                     os.path.join(self.workdir, "previews"),
                     tracker,
-                    c.eval.every,
-                    columns=c.sampling.per_class,
-                    metrics=metrics,
+                    c.preview.every,
+                    metrics={name: registry.metrics[name] for name in c.preview.metrics},
                     seed=c.seed,
                 )
             )
         stages.append(CheckpointStage(self.checkpoints, self.train_data, c.checkpoint.every, tracker))
         if self.power_ema is not None:
             stages.append(SnapshotStage(self.power_ema_snapshots(), self.power_ema, self.accumulation))
-        profile_steps = _get(c, "profile.steps", 0)
-        if profile_steps:
-            directory = _get(c, "profile.directory", "") or os.path.join(self.workdir, "profile")
-            stages.append(ProfileWindow(profile_steps, directory, warmup=_get(c, "profile.warmup", 5)))
+        if c.profile.steps:
+            directory = c.profile.directory or os.path.join(self.workdir, "profile")
+            stages.append(ProfileWindow(c.profile.steps, directory, warmup=c.profile.warmup))
         return stages
 
     def power_ema_snapshots(self) -> PowerEMASnapshots:
@@ -434,9 +411,8 @@ class Trainer:
     def run(self) -> TrainState:
         os.makedirs(self.workdir, exist_ok=True)
         if read_run_metadata(self.workdir) is None:
-            save_run_metadata(
-                self.workdir, {"config": self.config.to_dict(), "label": os.path.basename(self.workdir)}
-            )
+            metadata = {"config": self.config.to_dict(), "label": os.path.basename(self.workdir)}
+            save_run_metadata(self.workdir, {**metadata, "ema": self.ema_record})
         state = self.initial_state()
         start = int(jax.device_get(state.step))
         if start:
@@ -453,7 +429,7 @@ class Trainer:
                 iter(self.train_data),
                 self.config.train.num_steps,
                 self.stages(tracker),
-                nonfinite=_get(self.config, "train.nonfinite", "stop"),
+                nonfinite=self.config.train.nonfinite,
                 last_good=self.last_good_checkpoint,
             )
         finally:
@@ -461,9 +437,63 @@ class Trainer:
         return state
 
 
+def _debias(ema: Any, step: jax.Array, *, spec: EMASpec, accumulation: int) -> Any:
+    return ema_lib.debias(ema, spec, num_updates(step, accumulation))
+
+
 def debiased_ema(state: TrainState, decay: float | EMASpec, accumulation: int = 1) -> Any:
-    """The EMA parameters a user samples or exports with (``decay``: the run's EMASpec or β)."""
+    """The EMA parameters a user samples or exports with (``decay``: the run's EMASpec or β;
+    ``Trainer.debiased_ema`` passes the run's own)."""
     return ema_lib.debias(state.ema, decay, num_updates(int(jax.device_get(state.step)), accumulation))
 
 
-__all__ = ["Trainer", "check_workdir", "debiased_ema", "make_optimizer", "validate_config"]
+# --- building the pieces a config names --------------------------------------------------------------
+def open_split(section: ml_collections.ConfigDict, split: str) -> Any:
+    """The ``split`` of the registered source ``config.dataset`` names, with its options; a
+    source that cannot be opened is a ``ConfigError`` naming the data set."""
+    options = {k: v for k, v in section.items() if k not in ("name", "batch_size")}
+    try:
+        return registry.datasets[section.name](split, **options)
+    except ConfigError:
+        raise
+    except (ValueError, KeyError, OSError, TypeError) as e:
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        raise ConfigError(
+            f"config.dataset.name={section.name!r}: cannot open its {split!r} split "
+            f"({type(e).__name__}: {message})"
+        ) from None
+
+
+def _dataset(
+    source: Any, local_batch: int, c: ml_collections.ConfigDict, share: DataPartition, *, shuffle: bool
+):
+    try:
+        return Dataset(source, local_batch, seed=c.seed, share=share, shuffle=shuffle)
+    except ValueError as e:
+        raise ConfigError(f"config.dataset.batch_size={c.dataset.batch_size} is invalid: {e}") from None
+
+
+def build_objective(config: ml_collections.ConfigDict, source: Any) -> Objective:
+    """``config.objective.name``'s objective, built by its ``from_config``; a ValueError it raises
+    about the config becomes a ``ConfigError``."""
+    component = registry.objectives[config.objective.name]
+    try:
+        objective = component.from_config(config, source)
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(f"config.objective (name={config.objective.name!r}): {e}") from None
+    if not isinstance(objective, Objective):
+        raise TypeError(f"{component!r}.from_config returned {type(objective).__name__}, not an Objective")
+    return objective
+
+
+__all__ = [
+    "Trainer",
+    "check_workdir",
+    "config_schema",
+    "debiased_ema",
+    "make_optimizer",
+    "resolve_config",
+    "validate_config",
+]

@@ -15,7 +15,7 @@ import pathlib
 import jax
 import numpy as np
 
-from dew.data.mixture import RING
+from dew.data.sources.mixture import RING
 from dew.sampling.solvers import step_noise
 
 HERE = pathlib.Path(__file__).resolve().parent

@@ -13,6 +13,7 @@ in array_record format, under ``data_dir``; otherwise ``DatasetNotPreparedError`
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -101,12 +102,18 @@ def tfds_source(
 
     if resolution < 1:
         raise ValueError(f"tfds_source({name!r}): resolution must be >= 1, got {resolution}")
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)  # an unprepared folder is reported below, in one line
     try:
         records = tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
     except tfds.core.registered.DatasetNotFoundError as e:
         raise ValueError(f"tfds_source: no tfds data set named {name!r} ({e})") from None
-    except (NotImplementedError, AssertionError, FileNotFoundError) as e:
+    except (NotImplementedError, AssertionError, FileNotFoundError, KeyError) as e:
+        # KeyError: a folder without generated splits ("`splits` is empty").
         raise DatasetNotPreparedError(_prepare_hint(name, data_dir)) from e
+    finally:
+        absl_logger.setLevel(level)
     num_classes = None
     if label_key is not None:
         num_classes = int(records.dataset_info.features[label_key].num_classes)
