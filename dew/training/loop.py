@@ -14,10 +14,15 @@ from typing import Any
 import jax
 import numpy as np
 
+from dew.training.metrics import DeviceSums
 from dew.training.state import TrainState
 
 Batch = Mapping[str, Any]
 StepFn = Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]
+
+#: Steps whose statistics ``fit`` holds before it checks them for a non-finite flag even when no
+#: stage is due (one scalar transfer, and a bound on the device buffers kept alive).
+MAX_UNCHECKED = 1024
 
 #: The step statistic that flags a non-finite loss or gradient (see ``steps.make_step``).
 NONFINITE_FLAG = "skipped_updates"
@@ -26,7 +31,8 @@ NONFINITE_FLAG = "skipped_updates"
 @dataclasses.dataclass
 class StepContext:
     """What the stages see after each step. ``reports`` carries values from earlier stages to
-    later ones in the same step (evaluation's loss ranks the checkpoint saved after it)."""
+    later ones in the same step (evaluation's loss ranks the checkpoint saved after it).
+    ``fit`` updates one context in place every step: a stage that keeps something copies it."""
 
     step: int
     state: TrainState
@@ -80,8 +86,8 @@ def fit(
     """Run ``step_fn`` until ``state.step == num_steps``; return the final state.
 
     Non-finite steps (``stats["skipped_updates"]``, set by ``make_step``, which never applies
-    such an update) are checked whenever a stage is about to run and at the end, so the check
-    costs no extra device round-trip: with ``nonfinite="stop"`` the run raises ``NonFiniteError``
+    such an update) are summed on the device and checked whenever a stage is about to run and
+    at the end, one scalar transfer per check: with ``nonfinite="stop"`` the run raises ``NonFiniteError``
     naming the first bad step, the statistic, and ``last_good()`` (the last checkpoint), before
     any stage could save or report state from after it; with ``"skip"`` it carries on and the
     metrics count the skips. Each step runs inside a profiler step annotation, so a
@@ -91,22 +97,32 @@ def fit(
         raise ValueError(f"fit: nonfinite must be 'stop' or 'skip', got {nonfinite!r}")
     state.check()  # shapes and dtypes at the boundary, before anything is compiled or run
     step = int(jax.device_get(state.step))
-    unchecked: list[tuple[int, dict[str, jax.Array]]] = []
+    # Per step: the step, a slot write for the flag, each stage's observe/due; no transfer, no
+    # allocation that grows with anything but the steps since the last check.
+    flags = DeviceSums()  # non-finite flags summed on the device since the last check
+    unchecked: list[dict[str, jax.Array]] = []  # those steps' stats, read only if one was bad
+    watch = nonfinite == "stop"
+    ctx = StepContext(step=step, state=state, stats={}, final=False)
     try:
         while step < num_steps:
             batch = next(batches)
             with jax.profiler.StepTraceAnnotation("train", step_num=step + 1):
                 state, stats = step_fn(state, batch)
             step += 1
-            ctx = StepContext(step=step, state=state, stats=stats, final=step == num_steps)
-            if nonfinite == "stop" and NONFINITE_FLAG in stats:
-                unchecked.append((step, stats))
-                if ctx.final or any(stage.due(ctx) for stage in stages):
-                    _raise_if_nonfinite(unchecked, last_good)
-                    unchecked = []
+            ctx.step, ctx.state, ctx.stats, ctx.final = step, state, stats, step == num_steps
+            if ctx.reports:
+                ctx.reports = {}
+            check = watch and NONFINITE_FLAG in stats
+            if check:
+                flags.add(stats[NONFINITE_FLAG])
+                unchecked.append(stats)
+                if ctx.final or len(unchecked) >= MAX_UNCHECKED:
+                    check = _check(flags, unchecked, step, last_good)
             for stage in stages:
                 stage.observe(ctx)
                 if stage.due(ctx):
+                    if check:  # before the first stage that could save or report this state
+                        check = _check(flags, unchecked, step, last_good)
                     stage.run(ctx)
     finally:
         for stage in stages:
@@ -114,16 +130,36 @@ def fit(
     return state
 
 
+def _check(
+    flags: DeviceSums,
+    unchecked: list[dict[str, jax.Array]],
+    step: int,
+    last_good: Callable[[], str | None] | None,
+) -> bool:
+    """Raise if one of the unchecked steps was flagged; otherwise start a new window. Returns
+    False: nothing is left to check this step."""
+    _raise_if_nonfinite(flags, unchecked, step, last_good)
+    unchecked.clear()
+    return False
+
+
 def _raise_if_nonfinite(
-    unchecked: list[tuple[int, dict[str, jax.Array]]], last_good: Callable[[], str | None] | None
+    flags: DeviceSums,
+    unchecked: list[dict[str, jax.Array]],
+    step: int,
+    last_good: Callable[[], str | None] | None,
 ) -> None:
-    flags = jax.device_get([stats[NONFINITE_FLAG] for _, stats in unchecked])
-    for (step, stats), flag in zip(unchecked, flags, strict=True):
+    bad, _ = flags.read()  # one transfer: how many of the unchecked steps were flagged
+    if not bad:
+        return
+    first = step - len(unchecked) + 1
+    values = jax.device_get([stats[NONFINITE_FLAG] for stats in unchecked])  # only on failure
+    for i, (stats, flag) in enumerate(zip(unchecked, values, strict=True)):
         if flag:
             names = [k for k in ("loss", "grad_norm") if k in stats]  # the loss first: it is the cause
-            values = jax.device_get([stats[k] for k in names])
+            numbers = jax.device_get([stats[k] for k in names])
             statistic, value = next(
-                ((k, float(v)) for k, v in zip(names, values, strict=True) if not np.isfinite(v)),
+                ((k, float(v)) for k, v in zip(names, numbers, strict=True) if not np.isfinite(v)),
                 ("gradient", float("nan")),
             )
-            raise NonFiniteError(step, statistic, value, last_good() if last_good else None)
+            raise NonFiniteError(first + i, statistic, value, last_good() if last_good else None)

@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 
 from dew.artifacts import ImageGrid, TextSamples
 from dew.data.dataset import Dataset
@@ -21,6 +20,7 @@ from dew.training.checkpoints import Checkpoints
 from dew.training.console import Progress
 from dew.training.evaluation import Evaluation, evaluate
 from dew.training.loop import NONFINITE_FLAG, Stage, StepContext
+from dew.training.metrics import DeviceSums
 from dew.training.objective import Objective, check_artifact
 from dew.training.state import TrainState
 from dew.training.trackers import LoggingCategory, Tracker, write_png
@@ -31,24 +31,20 @@ COUNTED = frozenset({NONFINITE_FLAG})
 
 class MetricsStage(Stage):
     """Averages the step statistics over each window of ``every`` steps and logs them; counts
-    (``skipped_updates``: non-finite updates dropped) are summed over the window instead."""
+    (``skipped_updates``: non-finite updates dropped) are summed over the window instead. The
+    sums are kept on the device and fetched once per window, in one transfer."""
 
     def __init__(self, tracker: Tracker, every: int, batch_size: int, progress: Progress | None = None):
         self.tracker, self.every, self.batch_size, self.progress = tracker, every, batch_size, progress
-        self._window: list[dict[str, jax.Array]] = []
+        self._sums = DeviceSums()
         self._since: float | None = None
         self._since_step = 0
 
     def observe(self, ctx: StepContext) -> None:
-        self._window.append(ctx.stats)
+        self._sums.add(ctx.stats)
 
     def run(self, ctx: StepContext) -> None:
-        window = jax.device_get(self._window)  # one transfer per window, not per step
-        self._window = []
-        means = {
-            k: float(np.sum([s[k] for s in window]) if k in COUNTED else np.mean([s[k] for s in window]))
-            for k in window[0]
-        }
+        means, _ = self._sums.means(COUNTED)
         self.tracker.log(LoggingCategory.TRAIN_METRICS, means, ctx.step)
         now = time.perf_counter()
         if self._since is not None:

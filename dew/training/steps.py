@@ -33,6 +33,13 @@ def _check_accumulation(accumulation: int) -> None:
         raise ValueError(f"accumulation must be an int >= 1 (micro-batches per update), got {accumulation!r}")
 
 
+def global_norm(tree: Any) -> jax.Array:
+    """sqrt(sum of squares) over every leaf, as one reduction over the leaves laid end to end
+    (XLA fuses the concatenation into the reduction's input: one kernel, not one per leaf)."""
+    leaves = [jnp.ravel(x).astype(jnp.float32) for x in jax.tree.leaves(tree)]
+    return jnp.sqrt(jnp.sum(jnp.square(jnp.concatenate(leaves) if len(leaves) > 1 else leaves[0])))
+
+
 def make_init(
     objective: Objective,
     optimizer: optax.GradientTransformation,
@@ -93,7 +100,8 @@ def make_step(
         grad_fn = jax.value_and_grad(objective.loss, has_aux=True)
         index = num_updates(state.step, k)
         (loss, (stats, _aux)), grads = grad_fn(state.params, step_rng, batch, Step(index=index))
-        grad_norm = optax.tree.norm(grads)
+        grad_norm = global_norm(grads)
+        # The one check: a NaN or inf anywhere in the gradients makes their norm non-finite.
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
         def apply(grads: Any) -> tuple[Any, Any]:
@@ -101,10 +109,10 @@ def make_step(
             return optax.apply_updates(state.params, updates), opt_state
 
         if k == 1:
-            params, opt_state = apply(grads)
-            keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
-            params = jax.tree.map(keep, params, state.params)
-            opt_state = jax.tree.map(keep, opt_state, state.opt_state)
+            # One branch on the one flag: the common (finite) path updates the donated buffers in
+            # place; a per-leaf select of new vs old would read every old buffer twice and make
+            # XLA copy all of them on every step.
+            params, opt_state = jax.lax.cond(finite, apply, lambda _: (state.params, state.opt_state), grads)
             new_ema = ema_lib.update(state.ema, params, ema, index + 1)
             power = update_power(state.power_ema, params, index + 1)
             pending = state.pending

@@ -422,10 +422,16 @@ class Trainer:
             store.discard_after(start)
             store.close()
         tracker = self.tracker()
+        # Host batches go straight into the jitted step, which places them on the mesh in C++
+        # (a Python device_put costs the host more than the copy it would hide). Where a
+        # background thread prepares batches (lazily read sources) it also places them, ahead
+        # of use; several processes build global arrays from their shares before the step.
+        if self.train_data.prefetch or jax.process_count() > 1:
+            self.train_data.set_placement(self.layout.place_batch)
         try:
             state = fit(
                 state,
-                self.step,
+                self._step,
                 iter(self.train_data),
                 self.config.train.num_steps,
                 self.stages(tracker),
@@ -433,6 +439,7 @@ class Trainer:
                 last_good=self.last_good_checkpoint,
             )
         finally:
+            self.train_data.set_placement(None)
             tracker.close()
         return state
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -58,18 +59,21 @@ def centre_crop_resize(image: np.ndarray, resolution: int) -> np.ndarray:
 
 class _RowReader:
     """Reads rows through the grain dataset, remembering the last rows so that every column of
-    one batch comes from a single read."""
+    one batch comes from a single read. Safe to call from several threads (a ``Dataset``'s
+    prefetch thread and the evaluation prefix)."""
 
     def __init__(self, dataset: Any, size: int):
         self.dataset, self.size = dataset, size
         self._last: tuple[tuple[int, ...], dict[str, np.ndarray]] | None = None
+        self._lock = threading.Lock()
 
     def read(self, rows: Sequence[int]) -> dict[str, np.ndarray]:
         key = tuple(int(r) for r in np.asarray(rows).reshape(-1))
-        if self._last is None or self._last[0] != key:
-            records = [self.dataset[r] for r in key]
-            self._last = (key, {k: np.stack([rec[k] for rec in records]) for k in records[0]})
-        return self._last[1]
+        with self._lock:
+            if self._last is None or self._last[0] != key:
+                records = [self.dataset[r] for r in key]
+                self._last = (key, {k: np.stack([rec[k] for rec in records]) for k in records[0]})
+            return self._last[1]
 
 
 class _Column:
@@ -83,7 +87,12 @@ class _Column:
         return self.shape[0]
 
     def __getitem__(self, rows: Any) -> np.ndarray:
-        return self._reader.read(np.arange(self.shape[0])[rows])[self._key]
+        index = np.asarray(rows)
+        if index.dtype.kind not in "iu":  # a slice, a mask, ...: resolve it against the row range
+            index = np.arange(self.shape[0])[rows]
+        elif index.size and (index.min() < -self.shape[0] or index.max() >= self.shape[0]):
+            raise IndexError(f"rows out of range for a column of {self.shape[0]} rows")
+        return self._reader.read(index % self.shape[0])[self._key]
 
 
 def tfds_source(
@@ -133,7 +142,8 @@ def tfds_source(
     fields = {"image": _Column(reader, "image", (resolution, resolution, channels), np.float32)}
     if label_key is not None:
         fields["label"] = _Column(reader, "label", (), np.int32)
-    return Source(name=f"{name}/{split}", fields=fields, num_classes=num_classes)
+    # Decoding and resizing run on a Dataset's background thread, two batches ahead of the step.
+    return Source(name=f"{name}/{split}", fields=fields, num_classes=num_classes, prefetch=2)
 
 
 def named(name: str, **defaults: Any) -> Callable[..., Source]:

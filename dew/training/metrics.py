@@ -1,0 +1,115 @@
+"""Step statistics summed on the device, read once per window in one transfer.
+
+A training loop produces a small tree of device scalars every step (loss, gradient norm, flags).
+Fetching each of them costs a device round trip; fetching a window's worth one by one (thousands
+of arrays) costs tens of milliseconds. ``DeviceSums`` instead keeps the last few steps' trees by
+reference (a slot write per step: no transfer, no dispatch, no allocation) and every ``chunk``
+steps folds them into a running sum with one jitted call, so per step the host pays a slot write
+plus 1/``chunk`` of a dispatch, and ``read()`` moves one small tree to the host.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _fold(sums: Any, chunk: list[Any]) -> Any:
+    return jax.tree.map(lambda total, *steps: total + sum(_wide(x) for x in steps), sums, *chunk)
+
+
+def _wide(x: jax.Array) -> jax.Array:
+    """Sum floats in float32 (a bf16 loss summed over a window would lose its digits) and
+    integers and booleans (counts) in int32."""
+    return x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jnp.int32)
+
+
+def _zeros_like(tree: Any) -> Any:
+    """Zeros of the summing dtypes, placed like ``tree``'s arrays (committed, so every fold sees
+    the same argument placements and compiles once)."""
+
+    def zeros(x: Any) -> jax.Array:
+        x = jnp.asarray(x)
+        return jax.device_put(np.zeros(x.shape, _wide(x).dtype), x.sharding)
+
+    return jax.tree.map(zeros, tree)
+
+
+def _host(x: Any) -> np.ndarray:
+    x = np.asarray(x)
+    return x.astype(np.float64 if np.issubdtype(x.dtype, np.floating) else np.int64)
+
+
+class DeviceSums:
+    """Running sums of a stream of same-structured trees of arrays (``{name: scalar}`` stats, or
+    a single flag), on the device.
+
+    ``add(tree)`` every step; ``read()`` returns ``(sums, count)`` on the host (float64 for
+    floating statistics, int64 for counts) in one transfer and starts a new window. Padding
+    the last, partial chunk with zeros keeps one compiled fold for every window length.
+    """
+
+    def __init__(self, chunk: int = 32):
+        if chunk < 1:
+            raise ValueError(f"DeviceSums: chunk must be >= 1, got {chunk}")
+        self.chunk = chunk
+        self._slots: list[Any] = [None] * chunk
+        self._filled = 0
+        self._count = 0
+        self._sums: Any = None
+        self._zeros: Any = None
+        self._fold: Any = None
+
+    @property
+    def count(self) -> int:
+        """Trees added since the last ``read``."""
+        return self._count
+
+    def add(self, tree: Any) -> None:
+        self._slots[self._filled] = tree
+        self._filled += 1
+        self._count += 1
+        if self._filled == self.chunk:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._filled:
+            return
+        first = self._slots[0]
+        if self._zeros is None or jax.tree.structure(self._zeros) != jax.tree.structure(first):
+            self._zeros = _zeros_like(first)
+            # The sums stay where the statistics are: the same placement in and out of every
+            # fold keeps each call on jit's fast path (no re-dispatch through Python).
+            placement = jax.tree.map(lambda x: x.sharding, self._zeros)
+            self._fold = jax.jit(_fold, donate_argnums=0, out_shardings=placement)
+        sums = self._sums if self._sums is not None else _zeros_like(first)
+        chunk = self._slots[: self._filled] + [self._zeros] * (self.chunk - self._filled)
+        self._sums = self._fold(sums, chunk)
+        self._slots[: self._filled] = [None] * self._filled
+        self._filled = 0
+
+    def read(self) -> tuple[Any, int]:
+        """The window's sums (host arrays, one transfer: float64 for floating statistics, int64
+        for counts) and how many trees they cover; the next ``add`` starts a new window."""
+        self._flush()
+        count, self._count = self._count, 0
+        if self._sums is None:
+            return None, count
+        sums, self._sums = jax.device_get(self._sums), None
+        return jax.tree.map(_host, sums), count
+
+    def means(self, counted: frozenset[str] = frozenset()) -> tuple[dict[str, float], int]:
+        """``read()`` as plain floats: the window mean of each statistic, except the ``counted``
+        ones (flags), which are summed."""
+        sums, count = self.read()
+        if not count:
+            return {}, 0
+        return {
+            k: float(v.sum()) if k in counted else float(v.mean()) / count for k, v in sums.items()
+        }, count
+
+
+__all__ = ["DeviceSums"]
