@@ -63,6 +63,7 @@ def main() -> None:
         load_config(os.path.join(ROOT, "experiments", "edm.py")),
         [
             "config.eval.every=0",
+            "config.preview.every=0",  # previews have a cadence of their own now
             f"config.checkpoint.every={args.checkpoint_every}",
             f"config.train.num_steps={args.steps * (args.rounds + 1)}",
         ],

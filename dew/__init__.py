@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     "CFG": "dew.sampling.guidance",
     "Aux": "dew.training.objective",
-    "Checkpoints": "dew.training.checkpoints",
+    "Checkpoints": "dew.training.checkpointing.checkpoints",
     "Condition": "dew.inputs",
     "Dataset": "dew.data",
     "EMASpec": "dew.training.ema",

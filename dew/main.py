@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -52,7 +53,8 @@ def enable_compilation_cache(workdir: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, overrides = parse_args(argv)
     try:
         raw = load_config(args.config)
         if args.help_config:
@@ -71,12 +73,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, UnknownNameError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    import jax
+
+    from dew.training.preemption import Preempted
+    from dew.training.workdir_lock import WorkdirBusyError, WorkdirLock, describe_stale
+
+    try:  # one run per workdir (process 0 holds it for the whole run)
+        lock = WorkdirLock(workdir).acquire() if jax.process_index() == 0 else None
+    except WorkdirBusyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if lock is not None and lock.stale:
+        print(f"dew: {describe_stale(lock.stale)}", flush=True)
     enable_compilation_cache(workdir)
     print(f"dew: training {args.config} in {workdir}", flush=True)
-    state = trainer.run()
+    try:
+        state = trainer.run()
+    except Preempted as e:
+        command = " ".join(shlex.quote(a) for a in ["python", "-m", "dew.main", *argv])
+        print(f"dew: {e}", file=sys.stderr, flush=True)
+        if e.path is not None:
+            print(f"dew: resume with: {command}", file=sys.stderr, flush=True)
+        return e.exit_code
+    finally:
+        if lock is not None:
+            lock.release()
     previews = os.path.join(workdir, "previews")
+    where = trainer.checkpoints.directory if trainer.checkpoints else "none (checkpointing off)"
     print(
-        f"done at step {int(state.step)}: checkpoints in {trainer.checkpoints.directory}"
+        f"done at step {int(state.step)}: checkpoints in {where}"
         + (f", previews in {previews}" if trainer.config.preview.every else ""),
         flush=True,
     )

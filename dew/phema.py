@@ -41,7 +41,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def _plan(workdir: str, sigma_rel: float, step: int | None, out: str | None) -> dict[str, Any]:
     """Check everything before any work; returns what ``reconstruct_run`` needs."""
-    from dew.training.checkpoints import Checkpoints, read_run_metadata
+    from dew.training.checkpointing import Checkpoints, read_run_metadata
     from dew.training.power_ema import SNAPSHOT_DIR, PowerEMASnapshots
 
     try:
@@ -83,7 +83,7 @@ def reconstruct_run(
     import ml_collections
 
     from dew.training import ema as ema_lib
-    from dew.training.checkpoints import Checkpoints, save_run_metadata
+    from dew.training.checkpointing import Checkpoints, save_run_metadata
     from dew.training.power_ema import PowerEMASnapshots
     from dew.training.state import num_updates
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from dew.artifacts import ImageGrid
 from dew.scoring.digits_classifier import classify_digits
-from dew.training.checkpoints import read_run_metadata
+from dew.training.checkpointing import read_run_metadata
 from dew.training.trackers import write_png
 from dew.training.trainer import Trainer
 
@@ -38,7 +38,7 @@ def main() -> int:
         return 2
     config = ml_collections.ConfigDict(metadata["config"])
     trainer = Trainer(config, args.workdir)
-    step = trainer.checkpoints.latest
+    step = trainer.checkpoints.latest_step()
     if step is None:
         print(f"error: no checkpoint in {trainer.checkpoints.directory}", file=sys.stderr)
         return 2

@@ -96,9 +96,11 @@ def get_config() -> ConfigDict:
     # the best; resume from the latest when the workdir has one.
     config.checkpoint = ConfigDict(
         {
+            "directory": None,
             "every": 500,
             "keep": 2,
             "keep_best": True,
+            "best_metric": "loss",
             "asynchronous": True,
             "local_directory": None,
             "local_every": None,
@@ -108,6 +110,7 @@ def get_config() -> ConfigDict:
             "restore_optimizer_state": True,
             "restore_rng_key": True,
             "clear_previous_checkpoints": False,
+            "on_rollback": "move",
         }
     )
     # Held-out loss every 1000 steps (ranks the best checkpoint); previews on their own cadence,

@@ -7,12 +7,17 @@ position), trains to NUM_STEPS with dew's own ``fit`` and ``CheckpointStage`` (a
 saves every step, a donated jitted step), and writes the final state and data position to
 FINAL.npz. Prints ``resumed N`` once and ``step N`` after each step has been handed to the
 checkpoint stage, so the parent can kill it while a write is in flight.
+
+With ``HOLD_AT=K`` in the environment, the write of step K stops between writing its items into
+orbax's temporary directory and renaming it into place, prints ``mid-write K`` and waits there:
+a kill then lands mid-write by construction, not by timing.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +26,7 @@ import optax
 
 from dew.data.dataset import Dataset, Source
 from dew.training import ema as ema_lib
-from dew.training.checkpoints import Checkpoints
+from dew.training.checkpointing import Checkpoints
 from dew.training.loop import Stage, StepContext, fit
 from dew.training.stages import CheckpointStage
 from dew.training.state import TrainState
@@ -75,7 +80,24 @@ class Announce(Stage):
         print(f"step {ctx.step}", flush=True)
 
 
+def hold_mid_write(step: int) -> None:
+    """Stop the write of ``step`` after its items are written, before orbax renames it in."""
+    from orbax.checkpoint._src.path import atomicity
+
+    finalize = atomicity.AtomicRenameTemporaryPath.finalize
+
+    async def held(self, *args, **kwargs):
+        if self._final_path.name == str(step):
+            print(f"mid-write {step}", flush=True)
+            time.sleep(3600)
+        return await finalize(self, *args, **kwargs)
+
+    atomicity.AtomicRenameTemporaryPath.finalize = held
+
+
 def main(workdir: str, num_steps: int, final: str | None) -> None:
+    if os.environ.get("HOLD_AT"):
+        hold_mid_write(int(os.environ["HOLD_AT"]))
     data = Dataset(source(), 8, seed=3)
     checkpoints = Checkpoints(os.path.join(workdir, "checkpoints"), keep=2)
     state, position = checkpoints.resume(fresh(), share=data.share)

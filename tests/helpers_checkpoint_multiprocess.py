@@ -22,7 +22,7 @@ import numpy as np
 import optax
 
 from dew.data.dataset import DataPartition
-from dew.training.checkpoints import CheckpointRestorationError, Checkpoints
+from dew.training.checkpointing import CheckpointRestorationError, Checkpoints
 from dew.training.state import TrainState
 
 

@@ -62,7 +62,7 @@ MODALITIES = [
     "dew.networks",
     "dew.encoding",
     "dew.scoring",
-    "dew.data.sources.digits",
+    "dew.data.sources",
     "dew.objectives.diffusion",
 ]
 

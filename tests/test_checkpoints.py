@@ -15,11 +15,11 @@ import optax
 import pytest
 
 from dew.data.dataset import DataPartition
-from dew.training.checkpoints import (
+from dew.training import get_debiased_ema
+from dew.training.checkpointing import (
     CheckpointRestorationError,
     Checkpoints,
     CheckpointWriteError,
-    get_debiased_ema,
     read_run_metadata,
     save_run_metadata,
 )
@@ -239,7 +239,7 @@ def test_stored_and_accumulation_template_read_no_values(tmp_path, monkeypatch):
     def no_values(*args, **kwargs):
         raise AssertionError("values were read")
 
-    monkeypatch.setattr(checkpoints.manager, "restore", no_values)  # the only path that reads values
+    monkeypatch.setattr(checkpoints.store.manager(), "restore", no_values)  # the only path that reads values
     stored = checkpoints.stored(1)
     assert stored.params["w"] == jax.ShapeDtypeStruct((8, 4), jnp.float32)
     assert stored.opt_state[0]["mu"]["b"] == jax.ShapeDtypeStruct((4,), jnp.float32)
@@ -390,9 +390,10 @@ def test_a_local_checkpoint_onto_another_placement_raises_before_reading_shards(
     checkpoints.save(3, placed(state_at(3), m, jax.P("data", "model")), None)
     checkpoints.save_local(5, placed(state_at(5), m, jax.P("data", "model")), None)
     checkpoints.wait()
-    for path in (local / "process_0" / "5" / "state").rglob("*"):
-        if path.is_file() and path.parent.name == "d":
-            path.unlink()  # a read of any shard would now fail with a different error
+    shards = sorted((local / "process_0" / "5").glob("leaf*.shard*.npy"))
+    assert len(shards) >= 8  # the damage below must hit the files a read would open
+    for path in shards:
+        path.unlink()  # a read of any shard would now fail with a different error
     other = abstract(placed(state_at(0), mesh((8, 1), ("data", "model")), jax.P("data", None)))
     with pytest.raises(
         CheckpointRestorationError,
@@ -413,9 +414,68 @@ def test_run_metadata_is_plain_json_beside_checkpoints(tmp_path):
 
 
 def test_bad_arguments_are_named():
-    with pytest.raises(ValueError, match="keep must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"keep must be None \(keep all\) or an int >= 1, got 0"):
         Checkpoints("x", keep=0)
     with pytest.raises(ValueError, match="local_directory and local_every go together"):
         Checkpoints("x", local_directory="y")
     with pytest.raises(ValueError, match="local_every must be an int >= 1, got 0"):
         Checkpoints("x", local_directory="y", local_every=0)
+
+
+# --- retention that never stops, keep-all, directories as URIs -----------------------------------
+def test_saves_without_the_ranked_metric_never_stop_pruning_and_any_metric_name_ranks(tmp_path):
+    checkpoints = Checkpoints(str(tmp_path / "c"), keep=2, best_metric="fid")
+    reports = [{"fid": 9.0}, None, {"accuracy": 0.5}, {"fid": 3.0, "loss": 7.0}, {}, None, {"loss": 0.1}]
+    for step, metrics in enumerate(reports, start=1):
+        checkpoints.save(step, state_at(step), None, metrics)
+        checkpoints.wait()  # every save lands: none raises, whatever it reported
+        kept = checkpoints.all_steps()
+        assert len(kept) <= 3, kept  # the latest two plus the best: the directory stays bounded
+    assert checkpoints.all_steps() == [4, 6, 7] and checkpoints.best_step() == 4
+    assert checkpoints.metrics(4) == {"fid": 3.0, "loss": 7.0} and checkpoints.metrics(6) is None
+
+
+def test_keep_none_keeps_every_step(tmp_path):
+    checkpoints = Checkpoints(str(tmp_path / "c"), keep=None)
+    for step in range(1, 6):
+        checkpoints.save(step, state_at(step), None, {"loss": float(step)})
+    assert checkpoints.all_steps() == [1, 2, 3, 4, 5]
+
+
+def test_a_file_uri_round_trips_to_the_local_directory_it_names(tmp_path):
+    uri = (tmp_path / "under uri").as_uri()  # file:///.../under%20uri
+    assert uri.startswith("file:///")
+    checkpoints = Checkpoints(uri + "/checkpoints")
+    checkpoints.save(3, state_at(3), POSITION, {"loss": 1.0}, share=DataPartition())
+    checkpoints.wait()
+    assert (tmp_path / "under uri" / "checkpoints" / "3" / "params").is_dir()
+    state, position = Checkpoints(uri + "/checkpoints").restore(TEMPLATE, share=DataPartition())
+    assert_same(state, state_at(3)) and position == POSITION
+    assert checkpoints.path(3) == str(tmp_path / "under uri" / "checkpoints" / "3")
+
+
+def test_an_unknown_or_unserved_scheme_is_one_clear_error_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"URI scheme foo://, which orbax's path handling .* does not serve"):
+        Checkpoints("foo://bucket/run")
+    import importlib.util
+
+    if importlib.util.find_spec("gcsfs") is None and importlib.util.find_spec("tensorflow") is None:
+        with pytest.raises(ValueError, match=r"'gs://bucket/run' is on gs://.* install gcsfs or tensorflow"):
+            Checkpoints("gs://bucket/run")
+    assert list(tmp_path.iterdir()) == []  # never ./gs:/bucket/run
+
+
+def test_roll_back_moves_newer_steps_aside_or_deletes_them_and_refuses_a_missing_step(tmp_path):
+    checkpoints = Checkpoints(str(tmp_path / "c"), keep=None)
+    for step in (2, 4, 6):
+        checkpoints.save(step, state_at(step), None)
+    with pytest.raises(CheckpointRestorationError, match="no checkpoint for step 3"):
+        checkpoints.roll_back(3)
+    assert checkpoints.all_steps() == [2, 4, 6]  # nothing moved before the step was found
+    assert checkpoints.roll_back(4) == [6]
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("c.rolled-back-")]
+    assert os.listdir(aside) == ["6"] and checkpoints.all_steps() == [2, 4]
+    checkpoints.save(6, state_at(6), None)  # the step is free again
+    assert checkpoints.roll_back(2, how="delete") == [4, 6]
+    assert checkpoints.all_steps() == [2] and len(list(tmp_path.iterdir())) == 2

@@ -1,8 +1,11 @@
 """Crash safety: SIGKILL a training process again and again, resume each time, and end
-bit-identical to a run that was never interrupted. Partial checkpoints are never ``latest``."""
+bit-identical to a run that was never interrupted. Partial checkpoints are never ``latest``.
+Half of the kills land mid-write by construction (the child holds a write and says so), so the
+test does not depend on timing to exercise that case."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -11,18 +14,21 @@ import sys
 import time
 
 import numpy as np
+import pytest
 from conftest import ROOT
 
-from dew.training.checkpoints import Checkpoints
+from dew.training.checkpointing import Checkpoints
 
 HELPER = str(ROOT / "tests" / "helpers_checkpoint_crash.py")
-NUM_STEPS = 24
+NUM_STEPS = 40  # enough that ten kills of at most a few steps each never reach the end
 KILLS = 10
 
 
-def start(workdir, final=None) -> subprocess.Popen:
+def start(workdir, final=None, hold_at=None) -> subprocess.Popen:
     args = [sys.executable, HELPER, str(workdir), str(NUM_STEPS)] + ([str(final)] if final else [])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if hold_at is not None:
+        env["HOLD_AT"] = str(hold_at)
     return subprocess.Popen(
         args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env
     )
@@ -40,27 +46,41 @@ def test_sigkill_at_random_moments_then_resume_ends_bit_identical_to_a_straight_
     rng = random.Random(1234)
     workdir = tmp_path / "crashed"
     directory = workdir / "checkpoints"
-    kills, during_writes, resumed_from = 0, 0, []
-    while kills < KILLS:
-        child = start(workdir)
+    resumed_from, mid_write_kills, latest = [], 0, None
+    for kill in range(KILLS):
+        # Even kills land mid-write by construction: the child holds the write of a step two or
+        # three ahead between writing its items and renaming them into place, and says so.
+        # Odd kills land at a random moment after 2-4 steps (often mid-write too). Either way at
+        # least one step lands first ("step k" is printed once save k was handed over, which
+        # waits for step k-1 to land), so every resume starts later than the one before.
+        mid_write = kill % 2 == 0
+        hold_at = (latest or 0) + rng.randint(2, 3) if mid_write else None
+        child = start(workdir, hold_at=hold_at)
         first = child.stdout.readline().split()
         assert first[:1] == ["resumed"], (first, child.stderr.read())
         resumed_from.append(int(first[1]))
-        # Kill after a random number of steps, a random moment into the next one; every step
-        # hands a save to the writer thread, so most kills land in the middle of a write.
-        for _ in range(rng.randint(1, 3)):
-            line = child.stdout.readline()
-            if not line:
-                break
-        time.sleep(rng.uniform(0.0, 0.3))
+        if mid_write:
+            for line in child.stdout:
+                if line.startswith("mid-write"):
+                    break
+            else:
+                pytest.fail(f"the write of step {hold_at} was never held: {child.stderr.read()}")
+        else:
+            for _ in range(rng.randint(2, 4)):
+                if not child.stdout.readline():
+                    break
+            time.sleep(rng.uniform(0.0, 0.3))
         child.send_signal(signal.SIGKILL)
         child.wait()
         assert child.returncode == -signal.SIGKILL, child.stderr.read()
-        kills += 1
-        during_writes += bool(partial_checkpoints(directory))
+        if mid_write:
+            assert partial_checkpoints(directory), f"kill {kill}: no partial checkpoint of step {hold_at}"
+            mid_write_kills += 1
         # Whatever was left behind, latest is a complete checkpoint that restores.
         checkpoints = Checkpoints(str(directory), keep=2)
-        latest = checkpoints.latest
+        latest = checkpoints.latest_step()
+        if mid_write:
+            assert latest is None or latest < hold_at  # the held step never became latest
         if latest is not None:
             state, _ = checkpoints.restore(None, latest)
             assert int(state.step) == latest
@@ -70,10 +90,9 @@ def test_sigkill_at_random_moments_then_resume_ends_bit_identical_to_a_straight_
     assert last.wait(timeout=120) == 0, last.stderr.read()
     assert straight.wait(timeout=120) == 0, straight.stderr.read()
 
-    print(f"kills {kills}, during writes {during_writes}, resumed from {resumed_from}")
-    assert kills >= 10
-    assert during_writes >= 1, "no kill landed while a checkpoint was being written"
-    assert len(set(resumed_from)) > 3, resumed_from  # the kills were spread across steps
+    print(f"resumed from {resumed_from}")
+    assert len(resumed_from) == KILLS and mid_write_kills == KILLS // 2
+    assert all(b > a for a, b in itertools.pairwise(resumed_from)), resumed_from  # spread over steps
     a, b = np.load(tmp_path / "straight.npz"), np.load(tmp_path / "crashed.npz")
     assert sorted(a.files) == sorted(b.files)
     for name in a.files:  # params, opt_state, EMA, rng, step and the data position

@@ -1,8 +1,12 @@
 """A full disk during an asynchronous save: the error surfaces, the run stops, and every older
-checkpoint is still intact and restorable. The disk is a real size-limited tmpfs."""
+checkpoint is still intact and restorable. The disk is a real size-limited tmpfs where one can be
+mounted; everywhere, the same failure is also injected into orbax's write (ENOSPC raised after a
+step's items were written, before it is renamed into place), so CI always runs the behaviour."""
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 
 import jax
@@ -12,7 +16,7 @@ import optax
 import pytest
 
 from dew.data.dataset import Dataset, Source
-from dew.training.checkpoints import Checkpoints, CheckpointWriteError
+from dew.training.checkpointing import Checkpoints, CheckpointWriteError
 from dew.training.loop import Stage, StepContext, fit
 from dew.training.stages import CheckpointStage
 from dew.training.state import TrainState
@@ -49,10 +53,27 @@ class Seen(Stage):
         self.states[ctx.step] = jax.device_get(ctx.state)
 
 
-@pytest.fixture
-def small_disk(tmp_path):
+FULL_AT = 4  # the injected disk fills up during the write of this step
+
+
+@pytest.fixture(params=["tmpfs", "injected"])
+def small_disk(tmp_path, request, monkeypatch):
     mount = tmp_path / "disk"
     mount.mkdir()
+    if request.param == "injected":
+        from orbax.checkpoint._src.path import atomicity
+
+        finalize = atomicity.AtomicRenameTemporaryPath.finalize
+
+        async def full(self, *args, **kwargs):
+            name = self._final_path.name  # the step directory (items finalize under it too)
+            if name.isdigit() and int(name) >= FULL_AT:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.get()))
+            return await finalize(self, *args, **kwargs)
+
+        monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", full)
+        yield mount
+        return
     command = ["mount", "-t", "tmpfs", "-o", "size=1600k", "tmpfs", str(mount)]
     result = subprocess.run(command, capture_output=True)
     if result.returncode != 0:

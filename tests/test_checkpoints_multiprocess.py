@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT
 
 from dew.data.dataset import DataPartition
-from dew.training.checkpoints import CheckpointRestorationError, Checkpoints
+from dew.training.checkpointing import CheckpointRestorationError, Checkpoints
 
 HELPER = str(ROOT / "tests" / "helpers_checkpoint_multiprocess.py")
 

@@ -3,6 +3,8 @@ directory, a specific step, clearing; and the checkpoint stage's local cadence."
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,8 +13,8 @@ from conftest import tiny_config
 
 from dew.config import ConfigError
 from dew.data.dataset import Dataset, Source
-from dew.training.checkpoint_config import checkpoint_settings
-from dew.training.checkpoints import CheckpointRestorationError, Checkpoints
+from dew.training.checkpointing import CheckpointRestorationError, Checkpoints
+from dew.training.checkpointing.settings import checkpoint_settings
 from dew.training.loop import fit
 from dew.training.stages import CheckpointStage
 from dew.training.state import TrainState
@@ -38,13 +40,33 @@ POSITION = b'{"batch": 5, "epoch": 2}'
             r"checkpoint.step_to_restore=0 is invalid: expected None \(the latest\)",
         ),
         ({"checkpoint.local_every": 2}, "local_directory and config.checkpoint.local_every go together"),
-        ({"checkpoint.keep": 0}, r"checkpoint.keep=0 is invalid: expected an int >= 1"),
+        (
+            {"checkpoint.keep": 0},
+            r"checkpoint.keep=0 is invalid: expected None \(keep every step\) or an int",
+        ),
         ({"checkpoint.restore_dir": ""}, "restore_dir='' is invalid"),
+        (
+            {"checkpoint.on_rollback": "keep"},
+            r"on_rollback='keep' is invalid: expected \"move\" or \"delete\"",
+        ),
+        (
+            {"checkpoint.directory": "foo://b/run"},
+            "config.checkpoint.directory 'foo://b/run' has the URI scheme foo://",
+        ),
+        (
+            {"checkpoint.every": 0, "checkpoint.step_to_restore": 2},
+            "checkpoint.every=0 turns checkpointing off, but a restore is requested",
+        ),
     ],
 )
 def test_bad_checkpoint_settings_stop_before_any_work(overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate_config(tiny_config(**overrides))
+
+
+def test_a_restore_request_with_checkpointing_off_is_a_checkpoint_restoration_error():
+    with pytest.raises(CheckpointRestorationError, match="turns checkpointing off"):
+        validate_config(tiny_config(**{"checkpoint.every": 0, "checkpoint.restore_dir": "/x"}))
 
 
 def test_unknown_and_mistyped_keys_are_named():
@@ -146,7 +168,7 @@ def test_the_checkpoint_stage_writes_local_steps_between_persistent_ones(tmp_pat
     data, state, step = counting_run()
 
     fit(state, step, iter(data), 7, [CheckpointStage(checkpoints, data, every=4)])
-    assert checkpoints.all_steps() == [4, 7] and checkpoints.local_step == 6 and checkpoints.latest == 7
+    assert checkpoints.all_steps() == [4, 7] and checkpoints.local_step() == 6 and checkpoints.latest == 7
     restored, position = checkpoints.restore(None, 6, share=data.share)
     assert int(restored.step) == 6 and position == b'{"batch": 0, "epoch": 1}'
 
@@ -180,3 +202,61 @@ def test_the_checkpoint_stage_reports_each_new_best_to_the_trackers_also_across_
     fit(first, step, iter(data), 7, stages)
     assert best == [1, 2, 4, 7]
     assert checkpoints.best == 7
+
+
+def scalars(workdir) -> list[tuple[str, int]]:
+    import json
+
+    path = workdir / "tracking" / "scalars.jsonl"
+    return [(r["category"], r["step"]) for r in map(json.loads, path.read_text().splitlines())]
+
+
+@pytest.mark.slow
+def test_rolling_back_from_6_to_2_then_training_to_8_continues_with_one_history(tmp_path):
+    base = {
+        "train.num_steps": 6,
+        "train.log_every": 1,
+        "checkpoint.every": 2,
+        "checkpoint.keep": 5,
+        "eval.every": 0,
+        "preview.every": 0,
+    }
+    Trainer(tiny_config(**base), str(tmp_path)).run()
+    assert Checkpoints(str(tmp_path / "checkpoints")).all_steps() == [2, 4, 6]
+
+    rolled = Trainer(
+        tiny_config(**{**base, "train.num_steps": 8, "checkpoint.step_to_restore": 2}), str(tmp_path)
+    )
+    state = rolled.run()  # no error when the run reaches steps 4 and 6 again
+    assert int(state.step) == 8 and rolled.restored_step == 2
+    assert rolled.checkpoints.all_steps() == [2, 4, 6, 8]
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("checkpoints.rolled-back-")]
+    assert sorted(os.listdir(aside)) == ["4", "6"]  # the abandoned continuation, kept aside
+    train = [step for category, step in scalars(tmp_path) if category == "train"]
+    assert train == [1, 2, 3, 4, 5, 6, 7, 8]  # 1-2, then 3-8 once each: 3-6 of the first run discarded
+
+
+@pytest.mark.slow
+def test_checkpointing_off_writes_no_checkpoints_and_a_file_uri_directory_round_trips(tmp_path):
+    off = Trainer(
+        tiny_config(**{"checkpoint.every": 0, "train.num_steps": 2, "eval.every": 0, "preview.every": 0}),
+        str(tmp_path / "a"),
+    )
+    assert off.checkpoints is None
+    off.run()
+    assert not (tmp_path / "a" / "checkpoints").exists()
+
+    uri = (tmp_path / "elsewhere").as_uri()
+    config = {
+        "checkpoint.directory": uri,
+        "train.num_steps": 2,
+        "checkpoint.every": 2,
+        "eval.every": 0,
+        "preview.every": 0,
+    }
+    Trainer(tiny_config(**config), str(tmp_path / "b")).run()
+    assert (
+        sorted(os.listdir(tmp_path / "elsewhere")) == ["2"] and not (tmp_path / "b" / "checkpoints").exists()
+    )
+    resumed = Trainer(tiny_config(**{**config, "train.num_steps": 4}), str(tmp_path / "b"))
+    assert int(resumed.initial_state().step) == 2 and resumed.restored_step == 2

@@ -82,8 +82,15 @@ class DigitClassifier(Objective):
         return TextSamples(predicted[:, None].astype(np.int32), text=text)
 
 
+class Unseen(DigitClassifier):
+    """The same classifier without a preview."""
+
+    preview = Objective.preview
+
+
 if NAME not in registry.objectives:
     registry.objectives.register(NAME, DigitClassifier)
+    registry.objectives.register(NAME + "_unseen", Unseen)
 
 
 def classifier_config(**overrides):
@@ -117,6 +124,21 @@ def test_the_objective_declares_its_section_and_defaults_fill_the_rest():
         classifier_config(**{"objective.hiden": 3})
     with pytest.raises(ConfigError, match=r"config.objective.shown=65 is invalid: expected at most 64"):
         classifier_config(**{"objective.shown": 65})
+
+
+def test_cadences_the_objective_or_the_config_cannot_serve_are_said_at_start(tmp_path, capsys):
+    from dew.training.trainer import Trainer
+
+    Trainer(classifier_config(**{"eval.every": 0}), str(tmp_path / "a"))
+    err = capsys.readouterr().err
+    assert "warning: config.checkpoint.keep_best=True but config.eval.every=0" in err and err.count("\n") == 1
+    Trainer(classifier_config(**{"eval.every": 0, "checkpoint.keep_best": False}), str(tmp_path / "b"))
+    assert capsys.readouterr().err == ""
+    with pytest.raises(ConfigError, match=r"config.preview.every=30 is invalid: Unseen has no preview"):
+        Trainer(classifier_config(**{"objective.name": NAME + "_unseen"}), str(tmp_path / "c"))
+    with pytest.raises(ConfigError, match=r"config.preview.metrics=\('digits_class_accuracy',\) is invalid"):
+        Trainer(classifier_config(**{"preview.metrics": "('digits_class_accuracy',)"}), str(tmp_path / "d"))
+    assert not any(tmp_path.iterdir())  # nothing written
 
 
 def test_a_classifier_trains_evaluates_previews_and_resumes_through_the_trainer(tmp_path):
@@ -194,7 +216,7 @@ def test_restore_ema_debiases_a_half_life_accumulation_run_on_its_own(tmp_path):
     """The checkpoint records the EMA (half-life, ramp-up, tracked leaves, accumulation), so a
     reader that knows nothing of the run gets exactly the Trainer's own debiased EMA."""
     from dew.training import ema as ema_lib
-    from dew.training.checkpoints import Checkpoints
+    from dew.training.checkpointing import Checkpoints
     from dew.training.trainer import Trainer
 
     overrides = {

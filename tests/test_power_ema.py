@@ -66,7 +66,7 @@ def test_slots_snapshots_and_phema_checkpoint(tmp_path, capsys):
     assert record["step"] == 6 and record["updates"] == 6 and len(record["snapshots"]) == 6
     expected = posthoc_ema.reconstruct(snapshots, 0.07)
 
-    from dew.training.checkpoints import Checkpoints
+    from dew.training.checkpointing import Checkpoints
 
     restored = Checkpoints(os.path.join(out, "checkpoints"), read_only=True).restore_ema(None)
     jax.tree.map(np.testing.assert_array_equal, restored, expected)  # stored as is, no debiasing

@@ -62,6 +62,15 @@ def log_metrics_to_table(
     print("\n".join(lines), file=stream or sys.stdout, flush=True)
 
 
+def convert_mse_to_rmse_in_logs(to_log: dict[str, Any]) -> dict[str, Any]:
+    """Convert metrics whose key contains ``mse_`` to ``rmse_`` by taking the square root.
+
+    Applied at log time rather than during accumulation, because the square root must be taken
+    after averaging rather than before. Returns a new dict; other entries are kept as they are.
+    """
+    return convert_mse_to_rmse(to_log)
+
+
 class Progress:
     """steps/s, examples/s, ETA and the latest loss, on one line that updates."""
 

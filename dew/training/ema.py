@@ -288,3 +288,14 @@ def spec_from_config(section: ml_collections.ConfigDict) -> EMASpec:
         half_life=half_life,
         ramp_up=(section.ramp_up or None) if half_life else None,
     )
+
+
+def get_debiased_ema(ema_params: Params, decay: float, num_updates: int | jax.Array) -> Params:
+    """Bias-corrected EMA (Adam convention): ``ema_params / (1 - decay ** num_updates)``.
+
+    Assumes ``ema_params`` was zero-initialised and has been updated ``num_updates`` times; the
+    result is unbiased under stationary-parameter expectations, with the structure of
+    ``ema_params``. Must not be called with ``num_updates == 0`` (division by zero: a concrete 0
+    raises ``ValueError``). The stix name of ``debias`` with a constant decay.
+    """
+    return debias(ema_params, float(decay), num_updates)

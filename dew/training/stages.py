@@ -16,7 +16,7 @@ import jax
 
 from dew.artifacts import ImageGrid, TextSamples
 from dew.data.dataset import Dataset
-from dew.training.checkpoints import Checkpoints
+from dew.training.checkpointing.checkpoints import Checkpoints
 from dew.training.console import Progress
 from dew.training.evaluation import Evaluation, evaluate
 from dew.training.loop import NONFINITE_FLAG, Stage, StepContext
@@ -147,14 +147,14 @@ def _write_text(path: str, samples: TextSamples) -> str:
 
 
 class CheckpointStage(Stage):
-    """Saves the state and the data position, asynchronously, ranked by the most recent
-    evaluation loss (``ctx.reports["eval_loss"]`` of this step or an earlier one of this fit; a
-    save before any evaluation carries no metric and cannot become the best): to the persistent
-    directory every ``every`` steps (and at the end), and
-    to each process's local directory every ``checkpoints.local_every`` steps in between.
+    """Saves the state and the data position, asynchronously, with the most recent value of each
+    metric reported in this fit (``ctx.reports``, ``eval_loss`` as ``loss``; the checkpoints rank
+    by their ``best_metric``, and a save before it was ever reported cannot become the best): to
+    the persistent directory every ``every`` steps (and at the end), and to each process's local
+    directory every ``checkpoints.local_every`` steps in between.
     ``close`` waits, so a finished ``fit`` has everything on disk and a failed write stops it.
 
-    With a ``tracker``, a save whose eval loss beats every earlier one (this run's and, on a
+    With a ``tracker``, a save whose ranked metric beats every earlier one (this run's and, on a
     resume, the best already on disk) is reported under ``LoggingCategory.BEST_MODEL``."""
 
     def __init__(
@@ -162,11 +162,11 @@ class CheckpointStage(Stage):
     ):
         self.checkpoints, self.dataset, self.every, self.tracker = checkpoints, dataset, every, tracker
         self._best_loss: float | None = None
-        self._latest_eval: float | None = None
+        self._latest: dict[str, float] = {}
 
     def observe(self, ctx: StepContext) -> None:
-        if "eval_loss" in ctx.reports:  # stages before this one ran already this step
-            self._latest_eval = float(ctx.reports["eval_loss"])
+        # stages before this one ran already this step
+        self._latest.update({("loss" if k == "eval_loss" else k): float(v) for k, v in ctx.reports.items()})
 
     def _local_due(self, ctx: StepContext) -> bool:
         local_every = self.checkpoints.local_every
@@ -178,23 +178,26 @@ class CheckpointStage(Stage):
     def run(self, ctx: StepContext) -> None:
         position, share = self.dataset.save_position(), self.dataset.share
         if super().due(ctx):
-            metrics = None if self._latest_eval is None else {"loss": self._latest_eval}
+            # The latest value of everything reported so far in this fit (the evaluation loss as
+            # "loss"); the checkpoints rank by the metric they were configured with, and a save
+            # without it is never the best.
+            metrics = dict(self._latest) or None
             self.checkpoints.save(ctx.step, ctx.state, position, metrics, share=share)
-            if metrics is not None and self.tracker is not None:
-                self._report_if_best(ctx.step, metrics["loss"])
+            metric = self.checkpoints.best_metric
+            if metrics is not None and metric in metrics and self.tracker is not None:
+                self._report_if_best(ctx.step, metrics[metric])
         else:
             self.checkpoints.save_local(ctx.step, ctx.state, position, share=share)
 
     def _report_if_best(self, step: int, loss: float) -> None:
         if self._best_loss is None:  # once per fit: the best a resumed run already has on disk
-            previous = self.checkpoints.best
-            metrics = (
-                None if previous is None or previous == step else self.checkpoints.manager.metrics(previous)
-            )
+            previous = self.checkpoints.best_step()
+            metrics = None if previous is None or previous == step else self.checkpoints.metrics(previous)
             self._best_loss = float(metrics[self.checkpoints.best_metric]) if metrics else float("inf")
         if loss < self._best_loss:
             self._best_loss = loss
-            self.tracker.log(LoggingCategory.BEST_MODEL, {"eval_loss": loss, "step": step}, step)
+            name = "eval_loss" if self.checkpoints.best_metric == "loss" else self.checkpoints.best_metric
+            self.tracker.log(LoggingCategory.BEST_MODEL, {name: loss, "step": step}, step)
 
     def close(self) -> None:
         self.checkpoints.wait()

@@ -18,21 +18,20 @@ from dew import registry
 from dew.data import config as data_config
 from dew.data.dataset import DataPartition, Dataset
 from dew.schema import ConfigError, Key, Section, resolve
-from dew.training import checkpoint_config, sharding
 from dew.training import ema as ema_lib
+from dew.training import sharding
 from dew.training import trackers as trackers_lib
-from dew.training.checkpoint_config import checkpoint_settings
-from dew.training.checkpoints import (
-    CheckpointRestorationError,
-    Checkpoints,
-    read_run_metadata,
-    save_run_metadata,
-)
+from dew.training.checkpointing import settings as checkpoint_config
+from dew.training.checkpointing.checkpoints import Checkpoints
+from dew.training.checkpointing.errors import CheckpointRestorationError
+from dew.training.checkpointing.run_metadata import read_run_metadata, save_run_metadata
+from dew.training.checkpointing.settings import checkpoint_settings
 from dew.training.console import Progress
 from dew.training.ema import EMASpec
 from dew.training.loop import Stage, fit
 from dew.training.objective import MODEL_CONFIG, OBJECTIVE_CONFIG, Objective
 from dew.training.power_ema import SNAPSHOT_DIR, PowerEMASnapshots, SnapshotStage, power_ema_from_config
+from dew.training.preemption import PreemptionStage
 from dew.training.profile import CONFIG as PROFILE_CONFIG
 from dew.training.profile import ProfileWindow
 from dew.training.sharding import Layout
@@ -242,15 +241,9 @@ class Trainer:
         self.checkpoint_settings = cs = checkpoint_settings(c.checkpoint)
         # Every checkpoint records the EMA it holds, so restore_ema debiases it on its own.
         self.ema_record = ema_lib.record(self.ema, abstract.params, self.accumulation)
-        self.checkpoints = Checkpoints(
-            os.path.join(self.workdir, "checkpoints"),
-            keep=cs.keep,
-            keep_best=cs.keep_best,
-            asynchronous=cs.asynchronous,
-            local_directory=cs.local_directory,
-            local_every=cs.local_every,
-            ema=self.ema_record,
-        )
+        # None when config.checkpoint.every is None or 0 (no checkpointer).
+        self.checkpoints: Checkpoints | None = cs.checkpoints(self.workdir, ema=self.ema_record)
+        self.restored_step: int | None = None  # set by initial_state
         self.extra_trackers = trackers or []
         self._check_cadences()
 
@@ -268,7 +261,7 @@ class Trainer:
                 self.val_data.first(c.eval.num_batches)
             except ValueError as e:
                 raise ConfigError(f"config.eval.num_batches={c.eval.num_batches} is invalid: {e}") from None
-        elif c.checkpoint.keep_best:
+        elif c.checkpoint.keep_best and c.checkpoint.best_metric == "loss" and c.checkpoint.every:
             print(
                 "warning: config.checkpoint.keep_best=True but config.eval.every=0: without evaluation "
                 "there is no loss to rank checkpoints by, so no best checkpoint is kept",
@@ -311,25 +304,32 @@ class Trainer:
         checkpoints first. A run that does not restore refuses a directory that holds checkpoints.
         """
         s = self.checkpoint_settings
-        if s.clear_previous_checkpoints:
-            self.checkpoints.clear()
 
         def fresh() -> TrainState:
             return self.init(jax.random.PRNGKey(self.config.seed), self.example_batch())
 
+        if self.checkpoints is None:  # checkpointing off (a restore request was refused by the config)
+            return fresh()
+        if s.clear_previous_checkpoints:
+            self.checkpoints.clear()
         if not s.restores:
-            if self.checkpoints.latest is not None:
+            latest = self.checkpoints.latest_step()
+            if latest is not None:
                 raise CheckpointRestorationError(
                     f"{self.checkpoints.directory} already holds checkpoints (latest step "
-                    f"{self.checkpoints.latest}) and config.checkpoint.restore_checkpoint_if_exists=False: "
+                    f"{latest}) and config.checkpoint.restore_checkpoint_if_exists=False: "
                     "set clear_previous_checkpoints=True to start over, or choose another --workdir"
                 )
             return fresh()
         source = self.checkpoints
-        if s.restore_dir is not None and self.checkpoints.latest is None:
+        if s.restore_dir is not None and self.checkpoints.latest_step() is None:
             source = Checkpoints(s.restore_dir, read_only=True)
-        if s.step_to_restore is None and source.latest is None:
+        if s.step_to_restore is None and source.latest_step() is None:
             return fresh()
+        if source is self.checkpoints and s.step_to_restore is not None:
+            # Rolling back: the newer steps are moved aside or deleted (and logged), so this
+            # run's saves never collide with the abandoned continuation's.
+            self.checkpoints.roll_back(s.step_to_restore, how=s.on_rollback)
         share = self.train_data.share
         if s.restore_optimizer_state and s.restore_rng_key:
             template = abstract_state(self.init, self.example_batch())
@@ -344,6 +344,7 @@ class Trainer:
             )
         if position is not None:
             self.train_data.read_position(position)
+        self.restored_step = int(jax.device_get(state.step))
         return state
 
     def tracker(self) -> Trackers:
@@ -357,8 +358,8 @@ class Trainer:
             run_name=os.path.basename(self.workdir),
         )
         trackers = Trackers([*built.sinks, *self.extra_trackers])
-        if self.checkpoints.latest is not None:
-            trackers.log(LoggingCategory.CLEANUP_AFTER_CKPT_RESTORATION, {}, self.checkpoints.latest)
+        if self.restored_step is not None:
+            trackers.log(LoggingCategory.CLEANUP_AFTER_CKPT_RESTORATION, {}, self.restored_step)
         return trackers
 
     def stages(self, tracker: Tracker) -> list[Stage]:
@@ -390,12 +391,15 @@ class Trainer:
                     seed=c.seed,
                 )
             )
-        stages.append(CheckpointStage(self.checkpoints, self.train_data, c.checkpoint.every, tracker))
+        if self.checkpoints is not None:
+            stages.append(CheckpointStage(self.checkpoints, self.train_data, c.checkpoint.every, tracker))
         if self.power_ema is not None:
             stages.append(SnapshotStage(self.power_ema_snapshots(), self.power_ema, self.accumulation))
         if c.profile.steps:
             directory = c.profile.directory or os.path.join(self.workdir, "profile")
             stages.append(ProfileWindow(c.profile.steps, directory, warmup=c.profile.warmup))
+        # Last, so the step's own stages (its periodic save) have run when a signal stops it.
+        stages.append(PreemptionStage(self.checkpoints, self.train_data))
         return stages
 
     def power_ema_snapshots(self) -> PowerEMASnapshots:
@@ -404,7 +408,7 @@ class Trainer:
 
     def last_good_checkpoint(self) -> str | None:
         """The newest saved checkpoint's path (named when a non-finite step stops the run)."""
-        latest = self.checkpoints.latest
+        latest = None if self.checkpoints is None else self.checkpoints.latest_step()
         return None if latest is None else self.checkpoints.path(latest)
 
     # --- the run ----------------------------------------------------------------------------------
@@ -416,7 +420,7 @@ class Trainer:
         state = self.initial_state()
         start = int(jax.device_get(state.step))
         if start:
-            print(f"resuming from step {start} ({self.checkpoints.path(start)})", flush=True)
+            print(f"resuming from step {start} ({self.checkpoints.source(start)})", flush=True)
         if self.power_ema is not None:  # snapshots newer than the restored state are redone
             store = self.power_ema_snapshots()
             store.discard_after(start)

@@ -24,11 +24,12 @@ import jax
 import numpy as np
 
 from dew.data.dataset import DataPartition
-from dew.training import checkpoint_layout as layout
-from dew.training.checkpoint_errors import CheckpointRestorationError, first_line
+from dew.training.checkpointing import layout, positions
+from dew.training.checkpointing.errors import CheckpointRestorationError, first_line
 from dew.training.state import TrainState
 
 META = "placement.json"
+FORMAT = "dew-local-checkpoint/2"  # leaves named by checkpoint item (params.w, ema_params.w, ...)
 _TMP = ".tmp-"
 
 
@@ -93,6 +94,11 @@ def read_meta(root: str, step: int) -> dict[str, Any]:
         raise CheckpointRestorationError(
             f"local checkpoint step {step} in {root} is damaged: {first_line(e)}"
         ) from e
+    if isinstance(meta, dict) and meta.get("format") != FORMAT:
+        raise CheckpointRestorationError(
+            f"local checkpoint step {step} in {root} has format {meta.get('format')!r}, this dew reads "
+            f"{FORMAT!r}: delete {os.path.join(root, str(step))} (the persistent checkpoints are unaffected)"
+        )
     if not isinstance(meta, dict) or meta.get("step") != step or "placement" not in meta:
         raise CheckpointRestorationError(
             f"local checkpoint step {step} in {root} is damaged: its placement file records {str(meta)[:200]}"
@@ -106,17 +112,17 @@ def describe(step: int, state: TrainState) -> tuple[list[list[np.ndarray]], dict
     Runs on the writer thread: the device-to-host copies happen off the loop.
     """
     shards, placement = [], []
-    for name, leaf in layout.leaf_names(layout.state_tree(state)).items():
+    for name, leaf in layout.leaf_names(layout.items_from_state(state)).items():
         array = (
             leaf if isinstance(leaf, jax.Array) else jax.device_put(np.asarray(leaf), jax.local_devices()[0])
         )
-        unique = layout.unique_local_shards(array)
-        described = layout.leaf_placement(array.shape, array.sharding)
+        unique = unique_local_shards(array)
+        described = leaf_placement(array.shape, array.sharding)
         described.update(name=name, dtype=str(np.dtype(array.dtype)), regions=list(unique))
         placement.append(described)
         shards.append([np.asarray(shard) for shard in unique.values()])
     meta = {
-        "format": layout.FORMAT,
+        "format": FORMAT,
         "step": step,
         "process_index": jax.process_index(),
         "process_count": jax.process_count(),
@@ -139,11 +145,11 @@ def placement_problem(meta: Mapping[str, Any], template: TrainState | None) -> s
     if template is None:
         uncovered = [name for name, leaf in stored.items() if not covers(leaf)]
         return None if not uncovered else f"this process holds only part of {uncovered[:3]}; pass a template"
-    wanted = layout.leaf_names(layout.state_tree(template))
+    wanted = layout.leaf_names(layout.items_from_state(template))
     if set(wanted) != set(stored):
         return f"the template's leaves differ from the stored ones: {sorted(set(wanted) ^ set(stored))[:5]}"
     for name, leaf in wanted.items():
-        here = layout.leaf_placement(leaf.shape, getattr(leaf, "sharding", None) or layout.default_sharding())
+        here = leaf_placement(leaf.shape, getattr(leaf, "sharding", None) or layout.default_sharding())
         if here["shape"] != stored[name]["shape"] or here["devices"] != stored[name]["devices"]:
             return (
                 f"leaf {name!r} was written as {stored[name]['devices']} (device id: region) of shape "
@@ -165,36 +171,24 @@ def restore(
         raise CheckpointRestorationError(
             f"local checkpoint step {step} in {root} is damaged ({type(e).__name__}: {first_line(e)})"
         ) from e
-    names = [leaf["name"] for leaf in meta["placement"]]
-    wanted = layout.leaf_names(layout.state_tree(template)) if template is not None else {}
     values = {}
+    wanted = layout.leaf_names(layout.items_from_state(template)) if template is not None else {}
     for leaf, leaf_shards in zip(meta["placement"], shards, strict=True):
         by_region = dict(zip(leaf["regions"], leaf_shards, strict=True))
         if template is None:
             values[leaf["name"]] = assemble_host(leaf, by_region)
         else:
             values[leaf["name"]] = assemble_device(leaf, by_region, wanted[leaf["name"]])
-    tree = local_tree_from_names(names, values)
-    count = int(np.asarray(tree["extra"]["step"]))
+    state = layout.state_from_items(items_from_names(values, template))
+    count = int(np.asarray(state.step))
     if count != step:
         raise CheckpointRestorationError(
             f"local checkpoint step {step} in {root}: the restored state is at step {count}"
         )
-    state = TrainState(
-        step=tree["extra"]["step"],
-        params=tree["params"],
-        opt_state=tree["opt_state"],
-        ema=tree["ema"],
-        rng=tree["extra"]["rng"],
-        pending=tree.get("pending"),
-        power_ema=tree.get("power_ema"),
-    )
-    if template is not None:
-        state = restructure(state, template)
     position = None
     if share is not None and data is not None:
         try:
-            position = layout.position_for(data, share, 0)
+            position = positions.position_for(data, share, 0)
         except KeyError as e:
             raise CheckpointRestorationError(f"local checkpoint step {step}: {e.args[0]}") from None
     return state, position
@@ -202,22 +196,11 @@ def restore(
 
 def stored(meta: Mapping[str, Any]) -> TrainState:
     """Shapes and dtypes by field, as flat dicts keyed by leaf name; no shard is read."""
-    by_field: dict[str, dict[str, jax.ShapeDtypeStruct]] = {}
+    items: dict[str, dict[str, jax.ShapeDtypeStruct]] = {}
     for leaf in meta["placement"]:
-        field, _, rest = leaf["name"].partition(".")
-        by_field.setdefault(field, {})[rest] = jax.ShapeDtypeStruct(
-            tuple(leaf["shape"]), np.dtype(leaf["dtype"])
-        )
-    extra = by_field.get("extra", {})
-    return TrainState(
-        step=extra.get("step"),
-        params=by_field.get("params"),
-        opt_state=by_field.get("opt_state"),
-        ema=by_field.get("ema"),
-        rng=extra.get("rng"),
-        pending=by_field.get("pending"),
-        power_ema=by_field.get("power_ema"),
-    )
+        item, _, rest = leaf["name"].partition(".")
+        items.setdefault(item, {})[rest] = jax.ShapeDtypeStruct(tuple(leaf["shape"]), np.dtype(leaf["dtype"]))
+    return layout.state_from_items(items)
 
 
 def read_shards(root: str, step: int, meta: Mapping[str, Any]) -> list[list[np.ndarray]]:
@@ -242,46 +225,24 @@ def read_data(root: str, step: int) -> dict[str, np.ndarray] | None:
 
 
 # --- reassembling a state from this process's shards -------------------------------------------
-def local_tree_from_names(names: list[str], values: Mapping[str, Any]) -> dict[str, Any]:
-    """Nested dicts from dotted names; the caller restores a template's own structure."""
-    tree: dict[str, Any] = {"params": {}, "opt_state": {}, "ema": {}, "extra": {}}
-    for name in names:
+def items_from_names(values: Mapping[str, Any], template: TrainState | None) -> dict[str, Any]:
+    """Checkpoint items from leaves read by dotted name: in the template's own tree structure,
+    or (without a template) as nested dicts."""
+    if template is not None:
+        items = {}
+        for item, tree in layout.items_from_state(template).items():
+            names = layout.leaf_names(tree)
+            leaves = [values[f"{item}.{name}"] for name in names]
+            items[item] = jax.tree.unflatten(jax.tree.structure(tree), leaves)
+        return items
+    nested: dict[str, Any] = {}
+    for name, value in values.items():
         parts = name.split(".")
-        node = tree
+        node = nested
         for part in parts[:-1]:
             node = node.setdefault(part, {})
-        node[parts[-1]] = values[name]
-    return tree
-
-
-def restructure(state: TrainState, template: TrainState) -> TrainState:
-    """Put leaves read by name back into the template's own tree structure."""
-
-    def fill(template_tree: Any, named: Mapping[str, Any], prefix: str) -> Any:
-        names = layout.leaf_names(template_tree)
-        flat = flat_by_name(named, prefix)
-        leaves = [flat[n] for n in names]
-        return jax.tree.unflatten(jax.tree.structure(template_tree), leaves)
-
-    tree = layout.state_tree(state)
-    return TrainState(
-        step=tree["extra"]["step"],
-        params=fill(template.params, tree["params"], ""),
-        opt_state=fill(template.opt_state, tree["opt_state"], ""),
-        ema=fill(template.ema, tree["ema"], ""),
-        rng=tree["extra"]["rng"],
-        pending=None if template.pending is None else fill(template.pending, tree["pending"], ""),
-        power_ema=None if template.power_ema is None else fill(template.power_ema, tree["power_ema"], ""),
-    )
-
-
-def flat_by_name(nested: Any, prefix: str) -> dict[str, Any]:
-    if not isinstance(nested, dict):
-        return {prefix: nested}
-    out: dict[str, Any] = {}
-    for key, value in nested.items():
-        out.update(flat_by_name(value, f"{prefix}.{key}" if prefix else key))
-    return out
+        node[parts[-1]] = value
+    return nested
 
 
 def covers(leaf: Mapping[str, Any]) -> bool:
@@ -311,6 +272,42 @@ def assemble_device(leaf: Mapping[str, Any], by_region: Mapping[str, np.ndarray]
     devices = {d.id: d for d in sharding.addressable_devices}
     arrays = []
     for device_id, region in leaf["devices"].items():
-        value = by_region[layout.region_key(region)]
+        value = by_region[region_key(region)]
         arrays.append(jax.device_put(value, devices[int(device_id)]))
     return jax.make_array_from_single_device_arrays(tuple(leaf["shape"]), sharding, arrays)
+
+
+# --- what this process's devices hold ------------------------------------------------------------
+def _index_key(index: tuple[slice, ...], shape: Sequence[int]) -> list[list[int]]:
+    return [[*s.indices(n)[:2]] for s, n in zip(index, shape, strict=True)]
+
+
+def leaf_placement(shape: Sequence[int], sharding: jax.sharding.Sharding) -> dict[str, Any]:
+    """Which part of a ``shape`` array each of this process's devices holds, as JSON."""
+    devices = sharding.addressable_devices_indices_map(tuple(shape))
+    return {
+        "shape": list(shape),
+        "devices": {
+            str(d.id): _index_key(idx, shape) for d, idx in sorted(devices.items(), key=lambda kv: kv[0].id)
+        },
+    }
+
+
+def unique_local_shards(array: jax.Array) -> dict[str, jax.Array]:
+    """One single-device array per distinct region this process holds (replicas written once),
+    keyed by the region (``"0:4,0:2"``)."""
+    shards: dict[str, jax.Array] = {}
+    for shard in sorted(array.addressable_shards, key=lambda s: s.device.id):
+        key = region_key(_index_key(shard.index, array.shape))
+        shards.setdefault(key, shard.data)
+    return shards
+
+
+def region_key(region: list[list[int]]) -> str:
+    return ",".join(f"{a}:{b}" for a, b in region) or "scalar"
+
+
+def remove(root: str) -> None:
+    """Delete this process's local checkpoints (every step under ``root``)."""
+    if os.path.isdir(root):
+        shutil.rmtree(root)

@@ -2,9 +2,13 @@
 
 The keys (experiments/edm.py shows them all):
 
-    every                        save to the run's checkpoints/ every N steps (and at the end)
-    keep                         keep the latest N steps (plus the best, see keep_best)
-    keep_best                    also keep the step with the lowest evaluation loss
+    directory                    where the checkpoints go: a path or URI (file://, gs://, ...);
+                                 None: <workdir>/checkpoints
+    every                        save every N steps (and at the end); None or 0: no checkpointer
+    keep                         keep the latest N steps (plus the best, see keep_best); None: all
+    keep_best                    also keep the step with the lowest best_metric
+    best_metric                  the reported metric ranking the best step (lowest wins): "loss"
+                                 is the evaluation loss, any other name a metric evaluation reports
     asynchronous                 write on a background thread (False: each save lands first)
     local_directory, local_every one more checkpoint, the latest, on each host's own disk
     restore_checkpoint_if_exists resume from the latest checkpoint when there is one
@@ -13,6 +17,8 @@ The keys (experiments/edm.py shows them all):
     restore_optimizer_state      False: keep the freshly initialised optimizer state
     restore_rng_key              False: keep the freshly initialised rng key
     clear_previous_checkpoints   delete the run's checkpoints before starting (never with a restore)
+    on_rollback                  a step_to_restore older than the run's latest: "move" the newer
+                                 steps to a sibling directory, or "delete" them
 
 Every error names the key, the value and what would be accepted.
 """
@@ -20,18 +26,28 @@ Every error names the key, the value and what would be accepted.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import ml_collections
 
 from dew.schema import ConfigError, Key, Section
+from dew.training.checkpointing import paths
+from dew.training.checkpointing.errors import CheckpointRestorationError
+
+
+class CheckpointingOffError(ConfigError, CheckpointRestorationError):
+    """A restore was requested from a run whose checkpointing is off: both a config error (the
+    CLI exits 2 before any work) and the ``CheckpointRestorationError`` the stix text names."""
 
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointSettings:
-    every: int = 500
-    keep: int = 2
+    directory: str | None = None
+    every: int | None = 500
+    keep: int | None = 2
     keep_best: bool = True
+    best_metric: str = "loss"
     asynchronous: bool = True
     local_directory: str | None = None
     local_every: int | None = None
@@ -41,11 +57,38 @@ class CheckpointSettings:
     restore_optimizer_state: bool = True
     restore_rng_key: bool = True
     clear_previous_checkpoints: bool = False
+    on_rollback: str = "move"
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the run has a checkpointer (``every`` is neither None nor 0)."""
+        return bool(self.every)
 
     @property
     def restores(self) -> bool:
         """Whether the run asks to start from a checkpoint (when one exists)."""
         return self.restore_checkpoint_if_exists or self.step_to_restore is not None
+
+    def checkpoint_directory(self, workdir: str) -> str:
+        """The persistent directory: ``directory``, or ``<workdir>/checkpoints``."""
+        return self.directory if self.directory is not None else os.path.join(workdir, "checkpoints")
+
+    def checkpoints(self, workdir: str, **kwargs: Any) -> Any:
+        """The run's ``Checkpoints``, or None when checkpointing is off."""
+        if not self.enabled:
+            return None
+        from dew.training.checkpointing.checkpoints import Checkpoints
+
+        return Checkpoints(
+            self.checkpoint_directory(workdir),
+            keep=self.keep,
+            keep_best=self.keep_best,
+            best_metric=self.best_metric,
+            asynchronous=self.asynchronous,
+            local_directory=self.local_directory,
+            local_every=self.local_every,
+            **kwargs,
+        )
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(CheckpointSettings)}
@@ -68,9 +111,14 @@ def checkpoint_settings(section: ml_collections.ConfigDict | dict) -> Checkpoint
             f"unknown config key(s) config.checkpoint.{unknown}: known keys are {sorted(_FIELDS)}"
         )
     s = CheckpointSettings(**values)
-    for key in ("every", "keep"):
-        if not _is_int(getattr(s, key)) or getattr(s, key) < 1:
-            raise _fail(key, getattr(s, key), "an int >= 1")
+    if s.every is not None and (not _is_int(s.every) or s.every < 0):
+        raise _fail("every", s.every, "None or 0 (no checkpointing) or an int >= 1")
+    if s.keep is not None and (not _is_int(s.keep) or s.keep < 1):
+        raise _fail("keep", s.keep, "None (keep every step) or an int >= 1")
+    if not isinstance(s.best_metric, str) or not s.best_metric:
+        raise _fail("best_metric", s.best_metric, 'a metric name, e.g. "loss"')
+    if s.on_rollback not in ("move", "delete"):
+        raise _fail("on_rollback", s.on_rollback, '"move" or "delete"')
     for key in (
         "keep_best",
         "asynchronous",
@@ -83,16 +131,31 @@ def checkpoint_settings(section: ml_collections.ConfigDict | dict) -> Checkpoint
             raise _fail(key, getattr(s, key), "a bool (true/false)")
     if s.step_to_restore is not None and (not _is_int(s.step_to_restore) or s.step_to_restore < 1):
         raise _fail("step_to_restore", s.step_to_restore, "None (the latest) or an int >= 1")
-    for key in ("restore_dir", "local_directory"):
+    for key in ("directory", "restore_dir", "local_directory"):
         value = getattr(s, key)
         if value is not None and (not isinstance(value, str) or not value):
-            raise _fail(key, value, "None or a non-empty path")
+            raise _fail(
+                key, value, "None or a non-empty path" + (" or URI" if key != "local_directory" else "")
+            )
+    for key in ("directory", "restore_dir"):
+        value = getattr(s, key)
+        if value is not None:
+            try:
+                paths.directory(value, f"config.checkpoint.{key}")
+            except paths.DirectoryError as e:
+                raise ConfigError(str(e)) from None
     if s.local_every is not None and (not _is_int(s.local_every) or s.local_every < 1):
         raise _fail("local_every", s.local_every, "None or an int >= 1")
     if (s.local_directory is None) != (s.local_every is None):
         raise ConfigError(
             "config.checkpoint.local_directory and config.checkpoint.local_every go together: got "
             f"local_directory={s.local_directory!r}, local_every={s.local_every!r}"
+        )
+    if not s.enabled and (s.step_to_restore is not None or s.restore_dir is not None):
+        raise CheckpointingOffError(
+            f"config.checkpoint.every={s.every!r} turns checkpointing off, but a restore is requested "
+            f"(step_to_restore={s.step_to_restore!r}, restore_dir={s.restore_dir!r}): set every to an "
+            "int >= 1, or leave step_to_restore and restore_dir unset"
         )
     if s.clear_previous_checkpoints and (s.restores or s.restore_dir is not None):
         raise ConfigError(
@@ -106,25 +169,37 @@ def checkpoint_settings(section: ml_collections.ConfigDict | dict) -> Checkpoint
 
 # --- the config.checkpoint section of the schema (an adapter over CheckpointSettings) --------------
 _DOCS = {
-    "every": "save to the run's checkpoints/ every N steps (and at the end)",
-    "keep": "keep the latest N steps (plus the best, see keep_best)",
-    "keep_best": "also keep the step with the lowest evaluation loss (needs eval.every > 0)",
+    "directory": "where checkpoints go: a path or URI (file://, gs://, ...); None: <workdir>/checkpoints",
+    "every": "save every N steps (and at the end); None or 0: no checkpointer",
+    "keep": "keep the latest N steps (plus the best, see keep_best); None: every step",
+    "keep_best": "also keep the step with the lowest best_metric (needs a metric reported at saves)",
+    "best_metric": "the reported metric ranking the best step, lowest wins ('loss': the evaluation loss)",
     "asynchronous": "write on a background thread (False: each save lands first)",
     "local_directory": "one more checkpoint, the latest, on each host's own disk (with local_every)",
     "local_every": "steps between local checkpoints (with local_directory)",
     "restore_checkpoint_if_exists": "resume from the latest checkpoint when there is one",
-    "step_to_restore": "resume from this step instead of the latest (must exist)",
+    "step_to_restore": "resume from this step instead of the latest (must exist; older: a rollback)",
     "restore_dir": "restore from this checkpoints directory when the run's own is empty",
     "restore_optimizer_state": "False: keep the freshly initialised optimizer state",
     "restore_rng_key": "False: keep the freshly initialised rng key",
     "clear_previous_checkpoints": "delete the run's checkpoints before starting (never with a restore)",
+    "on_rollback": "step_to_restore older than the latest: 'move' newer steps to a sibling dir, or 'delete'",
 }
-_KINDS = {"local_directory": str, "local_every": int, "step_to_restore": int, "restore_dir": str}
+_KINDS = {
+    "directory": str,
+    "every": int,
+    "keep": int,
+    "local_directory": str,
+    "local_every": int,
+    "step_to_restore": int,
+    "restore_dir": str,
+}
+_OPTIONAL = {"every", "keep"}
 
 CONFIG = Section(
-    "checkpoints under <workdir>/checkpoints: the latest `keep` plus the best",
+    "checkpoints under checkpoint.directory (<workdir>/checkpoints): the latest `keep` plus the best",
     {
-        f.name: Key(f.default, _DOCS[f.name], kind=_KINDS.get(f.name))
+        f.name: Key(f.default, _DOCS[f.name], kind=_KINDS.get(f.name), optional=f.name in _OPTIONAL)
         for f in dataclasses.fields(CheckpointSettings)
     },
     validate=lambda section, path: checkpoint_settings(section),

@@ -1,4 +1,4 @@
-"""The two ways a checkpoint can fail, shared by the persistent and the local format."""
+"""The two ways a checkpoint can fail, shared by every tier and both APIs."""
 
 from __future__ import annotations
 

@@ -1,0 +1,58 @@
+"""Checkpointing: one run's checkpoints, their on-disk format, and the stix-named layer on top.
+
+One idea per module:
+
+- ``checkpoints``: ``Checkpoints``, the facade a run uses (save, restore, restore_ema, ...);
+- ``store``: the persistent tier, one orbax checkpoint per step in a path or URI;
+- ``local``: the per-host local tier, the shards each process's devices hold;
+- ``writer``: the background thread writes run on;
+- ``layout``: the items of a checkpoint, and TrainState <-> items in one place;
+- ``positions``: data positions beside the share that read them;
+- ``retention``: which steps a directory keeps;
+- ``paths``: directories as paths or URIs (``etils.epath``);
+- ``settings``: ``config.checkpoint`` read and validated;
+- ``errors``: ``CheckpointRestorationError``, ``CheckpointWriteError``;
+- ``run_metadata``: ``run.json`` beside ``checkpoints/``;
+- ``checkpointer``, ``io_handler``, ``stix_config``: the stix API (``Checkpointer``,
+  ``TrainingIOHandler`` and their configs), a thin layer over the same machinery.
+
+Names resolve lazily, so importing the package opens no backend.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Checkpoints": "dew.training.checkpointing.checkpoints",
+    "CheckpointRestorationError": "dew.training.checkpointing.errors",
+    "CheckpointWriteError": "dew.training.checkpointing.errors",
+    "Retention": "dew.training.checkpointing.retention",
+    "save_run_metadata": "dew.training.checkpointing.run_metadata",
+    "read_run_metadata": "dew.training.checkpointing.run_metadata",
+    "RUN_METADATA": "dew.training.checkpointing.run_metadata",
+    "CheckpointSettings": "dew.training.checkpointing.settings",
+    "Checkpointer": "dew.training.checkpointing.checkpointer",
+    "CheckpointerConfig": "dew.training.checkpointing.stix_config",
+    "TrainingIOHandler": "dew.training.checkpointing.io_handler",
+    "TrainingIOHandlerConfig": "dew.training.checkpointing.stix_config",
+    "ConfigValidationError": "dew.training.checkpointing.stix_config",
+    "checkpoint_settings": "dew.training.checkpointing.settings",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dew.training.checkpointing' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+__all__ = sorted(_EXPORTS)

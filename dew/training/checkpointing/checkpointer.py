@@ -1,0 +1,175 @@
+"""``Checkpointer``: the stix API for persisting and restoring a training state via orbax.
+
+A thin layer over ``Checkpoints``: the same directory format, writer and store; only the
+retention (stix's ``keep_best``), the save cadence and the call signatures differ. A stix
+``TrainingState`` is dew's ``TrainState``; a params ``State`` is a params pytree.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from dew.training import ema as ema_lib
+from dew.training.checkpointing.checkpoints import Checkpoints
+from dew.training.checkpointing.retention import Retention
+from dew.training.checkpointing.stix_config import CheckpointerConfig
+from dew.training.ema import EMASpec
+from dew.training.state import TrainState
+
+#: The metric a stix save reports, and ranks by.
+EVAL_LOSS = "eval_loss"
+
+
+def stix_retention(max_to_keep: int | None, keep_best: bool) -> Retention:
+    """stix's policy: ``keep_best`` keeps the ``max_to_keep`` lowest eval losses plus the newest
+    step (up to ``max_to_keep + 1``); otherwise the newest ``max_to_keep``; None keeps all."""
+    if max_to_keep is None:
+        return Retention(newest=None, metric=EVAL_LOSS)
+    if keep_best:
+        return Retention(newest=1, best=max_to_keep, metric=EVAL_LOSS)
+    return Retention(newest=max_to_keep, best=0, metric=EVAL_LOSS)
+
+
+class Checkpointer:
+    """Persist and restore a TrainState via orbax.
+
+    ``config`` is a ``CheckpointerConfig`` (or a mapping of its fields). Dew extensions, all
+    keyword-only and optional: ``upload(path)`` is called after each save lands (it may return a
+    future that ``wait_until_finished`` waits for), ``read_only=True`` opens a foreign directory
+    for restoring only.
+    """
+
+    Config = CheckpointerConfig
+
+    def __init__(
+        self,
+        config: CheckpointerConfig | Mapping[str, Any],
+        *,
+        upload: Callable[[str], Any] | None = None,
+        read_only: bool = False,
+    ):
+        if isinstance(config, Mapping):
+            config = CheckpointerConfig(**config)
+        if not isinstance(config, CheckpointerConfig):
+            raise TypeError(f"Checkpointer: config must be a CheckpointerConfig, got {type(config).__name__}")
+        self.config = config
+        self.checkpoints = Checkpoints(
+            config.checkpoint_dir,
+            retention=stix_retention(config.max_to_keep, config.keep_best),
+            asynchronous=config.enable_async_checkpointing,
+            upload=upload,
+            read_only=read_only,
+        )
+
+    @property
+    def directory(self) -> str:
+        return self.checkpoints.directory
+
+    def should_save(self, step: int) -> bool:
+        """Orbax's default decision: every ``save_interval_steps`` steps, and the first save into
+        a directory without checkpoints."""
+        return step % self.config.save_interval_steps == 0 or self.latest_step() is None
+
+    def save(
+        self,
+        training_state: TrainState,
+        step: int,
+        eval_loss: float,
+        dataset_state: Any | Mapping[str, Any] | None = None,
+        *,
+        ema_decay: float | EMASpec | None = None,
+    ) -> None:
+        """Persist ``training_state`` under ``step`` as independently-loadable items.
+
+        The state is split across orbax items ``params``, ``opt_state``, ``ema_params`` (the
+        raw, non-debiased EMA) and ``extra`` (step count and rng key), so each can be restored
+        on its own; ``eval_loss`` ranks the checkpoint (stored in its metrics as ``eval_loss``);
+        ``dataset_state`` is any pytree (e.g. a grain iterator state), saved when not None.
+        A step that ``should_save`` declines is skipped (orbax's cadence). Dew extension:
+        ``ema_decay`` (a β or an ``EMASpec``) is recorded with the step, so ``restore_ema`` debiases
+        without being told.
+        """
+        if not self.should_save(step):
+            return
+        ema = None
+        if ema_decay is not None:
+            spec = ema_decay if isinstance(ema_decay, EMASpec) else EMASpec(decay=float(ema_decay))
+            ema = ema_lib.record(spec, training_state.params)
+        metrics = {EVAL_LOSS: float(np.asarray(jax.device_get(eval_loss)))}
+        self.checkpoints.save(step, training_state, None, metrics, dataset_state=dataset_state, ema=ema)
+
+    def restore(
+        self,
+        training_state: TrainState,
+        dataset_state: Any | Mapping[str, Any] | None = None,
+        step: int | None = None,
+        restore_optimizer_state: bool = True,
+        restore_rng_key: bool = True,
+    ) -> tuple[TrainState, Any | Mapping[str, Any] | None] | None:
+        """Restore a TrainState and dataset state, defaulting to the latest checkpoint.
+
+        ``training_state`` is a freshly initialised state of the right structure (its shapes,
+        dtypes and shardings are the template); with ``restore_optimizer_state=False`` its
+        opt_state is kept (the checkpoint's is not read), with ``restore_rng_key=False`` its key.
+        ``dataset_state`` is a fresh dataset state of the right structure; the returned one is
+        None when it is None or the checkpoint holds none. Returns None when no checkpoint exists.
+        Raises ``CheckpointRestorationError`` (a ``ValueError``) when the restored step count
+        disagrees with the one recorded in the checkpoint's metadata, or ``step`` is not stored.
+        """
+        if step is None and self.latest_step() is None:
+            return None
+        state, _ = self.checkpoints.resume(
+            training_state,
+            step,
+            restore_optimizer_state=restore_optimizer_state,
+            restore_rng_key=restore_rng_key,
+        )
+        restored_step = int(np.asarray(jax.device_get(state.step)))
+        dataset = None
+        if dataset_state is not None:
+            dataset = self.checkpoints.restore_dataset_state(dataset_state, restored_step)
+        return state, dataset
+
+    def restore_ema(
+        self, template: Any, step: int | None = None, *, decay: float | EMASpec | None = None
+    ) -> Any:
+        """Restore the debiased EMA parameters for offline sampling or evaluation.
+
+        Reads only the ``ema_params`` and ``extra`` items, never params or opt_state (a step whose
+        params are gone is served), then applies the live loop's bias correction
+        ``ema / (1 - decay ** num_steps)``. ``template`` is a params pytree of the right structure
+        (shape/dtype, optionally sharded), or None for host arrays; ``step`` defaults to
+        ``latest_step()``. ``decay`` (dew extension) defaults to the EMA recorded at save (by
+        ``save(..., ema_decay=)`` or a dew Trainer, whose record also names the tracked leaves and
+        the accumulation). Raises ``ValueError`` (``CheckpointRestorationError``) if no
+        checkpoint exists or no decay is known.
+        """
+        return self.checkpoints.restore_ema(template, step, decay=decay)
+
+    def latest_step(self) -> int | None:
+        """Return the most recent checkpoint step, or None."""
+        return self.checkpoints.latest_step()
+
+    def best_step(self) -> int | None:
+        """Return the best-``eval_loss`` (lowest) checkpoint step, or None."""
+        return self.checkpoints.best_step()
+
+    def all_steps(self) -> list[int]:
+        """The steps on disk (dew extension)."""
+        return self.checkpoints.all_steps()
+
+    def wait_until_finished(self) -> None:
+        """Block until any pending asynchronous saves (and uploads) complete; re-raise a failure."""
+        self.checkpoints.wait()
+
+    def close(self) -> None:
+        """Wait, then release the manager and the writer thread."""
+        self.checkpoints.close()
+
+    def __repr__(self) -> str:
+        return f"Checkpointer({os.fspath(self.directory)!r})"

@@ -1,0 +1,182 @@
+"""``TrainingIOHandler``: the stix IO handler for a training loop, checkpoints plus loggers.
+
+Checkpointing is delegated to a ``Checkpointer`` (the same format as dew's ``Checkpoints``);
+logging to the logger callbacks attached to it, ``(category, values, step) -> None``, such as
+``log_metrics_to_line`` or any dew ``Tracker``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import Any
+
+import jax
+import numpy as np
+
+from dew.training.checkpointing.checkpointer import Checkpointer
+from dew.training.checkpointing.checkpoints import Checkpoints
+from dew.training.checkpointing.errors import CheckpointRestorationError
+from dew.training.checkpointing.stix_config import (
+    CheckpointerConfig,
+    ConfigValidationError,
+    TrainingIOHandlerConfig,
+)
+from dew.training.state import TrainState
+from dew.training.tracking.base import LoggingCategory
+
+Logger = Callable[[LoggingCategory, dict[str, Any], int], None]
+log = logging.getLogger("dew.checkpoints")
+
+
+class TrainingIOHandler:
+    """An IO handler for the training loop: checkpointing, and logging to attached loggers.
+
+    ``config`` is a ``TrainingIOHandlerConfig`` (a mapping of its fields, or None for the
+    defaults: no checkpointing). ``data_upload_fn(path)`` is called with each checkpoint's
+    directory once it has landed; it may return a future, which ``wait_until_finished`` waits
+    for. With ``clear_previous_checkpoints`` the checkpoints already in ``checkpoint_dir`` are
+    deleted on construction.
+    """
+
+    Config = TrainingIOHandlerConfig
+
+    def __init__(
+        self,
+        config: TrainingIOHandlerConfig | Mapping[str, Any] | None = None,
+        data_upload_fn: Callable[[str | os.PathLike], Future | None] | None = None,
+    ):
+        if config is None:
+            config = TrainingIOHandlerConfig()
+        elif isinstance(config, Mapping):
+            config = TrainingIOHandlerConfig(**config)
+        if not isinstance(config, TrainingIOHandlerConfig):
+            raise TypeError(
+                f"TrainingIOHandler: config must be a TrainingIOHandlerConfig, got {config!r:.80}"
+            )
+        if config.save_interval_steps is not None and config.checkpoint_dir is None:
+            raise ConfigValidationError(
+                f"TrainingIOHandlerConfig.save_interval_steps={config.save_interval_steps} needs a "
+                "checkpoint_dir to write to: set checkpoint_dir, or save_interval_steps=None to disable "
+                "checkpointing"
+            )
+        self.config = config
+        self.data_upload_fn = data_upload_fn
+        self._loggers: list[Logger] = []
+        self._best_loss: float | None = None
+        if config.checkpoint_dir is not None and config.clear_previous_checkpoints:
+            Checkpoints(config.checkpoint_dir, keep=None).clear()
+        self.checkpointer: Checkpointer | None = None
+        if config.save_interval_steps is not None:
+            self.checkpointer = Checkpointer(
+                CheckpointerConfig(
+                    checkpoint_dir=config.checkpoint_dir,
+                    max_to_keep=config.max_to_keep,
+                    save_interval_steps=config.save_interval_steps,
+                    keep_best=config.keep_best,
+                    enable_async_checkpointing=config.enable_async_checkpointing,
+                ),
+                upload=data_upload_fn,
+            )
+
+    # --- logging ----------------------------------------------------------------------------------
+    def attach_logger(self, logger: Logger) -> None:
+        """Attach one logging function ``(category, to_log, step_number) -> None``."""
+        if not callable(logger):
+            raise TypeError(f"TrainingIOHandler.attach_logger: expected a callable, got {logger!r:.80}")
+        self._loggers.append(logger)
+
+    def log(self, category: LoggingCategory, to_log: dict[str, Any], step_number: int) -> None:
+        """Log ``to_log`` under ``category`` at ``step_number`` via every attached logger."""
+        if not isinstance(category, LoggingCategory):
+            raise TypeError(f"TrainingIOHandler.log: category must be a LoggingCategory, got {category!r}")
+        for logger in self._loggers:
+            logger(category, to_log, step_number)
+
+    # --- checkpoints ------------------------------------------------------------------------------
+    def save_checkpoint(
+        self,
+        training_state: TrainState,
+        step_number: int,
+        eval_loss: float,
+        dataset_state: Any | Mapping[str, Any] | None = None,
+    ) -> None:
+        """Save a checkpoint (every ``save_interval_steps`` steps; nothing when checkpointing is
+        disabled) and upload it if ``data_upload_fn`` is set. A save whose ``eval_loss`` beats
+        every earlier one is logged under ``LoggingCategory.BEST_MODEL``."""
+        if self.checkpointer is None or not self.checkpointer.should_save(step_number):
+            return
+        loss = float(np.asarray(jax.device_get(eval_loss)))
+        if self._best_loss is None:  # the best already on disk (a resumed run)
+            best = self.checkpointer.best_step()
+            metrics = None if best is None else self.checkpointer.checkpoints.metrics(best)
+            self._best_loss = float(metrics["eval_loss"]) if metrics else float("inf")
+        self.checkpointer.save(training_state, step_number, loss, dataset_state)
+        if loss < self._best_loss:
+            self._best_loss = loss
+            self.log(LoggingCategory.BEST_MODEL, {"step": step_number, "eval_loss": loss}, step_number)
+
+    def restore_checkpoint(
+        self,
+        training_state: TrainState,
+        dataset_state: Any | Mapping[str, Any] | None = None,
+        restore_optimizer_state: bool = True,
+        restore_rng_key: bool = True,
+    ) -> tuple[TrainState, Any | Mapping[str, Any] | None]:
+        """Restore a TrainState, defaulting to the latest checkpoint.
+
+        A restore is requested by ``restore_checkpoint_if_exists`` or ``step_to_restore``;
+        without one the inputs come back unchanged. It reads ``restore_dir`` (default:
+        ``checkpoint_dir``); the optimizer state is restored when both the argument and
+        ``config.restore_optimizer_state`` say so. Rolling the run's own directory back to an
+        older ``step_to_restore`` moves the newer steps into a sibling directory (logged), so
+        later saves never collide with them. Attached loggers get
+        ``CLEANUP_AFTER_CKPT_RESTORATION`` at the restored step. Returns the restored state and
+        dataset state (None when ``dataset_state`` is None or the checkpoint holds none), or the
+        inputs unchanged if no checkpoint exists.
+
+        Raises ``CheckpointRestorationError`` if a restore is requested but checkpointing is
+        disabled (``save_interval_steps=None``), or ``step_to_restore`` is not stored.
+        """
+        c = self.config
+        if not c.restores:
+            return training_state, dataset_state
+        if self.checkpointer is None:
+            raise CheckpointRestorationError(
+                "TrainingIOHandler.restore_checkpoint: a restore is requested "
+                f"(restore_checkpoint_if_exists={c.restore_checkpoint_if_exists}, "
+                f"step_to_restore={c.step_to_restore!r}) but checkpointing is disabled "
+                "(save_interval_steps=None)"
+            )
+        source = self.checkpointer
+        if c.restore_dir is not None:
+            source = Checkpointer(
+                CheckpointerConfig(checkpoint_dir=c.restore_dir, max_to_keep=None), read_only=True
+            )
+        step = c.step_to_restore
+        if step is None and source.latest_step() is None:
+            return training_state, dataset_state
+        if source is self.checkpointer and step is not None:
+            newer = self.checkpointer.checkpoints.roll_back(step)
+            if newer:
+                print(f"rolled back to step {step}: newer steps {newer} set aside", flush=True)
+        restored = source.restore(
+            training_state,
+            dataset_state,
+            step,
+            restore_optimizer_state=restore_optimizer_state and c.restore_optimizer_state,
+            restore_rng_key=restore_rng_key,
+        )
+        assert restored is not None  # a step exists (checked above, or restore raised)
+        state, dataset = restored
+        restored_step = int(np.asarray(jax.device_get(state.step)))
+        self.log(LoggingCategory.CLEANUP_AFTER_CKPT_RESTORATION, {}, restored_step)
+        return state, dataset
+
+    def wait_until_finished(self) -> None:
+        """Wait until checkpoints and uploads, asynchronous by nature, are finished; call at the
+        end of a training run. A failed write or upload is raised here."""
+        if self.checkpointer is not None:
+            self.checkpointer.wait_until_finished()

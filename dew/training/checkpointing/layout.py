@@ -1,0 +1,180 @@
+"""The items of a dew checkpoint, and the one place a ``TrainState`` is split into them and
+rebuilt from them (the orbax store, the local format and ``stored`` all go through here).
+
+A checkpoint holds separately restorable items:
+
+    params/      the live parameters
+    opt_state/   the optimizer state
+    ema_params/  the raw (not debiased) EMA, so ``restore_ema`` needs neither of the above
+    extra/       the small scalars: step, rng key
+    pending/     gradient sums of an unfinished accumulation (only when the state has them)
+    data/        data positions (``positions``)
+    dataset/     a caller's own pytree (the stix ``dataset_state``), when one was saved
+
+Also here, as pure helpers: naming leaves the way orbax names them, and listing every leaf in
+which a template differs from what a checkpoint holds (before any value is read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
+
+from dew.training.state import TrainState
+
+#: The state items, in the order they are written.
+STATE_ITEMS = ("params", "opt_state", "ema_params", "extra", "pending", "power_ema")
+#: Items every checkpoint has (``pending`` only mid-accumulation).
+REQUIRED_ITEMS = ("params", "opt_state", "ema_params", "extra")
+DATA_ITEM = "data"
+#: Any pytree a caller saves beside the state (the stix ``dataset_state``, e.g. a grain
+#: iterator's state): numbers, strings and arrays, stored by orbax like the state items.
+DATASET_ITEM = "dataset"
+FORMAT = "dew-checkpoint/1"
+
+
+def items_from_state(state: Any) -> dict[str, Any]:
+    """``state``'s fields as checkpoint items (``pending`` only when set). ``state`` may be a
+    TrainState of arrays, of ``ShapeDtypeStruct`` (a template) or of None fields."""
+    items = {
+        "params": state.params,
+        "opt_state": state.opt_state,
+        "ema_params": state.ema,
+        "extra": {"step": state.step, "rng": state.rng},
+    }
+    if state.pending is not None:
+        items["pending"] = state.pending
+    if state.power_ema is not None:  # post-hoc EMA slots, only when the run tracks them
+        items["power_ema"] = state.power_ema
+    return items
+
+
+def state_from_items(items: Mapping[str, Any]) -> TrainState:
+    """The TrainState the items describe; an absent item is an unset (None) field."""
+    extra = items.get("extra") or {}
+    return TrainState(
+        step=extra.get("step"),
+        params=items.get("params"),
+        opt_state=items.get("opt_state"),
+        ema=items.get("ema_params"),
+        rng=extra.get("rng"),
+        pending=items.get("pending"),
+        power_ema=None if items.get("power_ema") is None else tuple(items["power_ema"]),
+    )
+
+
+# --- naming leaves the way orbax does ------------------------------------------------------------
+def _key_name(key: Any) -> str:
+    if isinstance(key, DictKey):
+        return str(key.key)
+    if isinstance(key, GetAttrKey):
+        return key.name
+    if isinstance(key, SequenceKey | FlattenedIndexKey):
+        return str(key.idx)
+    return str(key)
+
+
+def leaf_names(tree: Any) -> dict[str, Any]:
+    """``{"0.mu.w": leaf, ...}``: dotted paths, the names orbax gives the leaves it stores."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {".".join(_key_name(k) for k in path): leaf for path, leaf in flat}
+
+
+def stored_leaves(metadata_tree: Any) -> dict[str, Any]:
+    """Flatten an orbax metadata tree to ``{dotted name: ArrayMetadata}`` (empty nodes dropped)."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(metadata_tree)
+    return {".".join(_key_name(k) for k in path): leaf for path, leaf in flat if leaf is not None}
+
+
+def template_differences(item: str, template: Any, stored: Mapping[str, Any]) -> list[str]:
+    """Every leaf in which ``template`` differs from what the checkpoint stores, by name.
+
+    Structure (a leaf only one side has), shape and dtype are compared; an empty list means the
+    template can be restored as is.
+    """
+    wanted = leaf_names(template)
+    problems = []
+    for name in sorted(set(wanted) | set(stored)):
+        if name not in stored:
+            problems.append(f"{item}.{name}: in the template, not in the checkpoint")
+        elif name not in wanted:
+            problems.append(f"{item}.{name}: in the checkpoint, not in the template")
+        else:
+            w, s = wanted[name], stored[name]
+            if tuple(w.shape) != tuple(s.shape):
+                problems.append(f"{item}.{name}: template shape {tuple(w.shape)}, stored {tuple(s.shape)}")
+            elif np.dtype(w.dtype) != np.dtype(s.dtype):
+                problems.append(
+                    f"{item}.{name}: template dtype {np.dtype(w.dtype)}, stored {np.dtype(s.dtype)}"
+                )
+    return problems
+
+
+def shape_dtype_tree(metadata_tree: Any) -> Any:
+    """An orbax metadata tree as ``jax.ShapeDtypeStruct`` leaves (no values read)."""
+    return jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(tuple(m.shape), np.dtype(m.dtype)),
+        metadata_tree,
+        is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"),
+    )
+
+
+def default_sharding() -> jax.sharding.Sharding:
+    """Where a template leaf without a sharding is placed: this process's first device."""
+    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+
+def step_number(step: Any) -> int:
+    """``step`` as an int, refusing anything but a non-negative integer."""
+    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+        raise ValueError(f"Checkpoints: step must be an int >= 0, got {step!r}")
+    return int(step)
+
+
+def check_step(step: int, state: TrainState) -> None:
+    """A state is saved under the step it is at."""
+    held = int(np.asarray(jax.device_get(state.step)))
+    if held != step:
+        raise ValueError(f"Checkpoints.save: step {step} but the state is at step {held}")
+
+
+def abstract_leaf(leaf: Any) -> jax.ShapeDtypeStruct:
+    """A leaf's shape, dtype and sharding (a template for restoring onto it)."""
+    dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+    return jax.ShapeDtypeStruct(np.shape(leaf), dtype, sharding=getattr(leaf, "sharding", None))
+
+
+def ema_to_use(
+    recorded: Mapping[str, Any] | None, decay: Any, accumulation: int | None, where: str
+) -> tuple[Any, int]:
+    """The ``EMASpec`` and accumulation to debias with: the recorded ones, checked against any
+    explicit argument; without a record, the arguments (a decay is then required)."""
+    from dew.training import ema as ema_lib
+    from dew.training.checkpointing.errors import CheckpointRestorationError
+
+    if recorded is None:
+        if decay is None:
+            raise CheckpointRestorationError(
+                f"{where} records no EMA (written before runs recorded it): pass decay= (the run's β or "
+                "EMASpec) and accumulation="
+            )
+        spec = decay if isinstance(decay, ema_lib.EMASpec) else ema_lib.EMASpec(decay=float(decay))
+        return spec, 1 if accumulation is None else int(accumulation)
+    spec, k = ema_lib.from_record(dict(recorded))
+    if decay is not None:
+        given = decay if isinstance(decay, ema_lib.EMASpec) else ema_lib.EMASpec(decay=float(decay))
+        if not ema_lib.same_law(given, spec):
+            raise ValueError(
+                f"restore_ema: decay={decay!r} contradicts the EMA {where} records (decay={spec.decay}, "
+                f"half_life={spec.half_life}, ramp_up={spec.ramp_up}); leave decay unset to use the record"
+            )
+    if accumulation is not None and int(accumulation) != k:
+        raise ValueError(
+            f"restore_ema: accumulation={accumulation} contradicts the {k} micro-batches per update {where} "
+            "records; leave it unset to use the record"
+        )
+    return spec, k

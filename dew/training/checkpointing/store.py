@@ -1,0 +1,373 @@
+"""The persistent tier: one orbax checkpoint per step, in a directory that is a path or a URI.
+
+Each step holds the items ``layout`` names, plus orbax's step metadata, whose custom part records
+the step count the state must agree with, the items that were empty (orbax cannot write a tree
+without arrays, e.g. plain SGD's optimizer state) and the metrics the save reported (the
+retention ranks by them). Pruning is ``retention.Retention``'s, applied after each save lands;
+orbax's own is off so that any metric name, or none, works. Everything is arrays and JSON;
+nothing written or read is pickled.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+from jax.experimental import multihost_utils
+
+from dew.data.dataset import DataPartition
+from dew.training.checkpointing import layout, positions
+from dew.training.checkpointing.errors import CheckpointRestorationError, CheckpointWriteError, first_line
+from dew.training.checkpointing.retention import Retention
+from dew.training.state import TrainState
+
+STEP_METADATA = "_CHECKPOINT_METADATA"  # orbax's per-step JSON file
+_DELETING = ".deleting-"  # a step being deleted: out of orbax's step namespace
+log = logging.getLogger("dew.checkpoints")
+
+
+class Store:
+    """The orbax checkpoints of one directory (``epath.Path``); the manager opens on first use."""
+
+    def __init__(self, directory: epath.Path, retention: Retention, *, read_only: bool = False):
+        self.directory, self.retention, self.read_only = directory, retention, read_only
+        self._manager: ocp.CheckpointManager | None = None
+        self._metrics: dict[int, dict[str, float] | None] = {}
+
+    def manager(self) -> ocp.CheckpointManager:
+        if self._manager is None:
+            options = ocp.CheckpointManagerOptions(
+                enable_async_checkpointing=False,  # the Writer's thread keeps it off the loop
+                # A read-only view of another run's directory must not touch its in-flight writes.
+                cleanup_tmp_directories=not self.read_only,
+                create=not self.read_only,
+                read_only=self.read_only,
+            )
+            names = (*layout.STATE_ITEMS, layout.DATA_ITEM, layout.DATASET_ITEM)
+            handlers = {name: ocp.PyTreeCheckpointHandler() for name in names}
+            self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+        return self._manager
+
+    def close(self) -> None:
+        if self._manager is not None:
+            self._manager.close()
+        self._manager = None
+
+    def path(self, step: int) -> epath.Path:
+        return self.directory / str(step)
+
+    def steps(self) -> list[int]:
+        if not self.directory.exists():
+            return []
+        return sorted(self.manager().all_steps())
+
+    def metrics(self, step: int) -> dict[str, float] | None:
+        """The metrics the save of ``step`` reported (None: saved without)."""
+        if step not in self._metrics:
+            meta = _step_metadata(self.path(step))
+            custom = meta.get("custom_metadata") or {}
+            self._metrics[step] = custom.get("metrics", meta.get("metrics"))  # older dew: orbax's field
+        return self._metrics[step]
+
+    def all_metrics(self) -> dict[int, dict[str, float] | None]:
+        return {step: self.metrics(step) for step in self.steps()}
+
+    # --- writing ----------------------------------------------------------------------------------
+    def write(
+        self,
+        step: int,
+        state: TrainState,
+        rows: dict[str, Any] | None,
+        metrics: dict[str, float] | None,
+        dataset_state: Any = None,
+        ema: Mapping[str, Any] | None = None,
+    ) -> None:
+        """One orbax checkpoint, landed (atomically renamed) on return; then prune. ``ema`` is
+        the run's EMA record (``dew.training.ema.record``), kept in the step's metadata."""
+        items = {name: ocp.args.PyTreeSave(tree) for name, tree in layout.items_from_state(state).items()}
+        if rows is not None:
+            items[layout.DATA_ITEM] = ocp.args.PyTreeSave(rows)
+        if dataset_state is not None:
+            items[layout.DATASET_ITEM] = ocp.args.PyTreeSave(dataset_state)
+        empty = [name for name, arg in items.items() if not jax.tree.leaves(arg.item)]
+        for name in empty:
+            del items[name]
+        custom = {
+            "format": layout.FORMAT,
+            "step": step,
+            "process_count": jax.process_count(),
+            "empty_items": empty,
+            "metrics": metrics,
+        }
+        if ema is not None:
+            custom["ema"] = dict(ema)
+        if step in self.steps():
+            raise CheckpointWriteError(
+                f"checkpoint step {step} was not written: {self.directory} already holds steps "
+                f"{self.steps()}; a run saves each step once (a rollback moves newer steps aside first)"
+            )
+        try:
+            self.manager().save(step, args=ocp.args.Composite(**items), custom_metadata=custom, force=True)
+            self.manager().wait_until_finished()
+        except Exception as e:
+            raise CheckpointWriteError(f"checkpoint step {step} did not land in {self.directory}: {e}") from e
+        self._metrics[step] = metrics
+        self.prune()
+
+    def prune(self) -> None:
+        """Delete the steps the retention does not keep."""
+        if self.read_only:
+            return
+        metrics = self.all_metrics()
+        self.delete(sorted(set(metrics) - self.retention.keep(metrics)))
+
+    def delete(self, steps: list[int]) -> None:
+        """Delete ``steps``, each atomically: renamed out of the step namespace first, then
+        removed, so a kill mid-delete never leaves a half-deleted directory named by a step."""
+        if not steps:
+            return
+        if jax.process_index() == 0:
+            for stale in self.directory.glob(f"{_DELETING}*"):
+                stale.rmtree()  # left by a run killed mid-delete
+            for step in steps:
+                doomed = self.directory / f"{_DELETING}{step}-{uuid.uuid4().hex}"
+                self.path(step).rename(doomed)
+                doomed.rmtree()
+        for step in steps:
+            self._metrics.pop(step, None)
+        self._sync_steps()
+
+    def _sync_steps(self) -> None:
+        """After this store changed the step directories: processes meet, orbax rereads them."""
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices("dew-checkpoints-steps-changed")
+        if self._manager is not None:
+            self._manager.reload()
+
+    def set_aside(self, steps: list[int], how: str) -> epath.Path | None:
+        """Move ``steps`` into a sibling directory (``how="move"``; returned) or delete them."""
+        if not steps:
+            return None
+        if how == "delete":
+            self.delete(steps)
+            return None
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+        aside = self.directory.parent / f"{self.directory.name}.rolled-back-{stamp}"
+        if jax.process_index() == 0:
+            aside.mkdir(parents=True, exist_ok=True)
+            for step in steps:
+                self.path(step).rename(aside / str(step))
+        for step in steps:
+            self._metrics.pop(step, None)
+        self._sync_steps()
+        return aside
+
+    def clear(self) -> None:
+        self.close()
+        self._metrics.clear()
+        if jax.process_index() == 0 and self.directory.exists():
+            self.directory.rmtree()
+
+    # --- reading ----------------------------------------------------------------------------------
+    def restore(
+        self, step: int, template: TrainState | None, share: DataPartition | None, read_opt_state: bool
+    ) -> tuple[TrainState, bytes | None]:
+        """The state at ``step`` (onto ``template``'s placement, or as host arrays) and the
+        position of ``share``."""
+        present = self.present_items(step)
+        wants_pending = template is not None and template.pending is not None
+        if wants_pending and "pending" not in present:
+            raise CheckpointRestorationError(
+                f"checkpoint step {step}: the template has pending accumulation arrays, the checkpoint none"
+            )
+        if template is not None and not wants_pending and "pending" in present:
+            raise CheckpointRestorationError(
+                f"checkpoint step {step} holds an unfinished gradient accumulation; pass a template "
+                "with pending arrays (see accumulation_template) to resume it"
+            )
+        wants_power = template is not None and template.power_ema is not None
+        if wants_power and "power_ema" not in present:
+            raise CheckpointRestorationError(
+                f"checkpoint step {step} holds no power-EMA slots (config.ema.power_std_rels) for the "
+                "template's; resume with the power-EMA profiles the run was trained with"
+            )
+        names = [n for n in layout.STATE_ITEMS if n in present or n in self.empty_items(step)]
+        if template is not None and not wants_power:
+            names = [n for n in names if n != "power_ema"]
+        wanted = {} if template is None else layout.items_from_state(template)
+        items = {n: wanted.get(n) for n in names if read_opt_state or n != "opt_state"}
+        if share is not None and layout.DATA_ITEM in present:
+            items[layout.DATA_ITEM] = None
+        restored = self.read_items(step, items)
+        state = layout.state_from_items(restored)
+        self.check_step(step, int(np.asarray(state.step)))
+        position = None
+        if share is not None and layout.DATA_ITEM in restored:
+            try:
+                position = positions.position_for(restored[layout.DATA_ITEM], share, jax.process_index())
+            except KeyError as e:
+                raise CheckpointRestorationError(f"checkpoint step {step}: {e.args[0]}") from None
+        return state, position
+
+    def stored(self, step: int) -> TrainState:
+        trees = {item: layout.shape_dtype_tree(tree) for item, tree in self.metadata(step).items()}
+        trees.update({item: None for item in self.empty_items(step)})
+        return layout.state_from_items(trees)
+
+    def read_items(self, step: int, templates: Mapping[str, Any]) -> dict[str, Any]:
+        """Read the named items (template or None for host arrays), checking templates first."""
+        empty = set(self.empty_items(step)) & set(templates)
+        stored = self.metadata(step, [item for item in templates if item not in empty])
+        problems = []
+        for item, template in templates.items():
+            if item in empty:
+                problems += layout.template_differences(item, template or {}, {})
+            elif template is not None:
+                problems += layout.template_differences(item, template, layout.stored_leaves(stored[item]))
+        if problems:
+            raise CheckpointRestorationError(
+                f"checkpoint step {step}: the template differs from what is stored in "
+                f"{len(problems)} leaves:\n  " + "\n  ".join(problems)
+            )
+        args = {item: _restore_args(templates[item], tree) for item, tree in stored.items()}
+        try:
+            restored = self.manager().restore(step, args=ocp.args.Composite(**args))
+        except Exception as e:
+            raise self._damaged(step, args, e) from e
+        return {item: templates[item] if item in empty else restored[item] for item in templates}
+
+    def metadata(self, step: int, items: list[str] | None = None) -> dict[str, Any]:
+        """The orbax metadata tree (shapes, dtypes; no values) of each named item, or of every
+        item present; only those are opened. Items a caller does not ask for may be missing
+        (``restore_ema`` serves a step whose params and opt_state are gone)."""
+        present = self.present_items(step)
+        if items is None:
+            missing = sorted(set(layout.REQUIRED_ITEMS) - set(self.empty_items(step)) - set(present))
+            if missing:
+                raise CheckpointRestorationError(
+                    f"checkpoint step {step} in {self.directory} is damaged: items {missing} are missing"
+                )
+        trees = {}
+        for item in present if items is None else items:
+            if item not in present:
+                raise CheckpointRestorationError(
+                    f"checkpoint step {step} in {self.directory} is damaged: item {item!r} is missing"
+                )
+            try:
+                trees[item] = _metadata_reader().metadata(self.path(step) / item).tree
+            except Exception as e:
+                raise CheckpointRestorationError(
+                    f"checkpoint step {step} in {self.directory} is damaged: item {item!r} has unreadable "
+                    f"metadata ({type(e).__name__}: {first_line(e)})"
+                ) from e
+        return trees
+
+    def present_items(self, step: int) -> list[str]:
+        names = (*layout.STATE_ITEMS, layout.DATA_ITEM, layout.DATASET_ITEM)
+        return [n for n in names if (self.path(step) / n).is_dir()]
+
+    def ema_record(self, step: int) -> dict[str, Any] | None:
+        """The EMA record the save of ``step`` kept (None: written without one)."""
+        return (_step_metadata(self.path(step)).get("custom_metadata") or {}).get("ema")
+
+    def dataset_state(self, step: int, template: Any) -> Any:
+        """The saved ``dataset`` pytree in ``template``'s structure (host values), or None when
+        the step has none."""
+        if layout.DATASET_ITEM in self.empty_items(step):
+            return template
+        if layout.DATASET_ITEM not in self.present_items(step):
+            return None
+        restore_args = jax.tree.map(
+            lambda leaf: ocp.RestoreArgs(
+                restore_type=np.ndarray if hasattr(leaf, "shape") and np.ndim(leaf) else type(leaf)
+            ),
+            template,
+        )
+        args = ocp.args.PyTreeRestore(item=template, restore_args=restore_args)
+        try:
+            restored = self.manager().restore(step, args=ocp.args.Composite(**{layout.DATASET_ITEM: args}))
+        except Exception as e:
+            raise CheckpointRestorationError(
+                f"checkpoint step {step} in {self.directory}: its dataset state does not fit the template "
+                f"given ({type(e).__name__}: {first_line(e)})"
+            ) from e
+        return restored[layout.DATASET_ITEM]
+
+    def empty_items(self, step: int) -> list[str]:
+        return list((_step_metadata(self.path(step)).get("custom_metadata") or {}).get("empty_items", []))
+
+    def check_step(self, step: int, count: int) -> None:
+        """The restored step count must agree with the step the checkpoint was saved under."""
+        recorded = (_step_metadata(self.path(step)).get("custom_metadata") or {}).get("step")
+        if recorded is None or int(recorded) != count or count != step:
+            raise CheckpointRestorationError(
+                f"checkpoint step {step} in {self.directory}: the restored state is at step {count}, "
+                f"its metadata records step {recorded}"
+            )
+
+    def _damaged(self, step: int, args: Mapping[str, Any], error: Exception) -> CheckpointRestorationError:
+        """Name the item a failed read came from by reading each on its own."""
+        for item, arg in args.items():
+            try:
+                self.manager().restore(step, args=ocp.args.Composite(**{item: arg}))
+            except Exception as e:  # orbax and tensorstore raise many types
+                return CheckpointRestorationError(
+                    f"checkpoint step {step} in {self.directory} is damaged: item {item!r} cannot be read "
+                    f"({type(e).__name__}: {first_line(e)})"
+                )
+        return CheckpointRestorationError(
+            f"checkpoint step {step} in {self.directory} cannot be read "
+            f"({type(error).__name__}: {first_line(error)})"
+        )
+
+
+@functools.cache
+def _metadata_reader() -> ocp.PyTreeCheckpointHandler:
+    """Reads an item's tree metadata on its own (built on first use: it queries the backend)."""
+    return ocp.PyTreeCheckpointHandler()
+
+
+def _step_metadata(step_dir: epath.Path) -> dict[str, Any]:
+    """Orbax's step metadata, read as the JSON file it is (no manager, no item opened)."""
+    try:
+        meta = json.loads((step_dir / STEP_METADATA).read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointRestorationError(
+            f"checkpoint {step_dir} is damaged: its step metadata {STEP_METADATA} cannot be read ({e})"
+        ) from e
+    if not isinstance(meta, dict) or not isinstance(meta.get("custom_metadata") or {}, dict):
+        raise CheckpointRestorationError(f"checkpoint {step_dir} is damaged: step metadata {meta!r:.100}")
+    return meta
+
+
+def _restore_args(template: Any, stored_tree: Any) -> ocp.args.PyTreeRestore:
+    """Placed arrays for a template (its shardings, else the default device); else host arrays."""
+    if template is None:
+        restore_args = jax.tree.map(
+            lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+            stored_tree,
+            is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"),
+        )
+        return ocp.args.PyTreeRestore(restore_args=restore_args)
+    item = jax.tree.map(
+        lambda leaf: jax.ShapeDtypeStruct(
+            tuple(leaf.shape),
+            leaf.dtype,
+            sharding=getattr(leaf, "sharding", None) or layout.default_sharding(),
+        ),
+        template,
+    )
+    restore_args = jax.tree.map(
+        lambda leaf: ocp.ArrayRestoreArgs(sharding=leaf.sharding, global_shape=leaf.shape, dtype=leaf.dtype),
+        item,
+    )
+    return ocp.args.PyTreeRestore(item=item, restore_args=restore_args)

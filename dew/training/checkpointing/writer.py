@@ -1,0 +1,79 @@
+"""The asynchronous writer: checkpoint writes on one background thread, off the loop's path.
+
+The loop pays only for a device-side copy of the state (``snapshot``; the jitted step donates
+its input buffers, so the writer must not read the live ones). One write is in flight at most:
+``submit`` waits for the one before it, so at most one copy is held and a failed write stops
+the next save. ``wait`` re-raises the first failure: a checkpoint that did not land is data
+loss, so its error reaches the caller.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from dew.training.state import TrainState
+
+
+class Writer:
+    """Runs writes on one thread (``asynchronous=True``) or inline (``False``)."""
+
+    def __init__(self, asynchronous: bool = True):
+        self.asynchronous = asynchronous
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._inflight: list[concurrent.futures.Future] = []
+
+    def submit(self, write: Callable[..., None], *args: Any) -> None:
+        """Run ``write(*args)`` after every earlier write has landed (inline when synchronous)."""
+        self.wait()
+        if not self.asynchronous:
+            write(*args)
+            return
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dew-checkpoints")
+        self._inflight.append(self._pool.submit(write, *args))
+
+    @property
+    def busy(self) -> bool:
+        """Whether a write is queued or running (never blocks)."""
+        return any(not f.done() for f in self._inflight)
+
+    def wait(self) -> None:
+        """Block until every submitted write has finished; re-raise the first that failed."""
+        while self._inflight:
+            self._inflight.pop(0).result()
+
+    def close(self) -> None:
+        """Wait, then stop the thread (also when a write failed: its error is raised)."""
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+
+def snapshot(state: TrainState) -> TrainState:
+    """A copy of the state's arrays, dispatched (not waited for) on their own devices.
+
+    The copy is queued on the devices and the loop goes on; host leaves are copied on the host.
+    """
+    leaves, treedef = jax.tree.flatten(state)
+    on_device = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
+    copies = jax.device_put(
+        [leaves[i] for i in on_device], [leaves[i].sharding for i in on_device], may_alias=False
+    )
+    out = [x if isinstance(x, jax.Array) else np.array(x, copy=True) for x in leaves]
+    for i, copy in zip(on_device, copies, strict=True):
+        out[i] = copy
+    return jax.tree.unflatten(treedef, out)
+
+
+def host_copy(leaf: Any) -> Any:
+    """A copy of an array leaf on the host, taken now (the caller may mutate or donate it);
+    numbers and strings as they are."""
+    return np.array(leaf) if isinstance(leaf, jax.Array | np.ndarray) else leaf

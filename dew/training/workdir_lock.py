@@ -1,0 +1,103 @@
+"""One run per workdir: an advisory lock on ``<workdir>/run.lock`` naming its holder.
+
+The lock is ``fcntl.flock`` on the file, so the kernel releases it when the holding process
+dies, however it dies (``kill -9`` included); the file's JSON names the holder (pid, host, since
+when) for the error a second run gets. A lock file left with a holder in it but no process
+holding the flock is stale (its run was killed): the next run takes it over and says so.
+Needs a file system that enforces flock (local disks, NFSv4); a workdir on one that does not is
+not protected.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import fcntl
+import json
+import os
+import socket
+from typing import Any
+
+LOCK_FILE = "run.lock"
+
+
+class WorkdirBusyError(RuntimeError):
+    """Another live run holds the workdir; the message names it (pid, host, since when)."""
+
+
+class WorkdirLock:
+    """``with WorkdirLock(workdir):`` holds the workdir for this process, or raises
+    ``WorkdirBusyError``. ``stale`` is the holder a stale lock named when it was taken over."""
+
+    def __init__(self, workdir: str):
+        self.workdir = os.path.abspath(workdir)
+        self.path = os.path.join(self.workdir, LOCK_FILE)
+        self.stale: dict[str, Any] | None = None
+        self._fd: int | None = None
+
+    def acquire(self) -> WorkdirLock:
+        os.makedirs(self.workdir, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise
+            raise WorkdirBusyError(self._busy_message(_read_holder(self.path))) from None
+        self.stale = _read_holder(self.path)  # a holder left behind by a run that was killed
+        me = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode(), 0)
+        os.fsync(fd)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Empty the file (a clean exit leaves no holder behind) and drop the lock."""
+        if self._fd is None:
+            return
+        try:
+            os.ftruncate(self._fd, 0)
+        finally:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+    def __enter__(self) -> WorkdirLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _busy_message(self, holder: dict[str, Any] | None) -> str:
+        who = (
+            f"pid {holder.get('pid')} on host {holder.get('host')} since {holder.get('since')}"
+            if holder
+            else "another process (its lock file names no holder yet)"
+        )
+        return (
+            f"--workdir={self.workdir} is in use by a running dew run: {who} (lock {self.path}). "
+            "Wait for it to finish, stop it, or choose another --workdir"
+        )
+
+
+def describe_stale(holder: dict[str, Any]) -> str:
+    """The line a run prints when it takes over a stale lock."""
+    return (
+        f"taking over a stale lock: the run that held it (pid {holder.get('pid')} on host "
+        f"{holder.get('host')} since {holder.get('since')}) is gone"
+    )
+
+
+def _read_holder(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+        holder = json.loads(text) if text else None
+    except (OSError, ValueError):
+        return None
+    return holder if isinstance(holder, dict) else None
