@@ -128,11 +128,11 @@ def reconstruct_run(
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        _plan(args.workdir, args.std_rel, args.step, args.out)
+        _plan(args.workdir, args.sigma_rel, args.step, args.out)
     except PhemaError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out, record = reconstruct_run(args.workdir, args.std_rel, step=args.step, out=args.out)
+    out, record = reconstruct_run(args.workdir, args.sigma_rel, step=args.step, out=args.out)
     largest = max(abs(s["weight"]) for s in record["snapshots"])
     print(
         f"post-hoc EMA sigma_rel={record['sigma_rel']:.3f} (gamma={record['gamma']:.3f}) at step "
