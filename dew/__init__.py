@@ -60,6 +60,8 @@ _EXPORTS: dict[str, str] = {
 _REGISTERING_MODULES = (
     "dew.diffusion.presets",
     "dew.networks.unet",
+    "dew.networks.songunet",
+    "dew.networks.dhariwalunet",
     "dew.networks.mlp",
     "dew.encoding.class_label",
     "dew.encoding.byte_text",

@@ -2,21 +2,25 @@
 
 Trains, evaluates, previews and checkpoints under ``--workdir``; run it again to resume from the
 latest checkpoint. Bad input (unknown key, wrong type, unknown registry name, a data set that
-cannot be opened, a workdir that is a file) stops before anything is written: one line naming
-what is wrong, exit status 2. ``--help-config`` prints the resolved schema (every key with its
-value, default, kind and doc) and exits.
+cannot be opened, a workdir that is a file, a resume the config does not fit) stops before
+anything is written: one line naming what is wrong, exit status 2. Any other failure prints one
+short message and its cause, writes the full traceback under ``<workdir>/logs`` and exits 1.
+``--help-config`` prints the resolved schema (every key with its value, default, kind and doc)
+and exits.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import shlex
 import sys
 from collections.abc import Sequence
 
-from dew.config import ConfigError, apply_overrides, load_config
-from dew.registry import UnknownNameError
+from dew.config import apply_overrides, load_config
+from dew.failures import capture_library_logs, report
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -53,8 +57,13 @@ def enable_compilation_cache(workdir: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Train; return the exit status: 0 done, 2 bad input (one line, nothing written; also a
+    workdir another live run holds), 128 + signal when preempted (saved, with the command to
+    resume), 1 any other failure (one short message and its cause; the traceback in a file, see
+    ``dew.failures``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args, overrides = parse_args(argv)
+    workdir = trainer = lock = None
     try:
         raw = load_config(args.config)
         if args.help_config:
@@ -70,31 +79,31 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         workdir = check_workdir(args.workdir)
         trainer = Trainer(config, workdir)
-    except (ConfigError, UnknownNameError) as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
-    import jax
+        trainer.check_resumable()
+        import jax
 
-    from dew.training.preemption import Preempted
-    from dew.training.workdir_lock import WorkdirBusyError, WorkdirLock, describe_stale
+        from dew.training.workdir_lock import WorkdirLock, describe_stale
 
-    try:  # one run per workdir (process 0 holds it for the whole run)
+        # One run per workdir (process 0 holds it for the whole run).
         lock = WorkdirLock(workdir).acquire() if jax.process_index() == 0 else None
-    except WorkdirBusyError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if lock is not None and lock.stale:
-        print(f"dew: {describe_stale(lock.stale)}", flush=True)
-    enable_compilation_cache(workdir)
-    print(f"dew: training {args.config} in {workdir}", flush=True)
-    try:
+        if lock is not None and lock.stale:
+            print(f"dew: {describe_stale(lock.stale)}", flush=True)
+        enable_compilation_cache(workdir)
+        capture_library_logs(workdir)
+        print(f"dew: training {args.config} in {workdir}", flush=True)
         state = trainer.run()
-    except Preempted as e:
-        command = " ".join(shlex.quote(a) for a in ["python", "-m", "dew.main", *argv])
-        print(f"dew: {e}", file=sys.stderr, flush=True)
-        if e.path is not None:
-            print(f"dew: resume with: {command}", file=sys.stderr, flush=True)
-        return e.exit_code
+    except Exception as e:  # the CLI boundary: every failure becomes one short report
+        if trainer is not None:
+            _release(trainer)
+        from dew.training.preemption import Preempted
+
+        if isinstance(e, Preempted):
+            command = " ".join(shlex.quote(a) for a in ["python", "-m", "dew.main", *argv])
+            print(f"dew: {e}", file=sys.stderr, flush=True)
+            if e.path is not None:
+                print(f"dew: resume with: {command}", file=sys.stderr, flush=True)
+            return e.exit_code
+        return report(e, workdir if workdir and os.path.isdir(workdir) else None)
     finally:
         if lock is not None:
             lock.release()
@@ -108,8 +117,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _release(trainer) -> None:
+    """Shut the checkpoint writer and orbax managers down before exiting, so no async teardown
+    runs at interpreter exit; what they raise now belongs to the failure already reported."""
+    with contextlib.suppress(Exception):  # the first failure is the one reported
+        trainer.checkpoints.close()
+
+
 def run() -> None:
-    sys.exit(main())
+    code = main()
+    if code not in (0, 2):
+        # A failure was reported and everything dew opened is closed: end here, so no library
+        # thread's teardown (orbax's event loops) prints after the report.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

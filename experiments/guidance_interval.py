@@ -48,6 +48,7 @@ def main() -> int:
         load_config(str(HERE / "edm.py")),
         [
             f"config.train.num_steps={args.train_steps}",
+            "config.objective.condition_dropout=0.1",  # CFG needs the unconditional branch trained
             "config.eval.every=0",
             "config.preview.every=0",
             f"config.checkpoint.every={args.train_steps}",

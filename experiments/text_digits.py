@@ -45,6 +45,7 @@ def main() -> int:
         load_config(str(HERE / "edm.py")),
         [
             "config.dataset.name=digits_text",
+            "config.objective.condition_dropout=0.1",  # --guidance needs the unconditional branch
             f"config.train.num_steps={args.train_steps}",
             "config.eval.every=0",
             "config.preview.every=0",

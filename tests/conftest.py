@@ -25,7 +25,8 @@ def tiny_config(**overrides):
     config = load_config(str(ROOT / "experiments" / "edm.py"))
     defaults = {
         "dataset.batch_size": 16,
-        "model.channels": 8,
+        "model.model_channels": 8,
+        "model.num_blocks": 1,
         "model.channel_mult": (1, 2),
         "model.attn_resolutions": (4,),
         "train.num_steps": 6,

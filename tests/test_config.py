@@ -150,5 +150,5 @@ def test_help_config_prints_the_resolved_schema_and_writes_nothing(tmp_path, cap
     out = capsys.readouterr().out
     assert "train.num_steps = 7 (default 1000)  [int] micro-batches to train for" in out
     assert "objective.sampling.solver = 'heun'  [str] registered solver (dew.samplers)" in out
-    assert "model.channels = 32 (default 64)  [int]" in out
+    assert "model.model_channels = 32 (default 128)  [int]" in out
     assert os.listdir(tmp_path) == []

@@ -59,7 +59,7 @@ def test_a_run_leaves_checkpoints_metrics_previews_and_metadata(tmp_path):
     # one row per class (10), per_class=2 columns of 8x8 digits enlarged 8x with 4px gutters
     assert grid.size == (2 * 68 + 4, 10 * 68 + 4)
     metadata = json.loads((workdir / "run.json").read_text())
-    assert metadata["config"]["model"]["channels"] == 8
+    assert metadata["config"]["model"]["model_channels"] == 8
 
 
 def test_the_command_line_trains_and_a_second_call_resumes(tmp_path):
@@ -71,7 +71,7 @@ def test_the_command_line_trains_and_a_second_call_resumes(tmp_path):
             f"--config={ROOT / 'experiments' / 'edm.py'}",
             f"--workdir={tmp_path / 'cli'}",
             "--config.dataset.batch_size=16",
-            "--config.model.channels=8",
+            "--config.model.model_channels=8",
             f"--config.train.num_steps={num_steps}",
             "--config.checkpoint.every=2",
             "--config.eval.every=0",

@@ -56,6 +56,7 @@ class Diffusion(Objective):
         self.condition_dropout = condition_dropout
         self.sampling = sampling or Sampling()
         self._preview_fn: Callable[..., Any] | None = None
+        self.nonfinite_samples = 0  # in the last preview (see score)
         # The batch-field value of each condition's unconditional datum, from its encoder.
         self._unconditional_tokens = {
             key: registry.encoders[c.encoder].tokens(c.unconditional, c.field.shape)
@@ -259,6 +260,11 @@ class Diffusion(Objective):
             settings = dataclasses.asdict(self.sampling)
             self._preview_fn = jax.jit(functools.partial(self.draw, **settings))
         samples, _ = jax.device_get(self._preview_fn(params, rng))
+        # A diverged model samples NaN or inf: drawn grey (NaN) or saturated (inf), counted, and
+        # reported by ``score`` instead of being handed to metrics that cannot take them.
+        finite = np.isfinite(samples.reshape(len(samples), -1)).all(axis=1)
+        self.nonfinite_samples = int(np.sum(~finite))
+        samples = np.nan_to_num(samples, nan=0.0, posinf=1.0, neginf=-1.0)
         if samples.ndim == 2:
             return scatter.scatter_grid(samples, self.extent or scatter.extent_of(samples))
         captions = None
@@ -268,7 +274,8 @@ class Diffusion(Objective):
 
     def score(self, preview: Any, metrics: Mapping[str, Callable[..., float]]) -> dict[str, float]:
         """``metric(images, labels)`` for each named metric on an image preview, the labels being
-        the classes the rows were asked for."""
+        the classes the rows were asked for; when the last preview held non-finite samples, no
+        metric is asked (classifiers refuse NaN) and ``nonfinite_samples`` is reported instead."""
         if not metrics:
             return {}
         if not self.input_spec.sample.shape or len(self.input_spec.sample.shape) != 3:
@@ -278,6 +285,14 @@ class Diffusion(Objective):
             )
         if preview is None:
             return {}
+        if self.nonfinite_samples:
+            if jax.process_index() == 0:
+                print(
+                    f"preview: {self.nonfinite_samples} of {len(preview.images)} samples are non-finite; "
+                    f"{', '.join(metrics)} not scored",
+                    flush=True,
+                )
+            return {"nonfinite_samples": float(self.nonfinite_samples)}
         labels = np.repeat(np.arange(self.num_classes or 1), self.sampling.per_class)
         return {name: float(metric(preview.images, labels)) for name, metric in metrics.items()}
 

@@ -59,17 +59,38 @@ class Stage:
     def close(self) -> None:
         """Called once when the loop ends, also when it ends with an error."""
 
+    def stop_early(self, ctx: StepContext) -> None:
+        """Called when the loop stops early with a state that is still good (the skip policy's
+        brake, see ``fit``), before ``close``: a checkpoint stage saves it."""
+
 
 class NonFiniteError(FloatingPointError):
-    """A step produced a non-finite loss or gradient and the policy is to stop."""
+    """A step produced a non-finite loss or gradient and the policy is to stop; or, with the
+    skip policy, too many of a window's updates were skipped (``skipped`` says how many)."""
 
-    def __init__(self, step: int, statistic: str, value: float, last_good: str | None):
+    def __init__(
+        self,
+        step: int,
+        statistic: str,
+        value: float,
+        last_good: str | None,
+        skipped: tuple[int, int, float] | None = None,
+    ):
         self.step, self.statistic, self.value, self.last_good = step, statistic, value, last_good
+        self.skipped = skipped
         where = last_good if last_good else "none saved yet"
+        saved = "and nothing was saved after it" if skipped is None else "(nor any other skipped one)"
+        if skipped is None:
+            tail = "(Set the non-finite policy to 'skip' to drop such updates and count them instead.)"
+        else:
+            count, window, limit = skipped
+            tail = (
+                f"(The skip policy dropped {count} of the last {window} updates, more than the "
+                f"allowed fraction {limit}; the state as of step {step} was saved before stopping.)"
+            )
         super().__init__(
-            f"non-finite {statistic} ({value}) at step {step}; the update was not applied and nothing "
-            f"was saved after it. Last good checkpoint: {where}. (Set the non-finite policy to "
-            "'skip' to drop such updates and count them instead.)"
+            f"non-finite {statistic} ({value}) at step {step}; the update was not applied {saved}. "
+            f"Last good checkpoint: {where}. {tail}"
         )
 
 
@@ -82,6 +103,8 @@ def fit(
     *,
     nonfinite: str = "stop",
     last_good: Callable[[], str | None] | None = None,
+    max_skipped: float = 1.0,
+    skip_window: int = 0,
 ) -> TrainState:
     """Run ``step_fn`` until ``state.step == num_steps``; return the final state.
 
@@ -90,11 +113,19 @@ def fit(
     at the end, one scalar transfer per check: with ``nonfinite="stop"`` the run raises ``NonFiniteError``
     naming the first bad step, the statistic, and ``last_good()`` (the last checkpoint), before
     any stage could save or report state from after it; with ``"skip"`` it carries on and the
-    metrics count the skips. Each step runs inside a profiler step annotation, so a
+    metrics count the skips. The skip policy has a brake: with ``skip_window`` > 0, after each
+    ``skip_window`` steps (and at the end) the skips of that window are counted, and more than
+    ``max_skipped`` (a fraction) of them stop the run: every stage's ``stop_early`` is called
+    with the current state (skipped updates were never applied, so it is good; a checkpoint
+    stage saves it), then ``NonFiniteError`` is raised naming the window's last bad step and
+    that checkpoint. Each step runs inside a profiler step annotation, so a
     ``ProfileWindow`` stage's trace shows the steps by number.
     """
     if nonfinite not in ("stop", "skip"):
         raise ValueError(f"fit: nonfinite must be 'stop' or 'skip', got {nonfinite!r}")
+    if not 0.0 <= max_skipped <= 1.0:
+        raise ValueError(f"fit: max_skipped must be a fraction in [0, 1], got {max_skipped!r}")
+    brake = nonfinite == "skip" and skip_window > 0 and max_skipped < 1.0
     state.check()  # shapes and dtypes at the boundary, before anything is compiled or run
     step = int(jax.device_get(state.step))
     # Per step: the step, a slot write for the flag, each stage's observe/due; no transfer, no
@@ -118,6 +149,12 @@ def fit(
                 unchecked.append(stats)
                 if ctx.final or len(unchecked) >= MAX_UNCHECKED:
                     check = _check(flags, unchecked, step, last_good)
+            elif brake and NONFINITE_FLAG in stats:
+                flags.add(stats[NONFINITE_FLAG])
+                unchecked.append(stats)
+                if ctx.final or step % skip_window == 0:
+                    _brake_if_skipping(flags, unchecked, max_skipped, ctx, stages, last_good)
+                    unchecked.clear()
             for stage in stages:
                 stage.observe(ctx)
                 if stage.due(ctx):
@@ -128,6 +165,45 @@ def fit(
         for stage in stages:
             stage.close()
     return state
+
+
+def _brake_if_skipping(
+    flags: DeviceSums,
+    window: list[dict[str, jax.Array]],
+    max_skipped: float,
+    ctx: StepContext,
+    stages: Sequence[Stage],
+    last_good: Callable[[], str | None] | None,
+) -> None:
+    """Stop (see ``fit``) when more than ``max_skipped`` of the window's updates were skipped."""
+    skipped, _ = flags.read()  # one transfer per window
+    values = None
+    if skipped and skipped > max_skipped * len(window):
+        values = np.asarray(jax.device_get([stats[NONFINITE_FLAG] for stats in window]))
+    if values is None:
+        return
+    count = int(np.sum(values > 0))
+    last = int(np.flatnonzero(values > 0)[-1])
+    bad_step = ctx.step - len(window) + 1 + last
+    statistic, value = _nonfinite_statistic(window[last])
+    for stage in stages:
+        stage.stop_early(ctx)
+    raise NonFiniteError(
+        bad_step,
+        statistic,
+        value,
+        last_good() if last_good else None,
+        skipped=(count, len(window), max_skipped),
+    )
+
+
+def _nonfinite_statistic(stats: dict[str, jax.Array]) -> tuple[str, float]:
+    names = [k for k in ("loss", "grad_norm") if k in stats]  # the loss first: it is the cause
+    values = jax.device_get([stats[k] for k in names])
+    return next(
+        ((k, float(v)) for k, v in zip(names, values, strict=True) if not np.isfinite(v)),
+        ("gradient", float("nan")),
+    )
 
 
 def _check(

@@ -27,15 +27,8 @@ def _wide(x: jax.Array) -> jax.Array:
     return x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jnp.int32)
 
 
-def _zeros_like(tree: Any) -> Any:
-    """Zeros of the summing dtypes, placed like ``tree``'s arrays (committed, so every fold sees
-    the same argument placements and compiles once)."""
-
-    def zeros(x: Any) -> jax.Array:
-        x = jnp.asarray(x)
-        return jax.device_put(np.zeros(x.shape, _wide(x).dtype), x.sharding)
-
-    return jax.tree.map(zeros, tree)
+def _zeros(tree: Any) -> Any:
+    return jax.tree.map(lambda x: jnp.zeros(x.shape, _wide(x).dtype), tree)
 
 
 def _host(x: Any) -> np.ndarray:
@@ -62,6 +55,7 @@ class DeviceSums:
         self._sums: Any = None
         self._zeros: Any = None
         self._fold: Any = None
+        self._make_zeros: Any = None
 
     @property
     def count(self) -> int:
@@ -80,12 +74,15 @@ class DeviceSums:
             return
         first = self._slots[0]
         if self._zeros is None or jax.tree.structure(self._zeros) != jax.tree.structure(first):
-            self._zeros = _zeros_like(first)
             # The sums stay where the statistics are: the same placement in and out of every
-            # fold keeps each call on jit's fast path (no re-dispatch through Python).
-            placement = jax.tree.map(lambda x: x.sharding, self._zeros)
+            # fold keeps each call on jit's fast path (no re-dispatch through Python). Zeros
+            # are made on the devices from the arrays themselves, not sent from the host: with
+            # several processes the statistics are global arrays.
+            placement = jax.tree.map(lambda x: x.sharding, first)
+            self._make_zeros = jax.jit(_zeros, out_shardings=placement)
             self._fold = jax.jit(_fold, donate_argnums=0, out_shardings=placement)
-        sums = self._sums if self._sums is not None else _zeros_like(first)
+            self._zeros = self._make_zeros(first)
+        sums = self._sums if self._sums is not None else self._make_zeros(first)
         chunk = self._slots[: self._filled] + [self._zeros] * (self.chunk - self._filled)
         self._sums = self._fold(sums, chunk)
         self._slots[: self._filled] = [None] * self._filled

@@ -32,28 +32,46 @@ COUNTED = frozenset({NONFINITE_FLAG})
 class MetricsStage(Stage):
     """Averages the step statistics over each window of ``every`` steps and logs them; counts
     (``skipped_updates``: non-finite updates dropped) are summed over the window instead. The
-    sums are kept on the device and fetched once per window, in one transfer."""
+    sums are kept on the device and fetched once per window, in one transfer.
+
+    A window this stage saw only part of (the run resumed from a step inside it, or stopped
+    early) is marked: its row carries ``window_steps``, the number of steps it averages. Rows of
+    whole windows carry no such key, so a resumed run's history reads like a straight run's."""
 
     def __init__(self, tracker: Tracker, every: int, batch_size: int, progress: Progress | None = None):
         self.tracker, self.every, self.batch_size, self.progress = tracker, every, batch_size, progress
         self._sums = DeviceSums()
-        self._since: float | None = None
-        self._since_step = 0
+        # Throughput is timed from the loop's start (so the first window includes the compile),
+        # and every window gets a system row, the first after a resume too: the rows a resumed
+        # run writes are the rows a straight run writes.
+        self._since = time.perf_counter()
+        self._since_step: int | None = None
 
     def observe(self, ctx: StepContext) -> None:
+        if self._since_step is None:
+            self._since_step = ctx.step - 1
         self._sums.add(ctx.stats)
 
     def run(self, ctx: StepContext) -> None:
-        means, _ = self._sums.means(COUNTED)
+        means, count = self._sums.means(COUNTED)
+        if not count:
+            return
+        whole = ctx.step - (ctx.step - 1) // self.every * self.every  # steps since the last boundary
+        if count < whole:
+            means["window_steps"] = float(count)
         self.tracker.log(LoggingCategory.TRAIN_METRICS, means, ctx.step)
         now = time.perf_counter()
-        if self._since is not None:
-            rate = (ctx.step - self._since_step) / (now - self._since)
-            system = {"steps_per_sec": rate, "examples_per_sec": rate * self.batch_size}
-            self.tracker.log(LoggingCategory.SYSTEM_METRICS, system, ctx.step)
+        rate = (ctx.step - self._since_step) / max(now - self._since, 1e-9)
+        system = {"steps_per_sec": rate, "examples_per_sec": rate * self.batch_size}
+        self.tracker.log(LoggingCategory.SYSTEM_METRICS, system, ctx.step)
         self._since, self._since_step = now, ctx.step
         if self.progress is not None:
             self.progress.update(ctx.step, means.get("loss"))
+
+    def stop_early(self, ctx: StepContext) -> None:
+        """Log the window so far, including the step the loop stopped at (not yet observed)."""
+        self.observe(ctx)
+        self.run(ctx)
 
     def close(self) -> None:
         if self.progress is not None:
@@ -198,6 +216,13 @@ class CheckpointStage(Stage):
             self._best_loss = loss
             name = "eval_loss" if self.checkpoints.best_metric == "loss" else self.checkpoints.best_metric
             self.tracker.log(LoggingCategory.BEST_MODEL, {name: loss, "step": step}, step)
+
+    def stop_early(self, ctx: StepContext) -> None:
+        """Save the state the loop stopped with (persistently, unranked) and wait for it."""
+        if ctx.step not in self.checkpoints.all_steps():
+            position, share = self.dataset.save_position(), self.dataset.share
+            self.checkpoints.save(ctx.step, ctx.state, position, None, share=share)
+        self.checkpoints.wait()
 
     def close(self) -> None:
         self.checkpoints.wait()

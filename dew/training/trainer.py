@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -23,8 +24,7 @@ from dew.training import sharding
 from dew.training import trackers as trackers_lib
 from dew.training.checkpointing import settings as checkpoint_config
 from dew.training.checkpointing.checkpoints import Checkpoints
-from dew.training.checkpointing.errors import CheckpointRestorationError
-from dew.training.checkpointing.run_metadata import read_run_metadata, save_run_metadata
+from dew.training.checkpointing.errors import CheckpointDamagedError, CheckpointRestorationError, first_line
 from dew.training.checkpointing.settings import checkpoint_settings
 from dew.training.console import Progress
 from dew.training.ema import EMASpec
@@ -34,6 +34,14 @@ from dew.training.power_ema import SNAPSHOT_DIR, PowerEMASnapshots, SnapshotStag
 from dew.training.preemption import PreemptionStage
 from dew.training.profile import CONFIG as PROFILE_CONFIG
 from dew.training.profile import ProfileWindow
+from dew.training.resume_check import (
+    ResumeMismatchError,
+    check_num_steps,
+    check_state,
+    data_layout_changes,
+    remap_position,
+)
+from dew.training.run_history import record_start, set_aside_records, writer_of
 from dew.training.sharding import Layout
 from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage
 from dew.training.state import TrainState, num_updates
@@ -44,6 +52,11 @@ from dew.training.trackers import LoggingCategory, Tracker, Trackers, make_track
 # --- the trainer's own config sections ------------------------------------------------------------
 def _at_least(low: float, accepted: str) -> dict[str, Any]:
     return {"check": lambda v: v >= low, "accepted": accepted}
+
+
+def _finite(value: Any) -> bool:
+    """A real number that is neither inf nor NaN (checked before anything compiles)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 TRAIN_CONFIG = Section(
@@ -63,17 +76,30 @@ TRAIN_CONFIG = Section(
             "on a non-finite loss or gradient: 'stop' (raise naming the step) or 'skip' (drop, count it)",
             choices=NONFINITE_POLICIES,
         ),
+        "max_skipped": Key(
+            0.5,
+            "the skip policy's brake: the fraction of a log_every window's updates it may drop before "
+            "the run stops as 'stop' would, after saving the state (which no skipped update touched); "
+            "1: no brake",
+            check=lambda v: _finite(v) and 0 <= v <= 1,
+            accepted="a fraction in [0, 1]",
+        ),
     },
 )
 OPTIMIZER_CONFIG = Section(
     "Adam with a linear learning-rate warm-up and optional global-norm clipping",
     {
-        "learning_rate": Key(1e-3, "peak learning rate", check=lambda v: v > 0, accepted="a float > 0"),
+        "learning_rate": Key(
+            1e-3, "peak learning rate", check=lambda v: _finite(v) and v > 0, accepted="a finite float > 0"
+        ),
         "warmup_steps": Key(0, "optimizer updates of linear warm-up from 0", **_at_least(0, "an int >= 0")),
         "b1": Key(0.9, "Adam β1", check=lambda v: 0 <= v < 1, accepted="a float in [0, 1)"),
         "b2": Key(0.999, "Adam β2", check=lambda v: 0 <= v < 1, accepted="a float in [0, 1)"),
         "grad_clip": Key(
-            0.0, "clip gradients to this global norm (0: off)", **_at_least(0, "a float >= 0 (0: off)")
+            0.0,
+            "clip gradients to this global norm (0: off)",
+            check=lambda v: _finite(v) and v >= 0,
+            accepted="a finite float >= 0 (0: off)",
         ),
     },
 )
@@ -109,7 +135,12 @@ def config_schema() -> Section:
     return Section(
         "a dew experiment",
         {
-            "seed": Key(0, "seeds the parameters, the data order, evaluation and previews"),
+            "seed": Key(
+                0,
+                "seeds the parameters, the data order, evaluation and previews",
+                check=lambda v: 0 <= v < 2**32,
+                accepted="an int in [0, 2**32) (it seeds jax and numpy)",
+            ),
             "dataset": data_config.CONFIG,
             "objective": OBJECTIVE_CONFIG,
             "model": MODEL_CONFIG,
@@ -312,6 +343,9 @@ class Trainer:
             return fresh()
         if s.clear_previous_checkpoints:
             self.checkpoints.clear()
+            aside = set_aside_records(self.workdir)
+            if aside:
+                print(f"previous tracking and previews moved to {aside}", flush=True)
         if not s.restores:
             latest = self.checkpoints.latest_step()
             if latest is not None:
@@ -330,27 +364,99 @@ class Trainer:
             # Rolling back: the newer steps are moved aside or deleted (and logged), so this
             # run's saves never collide with the abandoned continuation's.
             self.checkpoints.roll_back(s.step_to_restore, how=s.on_rollback)
+        step = s.step_to_restore if s.step_to_restore is not None else source.latest_step()
+        # The latest step may be damaged or incomplete: say so, set it aside (never delete it)
+        # and fall back to the newest intact one. A step asked for by number is not replaced.
+        falls_back = s.step_to_restore is None and source is self.checkpoints
+        while True:
+            try:
+                state, position, written_by = self._restore_step(source, step, fresh)
+                break
+            except CheckpointDamagedError as e:
+                if not falls_back:
+                    raise
+                aside = source.set_aside_damaged(step)
+                newer = source.latest_step()
+                print(
+                    f"checkpoint step {step} is damaged or incomplete, kept aside in {aside}; resuming "
+                    f"from {'the start' if newer is None else f'step {newer}'} ({first_line(e)})",
+                    flush=True,
+                )
+                if newer is None:
+                    return fresh()
+                step = newer
+        if position is not None:
+            self._read_position(position, written_by, step)
+        elif source is self.checkpoints:
+            raise CheckpointRestorationError(
+                f"checkpoint step {step} ({source.path(step)}) holds no data position (its 'data' "
+                "item is missing): resuming would silently restart the data stream from its first "
+                "batch. Restore another step with config.checkpoint.step_to_restore, or start over"
+            )
+        self.restored_step = int(jax.device_get(state.step))
+        return state
+
+    def _restore_step(
+        self, source: Checkpoints, step: int, fresh: Callable[[], TrainState]
+    ) -> tuple[TrainState, bytes | None, dict[str, Any] | None]:
+        """Verify ``step``'s checksums, check it fits this config, then read it: the state, the
+        data position, and run.json's record of the start that wrote it."""
+        s = self.checkpoint_settings
+        source.verify(step)
+        written_by = writer_of(self.workdir, step) if source is self.checkpoints else None
+        template = abstract_state(self.init, self.example_batch())
+        check_state(
+            source.stored(step),
+            template,
+            step,
+            source.path(step),
+            None if written_by is None else written_by["config"],
+            self.config.to_dict(),
+        )
         share = self.train_data.share
         if s.restore_optimizer_state and s.restore_rng_key:
-            template = abstract_state(self.init, self.example_batch())
-            state, position = source.restore(template, s.step_to_restore, share=share)
+            state, position = source.restore(template, step, share=share)
         else:
             state, position = source.resume(
                 fresh(),
-                s.step_to_restore,
+                step,
                 share=share,
                 restore_optimizer_state=s.restore_optimizer_state,
                 restore_rng_key=s.restore_rng_key,
             )
-        if position is not None:
-            self.train_data.read_position(position)
-        self.restored_step = int(jax.device_get(state.step))
-        return state
+        return state, position, written_by
 
-    def tracker(self) -> Trackers:
-        """The configured trackers under ``workdir/tracking``, plus any passed in. On a resume
-        they are first told which step was restored (``CLEANUP_AFTER_CKPT_RESTORATION``), so
-        what an interrupted run logged after its checkpoint is discarded or marked."""
+    def _read_position(self, position: bytes, written_by: dict[str, Any] | None, step: int) -> None:
+        """Continue the data stream from a checkpoint's position, carried over by example index
+        when run.json says it was written with another batch size or process count."""
+        batch_size, processes = self.config.dataset.batch_size, self.train_data.share.count
+        old_batch, old_processes = data_layout_changes(written_by, batch_size, processes)
+        if old_batch is not None:
+            position, account = remap_position(
+                position, old_batch, batch_size, self.train_data.batches_per_epoch
+            )
+            print(f"config.dataset.batch_size: {old_batch} -> {batch_size}; {account}", flush=True)
+        elif old_processes is not None:
+            print(
+                f"number of processes changed from {old_processes} to {processes} (global batch "
+                f"{batch_size} unchanged): the data position counts global batches and carries over",
+                flush=True,
+            )
+        try:
+            self.train_data.read_position(position)
+        except ValueError as e:
+            was = f" (written with batch size {old_batch})" if old_batch else ""
+            raise ResumeMismatchError(
+                f"cannot resume from step {step}: its data position{was} does not fit "
+                f"config.dataset.batch_size={batch_size} on {processes} process(es): {e}"
+            ) from None
+
+    def tracker(self, start: int | None = None) -> Trackers:
+        """The configured trackers under ``workdir/tracking``, plus any passed in. When the run
+        starts at step ``start`` (default: the restored step) and anything was tracked
+        before, they are first told that step (``CLEANUP_AFTER_CKPT_RESTORATION``), so what an
+        interrupted run logged after it (all of it, for a run killed before its first
+        checkpoint) is discarded or marked."""
         built = make_trackers(
             self.config.tracking,
             os.path.join(self.workdir, "tracking"),
@@ -358,8 +464,11 @@ class Trainer:
             run_name=os.path.basename(self.workdir),
         )
         trackers = Trackers([*built.sinks, *self.extra_trackers])
-        if self.restored_step is not None:
-            trackers.log(LoggingCategory.CLEANUP_AFTER_CKPT_RESTORATION, {}, self.restored_step)
+        if start is None:
+            start = self.restored_step
+        tracked_before = os.path.isdir(os.path.join(self.workdir, "tracking"))
+        if start is not None and (start > 0 or tracked_before):
+            trackers.log(LoggingCategory.CLEANUP_AFTER_CKPT_RESTORATION, {}, start)
         return trackers
 
     def stages(self, tracker: Tracker) -> list[Stage]:
@@ -412,11 +521,19 @@ class Trainer:
         return None if latest is None else self.checkpoints.path(latest)
 
     # --- the run ----------------------------------------------------------------------------------
+    def check_resumable(self) -> None:
+        """Bad input a resume would only find later, checked before anything is written:
+        ``num_steps`` below the step to resume from (``ResumeMismatchError``)."""
+        s = self.checkpoint_settings
+        if self.checkpoints is None or s.clear_previous_checkpoints or not s.restores:
+            return
+        step = s.step_to_restore if s.step_to_restore is not None else self.checkpoints.latest_step()
+        if step is not None:
+            check_num_steps(self.config.train.num_steps, step, self.checkpoints.path(step))
+
     def run(self) -> TrainState:
+        self.check_resumable()
         os.makedirs(self.workdir, exist_ok=True)
-        if read_run_metadata(self.workdir) is None:
-            metadata = {"config": self.config.to_dict(), "label": os.path.basename(self.workdir)}
-            save_run_metadata(self.workdir, {**metadata, "ema": self.ema_record})
         state = self.initial_state()
         start = int(jax.device_get(state.step))
         if start:
@@ -425,7 +542,15 @@ class Trainer:
             store = self.power_ema_snapshots()
             store.discard_after(start)
             store.close()
-        tracker = self.tracker()
+        if jax.process_index() == 0:
+            record_start(
+                self.workdir,
+                self.config.to_dict(),
+                start,
+                processes=jax.process_count(),
+                extra={"ema": self.ema_record},
+            )
+        tracker = self.tracker(start)
         # Host batches go straight into the jitted step, which places them on the mesh in C++
         # (a Python device_put costs the host more than the copy it would hide). Where a
         # background thread prepares batches (lazily read sources) it also places them, ahead
@@ -441,6 +566,8 @@ class Trainer:
                 self.stages(tracker),
                 nonfinite=self.config.train.nonfinite,
                 last_good=self.last_good_checkpoint,
+                max_skipped=self.config.train.max_skipped,
+                skip_window=self.config.train.log_every,
             )
         finally:
             self.train_data.set_placement(None)

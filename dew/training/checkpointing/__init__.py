@@ -11,7 +11,8 @@ One idea per module:
 - ``retention``: which steps a directory keeps;
 - ``paths``: directories as paths or URIs (``etils.epath``);
 - ``settings``: ``config.checkpoint`` read and validated;
-- ``errors``: ``CheckpointRestorationError``, ``CheckpointWriteError``;
+- ``errors``: ``CheckpointRestorationError`` (``CheckpointDamagedError``), ``CheckpointWriteError``;
+- ``integrity``: per-item checksums, written after the data and verified before a read;
 - ``run_metadata``: ``run.json`` beside ``checkpoints/``;
 - ``checkpointer``, ``io_handler``, ``stix_config``: the stix API (``Checkpointer``,
   ``TrainingIOHandler`` and their configs), a thin layer over the same machinery.
@@ -26,6 +27,7 @@ from typing import Any
 
 _EXPORTS = {
     "Checkpoints": "dew.training.checkpointing.checkpoints",
+    "CheckpointDamagedError": "dew.training.checkpointing.errors",
     "CheckpointRestorationError": "dew.training.checkpointing.errors",
     "CheckpointWriteError": "dew.training.checkpointing.errors",
     "Retention": "dew.training.checkpointing.retention",

@@ -208,6 +208,25 @@ class Checkpoints:
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices("dew-checkpoints-clear")
 
+    def verify(self, step: int | None = None) -> None:
+        """Check that the checkpoint at ``step`` (default: latest) is whole before reading it:
+        every item's checksums (persistent tier) or files (local tier), streamed on this host.
+        Raises ``CheckpointDamagedError`` naming the step, the item and the file."""
+        step = self.tiers.resolve(step)
+        if self.tiers.is_local(step):
+            local.verify(self.tiers.local_path, step)
+        else:
+            self.store.verify(step)
+
+    def set_aside_damaged(self, step: int) -> str:
+        """Move a damaged step out of the run's steps, never deleting it: a persistent step into
+        the sibling ``<directory>.damaged-<time>/``, this process's local step to
+        ``<local>/damaged-<step>-<time>``. Returns where it went."""
+        self._writable()
+        if self.tiers.is_local(step):
+            return local.set_aside(self.tiers.local_path, step)
+        return os.fspath(self.store.set_aside([step], "move", label="damaged")) + f"/{step}"
+
     def roll_back(self, step: int, how: str = "move") -> list[int]:
         """Make ``step`` the newest checkpoint: the persistent steps after it are moved into a
         sibling directory (``how="move"``) or deleted (``"delete"``), a newer local step is

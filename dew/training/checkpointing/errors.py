@@ -1,4 +1,4 @@
-"""The two ways a checkpoint can fail, shared by every tier and both APIs."""
+"""The ways a checkpoint can fail, shared by every tier and both APIs."""
 
 from __future__ import annotations
 
@@ -6,6 +6,18 @@ from __future__ import annotations
 class CheckpointRestorationError(ValueError):
     """A restore was asked for and cannot be done as asked: nothing stored, the wrong thing
     stored, a damaged checkpoint, or a template that does not fit. The message names the step."""
+
+
+class CheckpointDamagedError(CheckpointRestorationError):
+    """A stored checkpoint is damaged or incomplete: a file missing, truncated, or changed after
+    it was written (its checksum differs), or unreadable. ``step``, ``item`` and ``path`` name
+    where; a run resuming from the latest step sets such a step aside and falls back."""
+
+    def __init__(
+        self, message: str, *, step: int | None = None, item: str | None = None, path: str | None = None
+    ):
+        super().__init__(message)
+        self.step, self.item, self.path = step, item, path
 
 
 class CheckpointWriteError(RuntimeError):

@@ -13,6 +13,7 @@ previous step is removed after the new one has landed.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
@@ -22,10 +23,11 @@ from typing import Any
 
 import jax
 import numpy as np
+from etils import epath
 
 from dew.data.dataset import DataPartition
-from dew.training.checkpointing import layout, positions
-from dew.training.checkpointing.errors import CheckpointRestorationError, first_line
+from dew.training.checkpointing import integrity, layout, positions
+from dew.training.checkpointing.errors import CheckpointDamagedError, CheckpointRestorationError, first_line
 from dew.training.state import TrainState
 
 META = "placement.json"
@@ -62,6 +64,7 @@ def write(
             os.path.join(tmp, f"data.{key}.npy"), lambda f, a=value: np.save(f, a, allow_pickle=False)
         )
     _sync_write(os.path.join(tmp, META), lambda f: f.write(json.dumps(meta).encode()))
+    integrity.write_checksums(epath.Path(tmp))  # inside the step before it lands: all or nothing
     final = os.path.join(root, str(step))
     if os.path.exists(final):
         shutil.rmtree(final)
@@ -72,7 +75,7 @@ def write(
     finally:
         os.close(dir_fd)
     for name in os.listdir(root):
-        if name != str(step):
+        if name != str(step) and not name.startswith("damaged-"):  # damaged steps are kept aside
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
     return final
 
@@ -91,8 +94,8 @@ def read_meta(root: str, step: int) -> dict[str, Any]:
         with open(os.path.join(root, str(step), META)) as f:
             meta = json.load(f)
     except (OSError, ValueError) as e:
-        raise CheckpointRestorationError(
-            f"local checkpoint step {step} in {root} is damaged: {first_line(e)}"
+        raise CheckpointDamagedError(
+            f"local checkpoint step {step} in {root} is damaged: {first_line(e)}", step=step, item="local"
         ) from e
     if isinstance(meta, dict) and meta.get("format") != FORMAT:
         raise CheckpointRestorationError(
@@ -163,13 +166,17 @@ def restore(
     root: str, step: int, meta: Mapping[str, Any], template: TrainState | None, share: DataPartition | None
 ) -> tuple[TrainState, bytes | None]:
     """Reassemble the state (onto ``template``'s placement, or as host arrays) and the position
-    of ``share``. Call only after ``placement_problem`` returned None."""
+    of ``share``. Call only after ``placement_problem`` returned None. The files are checked
+    against their checksums first (``verify``)."""
+    verify(root, step)
     try:
         shards = read_shards(root, step, meta)
         data = read_data(root, step)
     except (OSError, ValueError, EOFError) as e:
-        raise CheckpointRestorationError(
-            f"local checkpoint step {step} in {root} is damaged ({type(e).__name__}: {first_line(e)})"
+        raise CheckpointDamagedError(
+            f"local checkpoint step {step} in {root} is damaged ({type(e).__name__}: {first_line(e)})",
+            step=step,
+            item="local",
         ) from e
     values = {}
     wanted = layout.leaf_names(layout.items_from_state(template)) if template is not None else {}
@@ -192,6 +199,23 @@ def restore(
         except KeyError as e:
             raise CheckpointRestorationError(f"local checkpoint step {step}: {e.args[0]}") from None
     return state, position
+
+
+def verify(root: str, step: int) -> None:
+    """Check ``step``'s files against the checksums written with them (steps written before
+    checksums were pass); raise ``CheckpointDamagedError`` naming the file."""
+    directory = epath.Path(root) / str(step)
+    if (directory / integrity.CHECKSUMS).exists():
+        integrity.verify_item(step, "local", directory)
+
+
+def set_aside(root: str, step: int) -> str:
+    """Rename a damaged local step to ``damaged-<step>-<time>`` (out of the step namespace,
+    never deleted); return its new path."""
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    target = os.path.join(root, f"damaged-{step}-{stamp}")
+    os.rename(os.path.join(root, str(step)), target)
+    return target
 
 
 def stored(meta: Mapping[str, Any]) -> TrainState:

@@ -25,8 +25,13 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from dew.data.dataset import DataPartition
-from dew.training.checkpointing import layout, positions
-from dew.training.checkpointing.errors import CheckpointRestorationError, CheckpointWriteError, first_line
+from dew.training.checkpointing import integrity, layout, positions
+from dew.training.checkpointing.errors import (
+    CheckpointDamagedError,
+    CheckpointRestorationError,
+    CheckpointWriteError,
+    first_line,
+)
 from dew.training.checkpointing.retention import Retention
 from dew.training.state import TrainState
 
@@ -107,6 +112,7 @@ class Store:
             "process_count": jax.process_count(),
             "empty_items": empty,
             "metrics": metrics,
+            "checksummed": True,  # each item's dew_checksums.json follows its data (integrity)
         }
         if ema is not None:
             custom["ema"] = dict(ema)
@@ -118,6 +124,9 @@ class Store:
         try:
             self.manager().save(step, args=ocp.args.Composite(**items), custom_metadata=custom, force=True)
             self.manager().wait_until_finished()
+            if jax.process_index() == 0:  # the data has landed: checksum what is on disk
+                for name in items:
+                    integrity.write_checksums(self.path(step) / name)
         except Exception as e:
             raise CheckpointWriteError(f"checkpoint step {step} did not land in {self.directory}: {e}") from e
         self._metrics[step] = metrics
@@ -153,15 +162,16 @@ class Store:
         if self._manager is not None:
             self._manager.reload()
 
-    def set_aside(self, steps: list[int], how: str) -> epath.Path | None:
-        """Move ``steps`` into a sibling directory (``how="move"``; returned) or delete them."""
+    def set_aside(self, steps: list[int], how: str, label: str = "rolled-back") -> epath.Path | None:
+        """Move ``steps`` into a sibling directory ``<directory>.<label>-<time>`` (``how="move"``;
+        returned) or delete them."""
         if not steps:
             return None
         if how == "delete":
             self.delete(steps)
             return None
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
-        aside = self.directory.parent / f"{self.directory.name}.rolled-back-{stamp}"
+        aside = self.directory.parent / f"{self.directory.name}.{label}-{stamp}"
         if jax.process_index() == 0:
             aside.mkdir(parents=True, exist_ok=True)
             for step in steps:
@@ -224,8 +234,10 @@ class Store:
         return layout.state_from_items(trees)
 
     def read_items(self, step: int, templates: Mapping[str, Any]) -> dict[str, Any]:
-        """Read the named items (template or None for host arrays), checking templates first."""
+        """Read the named items (template or None for host arrays), checking templates first and
+        each item's checksums before any of its bytes are used (``verify``)."""
         empty = set(self.empty_items(step)) & set(templates)
+        self.verify(step, [item for item in templates if item not in empty])
         stored = self.metadata(step, [item for item in templates if item not in empty])
         problems = []
         for item, template in templates.items():
@@ -253,23 +265,50 @@ class Store:
         if items is None:
             missing = sorted(set(layout.REQUIRED_ITEMS) - set(self.empty_items(step)) - set(present))
             if missing:
-                raise CheckpointRestorationError(
-                    f"checkpoint step {step} in {self.directory} is damaged: items {missing} are missing"
+                raise CheckpointDamagedError(
+                    f"checkpoint step {step} in {self.directory} is damaged: items {missing} are missing",
+                    step=step,
+                    item=missing[0],
                 )
         trees = {}
         for item in present if items is None else items:
             if item not in present:
-                raise CheckpointRestorationError(
-                    f"checkpoint step {step} in {self.directory} is damaged: item {item!r} is missing"
+                raise CheckpointDamagedError(
+                    f"checkpoint step {step} in {self.directory} is damaged: item {item!r} is missing",
+                    step=step,
+                    item=item,
                 )
             try:
                 trees[item] = _metadata_reader().metadata(self.path(step) / item).tree
             except Exception as e:
-                raise CheckpointRestorationError(
+                raise CheckpointDamagedError(
                     f"checkpoint step {step} in {self.directory} is damaged: item {item!r} has unreadable "
-                    f"metadata ({type(e).__name__}: {first_line(e)})"
+                    f"metadata ({type(e).__name__}: {first_line(e)})",
+                    step=step,
+                    item=item,
                 ) from e
         return trees
+
+    def verify(self, step: int, items: list[str] | None = None) -> None:
+        """Check the checksums of the named items (default: every item present, and none of the
+        required ones missing), streaming each file on this host; raise
+        ``CheckpointDamagedError`` naming the step, the item and the file. Steps written before
+        checksums were (no ``checksummed`` flag in their metadata) pass unverified."""
+        present = self.present_items(step)
+        if items is None:
+            missing = sorted(set(layout.REQUIRED_ITEMS) - set(self.empty_items(step)) - set(present))
+            if missing:
+                raise CheckpointDamagedError(
+                    f"checkpoint step {step} in {self.directory} is damaged: items {missing} are missing",
+                    step=step,
+                    item=missing[0],
+                    path=str(self.path(step) / missing[0]),
+                )
+            items = present
+        if not (_step_metadata(self.path(step)).get("custom_metadata") or {}).get("checksummed"):
+            return
+        for item in items:
+            integrity.verify_item(step, item, self.path(step) / item)
 
     def present_items(self, step: int) -> list[str]:
         names = (*layout.STATE_ITEMS, layout.DATA_ITEM, layout.DATASET_ITEM)
@@ -314,19 +353,22 @@ class Store:
                 f"its metadata records step {recorded}"
             )
 
-    def _damaged(self, step: int, args: Mapping[str, Any], error: Exception) -> CheckpointRestorationError:
+    def _damaged(self, step: int, args: Mapping[str, Any], error: Exception) -> CheckpointDamagedError:
         """Name the item a failed read came from by reading each on its own."""
         for item, arg in args.items():
             try:
                 self.manager().restore(step, args=ocp.args.Composite(**{item: arg}))
             except Exception as e:  # orbax and tensorstore raise many types
-                return CheckpointRestorationError(
+                return CheckpointDamagedError(
                     f"checkpoint step {step} in {self.directory} is damaged: item {item!r} cannot be read "
-                    f"({type(e).__name__}: {first_line(e)})"
+                    f"({type(e).__name__}: {first_line(e)})",
+                    step=step,
+                    item=item,
                 )
-        return CheckpointRestorationError(
+        return CheckpointDamagedError(
             f"checkpoint step {step} in {self.directory} cannot be read "
-            f"({type(error).__name__}: {first_line(error)})"
+            f"({type(error).__name__}: {first_line(error)})",
+            step=step,
         )
 
 
@@ -341,11 +383,15 @@ def _step_metadata(step_dir: epath.Path) -> dict[str, Any]:
     try:
         meta = json.loads((step_dir / STEP_METADATA).read_text())
     except (OSError, ValueError) as e:
-        raise CheckpointRestorationError(
-            f"checkpoint {step_dir} is damaged: its step metadata {STEP_METADATA} cannot be read ({e})"
+        raise CheckpointDamagedError(
+            f"checkpoint {step_dir} is damaged: its step metadata {STEP_METADATA} cannot be read ({e})",
+            path=str(step_dir / STEP_METADATA),
         ) from e
     if not isinstance(meta, dict) or not isinstance(meta.get("custom_metadata") or {}, dict):
-        raise CheckpointRestorationError(f"checkpoint {step_dir} is damaged: step metadata {meta!r:.100}")
+        raise CheckpointDamagedError(
+            f"checkpoint {step_dir} is damaged: step metadata {meta!r:.100}",
+            path=str(step_dir / STEP_METADATA),
+        )
     return meta
 
 

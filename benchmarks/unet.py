@@ -1,0 +1,358 @@
+"""Train-step speed of dew's ``songunet`` against NVlabs/edm's ``EDMPrecond(SongUNet)`` on PyTorch.
+
+    PYTHONPATH=. /work/venv/bin/python benchmarks/unet.py --net=16 --edm=/tmp/edm_ref
+    PYTHONPATH=. /work/venv/bin/python benchmarks/unet.py --net=32 --edm=/tmp/edm_ref
+
+``--edm`` is an NVlabs/edm checkout (third_party/edm/README.md); the reference runs in a worker
+process of ``--torch_python`` kept alive for the whole run. One step on either side is the
+training step as each library runs it: EDM's loss (σ ~ lognormal(−1.2, 1.2), λ(σ) weighting,
+σ_data 0.5) on a fixed batch with random class labels, backward, Adam (lr 1e-3), and the EMA
+update; the reference also applies its ``nan_to_num`` to the gradients, dew its non-finite
+guard (``dew.training.steps.make_step``). Both use the same network arguments, batch and
+float32, and the same number of threads (``--threads``: ``torch.set_num_threads`` and XLA's
+CPU thread pool, which is the machine's cores). Rounds alternate dew, reference, dew, ... after
+a warm-up; each round times ``--steps`` steps; the report is the medians and their ratio. The
+forward pass alone (the denoiser in inference mode) is timed the same way.
+
+dew's start-up is timed separately in a fresh process without the persistent compilation cache:
+jitted ``init`` (compile + run) and the step's compile + first step (``--startup``).
+
+``--gpu`` runs dew's side alone on an accelerator in bfloat16 and float32 and reports achieved
+FLOP/s against ``--peak_tflops`` (XLA's cost analysis of the compiled step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+NETS = {
+    # The issue's networks: 16x16x1 (ch 32) and 32x32x3 (ch 64), DDPM++ blocks, 10 classes.
+    "16": dict(img_resolution=16, img_channels=1, label_dim=10, model_channels=32, channel_mult=[1, 2, 2],
+               num_blocks=2, attn_resolutions=[8], dropout=0.10),
+    "32": dict(img_resolution=32, img_channels=3, label_dim=10, model_channels=64, channel_mult=[1, 2, 2],
+               num_blocks=2, attn_resolutions=[16], dropout=0.10),
+    # The digits race network: 8x8x1, ch 32, mult [1, 2], 2 blocks, attention at 4.
+    "8": dict(img_resolution=8, img_channels=1, label_dim=10, model_channels=32, channel_mult=[1, 2],
+              num_blocks=2, attn_resolutions=[4], dropout=0.10),
+}  # fmt: skip
+
+
+def batch_arrays(net: dict, batch: int, seed: int = 0):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    res, ch = net["img_resolution"], net["img_channels"]
+    images = rng.uniform(-1, 1, (batch, res, res, ch)).astype(np.float32)
+    labels = rng.integers(0, net["label_dim"], batch).astype(np.int32)
+    return images, labels
+
+
+# --- the reference's side (runs in the torch venv) -----------------------------------------------
+def torch_worker(args) -> int:
+    import torch
+
+    sys.path.insert(0, args.edm)
+    from training.loss import EDMLoss
+    from training.networks import EDMPrecond
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    net_kwargs = NETS[args.net]
+    net = EDMPrecond(model_type="SongUNet", **net_kwargs).train()
+    ema = EDMPrecond(model_type="SongUNet", **net_kwargs).eval().requires_grad_(False)
+    ema.load_state_dict(net.state_dict())
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8)
+    loss_fn = EDMLoss()
+    images, labels = batch_arrays(net_kwargs, args.batch)
+    x = torch.from_numpy(images.transpose(0, 3, 1, 2).copy())
+    onehot = torch.nn.functional.one_hot(torch.from_numpy(labels).long(), net_kwargs["label_dim"]).float()
+
+    def step():  # training/training_loop.py, one round, one accumulation step
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(net=net, images=x, labels=onehot)
+        loss.sum().mul(1 / x.shape[0]).backward()
+        for p in net.parameters():
+            if p.grad is not None:
+                torch.nan_to_num(p.grad, nan=0, posinf=1e5, neginf=-1e5, out=p.grad)
+        opt.step()
+        with torch.no_grad():
+            for pe, pn in zip(ema.parameters(), net.parameters(), strict=True):
+                pe.copy_(pn.detach().lerp(pe, 0.999))
+
+    sigma = torch.full([x.shape[0]], 1.0)
+
+    def forward():
+        with torch.no_grad():
+            ema(x, sigma, onehot)
+
+    step()
+    forward()
+    print(
+        json.dumps({"ready": True, "threads": torch.get_num_threads(), "torch": torch.__version__}),
+        flush=True,
+    )
+    for line in sys.stdin:
+        kind, n = line.split()
+        fn = step if kind == "step" else forward
+        start = time.perf_counter()
+        for _ in range(int(n)):
+            fn()
+        print(json.dumps({"seconds": (time.perf_counter() - start) / int(n)}), flush=True)
+    return 0
+
+
+# --- dew's side ------------------------------------------------------------------------------------
+def dew_setup(net_name: str, batch: int):
+    """(jitted step, state, batch, jitted forward) for dew's songunet, via the trainer's pure stages."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from dew import registry
+    from dew.diffusion import EDM
+    from dew.inputs import Condition, Field, InputSpec
+    from dew.objectives.base import EMASpec
+    from dew.objectives.diffusion import Diffusion
+    from dew.training.steps import make_init, make_step
+
+    net = dict(NETS[net_name])
+    res, ch, label_dim = net.pop("img_resolution"), net.pop("img_channels"), net["label_dim"]
+    spec = InputSpec(
+        Field("image", (res, res, ch)), {"label": Condition("class_label", Field("label", (), "int32"), -1)}
+    )
+    model = functools.partial(
+        registry.models["songunet"], **{k: tuple(v) if isinstance(v, list) else v for k, v in net.items()}
+    )
+    encoders = {"label": functools.partial(registry.encoders["class_label"], label_dim)}
+    objective = Diffusion(spec, EDM, model, encoders, condition_dropout=0.0)
+    optimizer = optax.adam(1e-3, b1=0.9, b2=0.999, eps=1e-8)
+    ema = EMASpec(decay=0.999)
+    images, labels = batch_arrays(NETS[net_name], batch)
+    data = {"image": jnp.asarray(images), "label": jnp.asarray(labels)}
+    init = jax.jit(make_init(objective, optimizer, ema))
+    step = jax.jit(make_step(objective, optimizer, ema), donate_argnums=0)
+
+    @jax.jit
+    def forward(params, x, labels):
+        return objective.denoiser(params, {"label": labels})(x, jnp.ones((x.shape[0],)))
+
+    return init, step, data, forward
+
+
+def dew_startup(args) -> dict:
+    """Seconds for jitted init (compile + run) and for the step's compile + first step."""
+    import jax
+
+    t0 = time.perf_counter()
+    init, step, data, _ = dew_setup(args.net, args.batch)
+    t1 = time.perf_counter()
+    state = jax.block_until_ready(init(jax.random.PRNGKey(0), data))
+    t2 = time.perf_counter()
+    state, stats = step(state, data)
+    jax.block_until_ready(stats)
+    t3 = time.perf_counter()
+    return {"build_s": t1 - t0, "init_s": t2 - t1, "compile_and_first_step_s": t3 - t2}
+
+
+def run_dew_rounds(args, worker) -> dict:
+    import jax
+
+    init, step, data, forward = dew_setup(args.net, args.batch)
+    state = init(jax.random.PRNGKey(0), data)
+    for _ in range(2):
+        state, stats = step(state, data)
+    jax.block_until_ready(stats)
+    jax.block_until_ready(forward(state.params, data["image"], data["label"]))
+
+    def time_dew(kind: str, n: int) -> float:
+        nonlocal state
+        start = time.perf_counter()
+        if kind == "step":
+            for _ in range(n):
+                state, out = step(state, data)
+        else:
+            for _ in range(n):
+                out = forward(state.params, data["image"], data["label"])
+        jax.block_until_ready(out)
+        return (time.perf_counter() - start) / n
+
+    results = {"step": {"dew": [], "reference": []}, "forward": {"dew": [], "reference": []}}
+    for r in range(args.rounds):
+        for kind in ("step", "forward"):
+            n = args.steps if kind == "step" else 2 * args.steps
+            order = ("dew", "reference") if r % 2 == 0 else ("reference", "dew")
+            for side in order:
+                if side == "dew":
+                    results[kind]["dew"].append(time_dew(kind, n))
+                elif worker is not None:
+                    worker.stdin.write(f"{kind} {n}\n")
+                    worker.stdin.flush()
+                    results[kind]["reference"].append(json.loads(worker.stdout.readline())["seconds"])
+        print(
+            f"round {r}: "
+            + ", ".join(f"{k} {s} {v[s][-1] * 1e3:.0f} ms" for k, v in results.items() for s in v if v[s]),
+            flush=True,
+        )
+    return results
+
+
+def run_gpu(args) -> int:
+    """dew alone on the default accelerator: the train step (float32) and the forward pass in
+    float32 and bfloat16 (parameters and inputs cast), with FLOP/s from XLA's cost analysis."""
+    import jax
+    import jax.numpy as jnp
+
+    device = jax.devices()[0]
+    if device.platform == "cpu":
+        print("error: --gpu found no accelerator (jax.devices() is CPU only)", file=sys.stderr)
+        return 2
+    init, step, data, forward = dew_setup(args.net, args.batch)
+    state = init(jax.random.PRNGKey(0), data)
+
+    def flops(compiled) -> float:
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        return float(cost.get("flops", 0.0))
+
+    def timed(fn, *a, n=20):
+        out = fn(*a)
+        jax.block_until_ready(out)
+        start = time.perf_counter()
+        for _ in range(n):
+            out = fn(*a)
+        jax.block_until_ready(out)
+        return (time.perf_counter() - start) / n
+
+    report = {"device": str(device), "net": args.net, "batch": args.batch}
+    step_flops = flops(step.lower(state, data).compile())
+    state_copy = jax.tree.map(jnp.copy, state)
+
+    def one_step(st):
+        return step(st, data)[0]
+
+    seconds = timed(lambda: jax.block_until_ready(one_step(jax.tree.map(jnp.copy, state_copy))))
+    report["step_f32"] = {"ms": seconds * 1e3, "tflops": step_flops / seconds / 1e12}
+    for dtype in (jnp.float32, jnp.bfloat16):
+        params = jax.tree.map(lambda a, d=dtype: a.astype(d), state.params)
+        x = data["image"].astype(dtype)
+        fwd_flops = flops(forward.lower(params, x, data["label"]).compile())
+        seconds = timed(forward, params, x, data["label"])
+        report[f"forward_{jnp.dtype(dtype).name}"] = {
+            "ms": seconds * 1e3,
+            "tflops": fwd_flops / seconds / 1e12,
+        }
+    if args.peak_tflops:
+        for value in report.values():
+            if isinstance(value, dict):
+                value["fraction_of_peak"] = value["tflops"] / args.peak_tflops
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+def profile(args) -> int:
+    """Trace 3 warm steps (perfetto) and print XLA's thunk time by kind (fusion name sans number)."""
+    import collections
+    import glob
+    import gzip
+    import re
+
+    import jax
+
+    init, step, data, _ = dew_setup(args.net, args.batch)
+    state = init(jax.random.PRNGKey(0), data)
+    for _ in range(2):
+        state, stats = step(state, data)
+    jax.block_until_ready(stats)
+    with jax.profiler.trace(args.profile, create_perfetto_trace=True):
+        for _ in range(3):
+            state, stats = step(state, data)
+        jax.block_until_ready(stats)
+    path = sorted(glob.glob(f"{args.profile}/**/*perfetto_trace.json.gz", recursive=True))[-1]
+    with gzip.open(path) as f:
+        trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    total, calls = collections.Counter(), collections.Counter()
+    for e in events:
+        if e.get("ph") == "X" and "dur" in e and not e["name"].startswith(("ThunkExecutor", "$", "Pjit")):
+            kind = re.sub(r"[._]\d+$", "", e["name"])
+            total[kind] += e["dur"]
+            calls[kind] += 1
+    whole = sum(total.values())
+    for kind, us in total.most_common(20):
+        print(f"{100 * us / whole:5.1f} %  {calls[kind] // 3:5d} calls/step  {us / 3e3:9.1f} ms/step  {kind}")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--net", choices=sorted(NETS), default="16")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=5, help="steps timed per round")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--edm", default="", help="NVlabs/edm checkout (empty: dew only)")
+    parser.add_argument("--torch_python", default="/work/venv-torch/bin/python")
+    parser.add_argument("--startup", action="store_true", help="time dew's init/compile in this process")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--gpu", action="store_true", help="dew alone on an accelerator, bf16 and f32")
+    parser.add_argument("--peak_tflops", type=float, default=0.0, help="the chip's peak, for --gpu")
+    parser.add_argument("--profile", default="", help="trace 3 dew steps into this directory, print shares")
+    args = parser.parse_args()
+    if args.worker:
+        return torch_worker(args)
+    if args.gpu:
+        return run_gpu(args)
+    if args.startup:
+        print(json.dumps(dew_startup(args)))
+        return 0
+    if args.profile:
+        return profile(args)
+
+    # Start-up in a fresh process without the compilation cache, before the rounds.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+    cmd = [sys.executable, __file__, "--startup", f"--net={args.net}", f"--batch={args.batch}"]
+    startup = json.loads(
+        subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
+    )
+    print(f"dew start-up: {json.dumps({k: round(v, 2) for k, v in startup.items()})}", flush=True)
+
+    worker = None
+    if args.edm:
+        worker = subprocess.Popen(
+            [args.torch_python, __file__, "--worker", f"--net={args.net}", f"--batch={args.batch}",
+             f"--threads={args.threads}", f"--edm={args.edm}"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        print(f"reference worker: {worker.stdout.readline().strip()}", flush=True)
+    try:
+        results = run_dew_rounds(args, worker)
+    finally:
+        if worker is not None:
+            worker.stdin.close()
+            worker.wait(timeout=60)
+    for kind, sides in results.items():
+        med = {s: statistics.median(v) for s, v in sides.items() if v}
+        line = f"{kind}: dew median {med['dew'] * 1e3:.1f} ms"
+        if "reference" in med:
+            ratio = med["reference"] / med["dew"]
+            line += f", reference median {med['reference'] * 1e3:.1f} ms, reference/dew = {ratio:.2f}x"
+        print(line)
+    print(json.dumps({"net": args.net, "batch": args.batch, "startup": startup, "results": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main())

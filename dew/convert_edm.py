@@ -1,0 +1,185 @@
+"""Convert an NVlabs/edm network's weights into a dew checkpoint that dew can sample and fine-tune.
+
+    python -m dew.convert_edm --state_dict=net.npz --config=experiments/edm.py --workdir=runs/from_edm \
+        [--config.model.model_channels=...] [--step=1]
+
+``--state_dict`` is the reference network's state dict: an ``.npz`` whose ``param/<key>``
+arrays are the state dict (``third_party/edm/make_reference.py`` writes this form), or a
+``.pt``/``.pth`` file saved with ``torch.save(net.state_dict(), path)`` (read with
+``torch.load(weights_only=True)``; needs the optional ``convert`` extra, PyTorch). A published
+EDM snapshot (``network-snapshot-*.pkl``) is exported to either form with NVlabs/edm's own code:
+``torch.save(pickle.load(f)['ema'].state_dict(), 'net.pt')``, and its ``init_kwargs`` say which
+``config.model`` arguments to set. Keys may carry ``EDMPrecond``'s ``model.`` prefix.
+
+The config names the dew run the weights belong to (``config.model.name`` ``songunet`` or
+``dhariwalunet`` with the same arguments as the reference network, and a dataset of the same
+image shape and classes). The weights become both the parameters and the (debiased) EMA of a
+``TrainState`` at step ``--step`` with a fresh optimizer state, saved through ``Checkpoints``
+under ``<workdir>/checkpoints``. Sample it with ``experiments/digits_accuracy.py
+--workdir=<workdir>``; fine-tune it with ``python -m dew.main --config=... --workdir=<new>
+--config.checkpoint.restore_dir=<workdir>/checkpoints --config.checkpoint.restore_optimizer_state=False``.
+
+Exit status 2, with one line on stderr and nothing written, on a bad argument, an unreadable
+file, or weights that do not fit the configured network (the first differing parameter named).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from dew.config import ConfigError, apply_overrides, load_config
+from dew.networks.edm_weights import ARCHITECTURES, convert_state_dict, load_npz_state_dict
+from dew.registry import UnknownNameError
+
+
+class ConversionError(ValueError):
+    """Weights that cannot become the configured network's parameters; the message says why."""
+
+
+def read_state_dict(path: str) -> dict[str, np.ndarray]:
+    """The float32 arrays of an ``.npz`` export or a ``torch.save``'d state dict."""
+    if not os.path.isfile(path):
+        raise ConversionError(f"--state_dict: no file at {path!r}")
+    if path.endswith(".npz"):
+        state = load_npz_state_dict(path)
+        if not state:
+            raise ConversionError(f"--state_dict: {path} holds no 'param/<key>' arrays")
+        return state
+    if path.endswith((".pt", ".pth")):
+        try:
+            import torch
+        except ImportError as e:
+            raise ConversionError(
+                f"--state_dict: reading {path} needs PyTorch (the 'convert' extra), or export it to .npz"
+            ) from e
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(loaded, Mapping):
+            raise ConversionError(f"--state_dict: {path} holds a {type(loaded).__name__}, not a state dict")
+        return {k: v.detach().cpu().float().numpy() for k, v in loaded.items()}
+    raise ConversionError(f"--state_dict: {path!r} must end in .npz, .pt or .pth")
+
+
+def fit_to_template(converted: dict, template: Mapping) -> dict:
+    """``converted`` checked against the network's parameter tree (names and shapes)."""
+    missing = sorted(set(template) - set(converted))
+    extra = sorted(set(converted) - set(template))
+    if missing or extra:
+        raise ConversionError(
+            "the state dict does not fit config.model: "
+            + (f"no weights for {missing[:3]}{' ...' if len(missing) > 3 else ''}" if missing else "")
+            + ("; " if missing and extra else "")
+            + (
+                f"weights for modules the network lacks {extra[:3]}{' ...' if len(extra) > 3 else ''}"
+                if extra
+                else ""
+            )
+        )
+    for module, leaves in template.items():
+        if set(leaves) != set(converted[module]):
+            raise ConversionError(
+                f"{module}: the network has {sorted(leaves)}, the weights {sorted(converted[module])}"
+            )
+        for name, spec in leaves.items():
+            if tuple(spec.shape) != converted[module][name].shape:
+                raise ConversionError(
+                    f"{module}/{name}: the network's shape is {tuple(spec.shape)}, "
+                    f"the converted weight's {converted[module][name].shape}"
+                )
+    return converted
+
+
+def convert(state_dict: Mapping[str, np.ndarray], config, workdir: str, step: int = 1) -> str:
+    """Write ``state_dict`` (reference keys -> arrays) as a checkpoint of the run ``config``
+    describes; returns the checkpoint directory. Raises ConversionError / ConfigError."""
+    import jax
+    import jax.numpy as jnp
+
+    from dew.training.checkpoints import Checkpoints
+    from dew.training.trainer import Trainer
+
+    arch = config.model.name
+    if arch not in ARCHITECTURES:
+        raise ConversionError(
+            f"config.model.name={arch!r} has no converter: expected one of {sorted(ARCHITECTURES)}"
+        )
+    if not isinstance(step, int) or step < 1:
+        raise ConversionError(
+            f"--step must be an int >= 1 (the EMA is debiased by its update count), got {step!r}"
+        )
+    trainer = Trainer(config, workdir)
+    key, batch = jax.random.PRNGKey(config.seed), trainer.example_batch()
+    template = jax.eval_shape(trainer.init, key, batch).params
+    tops = {key.split("/")[0] for key in template}
+    if len(tops) != 1:
+        raise ConversionError(f"the configured objective has parameters outside the network: {sorted(tops)}")
+    filt = tuple(config.model.get("resample_filter", (1, 1)))
+    try:
+        converted = convert_state_dict(state_dict, arch, filt, top=tops.pop())
+    except ValueError as e:
+        raise ConversionError(str(e)) from e
+    params = jax.tree.map(jnp.asarray, fit_to_template(converted, template))
+    fresh = trainer.init(key, batch)  # only once the weights fit: optimizer state, rng, shardings
+    params = jax.device_put(params, jax.tree.map(lambda a: a.sharding, fresh.params))
+    # The EMA that debiases to exactly these weights after `step` updates (ema = θ (1 − Π β)).
+    spec = trainer.ema
+    correction = 1.0 - spec.retained(jnp.float32(step // trainer.accumulation or 1))
+    mask = spec.mask(params)
+    ema = jax.tree.map(lambda p, tracked: p * correction if tracked else p, params, mask)
+    state = fresh.replace(step=jnp.asarray(step, fresh.step.dtype), params=params, ema=ema)
+    checkpoints = Checkpoints(
+        os.path.join(workdir, "checkpoints"), asynchronous=False, ema=trainer.ema_record
+    )
+    checkpoints.save(step, state, None)
+    checkpoints.wait()
+    checkpoints.close()
+    return checkpoints.directory
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dew.convert_edm", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--state_dict", required=True, help="the reference network's .npz export or .pt state dict"
+    )
+    parser.add_argument("--config", required=True, help="the dew experiment the weights belong to")
+    parser.add_argument("--workdir", required=True, help="where the dew checkpoint is written")
+    parser.add_argument("--step", type=int, default=1, help="the step number the checkpoint carries")
+    args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    bad = [item for item in rest if not item.startswith("--config.")]
+    if bad:
+        print(
+            f"error: unrecognised argument {bad[0]!r} (config keys are set with --config.<key>=<value>)",
+            file=sys.stderr,
+        )
+        return 2
+    workdir = os.path.abspath(args.workdir)
+    if os.path.isdir(os.path.join(workdir, "checkpoints")) and os.listdir(
+        os.path.join(workdir, "checkpoints")
+    ):
+        print(
+            f"error: --workdir {workdir} already holds checkpoints; choose an empty directory",
+            file=sys.stderr,
+        )
+        return 2
+    existed = os.path.exists(workdir)
+    try:
+        config = apply_overrides(load_config(args.config), [item[2:] for item in rest])
+        state_dict = read_state_dict(args.state_dict)  # a bad file fails before anything is built
+        directory = convert(state_dict, config, workdir, args.step)
+    except (ConfigError, UnknownNameError, ConversionError) as e:
+        if not existed and os.path.isdir(workdir):
+            import shutil
+
+            shutil.rmtree(workdir)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"converted {args.state_dict} ({config.model.name}) -> {directory} (step {args.step})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Running ``python -m dew.main`` on tiny configs, and reading what a run left behind."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+
+from conftest import ROOT
+
+#: conftest.tiny_config's values, so the CLI runs share the tests' compilation cache.
+TINY = {
+    "dataset.batch_size": 16,
+    "model.channels": 8,
+    "model.channel_mult": "(1,2)",
+    "model.attn_resolutions": "(4,)",
+    "train.num_steps": 8,
+    "train.log_every": 2,
+    "checkpoint.every": 4,
+    "eval.every": 4,
+    "eval.num_batches": 1,
+    "preview.every": 4,
+    "objective.sampling.steps": 3,
+    "objective.sampling.per_class": 2,
+    "optimizer.warmup_steps": 2,
+    "mesh.devices": 1,
+}
+# XLA's own C++ log lines (glog format, e.g. "E1201 08:56:13.72 ... slow_operation_alarm") and
+# their banners are printed by the compiler under load, not by dew.
+_XLA_LOG = re.compile(r"^([EWIF]\d{4} \d\d:\d\d|\*{8,}|\[Compiling module|$)")
+
+
+def command(workdir, **overrides) -> list[str]:
+    values = {**TINY, **overrides}
+    return [
+        sys.executable,
+        "-m",
+        "dew.main",
+        f"--config={ROOT / 'experiments' / 'edm.py'}",
+        f"--workdir={workdir}",
+        *(f"--config.{k}={v}" for k, v in values.items()),
+    ]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def cli(workdir, timeout: float = 900, **overrides) -> subprocess.CompletedProcess:
+    """Run ``python -m dew.main`` on the tiny config with ``overrides`` (``train__num_steps``
+    style keys are not needed: pass ``**{"train.num_steps": 12}``)."""
+    return subprocess.run(
+        command(workdir, **overrides), capture_output=True, text=True, cwd=ROOT, env=env(), timeout=timeout
+    )
+
+
+def dew_stderr(result: subprocess.CompletedProcess) -> list[str]:
+    """The stderr lines dew itself printed (XLA's compiler log lines dropped)."""
+    return [line for line in result.stderr.splitlines() if not _XLA_LOG.match(line)]
+
+
+def rows(workdir) -> list[dict]:
+    path = os.path.join(workdir, "tracking", "scalars.jsonl")
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def comparable(history: list[dict]) -> list[dict]:
+    """Rows with the wall-clock values of system rows blanked (their keys and steps stay)."""
+    return [
+        {
+            k: (None if row["category"] == "system" and k not in ("step", "category") else v)
+            for k, v in row.items()
+        }
+        for row in history
+    ]
+
+
+def snapshot(directory, skip: tuple[str, ...] = ("logs", "cache")) -> dict[str, str]:
+    """sha256 of every file under ``directory`` (but ``skip``), by relative path."""
+    out = {}
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = [d for d in dirs if os.path.relpath(os.path.join(root, d), directory) not in skip]
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, directory)] = hashlib.sha256(f.read()).hexdigest()
+    return out

@@ -1,0 +1,99 @@
+"""Checksums of checkpoint items, in-process: written after the data, verified before a read, in
+the persistent (orbax) tier and the per-host local tier; a mismatch names step, item and file."""
+
+from __future__ import annotations
+
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from dew.training import ema as ema_lib
+from dew.training.checkpointing import Checkpoints
+from dew.training.checkpointing.errors import CheckpointDamagedError
+from dew.training.checkpointing.integrity import CHECKSUMS
+from dew.training.state import TrainState
+
+
+def state_at(step: int) -> TrainState:
+    params = {"w": jnp.arange(64, dtype=jnp.float32).reshape(8, 8) + step, "b": jnp.ones((8,))}
+    opt = optax.adam(1e-3)
+    return TrainState(
+        step=jnp.asarray(step, jnp.int32),
+        params=params,
+        opt_state=opt.init(params),
+        ema=ema_lib.zeros_like(params),
+        rng=jax.random.PRNGKey(0),
+    )
+
+
+def largest_file(directory):
+    return max((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+@pytest.fixture
+def saved(tmp_path):
+    checkpoints = Checkpoints(
+        str(tmp_path / "checkpoints"), keep=None, local_directory=str(tmp_path / "local"), local_every=1
+    )
+    checkpoints.save(2, state_at(2), None)
+    checkpoints.save(4, state_at(4), None)
+    checkpoints.save_local(5, state_at(5), None)
+    checkpoints.wait()
+    return checkpoints, tmp_path
+
+
+def test_every_item_carries_checksums_and_an_intact_step_verifies(saved):
+    checkpoints, root = saved
+    for item in ("params", "opt_state", "ema_params", "extra"):
+        assert (root / "checkpoints" / "4" / item / CHECKSUMS).is_file()
+    checkpoints.verify(4)
+    checkpoints.verify(5)  # the local step
+    state, _ = checkpoints.restore(None, 4)
+    np.testing.assert_array_equal(state.params["w"], np.asarray(state_at(4).params["w"]))
+
+
+def test_one_flipped_bit_is_caught_before_the_restore_reads_it(saved):
+    checkpoints, root = saved
+    victim = largest_file(root / "checkpoints" / "4" / "ema_params" / "d")
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0x01
+    victim.write_bytes(bytes(data))
+    with pytest.raises(CheckpointDamagedError) as caught:
+        checkpoints.restore(None, 4)
+    assert str(caught.value) == (
+        f"checkpoint step 4 is damaged: item 'ema_params', file {victim} does not match its checksum "
+        "(its bytes changed after it was written)"
+    )
+    assert (caught.value.step, caught.value.item, caught.value.path) == (4, "ema_params", str(victim))
+    checkpoints.restore(None, 2)  # the other steps are untouched
+
+
+def test_checksums_that_never_landed_make_the_step_incomplete(saved):
+    checkpoints, root = saved
+    (root / "checkpoints" / "4" / "extra" / CHECKSUMS).unlink()  # a kill after orbax, before these
+    with pytest.raises(
+        CheckpointDamagedError, match=r"checkpoint step 4 is damaged: item 'extra' is incomplete"
+    ):
+        checkpoints.verify(4)
+
+
+def test_a_damaged_local_shard_is_named_and_set_aside_not_deleted(saved):
+    checkpoints, root = saved
+    victim = next((root / "local").rglob("5/leaf0.shard0.npy"))
+    damaged = victim.read_bytes()[:-4]
+    victim.write_bytes(damaged)
+    with pytest.raises(
+        CheckpointDamagedError,
+        match=r"checkpoint step 5 is damaged: item 'local', file .*leaf0.shard0.npy holds",
+    ):
+        checkpoints.restore(None, 5)
+    aside = pathlib.Path(checkpoints.set_aside_damaged(5))
+    assert aside.name.startswith("damaged-5-") and checkpoints.latest == 4
+    checkpoints.save_local(6, state_at(6), None)  # the next local save replaces the step before it
+    checkpoints.wait()
+    assert checkpoints.latest == 6
+    assert (aside / "leaf0.shard0.npy").read_bytes() == damaged  # but keeps the damaged one aside
