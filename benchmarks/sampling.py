@@ -2,19 +2,25 @@
 (PyTorch, CPU) on the same exact Gaussian-mixture denoiser, batch and σ schedule.
 
     PYTHONPATH=. .venv/bin/python benchmarks/sampling.py \
-        --torch_python=/tmp/torchvenv/bin/python --k_diffusion=/tmp/kdiff/kd
+        --torch_python=/tmp/torchvenv/bin/python --k_diffusion=/tmp/kdiff/kd --threads=2
 
 (set up the torch venv and the unpacked k-diffusion wheel as third_party/k_diffusion/README.md
 says). k-diffusion runs in a worker process of that venv, kept alive for the whole run; the two
 are timed alternately (dew, k-diffusion, dew, ...) for ``--rounds`` rounds, each round the
 median of ``--repeats`` calls, and the ratio of the medians is reported. Both run in float32.
-Compilation (dew) and the first call (both) are warm-up, not timed.
+
+Both sides get the same threads: ``--threads=N`` pins this process (before JAX starts, so XLA's
+CPU thread pool is sized to it) and the worker (which inherits the pinning) to the same N CPUs,
+and sets PyTorch's intra-op threads to N. The report states the CPUs and both thread counts.
+dew's compile time (``jit(...).lower(...).compile()``) is reported separately; the first call
+of each side is warm-up, not timed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import statistics
 import subprocess
@@ -33,6 +39,7 @@ WORKER = textwrap.dedent(
     from make_reference import load_sampling
     torch.set_default_dtype(torch.float32)
     torch.set_num_threads({threads})
+    torch.set_num_interop_threads(1)
     kd = load_sampling(__import__("pathlib").Path({k_diffusion!r}))
     spec = json.loads(sys.stdin.readline())
     t = lambda a: torch.tensor(np.asarray(a, np.float32))
@@ -66,16 +73,22 @@ def main() -> int:
     parser.add_argument("--torch_python", default="/tmp/torchvenv/bin/python")
     parser.add_argument("--k_diffusion", default="/tmp/kdiff/kd")
     parser.add_argument(
-        "--torch_threads",
+        "--threads",
         type=int,
-        default=1,
-        help="1 was k-diffusion's fastest on the shared 2-core machine",
+        default=min(2, len(os.sched_getaffinity(0))),
+        help="CPUs both sides are pinned to (the same ones), and PyTorch's intra-op threads",
     )
     parser.add_argument("--batch", type=int, default=4096)
     parser.add_argument("--points", type=int, default=18)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    available = sorted(os.sched_getaffinity(0))
+    if not 1 <= args.threads <= len(available):
+        print(f"error: --threads={args.threads}: this process may use {len(available)} CPUs", file=sys.stderr)
+        return 2
+    cpus = available[: args.threads]
+    os.sched_setaffinity(0, cpus)  # before JAX starts; the worker inherits it
 
     import jax
 
@@ -90,7 +103,7 @@ def main() -> int:
             WORKER.format(
                 third_party=str(ROOT / "third_party" / "k_diffusion"),
                 k_diffusion=args.k_diffusion,
-                threads=args.torch_threads,
+                threads=args.threads,
             ),
         ],
         stdin=subprocess.PIPE,
@@ -112,8 +125,10 @@ def main() -> int:
         return 2
 
     sigmas = EDM.sigmas(args.points)
-    heun = jax.jit(lambda n: sample(RING.denoise, n, sigmas, "heun"))
     noise = jax.random.normal(jax.random.PRNGKey(0), (args.batch, 2))
+    start = time.perf_counter()
+    heun = jax.jit(lambda n: sample(RING.denoise, n, sigmas, "heun")).lower(noise).compile()
+    compile_s = time.perf_counter() - start
     heun(noise).block_until_ready()
 
     def time_dew() -> float:
@@ -143,6 +158,8 @@ def main() -> int:
     print(
         f"Heun, {args.points} points = {evaluations} NFE, batch {args.batch} x 2, exact 8-component mixture"
     )
+    print(f"both pinned to CPUs {cpus}; XLA CPU devices: {jax.device_count()}; torch threads: {ready[1]}")
+    print(f"dew compile (trace + lower + compile, first run of this program): {compile_s:.2f} s")
     print(
         f"dew (jax {jax.__version__}, jit): median {statistics.median(dew_s) * 1e3:.2f} ms/sample -> "
         f"{dew_rate:,.0f} NFE/s"

@@ -1,10 +1,160 @@
-"""Inference pipelines (``pipeline``). Not built yet."""
+"""Inference pipelines: ``pipeline(source)`` turns a finished (or running) dew run into a callable
+task, its weights placed once.
 
-from dew._unbuilt import unbuilt_function
+``source`` is a run's workdir (it holds ``run.json`` and ``checkpoints/``) or that run's
+checkpoint directory (``<workdir>/checkpoints``) or one step of it (``.../checkpoints/<step>``).
+The run metadata names the resolved config; the objective is rebuilt from it exactly as the
+Trainer built it (``build_objective`` on the training split's source), the parameters' shapes
+come from ``objective.init`` traced abstractly (no data read, nothing computed), and the weights
+are read once through the public ``Checkpoints.restore_ema`` (the debiased EMA: the checkpoint
+records its EMA) or, with ``raw=True``, ``Checkpoints.restore`` of the live parameters. They are
+placed on the default device when the pipeline is built; calling the task never touches the
+checkpoint again.
 
-pipeline = unbuilt_function(
-    "pipeline",
-    "Load the inference task for source, its weights placed once.",
-    "inference pipelines are not built; restore EMA weights with Checkpoints.restore_ema and call "
-    "the objective's generate()",
-)
+The weights are placed as the Trainer places the parameters it previews (replicated over
+the mesh ``config.mesh`` describes), so the task's jitted sampler is the same program the run's
+previews ran.
+
+The task is the objective's own: ``objective.inference_options()`` names the keyword arguments
+it accepts, with defaults, and ``objective.infer(params, **options)`` returns an artifact (an
+``ImageGrid``/``VideoGrid`` of samples, ``TextSamples``, ``Representations``). The defaults
+are the run's own preview settings, so ``pipeline(workdir)()`` draws what the run previewed.
+
+Every bad input is one ``PipelineError`` (a ``ValueError``) naming it: a source that is not a
+dew run, a step that does not exist, an option the task does not take.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+
+class PipelineError(ValueError):
+    """A pipeline source, step or option that cannot be used; the message says which and why."""
+
+
+def _locate(source: str) -> tuple[str, int | None]:
+    """(workdir, step named by the path or None) for a workdir, its checkpoints/ or a step dir."""
+    from dew.training.run_metadata import RUN_METADATA
+
+    path = os.path.abspath(os.fspath(source))
+    if not os.path.isdir(path):
+        raise PipelineError(f"pipeline: source {source!r} is not a directory (expected a dew run's workdir)")
+    step = None
+    if os.path.basename(path).isdigit() and os.path.basename(os.path.dirname(path)) == "checkpoints":
+        step, path = int(os.path.basename(path)), os.path.dirname(path)
+    if os.path.basename(path) == "checkpoints" and os.path.exists(
+        os.path.join(os.path.dirname(path), RUN_METADATA)
+    ):
+        path = os.path.dirname(path)
+    if not os.path.exists(os.path.join(path, RUN_METADATA)):
+        raise PipelineError(
+            f"pipeline: {source!r} is not a dew run: no {RUN_METADATA} in {path} (expected the --workdir of "
+            "a dew training run, or its checkpoints/ directory)"
+        )
+    return path, step
+
+
+class Pipeline:
+    """A run's inference task with its weights placed: call it with the objective's options.
+
+    ``objective``, ``config`` (the run's resolved config), ``step`` (the checkpoint read),
+    ``raw`` (live weights rather than the debiased EMA), ``params`` (on the default device) and
+    ``options`` (accepted keyword arguments and their defaults) are attributes.
+    """
+
+    def __init__(self, objective: Any, config: Any, step: int, params: Any, raw: bool, workdir: str):
+        self.objective, self.config, self.step, self.params, self.raw = objective, config, step, params, raw
+        self.workdir = workdir
+        self.options: dict[str, Any] = dict(objective.inference_options())
+        if "seed" in self.options:  # the run's previews draw with PRNGKey(config.seed)
+            self.options["seed"] = int(config.seed)
+
+    def check(self, options: Mapping[str, Any]) -> None:
+        """Raise ``PipelineError`` for an option the task does not take."""
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            accepted = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+            raise PipelineError(
+                f"pipeline: {type(self.objective).__name__} does not take option(s) {', '.join(unknown)}; "
+                f"it takes: {accepted}"
+            )
+
+    def __call__(self, **options: Any) -> Any:
+        self.check(options)
+        try:
+            return self.objective.infer(self.params, **{**self.options, **options})
+        except (ValueError, TypeError) as e:
+            if isinstance(e, PipelineError):
+                raise
+            raise PipelineError(f"pipeline: {type(self.objective).__name__}: {e}") from None
+
+    def __repr__(self) -> str:
+        weights = "raw" if self.raw else "EMA"
+        return (
+            f"Pipeline({type(self.objective).__name__}, step {self.step}, {weights} weights, {self.workdir})"
+        )
+
+
+def pipeline(source: str, *, step: int | None = None, raw: bool = False) -> Pipeline:
+    """Load the inference task for source, its weights placed once.
+
+    ``source``: a run's workdir, its ``checkpoints/`` directory or one step directory in it.
+    ``step``: the checkpoint to read (default: the step the path names, else the latest).
+    ``raw``: the live parameters instead of the debiased EMA. See the module docstring.
+    """
+    import dew  # the registry fill: every objective, model and data set resolvable by name
+    from dew.training.checkpoints import Checkpoints
+    from dew.training.run_metadata import read_run_metadata
+    from dew.training.trainer import build_objective, open_split, resolve_config
+
+    del dew
+    workdir, named = _locate(source)
+    if step is not None and named is not None and step != named:
+        raise PipelineError(f"pipeline: source names step {named} but step={step} was asked for")
+    step = named if step is None else step
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int | np.integer)):
+        raise PipelineError(f"pipeline: step must be an int or None, got {step!r}")
+    metadata = read_run_metadata(workdir) or {}
+    if "config" not in metadata:
+        raise PipelineError(f"pipeline: {workdir}/run.json holds no config: not a dew run's metadata")
+    config = resolve_config(metadata["config"])
+    train_source = open_split(config.dataset, "train")
+    objective = build_objective(config, train_source)
+    if not hasattr(objective, "infer"):
+        raise PipelineError(
+            f"pipeline: {type(objective).__name__} provides no inference task (no infer method)"
+        )
+    checkpoints = Checkpoints(os.path.join(workdir, "checkpoints"))
+    available = checkpoints.all_steps() if hasattr(checkpoints, "all_steps") else ()
+    if step is None:
+        step = checkpoints.latest
+        if step is None:
+            raise PipelineError(f"pipeline: {workdir} has no checkpoint yet (nothing to load)")
+    elif int(step) not in set(available) and int(step) != checkpoints.latest:
+        raise PipelineError(
+            f"pipeline: {workdir} has no checkpoint at step {step}; it has steps {sorted(available)}"
+        )
+    step = int(step)
+    example = {
+        k: jax.ShapeDtypeStruct((config.dataset.batch_size, *v.shape[1:]), v.dtype)
+        for k, v in train_source.fields.items()
+    }
+    template = jax.eval_shape(objective.init, jax.random.PRNGKey(0), example)
+    if raw:
+        state, _ = checkpoints.restore(None, step)
+        params = state.params
+    else:
+        params = checkpoints.restore_ema(template, step)
+    # Placed as the Trainer places what it previews (replicated over the run's mesh), so the
+    # task's jitted sampler is the very program the run's previews ran: same samples, bit for bit.
+    from dew.training import sharding
+
+    replicated = sharding.Layout.for_mesh(sharding.spec_from_config(config.mesh).mesh()).replicated
+    params = jax.device_put(jax.tree.map(np.asarray, params), replicated)
+    return Pipeline(objective, config, step, params, raw, workdir)

@@ -253,7 +253,7 @@ def test_local_tracker_writes_gif_and_text_and_drops_what_follows_a_restored_ste
     rows = [json.loads(line) for line in (tmp_path / "scalars.jsonl").read_text().splitlines()]
     assert [(r["step"], r["loss"]) for r in rows] == [(1, 1.0), (2, 20.0)]
     assert sorted(os.listdir(tmp_path / "videos")) == ["clip_00000001.gif"]
-    assert sorted(os.listdir(tmp_path / "text")) == ["text_00000001.txt"]
+    assert sorted(os.listdir(tmp_path / "text")) == ["text_00000001.html", "text_00000001.txt"]
 
 
 def test_rmse_is_the_root_of_the_window_mean_through_the_metrics_stage():

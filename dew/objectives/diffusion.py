@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dew import registry
-from dew.artifacts import ImageGrid
+from dew.artifacts import ImageGrid, VideoGrid
 from dew.diffusion.process import Process
 from dew.encoding.class_label import UNCONDITIONAL
 from dew.inputs import Condition, Field, InputSpec
@@ -154,7 +154,9 @@ class Diffusion(Objective):
             uncond = {k: self._unconditional(k, v) for k, v in conditions.items()}
             denoise = guidance(denoise, self.denoiser(params, uncond))
         noise = jax.random.normal(rng, shape, jnp.float32)
-        return sample(denoise, noise, self.process.sigmas(steps), solver, rng=jax.random.fold_in(rng, 1))
+        with jax.ensure_compile_time_eval():  # a schedule sample can check, even under jit
+            sigmas = self.process.sigmas(steps)
+        return sample(denoise, noise, sigmas, solver, rng=jax.random.fold_in(rng, 1))
 
     # --- config -------------------------------------------------------------------------------------
     @classmethod
@@ -253,9 +255,10 @@ class Diffusion(Objective):
         )
         return samples, labels
 
-    def preview(self, params: Params, rng: jax.Array) -> ImageGrid:
+    def preview(self, params: Params, rng: jax.Array) -> ImageGrid | VideoGrid:
         """Samples as ``config.objective.sampling`` asks: an ``ImageGrid`` with one row per class
-        for images, a scatter plot (one ``ImageGrid`` picture) for points."""
+        for images (captioned with each row's prompt for text conditions), a ``VideoGrid`` for
+        clips, a scatter plot (one ``ImageGrid`` picture) for points."""
         if self._preview_fn is None:
             settings = dataclasses.asdict(self.sampling)
             self._preview_fn = jax.jit(functools.partial(self.draw, **settings))
@@ -265,12 +268,101 @@ class Diffusion(Objective):
         finite = np.isfinite(samples.reshape(len(samples), -1)).all(axis=1)
         self.nonfinite_samples = int(np.sum(~finite))
         samples = np.nan_to_num(samples, nan=0.0, posinf=1.0, neginf=-1.0)
-        if samples.ndim == 2:
-            return scatter.scatter_grid(samples, self.extent or scatter.extent_of(samples))
         captions = None
         if self.class_prompts is not None:
             captions = tuple(p for p in self.class_prompts for _ in range(self.sampling.per_class))
-        return ImageGrid(np.clip(samples, -1.0, 1.0), captions=captions, columns=self.sampling.per_class)
+        return self._artifact(samples, captions, self.sampling.per_class)
+
+    def _artifact(self, samples: np.ndarray, captions: tuple[str, ...] | None, columns: int) -> Any:
+        if samples.ndim == 2:
+            return scatter.scatter_grid(samples, self.extent or scatter.extent_of(samples))
+        if samples.ndim == 5:
+            return VideoGrid(np.clip(samples, -1.0, 1.0), fps=4)
+        return ImageGrid(np.clip(samples, -1.0, 1.0), captions=captions, columns=columns)
+
+    # --- inference (dew.pipeline) ---------------------------------------------------------------
+    def inference_options(self) -> dict[str, Any]:
+        """What ``dew.pipeline`` accepts; the defaults are the run's preview settings."""
+        s = self.sampling
+        return {
+            "classes": None,
+            "prompts": None,
+            "per_class": s.per_class,
+            "steps": s.steps,
+            "solver": s.solver,
+            "guidance": s.guidance,
+            "guidance_interval": s.guidance_interval,
+            "seed": 0,
+        }
+
+    def infer(
+        self,
+        params: Params,
+        *,
+        classes,
+        prompts,
+        per_class: int,
+        steps: int,
+        solver: str,
+        guidance: float,
+        guidance_interval: tuple[float, ...],
+        seed: int,
+    ) -> Any:
+        """Samples as an artifact. Without ``classes`` or ``prompts``: ``per_class`` of every
+        class, drawn exactly as ``preview`` draws them (``seed`` = the run's seed with the
+        defaults reproduces its previews bit for bit). ``classes`` (class labels) or ``prompts``
+        (captions, for a text-conditioned model): one sample per entry. ``guidance`` is the CFG
+        weight (1: none), applied to the condition only for σ in ``guidance_interval`` =
+        (σ_lo, σ_hi] when one is given; ``solver`` a registered sampler, ``steps`` its σ points."""
+        settings = Sampling(
+            steps=steps,
+            solver=solver,
+            per_class=per_class,
+            guidance=guidance,
+            guidance_interval=tuple(guidance_interval),
+        )
+        _check_sampling(settings)
+        rng = jax.random.PRNGKey(seed)
+        if classes is None and prompts is None:
+            if settings == self.sampling:
+                return self.preview(params, rng)
+            samples, _ = jax.device_get(
+                jax.jit(functools.partial(self.draw, **dataclasses.asdict(settings)))(params, rng)
+            )
+            captions = None
+            if self.class_prompts is not None:
+                captions = tuple(p for p in self.class_prompts for _ in range(per_class))
+            return self._artifact(samples, captions, per_class)
+        conditions, captions = self._explicit_conditions(classes, prompts)
+        lo, hi = settings.guidance_interval or (0.0, float("inf"))
+        cfg = CFG(weight=guidance, sigma_lo=lo, sigma_hi=hi) if guidance != 1.0 else None
+        draw = jax.jit(functools.partial(self.generate, steps=steps, solver=solver, guidance=cfg))
+        samples = jax.device_get(draw(params, rng, conditions))
+        return self._artifact(samples, captions, min(len(samples), 10))
+
+    def _explicit_conditions(self, classes, prompts) -> tuple[dict[str, jax.Array], tuple[str, ...] | None]:
+        if classes is not None and prompts is not None:
+            raise ValueError("give classes or prompts, not both")
+        condition = self.input_spec.conditions.get("label")
+        if prompts is not None:
+            prompts = (prompts,) if isinstance(prompts, str) else tuple(prompts)
+            if condition is None or condition.encoder != "byte_text":
+                raise ValueError(f"prompts={prompts!r}: this model is not text-conditioned; give classes")
+            if not prompts or not all(isinstance(p, str) for p in prompts):
+                raise ValueError(f"prompts must be a non-empty sequence of str, got {prompts!r}")
+            tokens = np.stack(
+                [registry.encoders["byte_text"].tokens(p, condition.field.shape) for p in prompts]
+            )
+            return {"label": jnp.asarray(tokens)}, prompts
+        classes = (classes,) if isinstance(classes, int) else tuple(classes)
+        if not self.num_classes or not classes:
+            raise ValueError(f"classes={classes!r}: this model has no classes")
+        bad = [c for c in classes if not (isinstance(c, int | np.integer) and 0 <= c < self.num_classes)]
+        if bad:
+            raise ValueError(f"classes {bad} are out of range: expected ints in [0, {self.num_classes})")
+        if self.class_prompts is not None:  # a text model asked for classes: each class's prompt
+            return self._explicit_conditions(None, tuple(self.class_prompts[c] for c in classes))
+        return {"label": jnp.asarray(classes, jnp.int32)}, None
 
     def score(self, preview: Any, metrics: Mapping[str, Callable[..., float]]) -> dict[str, float]:
         """``metric(images, labels)`` for each named metric on an image preview, the labels being
@@ -310,6 +402,23 @@ class Sampling:
 
 def _interval_ok(interval: tuple[float, ...]) -> bool:
     return interval == () or (len(interval) == 2 and 0 <= interval[0] < interval[1])
+
+
+def _check_sampling(s: Sampling) -> None:
+    """The sampling section's checks, for settings given at inference time."""
+    if not (isinstance(s.steps, int) and s.steps >= 2):
+        raise ValueError(f"steps={s.steps!r} is invalid: expected an int >= 2")
+    if s.solver not in registry.samplers:
+        raise ValueError(f"solver={s.solver!r} is invalid: expected one of {sorted(registry.samplers)}")
+    if not (isinstance(s.per_class, int) and s.per_class >= 1):
+        raise ValueError(f"per_class={s.per_class!r} is invalid: expected an int >= 1")
+    if not (isinstance(s.guidance, int | float) and s.guidance >= 0):
+        raise ValueError(f"guidance={s.guidance!r} is invalid: expected a float >= 0 (1: none)")
+    if not _interval_ok(s.guidance_interval):
+        raise ValueError(
+            f"guidance_interval={s.guidance_interval!r} is invalid: expected () or (σ_lo, σ_hi) with "
+            "0 <= σ_lo < σ_hi"
+        )
 
 
 CONFIG = Section(

@@ -1,6 +1,7 @@
 """Sampling: ODE/SDE solvers over a Process's σ schedule, and interval-limited guidance."""
 
 from dew.sampling.guidance import CFG
+from dew.sampling.schedule import karras_sigmas
 from dew.sampling.solvers import (
     SOLVERS,
     DPMSolverPP2M,
@@ -8,6 +9,7 @@ from dew.sampling.solvers import (
     Euler,
     Heun,
     Solver,
+    check_unit_noise,
     nfe,
     sample,
     trajectory,
@@ -21,6 +23,8 @@ __all__ = [
     "Euler",
     "Heun",
     "Solver",
+    "check_unit_noise",
+    "karras_sigmas",
     "nfe",
     "sample",
     "trajectory",

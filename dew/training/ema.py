@@ -164,10 +164,13 @@ def debias(ema: Params, decay: float | EMASpec, num_updates: int | jax.Array) ->
     if spec.half_life is None and spec.decay == 0.0:
         return ema
     n = jnp.maximum(jnp.asarray(num_updates, jnp.float32), 1.0)
-    correction = 1.0 - spec.retained(n)
+    # One scalar factor, then a multiply: the same IEEE operations whether this runs eagerly
+    # (restore_ema) or inside the Trainer's jit, where XLA may turn a division by a broadcast
+    # scalar into a multiply by its reciprocal; so both give the same weights, bit for bit.
+    scale = 1.0 / (1.0 - spec.retained(n))
 
     def one(e: jax.Array, tracked: bool) -> jax.Array:
-        return (e / correction).astype(e.dtype) if tracked else e
+        return (e * scale).astype(e.dtype) if tracked else e
 
     return jax.tree.map(one, ema, spec.mask(ema))
 

@@ -66,7 +66,8 @@ class Objective(abc.ABC):
       training split's ``Source``. Default: ``cls()``.
     * ``init(rng, batch)``, ``loss(params, rng, batch, step)``, ``evaluate(params, rng, batch)``:
       pure and jittable.
-    * ``preview(params, rng)``: one artifact (``ARTIFACTS``) for a person to look at, from the
+    * ``preview(params, rng)``: one artifact (``ARTIFACTS``), or a mapping name -> artifact
+      (each logged under its name; a single one is logged as ``samples``), for a person to look at, from the
       debiased EMA parameters (replicated on every device). Called on every process (it may run
       collective device work); host-side, so it may jit internally and convert to numpy.
       ``has_preview`` says whether an objective provides one.

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 
-from dew.artifacts import ImageGrid, TextSamples
 from dew.data.dataset import Dataset
 from dew.training.checkpointing.checkpoints import Checkpoints
 from dew.training.console import Progress
@@ -23,7 +22,8 @@ from dew.training.loop import NONFINITE_FLAG, Stage, StepContext
 from dew.training.metrics import DeviceSums
 from dew.training.objective import Objective, check_artifact
 from dew.training.state import TrainState
-from dew.training.trackers import LoggingCategory, Tracker, write_png
+from dew.training.trackers import LoggingCategory, Tracker
+from dew.training.tracking.media import artifact_files, write_atomically
 
 #: Step statistics that are counts: summed over a logging window, not averaged.
 COUNTED = frozenset({NONFINITE_FLAG})
@@ -110,12 +110,16 @@ class EvalStage(Stage):
 
 class PreviewStage(Stage):
     """The objective's preview of the debiased EMA, scored by ``metrics`` and logged as one
-    bounded ``Evaluation`` event; an ``ImageGrid`` is also written as PNG (a ``TextSamples`` as
-    text) under ``directory`` on rank zero, the latest as ``samples.png`` / ``samples.txt``.
+    bounded ``Evaluation`` event; each artifact is also written under ``directory`` on rank zero
+    as the files ``tracking.media.artifact_files`` names (an ``ImageGrid`` as PNG, a
+    ``VideoGrid`` as GIF, ``TextSamples`` as text and HTML, ``TokenScores`` as heat-coloured
+    HTML and PNG, ``Representations`` as a PCA scatter PNG and an ``.npz``), once per step
+    (``<name>_<step>.<ext>``) and as the latest (``<name>.<ext>``, e.g. ``samples.png``).
 
     ``params_fn(state)`` gives the parameters to preview (the Trainer's jitted debiased EMA,
     replicated); ``objective.preview(params, rng)`` runs on every process (it may be collective)
-    and ``objective.score(artifact, metrics)`` turns it into scalars. A fixed key means
+    and returns one artifact (logged as ``samples``) or a mapping name -> artifact;
+    ``objective.score(preview, metrics)`` turns what it returned into scalars. A fixed key means
     successive previews show the same noise, so change over training is visible.
     """
 
@@ -140,28 +144,21 @@ class PreviewStage(Stage):
         self.latest_path: str | None = None
 
     def run(self, ctx: StepContext) -> None:
-        artifact = self.objective.preview(self.params_fn(ctx.state), self.rng)
-        artifact = check_artifact(artifact, self.objective)
-        scores = self.objective.score(artifact, self.metrics)
-        event = Evaluation.hosted(ctx.step, scores, {"samples": artifact})
-        shown = event.previews.get("samples")
-        if isinstance(shown, ImageGrid):
-            self.latest_path = write_png(os.path.join(self.directory, f"samples_{ctx.step:08d}.png"), shown)
-            write_png(os.path.join(self.directory, "samples.png"), shown)
-        elif isinstance(shown, TextSamples):
-            self.latest_path = _write_text(os.path.join(self.directory, f"samples_{ctx.step:08d}.txt"), shown)
-            _write_text(os.path.join(self.directory, "samples.txt"), shown)
+        preview = self.objective.preview(self.params_fn(ctx.state), self.rng)
+        artifacts = dict(preview) if isinstance(preview, Mapping) else {"samples": preview}
+        artifacts = {name: check_artifact(a, self.objective) for name, a in artifacts.items()}
+        scores = self.objective.score(preview, self.metrics)
+        event = Evaluation.hosted(ctx.step, scores, artifacts)
+        for name, shown in event.previews.items():
+            for stem in (f"{name}_{ctx.step:08d}", name):
+                written = [
+                    write_atomically(os.path.join(self.directory, file_name), data)
+                    for _, file_name, data in artifact_files(stem, shown)
+                ]
+                if name == "samples" and stem != name and written:
+                    self.latest_path = written[0]  # this step's main file (PNG, GIF or text)
         event.log(self.tracker)
         ctx.reports.update(scores)
-
-
-def _write_text(path: str, samples: TextSamples) -> str:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(samples.to_text())
-    os.replace(tmp, path)
-    return path
 
 
 class CheckpointStage(Stage):

@@ -4,8 +4,10 @@ Readable with nothing but the standard library and Pillow:
 
 - ``scalars.jsonl``: one JSON object per report, ``{"step", "category", <key>: <value>...}``
   (arrays are stored as nested lists);
-- ``images/<name>_<step:08d>.png``, ``videos/<name>_<step:08d>.gif``,
-  ``text/<name>_<step:08d>.txt`` for ImageGrid, VideoGrid and TextSamples.
+- the files ``media.artifact_files`` names for each artifact: ``images/<name>_<step:08d>.png``
+  (ImageGrid, captions under the images), ``videos/...gif`` (VideoGrid), ``text/...txt`` and
+  ``.html`` (TextSamples), ``scores/...html`` and ``.png`` (TokenScores, heat-coloured),
+  ``representations/...png`` and ``.npz`` (Representations: PCA scatter by label, the arrays).
 
 Crash safety: each row is appended with one ``write`` of the whole line, so a kill leaves at most
 one torn line, the last. A power loss or a full disk can leave the same (or zero bytes) at the
@@ -29,12 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from dew.artifacts import ImageGrid, TextSamples, VideoGrid
 from dew.training.tracking.base import LoggingCategory, Tracker
-from dew.training.tracking.media import write_atomically, write_gif, write_png
+from dew.training.tracking.media import artifact_files, write_atomically
 
-_MEDIA_DIRS = {"images": ".png", "videos": ".gif", "text": ".txt"}
-_STEP_SUFFIX = re.compile(r"_(\d{8,})\.(png|gif|txt)$")
+_MEDIA_DIRS = ("images", "videos", "text", "scores", "representations")
+_STEP_SUFFIX = re.compile(r"_(\d{8,})\.(png|gif|txt|html|npz)$")
 #: How far back from the end of ``scalars.jsonl`` the torn-line check reads (one row is far less).
 _TAIL_BYTES = 1 << 20
 
@@ -69,13 +70,8 @@ class LocalTracker(Tracker):
             ) from e
 
     def _write_artifact(self, name: str, artifact: Any, step: int) -> None:
-        stem = f"{name}_{step:08d}"
-        if isinstance(artifact, ImageGrid):
-            write_png(os.path.join(self.directory, "images", stem + ".png"), artifact)
-        elif isinstance(artifact, VideoGrid):
-            write_gif(os.path.join(self.directory, "videos", stem + ".gif"), artifact)
-        elif isinstance(artifact, TextSamples):
-            write_atomically(os.path.join(self.directory, "text", stem + ".txt"), artifact.to_text().encode())
+        for folder, file_name, data in artifact_files(f"{name}_{step:08d}", artifact):
+            write_atomically(os.path.join(self.directory, folder, file_name), data)
 
     def _open(self) -> int:
         if self._fd is None:

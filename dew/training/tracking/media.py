@@ -3,6 +3,8 @@
 One conversion for all backends, so a preview looks the same in the local PNG, TensorBoard,
 MLflow and W&B. Tiny images (8x8 digits) are enlarged to about 64 pixels a side, with a grey
 gutter of half a source pixel so neighbouring samples do not read as one shape.
+``artifact_files`` is the one list of files an artifact becomes (the local tracker writes them,
+MLflow uploads them); the drawing itself is in ``render``.
 """
 
 from __future__ import annotations
@@ -12,17 +14,17 @@ import os
 
 import numpy as np
 
-from dew.artifacts import ImageGrid, VideoGrid
+from dew.artifacts import ImageGrid, Representations, TextSamples, TokenScores, VideoGrid
+from dew.training.tracking.render import (
+    _scale,
+    image_pixels,
+    representations_pixels,
+    text_html,
+    token_scores_html,
+    token_scores_pixels,
+)
 
-
-def _scale(height: int) -> int:
-    return max(1, 64 // height)
-
-
-def image_pixels(grid: ImageGrid, scale: int | None = None) -> np.ndarray:
-    """The grid as one [H, W, C] uint8 picture (C is 1 or 3), enlarged if tiny."""
-    scale = scale or _scale(grid.images.shape[1])
-    return grid.to_uint8_grid(scale=scale, pad=max(2, scale // 2))
+__all__ = ["artifact_files", "encode_gif", "encode_png", "image_pixels", "video_frames"]
 
 
 def video_frames(video: VideoGrid) -> np.ndarray:
@@ -72,3 +74,45 @@ def write_png(path: str, grid: ImageGrid, scale: int | None = None) -> str:
 def write_gif(path: str, video: VideoGrid) -> str:
     """Save a VideoGrid as one animated GIF at its frame rate."""
     return write_atomically(path, encode_gif(video_frames(video), video.fps))
+
+
+def encode_npz(**arrays: np.ndarray) -> bytes:
+    """Arrays as an ``.npz`` (numeric arrays only: readable with ``allow_pickle=False``)."""
+    out = io.BytesIO()
+    np.savez(out, **arrays)
+    return out.getvalue()
+
+
+def artifact_files(stem: str, artifact: object) -> list[tuple[str, str, bytes]]:
+    """The files an artifact becomes, as (folder, file name, bytes); [] for an unknown object.
+
+    ImageGrid -> ``images/<stem>.png`` (captions drawn under each image); VideoGrid ->
+    ``videos/<stem>.gif``; TextSamples -> ``text/<stem>.txt`` and ``.html``; TokenScores ->
+    ``scores/<stem>.html`` (heat-coloured) and ``.png`` (the same cells, drawn);
+    Representations -> ``representations/<stem>.png`` (PCA scatter by label) and ``.npz``
+    (``features``, ``labels``).
+    """
+    if isinstance(artifact, ImageGrid):
+        return [("images", stem + ".png", encode_png(image_pixels(artifact)))]
+    if isinstance(artifact, VideoGrid):
+        return [("videos", stem + ".gif", encode_gif(video_frames(artifact), artifact.fps))]
+    if isinstance(artifact, TextSamples):
+        return [
+            ("text", stem + ".txt", artifact.to_text().encode()),
+            ("text", stem + ".html", text_html(artifact, stem).encode()),
+        ]
+    if isinstance(artifact, TokenScores):
+        return [
+            ("scores", stem + ".html", token_scores_html(artifact, stem).encode()),
+            ("scores", stem + ".png", encode_png(token_scores_pixels(artifact))),
+        ]
+    if isinstance(artifact, Representations):
+        return [
+            ("representations", stem + ".png", encode_png(representations_pixels(artifact, stem))),
+            (
+                "representations",
+                stem + ".npz",
+                encode_npz(features=artifact.features, labels=artifact.labels),
+            ),
+        ]
+    return []

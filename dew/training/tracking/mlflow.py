@@ -8,8 +8,12 @@ mlflow_uri``) points at a real server or any store URI MLflow accepts.
 - Params: the config, flattened to dotted keys, logged once when the run opens.
 - Metrics: every scalar, per step, as ``<category>/<key>``, written in batches (queued reports
   are coalesced into ``log_batch`` calls). Arrays are not metrics in MLflow and are skipped.
-- Media: ImageGrid through ``log_image(key=name, step=step)`` (MLflow's stepped images),
-  VideoGrid as a GIF artifact under ``videos/``, TextSamples as a text artifact under ``text/``.
+- Media: ImageGrid through ``log_image(key=name, step=step)`` (MLflow's stepped images,
+  captions drawn under the images); every other artifact as the files
+  ``media.artifact_files`` names, under the same folders as the local tracker's: VideoGrid a
+  GIF under ``videos/``, TextSamples ``.txt`` + ``.html`` under ``text/``, TokenScores a
+  heat-coloured ``.html`` + ``.png`` under ``scores/``, Representations a PCA ``.png`` +
+  ``.npz`` under ``representations/``.
 - ``BEST_MODEL`` values are metrics under ``best_model/`` and the tag ``dew.best_step``.
 - A workdir's run is resumed: the run id is kept in ``directory/run.json``, so a restarted
   training continues the same MLflow run. MLflow cannot delete metric points; on
@@ -29,10 +33,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from dew.artifacts import ImageGrid, TextSamples, VideoGrid
+from dew.artifacts import ImageGrid
 from dew.training.tracking.background import ArtifactReport, BackgroundTracker, Report, ScalarReport
 from dew.training.tracking.base import LoggingCategory, is_scalar, tag, to_float
-from dew.training.tracking.media import encode_gif, image_pixels, video_frames
+from dew.training.tracking.media import artifact_files, image_pixels
 
 _METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
 _PARAMS_PER_BATCH = 100
@@ -170,14 +174,13 @@ class MLflowTracker(BackgroundTracker):
             self._client.log_image(
                 self.run_id, pixels[..., 0] if pixels.shape[-1] == 1 else pixels, key=name, step=step
             )
-        elif isinstance(artifact, VideoGrid):
-            with tempfile.TemporaryDirectory() as tmp:
-                path = os.path.join(tmp, stem + ".gif")
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            for folder, file_name, data in artifact_files(stem, artifact):
+                path = os.path.join(tmp, file_name)
                 with open(path, "wb") as f:
-                    f.write(encode_gif(video_frames(artifact), artifact.fps))
-                self._client.log_artifact(self.run_id, path, artifact_path="videos")
-        elif isinstance(artifact, TextSamples):
-            self._client.log_text(self.run_id, artifact.to_text(), f"text/{stem}.txt")
+                    f.write(data)
+                self._client.log_artifact(self.run_id, path, artifact_path=folder)
 
     def _close_backend(self) -> None:
         self._client.set_terminated(self.run_id)

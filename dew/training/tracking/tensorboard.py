@@ -5,8 +5,11 @@ and CRCs are not reimplemented here); dew only builds the ``Summary`` protos:
 
 - scalars as ``simple_value`` (``EventAccumulator.Scalars("train/loss")``);
 - arrays of more than one element as histograms (``Histograms``);
-- ImageGrid as a PNG image summary, VideoGrid as an animated-GIF image summary (TensorBoard's
-  image dashboard plays GIFs), TextSamples and the run config as text-plugin summaries.
+- ImageGrid as a PNG image summary (captions drawn under the images), VideoGrid as an
+  animated-GIF image summary (TensorBoard's image dashboard plays GIFs), TextSamples and the run
+  config as text-plugin summaries, TokenScores as a heat-coloured PNG image summary (the
+  dashboard shows no HTML) plus a text summary of bits per row, Representations as a PNG of
+  their PCA scatter by label.
 
 Tags are ``<category>/<key>``. On ``CLEANUP_AFTER_CKPT_RESTORATION`` at step S a
 ``SessionLog.START`` event is written at step S+1: TensorBoard's reader then purges what the
@@ -24,10 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from dew.artifacts import ImageGrid, TextSamples, VideoGrid
+from dew.artifacts import ImageGrid, Representations, TextSamples, TokenScores, VideoGrid
 from dew.training.tracking.background import ArtifactReport, BackgroundTracker, Report, ScalarReport
 from dew.training.tracking.base import LoggingCategory, is_scalar, tag, to_float
 from dew.training.tracking.media import encode_gif, encode_png, image_pixels, video_frames
+from dew.training.tracking.render import representations_pixels, token_scores_pixels
 
 
 class TensorBoardTracker(BackgroundTracker):
@@ -76,9 +80,7 @@ class TensorBoardTracker(BackgroundTracker):
                 summary_values = [_value(tag(report.category, k), v) for k, v in report.values.items()]
                 self._add([v for v in summary_values if v is not None], report.step)
             elif isinstance(report, ArtifactReport):
-                value = _artifact_value(report.name, report.artifact)
-                if value is not None:
-                    self._add([value], report.step)
+                self._add(_artifact_values(report.name, report.artifact), report.step)
 
     def _add(self, values: list[Any], step: int) -> None:
         from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -148,15 +150,27 @@ def _text_value(name: str, text: str) -> Any:
     )
 
 
-def _artifact_value(name: str, artifact: Any) -> Any:
+def _artifact_values(name: str, artifact: Any) -> list[Any]:
     if isinstance(artifact, ImageGrid):
         pixels = image_pixels(artifact)
-        return _image_value(name, pixels, encode_png(pixels))
+        return [_image_value(name, pixels, encode_png(pixels))]
     if isinstance(artifact, VideoGrid):
         frames = video_frames(artifact)
         rgb = frames if frames.shape[-1] == 3 else np.repeat(frames, 3, axis=-1)
-        return _image_value(name, rgb, encode_gif(frames, artifact.fps))
+        return [_image_value(name, rgb, encode_gif(frames, artifact.fps))]
     if isinstance(artifact, TextSamples):
         # Markdown: one paragraph per line, so each sample shows on a line of its own.
-        return _text_value(name, "\n\n".join(line for line in artifact.to_text().splitlines() if line))
-    return None
+        return [_text_value(name, "\n\n".join(line for line in artifact.to_text().splitlines() if line))]
+    if isinstance(artifact, TokenScores):
+        pixels = token_scores_pixels(artifact)
+        bits = (
+            (artifact.losses * artifact.weights).sum(1) / np.maximum(artifact.weights.sum(1), 1) / np.log(2)
+        )
+        summary = f"mean {artifact.bits_per_token():.4f} bits per counted target\n\n" + "\n\n".join(
+            f"row {i}: {b:.4f} bits" for i, b in enumerate(bits)
+        )
+        return [_image_value(name, pixels, encode_png(pixels)), _text_value(f"{name}/bits", summary)]
+    if isinstance(artifact, Representations):
+        pixels = representations_pixels(artifact, name)
+        return [_image_value(name, pixels, encode_png(pixels))]
+    return []

@@ -6,8 +6,10 @@
 login``); dew never asks for one.
 
 - The config is the run config; each step's scalars are one history row, keys
-  ``<category>/<key>``; arrays are ``wandb.Histogram``; ImageGrid is ``wandb.Image``, VideoGrid
-  a GIF ``wandb.Video``, TextSamples a ``wandb.Table`` with one sample per row. All reports of
+  ``<category>/<key>``; arrays are ``wandb.Histogram``; ImageGrid is ``wandb.Image`` (captions
+  drawn under the images), VideoGrid a GIF ``wandb.Video``, TextSamples a ``wandb.Table`` with
+  one sample (and its prompt) per row, TokenScores a heat-coloured ``wandb.Html``,
+  Representations a ``wandb.Image`` of their PCA scatter by label. All reports of
   one step that are queued together go into one ``run.log`` call.
 - The run id is kept in ``directory/run.json``; a restarted training resumes the same run
   (``resume="allow"``). W&B history cannot be rewound from here: on
@@ -27,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from dew.artifacts import ImageGrid, TextSamples, VideoGrid
+from dew.artifacts import ImageGrid, Representations, TextSamples, TokenScores, VideoGrid
 from dew.training.tracking.background import ArtifactReport, BackgroundTracker, Report, ScalarReport
 from dew.training.tracking.base import LoggingCategory, is_scalar, tag, to_float
 from dew.training.tracking.media import encode_gif, image_pixels, video_frames
+from dew.training.tracking.render import representations_pixels, token_scores_html
 
 MODES = ("offline", "online")
 
@@ -123,7 +126,7 @@ class WandbTracker(BackgroundTracker):
                     elif np.asarray(value).dtype.kind in "fiub":
                         row[tag(report.category, key)] = wandb.Histogram(np.asarray(value).ravel())
             elif isinstance(report, ArtifactReport):
-                media = _media(wandb, report.artifact)
+                media = _media(wandb, report.name, report.artifact)
                 if media is not None:
                     row[report.name] = media
         if row:
@@ -146,7 +149,7 @@ class WandbTracker(BackgroundTracker):
             wandb.teardown()
 
 
-def _media(wandb: Any, artifact: Any) -> Any:
+def _media(wandb: Any, name: str, artifact: Any) -> Any:
     if isinstance(artifact, ImageGrid):
         pixels = image_pixels(artifact)
         caption = " | ".join(artifact.captions)[:1000] if artifact.captions else None
@@ -154,5 +157,10 @@ def _media(wandb: Any, artifact: Any) -> Any:
     if isinstance(artifact, VideoGrid):
         return wandb.Video(io.BytesIO(encode_gif(video_frames(artifact), artifact.fps)), format="gif")
     if isinstance(artifact, TextSamples):
-        return wandb.Table(columns=["sample"], data=[[line] for line in artifact.to_lines()])
+        rows = zip(artifact.prompts(), artifact.to_lines(), strict=True)
+        return wandb.Table(columns=["prompt", "sample"], data=[[p or "", line] for p, line in rows])
+    if isinstance(artifact, TokenScores):
+        return wandb.Html(token_scores_html(artifact, name), inject=False)
+    if isinstance(artifact, Representations):
+        return wandb.Image(representations_pixels(artifact, name))
     return None

@@ -1,0 +1,72 @@
+"""``python -m dew.sample --workdir=RUN [--out=DIR] [--step=N] [--raw] [--OPTION=VALUE ...]``:
+draw from a trained run and write the artifact as files.
+
+Loads ``dew.pipeline(RUN)`` (the debiased EMA of the latest checkpoint, or ``--step``; ``--raw``
+for the live weights), calls the task with the options given (each ``--name=value``, the value
+read as a Python literal where it is one, e.g. ``--seed=3 --guidance=2.0
+--guidance_interval=(0.3,5.0) --prompts=("a seven","a two")``, else as a string), and writes
+the artifact under ``--out`` (default ``RUN/samples``) in the local tracker's layout
+(``images/sample_<step>.png``, ``videos/...gif``, ``text/...txt`` + ``.html``,
+``representations/...png`` + ``.npz``). ``--list`` prints the options the task takes and their
+defaults. Bad input (not a run, no such step, an option the task does not take, a bad value):
+one line on stderr, exit status 2, nothing written.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+
+
+def parse(argv: list[str]) -> tuple[dict[str, object], dict[str, object]]:
+    """(flags: workdir/out/step/raw/list, task options) from ``--name=value`` arguments."""
+    flags: dict[str, object] = {"workdir": None, "out": None, "step": None, "raw": False, "list": False}
+    options: dict[str, object] = {}
+    for arg in argv:
+        if not arg.startswith("--"):
+            raise ValueError(f"dew.sample: unexpected argument {arg!r}; expected --name=value")
+        name, has_value, text = arg[2:].partition("=")
+        if name in ("raw", "list") and not has_value:
+            flags[name] = True
+            continue
+        if not has_value or not name:
+            raise ValueError(f"dew.sample: {arg!r} has no value; expected --{name or 'name'}=value")
+        try:
+            value: object = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        if name in flags:
+            flags[name] = value if name != "workdir" and name != "out" else text
+        else:
+            options[name.replace("-", "_")] = value
+    if not flags["workdir"]:
+        raise ValueError("dew.sample: --workdir=RUN is required (a dew run's workdir)")
+    return flags, options
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        flags, options = parse(argv)
+        from dew.inference import pipeline
+
+        task = pipeline(str(flags["workdir"]), step=flags["step"], raw=bool(flags["raw"]))
+        if flags["list"]:
+            for name, default in task.options.items():
+                print(f"--{name}={default!r}")
+            return 0
+        artifact = task(**options)
+    except ValueError as e:  # PipelineError, ConfigError and bad values are all ValueErrors
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    from dew.training.tracking.media import artifact_files, write_atomically
+
+    out = str(flags["out"] or os.path.join(task.workdir, "samples"))
+    for folder, name, data in artifact_files(f"sample_{task.step:08d}", artifact):
+        print(write_atomically(os.path.join(out, folder, name), data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
