@@ -81,6 +81,7 @@ _REGISTERING_MODULES = (
     "dew.scoring.sliced_wasserstein",
     "dew.scoring.digits_features",
     "dew.scoring.linear_probe",
+    "dew.scoring.inception_metrics",
 )
 
 

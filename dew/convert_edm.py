@@ -99,7 +99,7 @@ def convert(state_dict: Mapping[str, np.ndarray], config, workdir: str, step: in
     import jax
     import jax.numpy as jnp
 
-    from dew.training.checkpoints import Checkpoints
+    from dew.training.checkpointing import Checkpoints
     from dew.training.trainer import Trainer
 
     arch = config.model.name

@@ -84,7 +84,19 @@ def get_config() -> ConfigDict:
     # 5 % of the run early on (25 updates at step 500) and at most half_life = 500 updates (200 at
     # step 4,000): one default that is useful after 500 steps as after 4,000. half_life 0 falls
     # back to the constant `decay`. tracks: a regex searched in each parameter path ("" = every leaf).
-    config.ema = ConfigDict({"decay": 0.999, "half_life": 500.0, "ramp_up": 0.05, "tracks": ""})
+    # power_std_rels: power-function EMA profiles tracked for post-hoc EMA (EDM2; e.g. (0.05, 0.1);
+    # () = off), snapshots every snapshot_every steps (0 = checkpoint.every) under
+    # <workdir>/power_ema; `python -m dew.phema --sigma_rel=...` reconstructs any width.
+    config.ema = ConfigDict(
+        {
+            "decay": 0.999,
+            "half_life": 500.0,
+            "ramp_up": 0.05,
+            "tracks": "",
+            "power_std_rels": (),
+            "snapshot_every": 0,
+        }
+    )
 
     # accumulation: micro-batches of dataset.batch_size per optimizer update (num_steps counts
     # micro-batches). nonfinite: "stop" (raise naming the step and the last good checkpoint) or

@@ -13,7 +13,7 @@ import numpy as np
 
 from dew import convert_edm
 from dew.config import load_config
-from dew.training.checkpoints import Checkpoints
+from dew.training.checkpointing import Checkpoints
 from dew.training.trainer import Trainer
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

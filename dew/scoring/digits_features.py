@@ -18,6 +18,8 @@ import numpy as np
 
 from dew import registry
 from dew.data.sources.digits import to_source_range
+from dew.scoring import distances
+from dew.scoring.statistics import FeatureStatistics, feature_statistics
 
 
 @functools.cache
@@ -43,19 +45,11 @@ def digit_features(images: np.ndarray) -> np.ndarray:
 
 
 def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
-    """FD between Gaussians fitted to feature sets ``a`` [N, D] and ``b`` [M, D].
-
-    Tr (Σ_a Σ_b)^{1/2} is computed as Σ √λ_i of the symmetric PSD matrix Σ_b^{1/2} Σ_a Σ_b^{1/2}
-    (same eigenvalues), by ``eigh``: exact and stable when a covariance is singular, as it is
-    when a ReLU unit never fires on one of the sets.
-    """
-    mu_a, mu_b = a.mean(0), b.mean(0)
-    cov_a, cov_b = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
-    values, vectors = np.linalg.eigh(cov_b)
-    root_b = (vectors * np.sqrt(np.clip(values, 0, None))) @ vectors.T
-    middle = np.linalg.eigvalsh(root_b @ cov_a @ root_b)
-    trace_root = float(np.sum(np.sqrt(np.clip(middle, 0, None))))
-    return float(np.sum((mu_a - mu_b) ** 2) + np.trace(cov_a) + np.trace(cov_b) - 2 * trace_root)
+    """FD between Gaussians fitted to feature sets ``a`` [N, D] and ``b`` [M, D]: the streaming
+    statistics (``dew.scoring.statistics``) and the eigh-based FD (``dew.scoring.distances``) that
+    Inception FID uses too; stable when a covariance is singular, as it is when a ReLU unit
+    never fires on one of the sets."""
+    return distances.frechet_distance(*feature_statistics(a), *feature_statistics(b))
 
 
 @functools.cache
@@ -67,9 +61,28 @@ def _real_features() -> np.ndarray:
     return digit_features(to_unit_range(load_digits().data))
 
 
+@functools.cache
+def _real_statistics() -> tuple[np.ndarray, np.ndarray]:
+    return feature_statistics(_real_features())
+
+
 def digits_frechet_distance(images: np.ndarray, labels: np.ndarray | None = None) -> float:
     """FD of generated digits to all 1,797 real digits, in the classifier's feature space."""
-    return frechet_distance(digit_features(images), _real_features())
+    return distances.frechet_distance(*feature_statistics(digit_features(images)), *_real_statistics())
+
+
+def digits_kernel_distance(images: np.ndarray, labels: np.ndarray | None = None) -> float:
+    """KID (mean over 100 subsets of min(1000, N) rows) of generated digits to the real digits,
+    in the classifier's feature space."""
+    return distances.kernel_distance(digit_features(images), _real_features())[0]
+
+
+def streamed_digit_statistics(batches) -> FeatureStatistics:
+    """Feature statistics of an iterable of image batches [n, 8, 8, 1], one pass."""
+    stats = FeatureStatistics()
+    for images in batches:
+        stats.update(digit_features(images))
+    return stats
 
 
 def classifier_accuracy_on_real_validation() -> float:
@@ -82,3 +95,4 @@ def classifier_accuracy_on_real_validation() -> float:
 
 
 registry.metrics.register("digits_frechet_distance", digits_frechet_distance)
+registry.metrics.register("digits_kernel_distance", digits_kernel_distance)

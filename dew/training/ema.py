@@ -252,9 +252,33 @@ CONFIG = Section(
         "tracks": Key(
             "", "regex searched in each parameter path; only matching leaves are averaged ('' = all)"
         ),
+        "power_std_rels": Key(
+            (),
+            "post-hoc EMA (EDM2): power-function EMA profiles tracked in the step, e.g. (0.05, 0.1); ()=off",
+            kind=tuple,
+            item=float,
+            check=lambda v: _valid_std_rels(v),
+            accepted="distinct floats in (0, 0.2887) (std_rel; 1/√12 is the uniform average)",
+        ),
+        "snapshot_every": Key(
+            0,
+            "train steps between post-hoc EMA snapshots (<workdir>/power_ema; 0: checkpoint.every)",
+            check=lambda v: v >= 0,
+            accepted="an int >= 0 (0: checkpoint.every)",
+        ),
     },
     validate=_validate,
 )
+
+
+def _valid_std_rels(values: tuple[float, ...]) -> bool:
+    from dew.training import posthoc_ema
+
+    try:
+        posthoc_ema.parse_std_rels(values, "power_std_rels")
+    except ValueError:
+        return False
+    return True
 
 
 def spec_from_config(section: ml_collections.ConfigDict) -> EMASpec:

@@ -26,6 +26,8 @@ class TrainState:
     pending:   ``None`` without accumulation; with it ``{"grads": tree like params}``: the sum of
                the gradients of the micro-batches since the last update (zeros at a boundary).
                A plain pytree of arrays, so a checkpoint mid-accumulation resumes exactly.
+    power_ema: ``None``, or one power-function EMA of params per profile a run tracks for
+               post-hoc EMA (``dew.training.power_ema.PowerEMA``; no debiasing needed).
     """
 
     step: jax.Array
@@ -34,6 +36,7 @@ class TrainState:
     ema: Params
     rng: jax.Array
     pending: Params | None = None
+    power_ema: tuple[Params, ...] | None = None
 
     def check(self) -> None:
         """Stage-boundary assertions: cheap, shape/dtype only, safe outside jit."""
@@ -44,6 +47,8 @@ class TrainState:
         chex.assert_trees_all_equal_shapes_and_dtypes(self.params, self.ema)
         if self.pending is not None:
             chex.assert_trees_all_equal_shapes_and_dtypes(self.params, self.pending["grads"])
+        for slot in self.power_ema or ():
+            chex.assert_trees_all_equal_shapes_and_dtypes(self.params, slot)
 
 
 def num_updates(step: jax.Array | int, accumulation: int = 1) -> jax.Array | int:

@@ -17,6 +17,7 @@ import optax
 from dew.training import ema as ema_lib
 from dew.training.ema import EMASpec
 from dew.training.objective import Objective, Step
+from dew.training.power_ema import PowerEMA
 from dew.training.state import TrainState, num_updates
 
 Batch = Mapping[str, jax.Array]
@@ -45,9 +46,10 @@ def make_init(
     ema: EMASpec | None = None,
     *,
     accumulation: int = 1,
+    power_ema: PowerEMA | None = None,
 ) -> Callable[[jax.Array, Batch], TrainState]:
-    """``init(rng, batch) -> TrainState``: fresh params, optimizer state, zero EMA, and (with
-    ``accumulation`` > 1) zero pending gradient sums."""
+    """``init(rng, batch) -> TrainState``: fresh params, optimizer state, zero EMA, (with
+    ``accumulation`` > 1) zero pending gradient sums and (with ``power_ema``) zero power-EMA slots."""
     _check_accumulation(accumulation)
 
     def init(rng: jax.Array, batch: Batch) -> TrainState:
@@ -62,6 +64,7 @@ def make_init(
             ema=ema_lib.zeros_like(params, ema),
             rng=run_rng,
             pending=pending,
+            power_ema=None if power_ema is None else power_ema.init(params),
         )
 
     return init
@@ -73,6 +76,7 @@ def make_step(
     ema: EMASpec,
     *,
     accumulation: int = 1,
+    power_ema: PowerEMA | None = None,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Stats]]:
     """``step(state, batch) -> (state, stats)``: one batch of gradients, and when it completes
     ``accumulation`` micro-batches, one optimizer update and one EMA update.
@@ -83,9 +87,13 @@ def make_step(
     ``stats["skipped_updates"]`` (0 or 1); ``fit`` decides whether that stops the run. Skipped or
     not, the step count advances (the batch was consumed) and the EMA takes its update with the
     parameters as they stand, so ``state.step // accumulation`` stays the EMA's update count.
+    The power-EMA slots (``power_ema``, post-hoc EMA) update alongside the EMA.
     """
     _check_accumulation(accumulation)
     k = accumulation
+
+    def update_power(slots: Any, params: Any, n: jax.Array) -> Any:
+        return slots if power_ema is None else power_ema.update(slots, params, n)
 
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, Stats]:
         rng, step_rng = jax.random.split(state.rng)
@@ -106,26 +114,34 @@ def make_step(
             # XLA copy all of them on every step.
             params, opt_state = jax.lax.cond(finite, apply, lambda _: (state.params, state.opt_state), grads)
             new_ema = ema_lib.update(state.ema, params, ema, index + 1)
+            power = update_power(state.power_ema, params, index + 1)
             pending = state.pending
         else:
             total = jax.tree.map(
                 lambda s, g: s + jnp.where(finite, g, jnp.zeros_like(g)), state.pending["grads"], grads
             )
 
-            def update_now() -> tuple[Any, Any, Any, Any]:
+            def update_now() -> tuple[Any, Any, Any, Any, Any]:
                 params, opt_state = apply(jax.tree.map(lambda g: g / k, total))
                 new_ema = ema_lib.update(state.ema, params, ema, index + 1)
-                return params, opt_state, new_ema, jax.tree.map(jnp.zeros_like, total)
+                power = update_power(state.power_ema, params, index + 1)
+                return params, opt_state, new_ema, power, jax.tree.map(jnp.zeros_like, total)
 
-            def accumulate() -> tuple[Any, Any, Any, Any]:
-                return state.params, state.opt_state, state.ema, total
+            def accumulate() -> tuple[Any, Any, Any, Any, Any]:
+                return state.params, state.opt_state, state.ema, state.power_ema, total
 
-            params, opt_state, new_ema, total = jax.lax.cond(
+            params, opt_state, new_ema, power, total = jax.lax.cond(
                 (state.step + 1) % k == 0, update_now, accumulate
             )
             pending = {"grads": total}
         new_state = state.replace(
-            step=state.step + 1, params=params, opt_state=opt_state, ema=new_ema, rng=rng, pending=pending
+            step=state.step + 1,
+            params=params,
+            opt_state=opt_state,
+            ema=new_ema,
+            rng=rng,
+            pending=pending,
+            power_ema=power,
         )
         skipped = jnp.logical_not(finite).astype(jnp.int32)
         return new_state, {**stats, "loss": loss, "grad_norm": grad_norm, "skipped_updates": skipped}

@@ -30,6 +30,7 @@ from dew.training.console import Progress
 from dew.training.ema import EMASpec
 from dew.training.loop import Stage, fit
 from dew.training.objective import MODEL_CONFIG, OBJECTIVE_CONFIG, Objective
+from dew.training.power_ema import SNAPSHOT_DIR, PowerEMASnapshots, SnapshotStage, power_ema_from_config
 from dew.training.preemption import PreemptionStage
 from dew.training.profile import CONFIG as PROFILE_CONFIG
 from dew.training.profile import ProfileWindow
@@ -230,7 +231,10 @@ class Trainer:
         self.optimizer = make_optimizer(c)
         self.ema = ema_lib.spec_from_config(c.ema)
         self.accumulation = c.train.accumulation
-        init = make_init(self.objective, self.optimizer, self.ema, accumulation=self.accumulation)
+        self.power_ema = power_ema_from_config(c)
+        init = make_init(
+            self.objective, self.optimizer, self.ema, accumulation=self.accumulation, power_ema=self.power_ema
+        )
         try:
             abstract = abstract_state(init, self.example_batch())
         except (ValueError, TypeError) as e:  # e.g. a convolutional model given 2D points
@@ -246,7 +250,14 @@ class Trainer:
         self.state_shardings = self.layout.state_shardings(abstract)
         self.init = self.layout.jit_init(init, abstract)
         self._step = self.layout.jit_step(
-            make_step(self.objective, self.optimizer, self.ema, accumulation=self.accumulation), abstract
+            make_step(
+                self.objective,
+                self.optimizer,
+                self.ema,
+                accumulation=self.accumulation,
+                power_ema=self.power_ema,
+            ),
+            abstract,
         )
         self.eval = jax.jit(
             make_eval(self.objective, self.ema, accumulation=self.accumulation),
@@ -491,12 +502,18 @@ class Trainer:
             )
         if self.checkpoints is not None:
             stages.append(CheckpointStage(self.checkpoints, self.train_data, c.checkpoint.every, tracker))
+        if self.power_ema is not None:
+            stages.append(SnapshotStage(self.power_ema_snapshots(), self.power_ema, self.accumulation))
         if c.profile.steps:
             directory = c.profile.directory or os.path.join(self.workdir, "profile")
             stages.append(ProfileWindow(c.profile.steps, directory, warmup=c.profile.warmup))
         # Last, so the step's own stages (its periodic save) have run when a signal stops it.
         stages.append(PreemptionStage(self.checkpoints, self.train_data))
         return stages
+
+    def power_ema_snapshots(self) -> PowerEMASnapshots:
+        """The run's post-hoc EMA snapshot store, ``<workdir>/power_ema``."""
+        return PowerEMASnapshots(os.path.join(self.workdir, SNAPSHOT_DIR))
 
     def last_good_checkpoint(self) -> str | None:
         """The newest saved checkpoint's path (named when a non-finite step stops the run)."""
@@ -521,6 +538,10 @@ class Trainer:
         start = int(jax.device_get(state.step))
         if start:
             print(f"resuming from step {start} ({self.checkpoints.source(start)})", flush=True)
+        if self.power_ema is not None:  # snapshots newer than the restored state are redone
+            store = self.power_ema_snapshots()
+            store.discard_after(start)
+            store.close()
         if jax.process_index() == 0:
             record_start(
                 self.workdir,

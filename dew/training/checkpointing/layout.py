@@ -27,7 +27,7 @@ from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 from dew.training.state import TrainState
 
 #: The state items, in the order they are written.
-STATE_ITEMS = ("params", "opt_state", "ema_params", "extra", "pending")
+STATE_ITEMS = ("params", "opt_state", "ema_params", "extra", "pending", "power_ema")
 #: Items every checkpoint has (``pending`` only mid-accumulation).
 REQUIRED_ITEMS = ("params", "opt_state", "ema_params", "extra")
 DATA_ITEM = "data"
@@ -48,6 +48,8 @@ def items_from_state(state: Any) -> dict[str, Any]:
     }
     if state.pending is not None:
         items["pending"] = state.pending
+    if state.power_ema is not None:  # post-hoc EMA slots, only when the run tracks them
+        items["power_ema"] = state.power_ema
     return items
 
 
@@ -61,6 +63,7 @@ def state_from_items(items: Mapping[str, Any]) -> TrainState:
         ema=items.get("ema_params"),
         rng=extra.get("rng"),
         pending=items.get("pending"),
+        power_ema=None if items.get("power_ema") is None else tuple(items["power_ema"]),
     )
 
 

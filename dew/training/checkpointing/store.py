@@ -204,7 +204,15 @@ class Store:
                 f"checkpoint step {step} holds an unfinished gradient accumulation; pass a template "
                 "with pending arrays (see accumulation_template) to resume it"
             )
+        wants_power = template is not None and template.power_ema is not None
+        if wants_power and "power_ema" not in present:
+            raise CheckpointRestorationError(
+                f"checkpoint step {step} holds no power-EMA slots (config.ema.power_std_rels) for the "
+                "template's; resume with the power-EMA profiles the run was trained with"
+            )
         names = [n for n in layout.STATE_ITEMS if n in present or n in self.empty_items(step)]
+        if template is not None and not wants_power:
+            names = [n for n in names if n != "power_ema"]
         wanted = {} if template is None else layout.items_from_state(template)
         items = {n: wanted.get(n) for n in names if read_opt_state or n != "opt_state"}
         if share is not None and layout.DATA_ITEM in present:

@@ -1,0 +1,100 @@
+"""FID and KID in the standard Inception feature space, as streaming scorers and as metrics.
+
+``InceptionScorer`` holds the converted FID Inception weights (``convert_inception``) and a
+jitted feature function; ``statistics(batches)`` streams any number of image batches through
+it into ``FeatureStatistics`` (float64, one pass; batches may be sharded jax.Arrays).
+
+The registered metrics ``fid`` and ``kid`` (for ``config.eval.metrics``) score generated images
+against reference statistics named by ``$DEW_FID_REFERENCE`` (an ``.npz`` with ``mu``, ``sigma``
+and, for KID, ``features``; ``python -m dew.fid --images=<real images> --save_stats=...`` writes
+one). They load the weights and the reference on first use and raise, saying what to set, when
+either is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from dew import registry
+from dew.scoring import distances
+from dew.scoring.statistics import FeatureStatistics, load_statistics
+
+REFERENCE_ENV = "DEW_FID_REFERENCE"
+
+
+class InceptionScorer:
+    """FID Inception features for NHWC image batches in ``value_range``, streamed into statistics."""
+
+    def __init__(self, params: Any = None, weights_path: str | None = None, *, pinned: bool = True):
+        import jax
+
+        from dew.scoring import inception
+        from dew.scoring.convert_inception import load_weights
+
+        self.params = params if params is not None else load_weights(weights_path, pinned=pinned)
+        self._features = jax.jit(inception.features, static_argnames=("value_range", "resize"))
+
+    def features(self, images: Any, value_range: tuple[float, float] = (-1.0, 1.0)) -> Any:
+        """[N, 2048] features (a jax.Array, sharded like ``images``)."""
+        return self._features(self.params, images, value_range=value_range)
+
+    def statistics(
+        self, batches: Iterable[Any], value_range: tuple[float, float] = (-1.0, 1.0), keep_features: int = 0
+    ) -> FeatureStatistics:
+        stats = FeatureStatistics(keep_features=keep_features)
+        for images in batches:
+            stats.update(self.features(images, value_range))
+        return stats
+
+
+@functools.cache
+def _scorer() -> InceptionScorer:
+    return InceptionScorer()
+
+
+@functools.cache
+def _reference() -> dict[str, np.ndarray]:
+    path = os.environ.get(REFERENCE_ENV)
+    if not path:
+        raise FileNotFoundError(
+            f"the fid/kid metrics need reference statistics: set {REFERENCE_ENV} to an .npz with mu, "
+            "sigma (and features for kid), e.g. from `python -m dew.fid --images=<real images> "
+            "--save_stats=ref.npz`"
+        )
+    return load_statistics(path)
+
+
+def _batches(images: np.ndarray, size: int = 100):
+    for i in range(0, len(images), size):
+        yield images[i : i + size]
+
+
+def inception_fid(images: np.ndarray, labels: np.ndarray | None = None) -> float:
+    """FID of images in [−1, 1] (NHWC) to ``$DEW_FID_REFERENCE``."""
+    ref = _reference()
+    stats = _scorer().statistics(_batches(np.asarray(images)))
+    return distances.frechet_distance(stats.mu, stats.sigma, ref["mu"], ref["sigma"])
+
+
+def inception_kid(images: np.ndarray, labels: np.ndarray | None = None) -> float:
+    """KID (mean over subsets) of images in [−1, 1] (NHWC) to the features in ``$DEW_FID_REFERENCE``."""
+    ref = _reference()
+    if "features" not in ref:
+        raise ValueError(
+            f"{os.environ.get(REFERENCE_ENV)} holds no 'features' for KID; write it with "
+            "`python -m dew.fid --images=... --save_stats=... --keep_features=N`"
+        )
+    images = np.asarray(images)
+    stats = _scorer().statistics(_batches(images), keep_features=len(images))
+    return distances.kernel_distance(stats.features, ref["features"])[0]
+
+
+registry.metrics.register("fid", inception_fid)
+registry.metrics.register("kid", inception_kid)
+
+__all__ = ["REFERENCE_ENV", "InceptionScorer", "inception_fid", "inception_kid"]
