@@ -14,7 +14,8 @@ from conftest import ROOT
 #: conftest.tiny_config's values, so the CLI runs share the tests' compilation cache.
 TINY = {
     "dataset.batch_size": 16,
-    "model.channels": 8,
+    "model.model_channels": 8,
+    "model.num_blocks": 1,
     "model.channel_mult": "(1,2)",
     "model.attn_resolutions": "(4,)",
     "train.num_steps": 8,

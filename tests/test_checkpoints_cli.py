@@ -22,7 +22,8 @@ from dew.training.checkpointing import Checkpoints
 
 TINY = {
     "dataset.batch_size": 16,
-    "model.channels": 8,
+    "model.model_channels": 8,
+    "model.num_blocks": 1,
     "model.channel_mult": "(1, 2)",
     "model.attn_resolutions": "(4,)",
     "train.log_every": 1,

@@ -104,11 +104,11 @@ def test_starting_over_moves_the_previous_records_aside(straight, tmp_path):
 def test_a_changed_model_shape_is_one_message_naming_the_key_and_nothing_is_written(straight, tmp_path):
     workdir = copy_of(straight, tmp_path)
     before = snapshot(workdir)
-    result = cli(workdir, **{"model.channels": 16})
+    result = cli(workdir, **{"model.model_channels": 16})
     (line,) = assert_short_failure(result, 2)
     assert "cannot resume from step 8" in line
-    assert "config.model.channels: 8 -> 16" in line
-    assert "u_net/conv_in/b (8,) float32 -> (16,) float32" in line
+    assert "config.model.model_channels: 8 -> 16" in line
+    assert "songunet/dec_4x4_block0/affine/bias (16,) float32 -> (32,) float32" in line
     assert snapshot(workdir) == before
 
 

@@ -23,7 +23,8 @@ from dew.training.trainer import Trainer
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TINY_EDM = [
     "config.dataset.batch_size=16",
-    "config.model.channels=8",
+    "config.model.model_channels=8",
+    "config.model.num_blocks=1",
     "config.model.attn_resolutions=()",
     "config.objective.sampling.steps=4",
     "config.objective.sampling.per_class=1",
