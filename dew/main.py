@@ -78,16 +78,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from dew.training.trainer import Trainer, check_workdir
 
         workdir = check_workdir(args.workdir)
-        trainer = Trainer(config, workdir)
-        trainer.check_resumable()
+        trainer = Trainer(config, workdir)  # validates everything; touches no file
         import jax
 
         from dew.training.workdir_lock import WorkdirLock, describe_stale
 
-        # One run per workdir (process 0 holds it for the whole run).
+        # One run per workdir (process 0 holds it for the whole run), taken before anything opens
+        # the checkpoint directory: opening it cleans up unfinished saves, which may be the live
+        # holder's save in progress.
         lock = WorkdirLock(workdir).acquire() if jax.process_index() == 0 else None
         if lock is not None and lock.stale:
             print(f"dew: {describe_stale(lock.stale)}", flush=True)
+        trainer.check_resumable()
         enable_compilation_cache(workdir)
         capture_library_logs(workdir)
         print(f"dew: training {args.config} in {workdir}", flush=True)

@@ -28,6 +28,7 @@ TINY = {
     "model.attn_resolutions": "(4,)",
     "train.log_every": 1,
     "eval.every": 0,
+    "checkpoint.keep_best": False,  # no evaluation: no loss to rank checkpoints by
     "preview.every": 0,
     "optimizer.warmup_steps": 2,
     "mesh.devices": 1,

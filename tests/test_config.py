@@ -72,7 +72,11 @@ def test_bad_overrides_name_the_key(override, message):
         (["--config.eval.num_batches=50"], "config.eval.num_batches=50 is invalid: .*only 2 fit"),
         (["--config.dataset.name=oxford_flowers102"], "tfds data set 'oxford_flowers102' is not prepared"),
         (["--config.dataset.name=gaussian_mixture"], "cannot build parameters for 'gaussian_mixture/train'"),
-        (["--config.preview.metrics=('fid',)"], "config.preview.metrics: unknown metrics 'fid'"),
+        (["--config.preview.metrics=('fud',)"], "config.preview.metrics: unknown metrics 'fud'"),
+        (
+            ["--config.preview.metrics=('fid',)"],
+            "config.preview.metrics: 'fid' cannot be scored: .*DEW_FID_REFERENCE",
+        ),
     ],
 )
 def test_bad_input_stops_before_writing_anything(tmp_path, capsys, args, message):

@@ -82,5 +82,5 @@ def test_the_trainer_refuses_an_ema_predicate_matching_no_parameter(tmp_path):
     with pytest.raises(ConfigError, match=r"config\.ema\.tracks='no_such_layer'.*matches none of the"):
         Trainer(tiny_config(**{"ema.tracks": "no_such_layer"}), str(tmp_path / "run"))
     with pytest.raises(ConfigError, match=r"config\.ema\.ramp_up=0\.05 is invalid"):
-        Trainer(tiny_config(**{"ema.ramp_up": 0.05}), str(tmp_path / "run"))
+        Trainer(tiny_config(**{"ema.half_life": 0.0, "ema.ramp_up": 0.05}), str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()

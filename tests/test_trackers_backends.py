@@ -257,6 +257,8 @@ def test_local_tracker_writes_gif_and_text_and_drops_what_follows_a_restored_ste
 
 
 def test_rmse_is_the_root_of_the_window_mean_through_the_metrics_stage():
+    import jax.numpy as jnp
+
     from dew.training.loop import StepContext
     from dew.training.stages import MetricsStage
 
@@ -270,11 +272,11 @@ def test_rmse_is_the_root_of_the_window_mean_through_the_metrics_stage():
     recording = Recording()
     stage = MetricsStage(recording, every=2, batch_size=4)
     for step, mse in ((1, 0.01), (2, 0.09)):
-        ctx = StepContext(step=step, state=None, stats={"mse_x": np.float32(mse)}, final=False)
+        ctx = StepContext(step=step, state=None, stats={"mse_x": jnp.float32(mse)}, final=False)
         stage.observe(ctx)
     stage.run(ctx)
-    ((category, values, step),) = recording.seen
-    assert (category, step) == (TRAIN, 2)
+    ((values, step),) = [(values, step) for category, values, step in recording.seen if category == TRAIN]
+    assert step == 2
     assert values["rmse_x"] == pytest.approx(np.sqrt(0.05), rel=1e-6)  # sqrt of the mean: 0.2236
     assert values["rmse_x"] != pytest.approx(np.mean(np.sqrt([0.01, 0.09])), rel=1e-3)  # not 0.2
 

@@ -4,7 +4,7 @@
 jitted feature function; ``statistics(batches)`` streams any number of image batches through
 it into ``FeatureStatistics`` (float64, one pass; batches may be sharded jax.Arrays).
 
-The registered metrics ``fid`` and ``kid`` (for ``config.eval.metrics``) score generated images
+The registered metrics ``fid`` and ``kid`` (for ``config.preview.metrics``) score generated images
 against reference statistics named by ``$DEW_FID_REFERENCE`` (an ``.npz`` with ``mu``, ``sigma``
 and, for KID, ``features``; ``python -m dew.fid --images=<real images> --save_stats=...`` writes
 one). They load the weights and the reference on first use and raise, saying what to set, when
@@ -94,6 +94,23 @@ def inception_kid(images: np.ndarray, labels: np.ndarray | None = None) -> float
     return distances.kernel_distance(stats.features, ref["features"])[0]
 
 
+def check_ready(kid: bool = False) -> None:
+    """Raise now, saying what to set, when a run asking for fid/kid could not score its first
+    preview: no reference statistics (or no KID features in them), or no Inception weights."""
+    from dew.scoring.convert_inception import HOW_TO_GET, default_path
+
+    ref = _reference()
+    if kid and "features" not in ref:
+        raise ValueError(
+            f"{os.environ.get(REFERENCE_ENV)} holds no 'features' for KID; write it with "
+            "`python -m dew.fid --images=... --save_stats=... --keep_features=N`"
+        )
+    if not os.path.isfile(default_path()):
+        raise FileNotFoundError(f"FID Inception weights not found at {default_path()}: {HOW_TO_GET}")
+
+
+inception_fid.check_ready = check_ready  # type: ignore[attr-defined]
+inception_kid.check_ready = functools.partial(check_ready, kid=True)  # type: ignore[attr-defined]
 registry.metrics.register("fid", inception_fid)
 registry.metrics.register("kid", inception_kid)
 

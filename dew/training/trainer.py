@@ -286,7 +286,13 @@ class Trainer:
                 "preview; expected 0"
             )
         if c.preview.metrics:  # score(None, ...) checks the names without scoring anything
-            self.objective.score(None, {name: registry.metrics[name] for name in c.preview.metrics})
+            metrics = {name: registry.metrics[name] for name in c.preview.metrics}
+            self.objective.score(None, metrics)
+            for name, metric in metrics.items():  # e.g. fid's reference statistics and weights
+                try:
+                    getattr(metric, "check_ready", lambda: None)()
+                except (OSError, ValueError) as e:
+                    raise ConfigError(f"config.preview.metrics: {name!r} cannot be scored: {e}") from None
         if c.eval.every:
             try:  # fail now, not at the first evaluation
                 self.val_data.first(c.eval.num_batches)
