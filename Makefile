@@ -17,9 +17,12 @@ $(STAMP): pyproject.toml requirements.lock
 train: $(STAMP)
 	$(BIN)/python -m dew.main --config=experiments/edm.py --workdir=runs/edm
 
+# The suite is compile-bound (XLA compiles on one core each): one worker per core, whole files
+# per worker so module fixtures run once. TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
