@@ -24,8 +24,8 @@ TINY = {
     "dataset.batch_size": 16,
     "model.model_channels": 8,
     "model.num_blocks": 1,
-    "model.channel_mult": "(1, 2)",
-    "model.attn_resolutions": "(4,)",
+    "model.channel_mult": "(1,)",
+    "model.attn_resolutions": "()",
     "train.log_every": 1,
     "eval.every": 0,
     "checkpoint.keep_best": False,  # no evaluation: no loss to rank checkpoints by

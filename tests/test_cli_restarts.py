@@ -108,7 +108,7 @@ def test_a_changed_model_shape_is_one_message_naming_the_key_and_nothing_is_writ
     (line,) = assert_short_failure(result, 2)
     assert "cannot resume from step 8" in line
     assert "config.model.model_channels: 8 -> 16" in line
-    assert "songunet/dec_4x4_block0/affine/bias (16,) float32 -> (32,) float32" in line
+    assert "songunet/dec_8x8_aux_conv/weight (3, 3, 8, 1) float32 -> (3, 3, 16, 1) float32" in line
     assert snapshot(workdir) == before
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import jax
 import numpy as np
-from conftest import ROOT, tiny_config
+from conftest import tiny_config
+from helpers_cli import cli
 from PIL import Image
 
 from dew.training.trainer import Trainer
@@ -63,23 +63,12 @@ def test_a_run_leaves_checkpoints_metrics_previews_and_metadata(tmp_path):
 
 
 def test_the_command_line_trains_and_a_second_call_resumes(tmp_path):
-    def command(num_steps: int) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "dew.main",
-            f"--config={ROOT / 'experiments' / 'edm.py'}",
-            f"--workdir={tmp_path / 'cli'}",
-            "--config.dataset.batch_size=16",
-            "--config.model.model_channels=8",
-            f"--config.train.num_steps={num_steps}",
-            "--config.checkpoint.every=2",
-            "--config.eval.every=0",
-        ]
+    def run(num_steps: int) -> subprocess.CompletedProcess:
+        return cli(tmp_path / "cli", **{"train.num_steps": num_steps, "checkpoint.every": 2})
 
-    first = subprocess.run(command(4), capture_output=True, text=True, cwd=ROOT)
+    first = run(4)
     assert first.returncode == 0, first.stderr
     assert "done at step 4" in first.stdout
-    again = subprocess.run(command(6), capture_output=True, text=True, cwd=ROOT)
+    again = run(6)
     assert again.returncode == 0, again.stderr
     assert "resuming from step 4" in again.stdout and "done at step 6" in again.stdout
