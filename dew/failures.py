@@ -48,7 +48,19 @@ def short(error: BaseException) -> str:
     text = text.splitlines()[0] if text else type(error).__name__
     if isinstance(error, KeyError) and not isinstance(error, UnknownNameError):
         text = f"KeyError: {text}"
-    return text if len(text) <= _LIMIT else text[: _LIMIT - 1] + "…"
+    return _bounded(text)
+
+
+def _bounded(text: str) -> str:
+    """``text`` cut to ``_LIMIT`` characters, keeping its last clause (after the last ": "):
+    storage errors name long paths first and the reason a person needs (``No space left on
+    device``) last."""
+    if len(text) <= _LIMIT:
+        return text
+    reason = text.rsplit(": ", 1)[1][: _LIMIT // 3] if ": " in text else ""
+    if not reason:
+        return text[: _LIMIT - 1] + "…"
+    return text[: _LIMIT - len(reason) - 3] + "…: " + reason
 
 
 def root_cause(error: BaseException) -> BaseException | None:

@@ -135,6 +135,19 @@ def test_a_failure_prints_one_line_its_cause_and_where_the_traceback_is(tmp_path
     assert exit_code(ConfigError("x")) == 2 and exit_code(ResumeMismatchError("x")) == 2
 
 
+def test_a_long_storage_error_keeps_its_reason_when_cut_to_one_line():
+    from dew.failures import _LIMIT, short
+
+    path = "/tmp/" + "deep/" * 200 + "checkpoints/8.orbax-checkpoint-tmp/d/c7d9"
+    error = RuntimeError(
+        f"checkpoint step 8 did not land in {path}: Failed to write 244 bytes to file 15: "
+        "No space left on device [os_error_code='28'] [tensorstore_spec='{\"driver\": \"zarr\"}']"
+    )
+    text = short(error)
+    assert len(text) <= _LIMIT and text.startswith("checkpoint step 8 did not land in /tmp/deep/")
+    assert text.endswith("…: No space left on device [os_error_code='28']")
+
+
 def test_a_window_resumed_in_its_middle_is_marked_partial_and_whole_ones_are_not():
     from dew.training.stages import MetricsStage
 
