@@ -1,6 +1,9 @@
-"""``python -m dew.fid``: FID / KID of a folder of images in the standard Inception feature space.
+"""``python -m dew.fid``: FID / KID of a folder of images, or of a run's samples, in the standard
+Inception feature space.
 
     python -m dew.fid --images=samples/ --ref=real_stats.npz [--kid]
+    python -m dew.fid --workdir=runs/edm --ref=real_stats.npz [--num_samples=10000] [--seed=S]
+        [--step=N] [--raw] [--kid]
     python -m dew.fid --images=real/ --save_stats=real_stats.npz [--keep_features=10000]
     python -m dew.fid --images=samples/ --ref=real/            (reference statistics computed too)
 
@@ -8,8 +11,20 @@ Images are PNG/JPEG files of one size (as pytorch-fid, which batches them), read
 resized to 299×299 and embedded by the FID Inception (``dew.scoring.inception``) with weights
 converted once by ``python -m dew.scoring.convert_inception``; statistics are streamed in float64
 (``dew.scoring.statistics``). ``--ref`` is an ``.npz`` with ``mu``/``sigma`` (the format other
-FID tools read and write) or a folder of images. ``--workdir`` (samples drawn through a run's
-pipeline) needs ``dew.pipeline``. Bad input exits 2 with one line and writes nothing.
+FID tools read and write) or a folder of images.
+
+``--workdir`` (instead of ``--images``) scores ``--num_samples`` samples (default 10,000) drawn
+through the run's ``dew.pipeline`` (its debiased EMA at the latest checkpoint, or ``--step``;
+``--raw`` for the live weights). Each draw is the task's default one, the run's preview settings
+(``per_class`` of every class; one compiled sampler for all draws), draw ``i`` with seed
+``--seed + i`` (default seed: the run's own, so draw 0 is its preview); the last draw is cut to
+the samples still needed taking the classes in turn, so class counts differ by at most one.
+Samples in [−1, 1] go straight into the statistics (one channel repeated to three, as for
+images), ``--batch_size`` at a time; progress goes to stderr.
+
+Bad input (a missing folder, reference or weights; for ``--workdir`` no such run, a folder that is
+not a run, a run that does not draw images, no such step, ``--num_samples`` < 2) exits 2 with one
+line naming the flag, and writes nothing.
 """
 
 from __future__ import annotations
@@ -17,11 +32,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Iterator, Sequence
+from typing import Any, NoReturn
 
 import numpy as np
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
+DEFAULT_NUM_SAMPLES = 10_000  # --workdir: the usual FID sample count (FID is biased by it)
+PROGRESS_SECONDS = 10.0  # --workdir: at most one progress line per this many seconds (and the last)
 
 
 class FidError(ValueError):
@@ -59,10 +78,23 @@ def read_batches(files: Sequence[str], batch_size: int) -> Iterator[np.ndarray]:
         yield np.stack(batch)
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one ``FidError`` line, not usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        raise FidError(message)
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m dew.fid", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--images", help="folder of images to score")
-    parser.add_argument("--workdir", help="a dew run: samples drawn through its pipeline")
+    """The flags; a malformed one raises ``FidError``."""
+    parser = _Parser(prog="python -m dew.fid", description=__doc__.split("\n\n")[0])
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--images", help="folder of images to score")
+    source.add_argument("--workdir", help="a dew run: samples drawn through its pipeline")
+    parser.add_argument("--step", type=int, help="with --workdir: the checkpoint (default: the latest)")
+    parser.add_argument("--raw", action="store_true", help="with --workdir: live weights, not the EMA")
+    parser.add_argument("--num_samples", type=int, help="with --workdir: samples to draw (default 10000)")
+    parser.add_argument("--seed", type=int, help="with --workdir: first draw's seed (default: the run's)")
     parser.add_argument("--ref", help="reference: .npz with mu/sigma (and features for KID), or a folder")
     parser.add_argument("--save_stats", help="write the images' statistics to this .npz")
     parser.add_argument("--keep_features", type=int, default=0, help="features kept in --save_stats (KID)")
@@ -79,24 +111,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _check(args: argparse.Namespace) -> list[str]:
-    """Validate everything before any work; returns the image files."""
-    if args.workdir:
-        from dew import inference
-
-        if getattr(inference.pipeline, "__module__", "") == "dew._unbuilt":
-            raise FidError(
-                "--workdir needs dew.pipeline to draw samples from a run, and it is not built yet; "
-                "write samples to a folder and pass --images=<folder>"
-            )
-        raise FidError("--workdir: sampling through dew.pipeline is not wired into dew.fid yet; use --images")
-    if not args.images:
-        raise FidError("give --images=<folder> (or --workdir=<run>)")
-    if not args.ref and not args.save_stats:
-        raise FidError("give --ref=<stats.npz or folder> to score against, or --save_stats=<out.npz>")
-    if args.batch_size < 1 or args.keep_features < 0:
-        raise FidError(f"--batch_size={args.batch_size} must be >= 1 and --keep_features >= 0")
-    files = list_images(args.images, "--images")
+def _check_reference_and_weights(args: argparse.Namespace) -> None:
+    """``--ref`` readable (with features for ``--kid``) and the Inception weights present."""
     if args.ref and not os.path.isdir(args.ref):
         from dew.scoring.statistics import load_statistics
 
@@ -117,13 +133,82 @@ def _check(args: argparse.Namespace) -> list[str]:
         from dew.scoring.convert_inception import HOW_TO_GET
 
         raise FidError(f"FID Inception weights not found at {weights}: {HOW_TO_GET}")
-    return files
+
+
+def _check_run_flags(args: argparse.Namespace) -> None:
+    """The ``--workdir`` flags: absent without it, ``--num_samples`` >= 2 with it (default 10000)."""
+    if not args.workdir:
+        given = [f"--{k}" for k in ("step", "num_samples", "seed") if getattr(args, k) is not None]
+        if given or args.raw:
+            raise FidError(f"{', '.join(given + ['--raw'] * args.raw)} only apply with --workdir=<run>")
+        return
+    if args.num_samples is None:
+        args.num_samples = DEFAULT_NUM_SAMPLES
+    if args.num_samples < 2:
+        raise FidError(f"--num_samples={args.num_samples}: need at least 2 samples")
+
+
+def load_pipeline(args: argparse.Namespace) -> Any:
+    """``dew.pipeline(--workdir, step=--step, raw=--raw)``, checked to draw images by
+    ``per_class`` and ``seed``; ``FidError`` naming the flag otherwise."""
+    from dew.inference import PipelineError, pipeline
+
+    flags = f"--workdir={args.workdir!r}" + ("" if args.step is None else f" --step={args.step}")
+    try:
+        task = pipeline(args.workdir, step=args.step, raw=args.raw)
+    except PipelineError as e:
+        raise FidError(f"{flags}: {str(e).removeprefix('pipeline: ').splitlines()[0]}") from None
+    shape = getattr(getattr(getattr(task.objective, "input_spec", None), "sample", None), "shape", ())
+    if not {"per_class", "seed"} <= set(task.options) or len(shape) != 3 or shape[-1] not in (1, 3):
+        raise FidError(
+            f"--workdir={args.workdir!r} is a {type(task.objective).__name__} run drawing {shape or 'no'} "
+            "samples; FID needs a run whose pipeline draws images [H, W, 1 or 3] by per_class and seed "
+            "(e.g. diffusion)"
+        )
+    return task
+
+
+def _check(args: argparse.Namespace) -> list[str] | Any:
+    """Validate everything before any work; returns the image files, or the run's pipeline."""
+    if not args.images and not args.workdir:
+        raise FidError("give --images=<folder> or --workdir=<run>")
+    if not args.ref and not args.save_stats:
+        raise FidError("give --ref=<stats.npz or folder> to score against, or --save_stats=<out.npz>")
+    if args.batch_size < 1 or args.keep_features < 0:
+        raise FidError(f"--batch_size={args.batch_size} must be >= 1 and --keep_features >= 0")
+    _check_run_flags(args)
+    files = list_images(args.images, "--images") if args.images else []
+    _check_reference_and_weights(args)
+    return files if args.images else load_pipeline(args)
+
+
+def draw_batches(task: Any, num_samples: int, seed: int, batch_size: int) -> Iterator[np.ndarray]:
+    """``num_samples`` samples [n, H, W, C] in [-1, 1] from ``task``, ``batch_size`` at a time.
+
+    Draw ``i`` is ``task(seed=seed + i)`` (the run's preview settings: every class, class-major);
+    the last is cut to the samples still needed taking classes in turn. Progress on stderr.
+    """
+    classes = getattr(task.objective, "num_classes", None) or 1
+    done, draw, last_report = 0, 0, time.monotonic()
+    while done < num_samples:
+        images = np.asarray(task(seed=seed + draw).images, np.float32)
+        if len(images) > num_samples - done:  # class-major -> classes in turn, then cut
+            order = np.arange(len(images))
+            if len(images) % classes == 0:
+                order = order.reshape(classes, -1).T.reshape(-1)
+            images = images[order[: num_samples - done]]
+        for i in range(0, len(images), batch_size):
+            yield images[i : i + batch_size]
+        done, draw = done + len(images), draw + 1
+        if done == num_samples or time.monotonic() - last_report >= PROGRESS_SECONDS:
+            print(f"fid: {done}/{num_samples} samples", file=sys.stderr, flush=True)
+            last_report = time.monotonic()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        files = _check(args)
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        source = _check(args)
     except FidError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -132,9 +217,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dew.scoring.statistics import load_statistics
 
     scorer = InceptionScorer(weights_path=args.weights, pinned=not args.allow_unpinned_weights)
-    keep = max(args.keep_features, len(files) if args.kid else 0)
+    if args.images:
+        count, what = len(source), f"images in {args.images}"
+        batches, value_range = read_batches(source, args.batch_size), (0.0, 1.0)
+    else:
+        seed = source.options["seed"] if args.seed is None else args.seed
+        count, what = args.num_samples, f"samples from {source!r}, seed {seed}"
+        batches, value_range = draw_batches(source, count, seed, args.batch_size), (-1.0, 1.0)
+    keep = max(args.keep_features, count if args.kid else 0)
     try:
-        stats = scorer.statistics(read_batches(files, args.batch_size), (0.0, 1.0), keep_features=keep)
+        stats = scorer.statistics(batches, value_range, keep_features=keep)
         if args.ref and os.path.isdir(args.ref):
             ref_files = list_images(args.ref, "--ref")
             ref_stats = scorer.statistics(
@@ -150,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FidError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{len(files)} images in {args.images}")
+    print(f"{count} {what}")
     if args.save_stats:
         from dew.scoring.statistics import save_statistics
 
@@ -158,7 +250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         save_statistics(args.save_stats, stats.mu, stats.sigma, kept)
         print(f"statistics -> {args.save_stats}")
     if args.ref:
-        print(f"FID {distances.frechet_distance(stats.mu, stats.sigma, ref['mu'], ref['sigma']):.4f}")
+        fid = distances.frechet_distance(stats.mu, stats.sigma, ref["mu"], ref["sigma"])
+        print(f"FID {float(fid)!r}")  # in full, as pytorch-fid prints it
         if args.kid:
             mean, std = distances.kernel_distance(stats.features, ref["features"])
             print(f"KID {mean:.6f} ± {std:.6f}")

@@ -1,8 +1,10 @@
-"""Converted Inception weights (pinned, digested) and ``python -m dew.fid`` end to end."""
+"""Converted Inception weights (pinned, digested) and ``python -m dew.fid`` end to end, on folders
+of images and on a (tiny) run's samples drawn through ``dew.pipeline``."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
 
 import jax
@@ -10,8 +12,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import dew
+from dew.config import apply_overrides, load_config
 from dew.scoring import convert_inception, distances, inception
-from dew.scoring.statistics import FeatureStatistics
+from dew.scoring.inception_metrics import InceptionScorer
+from dew.scoring.statistics import FeatureStatistics, save_statistics
+from dew.training.trainer import Trainer
+from tests.test_pipeline import ROOT, TINY_EDM, Capture
 
 HERE = pathlib.Path(__file__).resolve().parent.parent / "third_party" / "pytorch_fid"
 
@@ -98,7 +105,7 @@ def test_fid_cli_on_folders_matches_the_library(weights_file, tmp_path, capsys):
     ]
     sa, sb = FeatureStatistics().update(feats[0]), FeatureStatistics().update(feats[1])
     expected = distances.frechet_distance(sb.mu, sb.sigma, sa.mu, sa.sigma)
-    assert fid == pytest.approx(expected, rel=1e-3, abs=1e-3)  # printed to 4 decimals
+    assert fid == pytest.approx(expected, rel=1e-3, abs=1e-3)
     assert "KID " in out
 
     # bad input: exit 2, one line each, nothing written
@@ -115,4 +122,86 @@ def test_fid_cli_on_folders_matches_the_library(weights_file, tmp_path, capsys):
         assert main(argv) == 2, argv
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == len(bad) and all(line.startswith("error: ") for line in err), err
-    assert "convert_inception" in err[1] and "z.png is 24x30" in err[3] and "dew.pipeline" in err[4]
+    assert "convert_inception" in err[1] and "z.png is 24x30" in err[3] and "is not a dew run" in err[4]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> str:
+    """A tiny trained EDM run (8x8 grey digits, 10 classes, one checkpoint at step 3)."""
+    workdir = str(tmp_path_factory.mktemp("edm") / "run")
+    config = apply_overrides(load_config(str(ROOT / "experiments" / "edm.py")), TINY_EDM)
+    Trainer(config, workdir, [Capture()]).run()
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def grey_reference(weights_file, tmp_path_factory) -> pathlib.Path:
+    """Reference statistics (with features) of 5 random grey 8x8 images in [-1, 1]."""
+    scorer = InceptionScorer(weights_path=str(weights_file), pinned=False)
+    real = np.random.default_rng(0).uniform(-1, 1, (5, 8, 8, 1)).astype(np.float32)
+    stats = scorer.statistics([real], keep_features=5)
+    path = tmp_path_factory.mktemp("ref") / "ref.npz"
+    save_statistics(str(path), stats.mu, stats.sigma, stats.features)
+    return path
+
+
+@pytest.mark.slow  # ~100 s on 2 loaded cores: two 2048-d Fréchet distances (eigh, svd) dominate
+def test_fid_of_a_run_is_the_fid_of_its_pipelines_samples(run, weights_file, grey_reference, capsys):
+    from dew.fid import main
+
+    common = [f"--weights={weights_file}", "--allow_unpinned_weights", "--batch_size=5"]
+    argv = [f"--workdir={run}", "--num_samples=15", "--seed=4", f"--ref={grey_reference}", "--kid"]
+    assert main([*argv, *common]) == 0
+    captured = capsys.readouterr()
+    fid = float(captured.out.split("FID ")[1].split()[0])
+    assert captured.out.startswith("15 samples from Pipeline(Diffusion, step 3, EMA weights")
+    assert "KID " in captured.out and "fid: 15/15 samples" in captured.err
+    # the same samples drawn directly: draw i with seed 4 + i, each all 10 classes (one per class,
+    # the run's preview settings), the second cut to the 5 still needed; grey, as the run draws them
+    task = dew.pipeline(run)
+    images = np.concatenate([task(seed=4).images, task(seed=5).images[:5]])
+    assert images.shape == (15, 8, 8, 1)
+    scorer = InceptionScorer(weights_path=str(weights_file), pinned=False)
+    stats = scorer.statistics([images[i : i + 5] for i in range(0, 15, 5)], (-1.0, 1.0))
+    with np.load(grey_reference) as ref:
+        expected = distances.frechet_distance(stats.mu, stats.sigma, ref["mu"], ref["sigma"])
+    assert fid == pytest.approx(expected, rel=1e-6)  # float64 statistics of the same features
+
+
+def _tree(folder: str) -> dict[str, tuple[int, int]]:
+    """(size, mtime_ns) of every file under folder, by relative path."""
+    found = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            info = os.stat(os.path.join(root, name))
+            found[os.path.relpath(os.path.join(root, name), folder)] = (info.st_size, info.st_mtime_ns)
+    return found
+
+
+def test_bad_workdir_input_exits_2_with_one_line_naming_it_and_writes_nothing(
+    run, weights_file, grey_reference, tmp_path, capsys
+):
+    from dew.fid import main
+
+    before = _tree(run)
+    out = tmp_path / "stats.npz"
+    common = [f"--ref={grey_reference}", f"--save_stats={out}", f"--weights={weights_file}"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = [
+        ([f"--workdir={empty}"], "is not a dew run: no run.json"),
+        ([f"--workdir={tmp_path / 'missing'}"], "is not a directory"),
+        ([f"--workdir={run}", "--step=12"], "--step=12: ", "has no checkpoint at step 12; it has steps [3]"),
+        ([f"--workdir={run}", "--step=last"], "argument --step: invalid int value: 'last'"),
+        ([f"--workdir={run}", "--num_samples=1"], "--num_samples=1: need at least 2 samples"),
+        ([f"--workdir={run}", f"--images={empty}"], "--images: not allowed with argument --workdir"),
+        ([f"--images={empty}", "--num_samples=10"], "--num_samples only apply with --workdir"),
+    ]
+    for argv, *messages in cases:
+        assert main([*argv, *common]) == 2, argv
+        captured = capsys.readouterr()
+        lines = captured.err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), (argv, captured.err)
+        assert all(m in lines[0] for m in messages), (argv, lines[0])
+        assert captured.out == "" and not out.exists(), argv
+    assert _tree(run) == before and os.listdir(empty) == []
