@@ -22,7 +22,7 @@ train: $(STAMP)
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
