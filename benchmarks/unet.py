@@ -124,6 +124,7 @@ def dew_setup(net_name: str, batch: int):
     from dew.inputs import Condition, Field, InputSpec
     from dew.objectives.base import EMASpec
     from dew.objectives.diffusion import Diffusion
+    from dew.training.sharding import INIT_COMPILER_OPTIONS
     from dew.training.steps import make_init, make_step
 
     net = dict(NETS[net_name])
@@ -140,7 +141,8 @@ def dew_setup(net_name: str, batch: int):
     ema = EMASpec(decay=0.999)
     images, labels = batch_arrays(NETS[net_name], batch)
     data = {"image": jnp.asarray(images), "label": jnp.asarray(labels)}
-    init = jax.jit(make_init(objective, optimizer, ema))
+    # As the Trainer compiles it (dew.training.sharding.Layout.jit_init): init runs once.
+    init = jax.jit(make_init(objective, optimizer, ema), compiler_options=INIT_COMPILER_OPTIONS)
     step = jax.jit(make_step(objective, optimizer, ema), donate_argnums=0)
 
     @jax.jit
