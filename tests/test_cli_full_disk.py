@@ -37,11 +37,17 @@ def small_disk(tmp_path):
 
 @pytest.fixture(scope="module")
 def sizes(tmp_path_factory):
-    """Bytes of one checkpoint of the tiny config, and of everything else its run writes."""
+    """Disk bytes of one checkpoint of the tiny config, and of everything else its run writes.
+    Allocated blocks, not file sizes: a checkpoint is many small files, each taking whole blocks
+    on the tmpfs (sizes undercount it several times over for a small model)."""
     probe = tmp_path_factory.mktemp("probe") / "run"
     assert cli(probe, **{"train.num_steps": 4}).returncode == 0
-    one = sum(f.stat().st_size for f in (probe / "checkpoints" / "4").rglob("*") if f.is_file())
-    others = sum(f.stat().st_size for f in probe.rglob("*") if f.is_file() and "checkpoints" not in f.parts)
+
+    def used(path: pathlib.Path) -> int:
+        return path.stat().st_blocks * 512
+
+    one = sum(used(f) for f in (probe / "checkpoints" / "4").rglob("*") if f.is_file())
+    others = sum(used(f) for f in probe.rglob("*") if f.is_file() and "checkpoints" not in f.parts)
     return one, others
 
 
