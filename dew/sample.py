@@ -68,5 +68,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run() -> None:
+    code = main()
+    if code:
+        # The one-line error is printed: end here, so no library teardown (orbax's executor,
+        # shut down while the failed restore's futures unwind) prints after it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
