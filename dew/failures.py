@@ -77,6 +77,16 @@ def root_cause(error: BaseException) -> BaseException | None:
     return cause
 
 
+def end_process(code: int) -> None:
+    """Exit now with ``code``, after flushing the streams and the log handlers: a failure was
+    reported, so no library thread's teardown (orbax's executors and event loops) may print
+    after it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
 def write_traceback(error: BaseException, workdir: str | None) -> str | None:
     """Write the full traceback (with every chained exception) to a new file under
     ``<workdir>/logs`` or, failing that, the temporary directory; return its path (None when

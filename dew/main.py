@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import shlex
 import sys
 from collections.abc import Sequence
 
 from dew.config import apply_overrides, load_config
-from dew.failures import capture_library_logs, report
+from dew.failures import capture_library_logs, end_process, report
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -129,12 +128,7 @@ def _release(trainer) -> None:
 def run() -> None:
     code = main()
     if code not in (0, 2):
-        # A failure was reported and everything dew opened is closed: end here, so no library
-        # thread's teardown (orbax's event loops) prints after the report.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        logging.shutdown()
-        os._exit(code)
+        end_process(code)  # reported, everything dew opened is closed: nothing may print after
     sys.exit(code)
 
 

@@ -70,12 +70,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> None:
     code = main()
-    if code:
-        # The one-line error is printed: end here, so no library teardown (orbax's executor,
-        # shut down while the failed restore's futures unwind) prints after it.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    if code:  # the one-line error is printed: no orbax teardown may print after it
+        from dew.failures import end_process
+
+        end_process(code)
     sys.exit(code)
 
 

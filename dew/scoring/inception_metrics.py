@@ -69,6 +69,17 @@ def _reference() -> dict[str, np.ndarray]:
     return load_statistics(path)
 
 
+def _kid_reference() -> dict[str, np.ndarray]:
+    """The reference statistics, which must hold the features KID compares against."""
+    ref = _reference()
+    if "features" not in ref:
+        raise ValueError(
+            f"{os.environ.get(REFERENCE_ENV)} holds no 'features' for KID; write it with "
+            "`python -m dew.fid --images=... --save_stats=... --keep_features=N`"
+        )
+    return ref
+
+
 def _batches(images: np.ndarray, size: int = 100):
     for i in range(0, len(images), size):
         yield images[i : i + size]
@@ -83,12 +94,7 @@ def inception_fid(images: np.ndarray, labels: np.ndarray | None = None) -> float
 
 def inception_kid(images: np.ndarray, labels: np.ndarray | None = None) -> float:
     """KID (mean over subsets) of images in [−1, 1] (NHWC) to the features in ``$DEW_FID_REFERENCE``."""
-    ref = _reference()
-    if "features" not in ref:
-        raise ValueError(
-            f"{os.environ.get(REFERENCE_ENV)} holds no 'features' for KID; write it with "
-            "`python -m dew.fid --images=... --save_stats=... --keep_features=N`"
-        )
+    ref = _kid_reference()
     images = np.asarray(images)
     stats = _scorer().statistics(_batches(images), keep_features=len(images))
     return distances.kernel_distance(stats.features, ref["features"])[0]
@@ -99,12 +105,7 @@ def check_ready(kid: bool = False) -> None:
     preview: no reference statistics (or no KID features in them), or no Inception weights."""
     from dew.scoring.convert_inception import HOW_TO_GET, default_path
 
-    ref = _reference()
-    if kid and "features" not in ref:
-        raise ValueError(
-            f"{os.environ.get(REFERENCE_ENV)} holds no 'features' for KID; write it with "
-            "`python -m dew.fid --images=... --save_stats=... --keep_features=N`"
-        )
+    _kid_reference() if kid else _reference()
     if not os.path.isfile(default_path()):
         raise FileNotFoundError(f"FID Inception weights not found at {default_path()}: {HOW_TO_GET}")
 
