@@ -79,6 +79,28 @@ def test_pipeline_reproduces_the_runs_own_preview_bit_for_bit_and_reads_weights_
     assert guided.images.shape == (2, 8, 8, 1)
 
 
+def test_a_repeated_setting_compiles_its_draw_once(run):
+    task = dew.pipeline(run[0])
+    traces = []
+    for fn in ("draw", "generate"):
+        original = getattr(task.objective, fn)
+
+        def counted(*args, _original=original, _name=fn, **kwargs):
+            traces.append(_name)  # runs only while jax traces
+            return _original(*args, **kwargs)
+
+        setattr(task.objective, fn, counted)
+    task(steps=5)
+    task(classes=(1, 2), steps=5, guidance=2.0)
+    assert "draw" in traces and "generate" in traces
+    first = len(traces)
+    task(steps=5)
+    task(classes=(1, 2), steps=5, guidance=2.0)
+    assert len(traces) == first  # both programs reused: nothing traced again
+    task(steps=6)  # a new setting is a new program
+    assert len(traces) > first
+
+
 def test_raw_weights_differ_from_the_ema_and_a_step_directory_is_a_source(run):
     workdir, _ = run
     raw = dew.pipeline(workdir, raw=True)

@@ -56,6 +56,8 @@ class Diffusion(Objective):
         self.condition_dropout = condition_dropout
         self.sampling = sampling or Sampling()
         self._preview_fn: Callable[..., Any] | None = None
+        # Jitted draws by their static settings, so repeated pipeline calls compile once each.
+        self._jitted: dict[tuple, Callable[..., Any]] = {}
         self.nonfinite_samples = 0  # in the last preview (see score)
         # The batch-field value of each condition's unconditional datum, from its encoder.
         self._unconditional_tokens = {
@@ -326,9 +328,8 @@ class Diffusion(Objective):
         if classes is None and prompts is None:
             if settings == self.sampling:
                 return self.preview(params, rng)
-            samples, _ = jax.device_get(
-                jax.jit(functools.partial(self.draw, **dataclasses.asdict(settings)))(params, rng)
-            )
+            draw = self._jitted_once(("draw", settings), self.draw, **dataclasses.asdict(settings))
+            samples, _ = jax.device_get(draw(params, rng))
             captions = None
             if self.class_prompts is not None:
                 captions = tuple(p for p in self.class_prompts for _ in range(per_class))
@@ -336,9 +337,17 @@ class Diffusion(Objective):
         conditions, captions = self._explicit_conditions(classes, prompts)
         lo, hi = settings.guidance_interval or (0.0, float("inf"))
         cfg = CFG(weight=guidance, sigma_lo=lo, sigma_hi=hi) if guidance != 1.0 else None
-        draw = jax.jit(functools.partial(self.generate, steps=steps, solver=solver, guidance=cfg))
+        draw = self._jitted_once(
+            ("generate", steps, solver, cfg), self.generate, steps=steps, solver=solver, guidance=cfg
+        )
         samples = jax.device_get(draw(params, rng, conditions))
         return self._artifact(samples, captions, min(len(samples), 10))
+
+    def _jitted_once(self, key: tuple, fn: Callable[..., Any], **static: Any) -> Callable[..., Any]:
+        """``jax.jit(partial(fn, **static))``, built once per ``key`` (the static settings)."""
+        if key not in self._jitted:
+            self._jitted[key] = jax.jit(functools.partial(fn, **static))
+        return self._jitted[key]
 
     def _explicit_conditions(self, classes, prompts) -> tuple[dict[str, jax.Array], tuple[str, ...] | None]:
         if classes is not None and prompts is not None:
