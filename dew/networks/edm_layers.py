@@ -18,6 +18,7 @@ the DDPM++/ADM box filter [1, 1] becomes a 2×2 mean and a nearest-neighbour rep
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -147,9 +148,49 @@ def conv(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
     """Stride-1 2D convolution, NHWC × [k, k, in, out]; a 1×1 kernel is a matmul."""
     if w.shape[0] == 1 and w.shape[1] == 1 and pad == 0:
         return jnp.dot(x, w[0, 0])
+    return _conv_tap_weight_grad(x, w, pad)
+
+
+def _xla_conv(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
     return jax.lax.conv_general_dilated(
         x, w, (1, 1), [(pad, pad), (pad, pad)], dimension_numbers=("NHWC", "HWIO", "NHWC")
     )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _conv_tap_weight_grad(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
+    """XLA's convolution, whose weight gradient is computed one kernel tap at a time.
+
+    Forward and input gradient are XLA's own. The weight gradient is the textbook sum
+    dL/dw[i, j] = Σ_{b,r,s} x_pad[b, r + i, s + j, :]ᵀ dL/dy[b, r, s, :], one [in, B·H·W] × [B·H·W,
+    out] matmul per tap. XLA:CPU computes it instead as a convolution whose kernel is the whole
+    output gradient, which on this backend is 1.5-2× slower at 16×16 and ~8× slower at 32×32
+    (``benchmarks/RESULTS.md``, issue 12); the two agree to float32 summation order.
+    """
+    return _xla_conv(x, w, pad)
+
+
+def _conv_forward(x: jax.Array, w: jax.Array, pad: int):
+    return _xla_conv(x, w, pad), (x, w)
+
+
+def _conv_backward(pad: int, residuals, grad: jax.Array):
+    x, w = residuals
+    (dx,) = jax.vjp(lambda x_: _xla_conv(x_, w, pad), x)[1](grad)
+    kh, kw, cin, cout = w.shape
+    _, h, wd, _ = grad.shape
+    xp = jnp.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0))) if pad else x
+    g = grad.reshape(-1, cout)
+    taps = [
+        jnp.dot(xp[:, i : i + h, j : j + wd, :].reshape(-1, cin).T, g, preferred_element_type=jnp.float32)
+        for i in range(kh)
+        for j in range(kw)
+    ]
+    dw = jnp.stack(taps).reshape(kh, kw, cin, cout).astype(w.dtype)
+    return dx, dw
+
+
+_conv_tap_weight_grad.defvjp(_conv_forward, _conv_backward)
 
 
 class Conv2d(hk.Module):
