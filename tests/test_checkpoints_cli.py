@@ -119,5 +119,9 @@ def test_a_second_run_on_a_held_workdir_exits_2_and_a_killed_holders_lock_is_tak
     out, err = third.communicate(timeout=600)
     assert third.returncode == 0, err
     assert f"taking over a stale lock: the run that held it (pid {first.pid} on host" in out
-    assert f"resuming from step {latest}" in out
+    # The kill can land mid-save: then the newest step is set aside as incomplete (said so) and
+    # the run resumes from the one before it, as the crash tests require.
+    resumed = int(re.search(r"resuming from step (\d+)", out).group(1))
+    set_aside = f"checkpoint step {latest} is damaged or incomplete" in out
+    assert resumed == latest or (set_aside and resumed < latest), out
     assert (workdir / "run.lock").read_text() == ""  # released on a clean exit
