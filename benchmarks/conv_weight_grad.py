@@ -2,8 +2,9 @@
 
     PYTHONPATH=. python benchmarks/conv_weight_grad.py [--net=16] [--rounds=6] [--layers]
 
-Builds ``benchmarks/unet.py``'s train step twice, once with ``dew.networks.edm_layers.conv``
-(per-tap weight gradient) and once with XLA's convolution and its own gradient, compiles both
+Builds ``benchmarks/unet.py``'s train step twice, once with every 3×3 convolution taking the
+per-tap weight gradient (``dew.networks.edm_layers._conv_tap_weight_grad``; dew's ``conv`` takes
+it from 32×32 up) and once with XLA's convolution and its own gradient, compiles both
 (process CPU time), checks that the first step's statistics agree, then times alternating rounds
 of 2 steps and prints medians. ``--layers`` times single 3×3 convolutions instead: forward,
 input gradient, and the two weight gradients, at the shapes of the 16×16 and 32×32 networks.
@@ -29,7 +30,17 @@ from unet import dew_setup  # noqa: E402
 
 import dew.networks.edm_layers as layers  # noqa: E402
 
-TAPS = layers.conv
+DEW_CONV = layers.conv
+
+
+def taps_conv(x, w, pad):
+    """Every k×k convolution with the per-tap weight gradient, whatever the image size."""
+    if w.shape[0] == 1 and w.shape[1] == 1 and pad == 0:
+        return jnp.dot(x, w[0, 0])
+    return layers._conv_tap_weight_grad(x, w, pad)
+
+
+TAPS = taps_conv
 
 
 def xla_conv(x, w, pad):
@@ -84,7 +95,7 @@ def whole_step(net: str, rounds: int) -> None:
         compiled = step.lower(state, data).compile()
         print(f"{name}: step compile {time.process_time() - start:.1f} s CPU", flush=True)
         sides[name] = [compiled, state, data]
-    layers.conv = TAPS
+    layers.conv = DEW_CONV
     first = {}
     for name, side in sides.items():
         side[1], stats = side[0](side[1], side[2])

@@ -1,6 +1,6 @@
-"""``dew.networks.edm_layers.conv``: XLA's convolution with a per-tap weight gradient. Its
-forward and input gradient are XLA's own (bit-identical); its weight gradient is the same sum as
-XLA's in another order, so the two may differ only by float32 rounding, bounded below."""
+"""``dew.networks.edm_layers``' per-tap convolution weight gradient, taken by ``conv`` for large
+images. Its forward and input gradient are XLA's own (bit-identical); its weight gradient is the
+same sum as XLA's in another order, so the two may differ only by float32 rounding, bounded below."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dew.networks.edm_layers import _xla_conv, conv
+from dew.networks.edm_layers import TAPWISE_MIN_POSITIONS, _conv_tap_weight_grad, _xla_conv, conv
 
 
 @pytest.mark.parametrize(
@@ -21,7 +21,7 @@ def test_the_per_tap_weight_gradient_is_xlas_up_to_float32_rounding(shape, kerne
     x = jnp.asarray(rng.standard_normal(shape), jnp.float32)
     w = jnp.asarray(rng.standard_normal((kernel, kernel, shape[-1], out)), jnp.float32)
     cotangent = jnp.asarray(rng.standard_normal(_xla_conv(x, w, pad).shape), jnp.float32)
-    y, vjp = jax.vjp(lambda x_, w_: conv(x_, w_, pad), x, w)
+    y, vjp = jax.vjp(lambda x_, w_: _conv_tap_weight_grad(x_, w_, pad), x, w)
     y_ref, vjp_ref = jax.vjp(lambda x_, w_: _xla_conv(x_, w_, pad), x, w)
     (dx, dw), (dx_ref, dw_ref) = vjp(cotangent), vjp_ref(cotangent)
     np.testing.assert_array_equal(y, y_ref)  # XLA's forward
@@ -43,6 +43,14 @@ def test_the_per_tap_weight_gradient_is_xlas_up_to_float32_rounding(shape, kerne
     bound = n * u / (1 - n * u) * magnitude
     assert np.all(np.abs(np.asarray(dw, np.float64) - exact) <= bound)
     assert np.all(np.abs(np.asarray(dw_ref, np.float64) - exact) <= bound)
+
+
+def test_conv_takes_the_per_tap_gradient_from_32x32_up_and_xlas_below():
+    w = jnp.ones((3, 3, 2, 2))
+    for side, tapwise in ((16, False), (31, False), (32, True), (64, True)):
+        assert (side * side >= TAPWISE_MIN_POSITIONS) == tapwise
+        jaxpr = str(jax.make_jaxpr(lambda x_, w_: conv(x_, w_, 1))(jnp.ones((1, side, side, 2)), w))
+        assert ("custom_vjp_call" in jaxpr) == tapwise, (side, jaxpr)
 
 
 def test_a_1x1_kernel_stays_a_matmul():

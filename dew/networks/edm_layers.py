@@ -144,11 +144,23 @@ def upsample(x: jax.Array, resample_filter: Sequence[float], pad: int) -> jax.Ar
     return _up_1d(_up_1d(x, taps, pad, 1), taps, pad, 2)
 
 
+TAPWISE_MIN_POSITIONS = 1024
+"""Images with at least this many pixels (32×32 and up) take the per-tap weight gradient."""
+
+
 def conv(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
-    """Stride-1 2D convolution, NHWC × [k, k, in, out]; a 1×1 kernel is a matmul."""
+    """Stride-1 2D convolution, NHWC × [k, k, in, out]; a 1×1 kernel is a matmul.
+
+    From ``TAPWISE_MIN_POSITIONS`` pixels up, the weight gradient is computed per kernel tap
+    (``_conv_tap_weight_grad``): there XLA:CPU's own is 7-8× slower. Below, XLA's is kept: the two
+    are within 2× of each other per layer, the whole 8×8/16×16 train step within ±4 %, and the
+    per-tap form costs 10-60 % more step compile time (``benchmarks/RESULTS.md``, issue 12).
+    """
     if w.shape[0] == 1 and w.shape[1] == 1 and pad == 0:
         return jnp.dot(x, w[0, 0])
-    return _conv_tap_weight_grad(x, w, pad)
+    if x.shape[1] * x.shape[2] >= TAPWISE_MIN_POSITIONS:
+        return _conv_tap_weight_grad(x, w, pad)
+    return _xla_conv(x, w, pad)
 
 
 def _xla_conv(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
@@ -164,8 +176,8 @@ def _conv_tap_weight_grad(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
     Forward and input gradient are XLA's own. The weight gradient is the textbook sum
     dL/dw[i, j] = Σ_{b,r,s} x_pad[b, r + i, s + j, :]ᵀ dL/dy[b, r, s, :], one [in, B·H·W] × [B·H·W,
     out] matmul per tap. XLA:CPU computes it instead as a convolution whose kernel is the whole
-    output gradient, which on this backend is 1.5-2× slower at 16×16 and ~8× slower at 32×32
-    (``benchmarks/RESULTS.md``, issue 12); the two agree to float32 summation order.
+    output gradient, which on this backend is ~8× slower at 32×32 (``benchmarks/RESULTS.md``,
+    issue 12); the two agree to float32 summation order.
     """
     return _xla_conv(x, w, pad)
 
