@@ -55,8 +55,8 @@ class Diffusion(Objective):
         self.process = process
         self.condition_dropout = condition_dropout
         self.sampling = sampling or Sampling()
-        self._preview_fn: Callable[..., Any] | None = None
-        # Jitted draws by their static settings, so repeated pipeline calls compile once each.
+        # Jitted draws by their static settings (the preview's among them), so repeated previews
+        # and pipeline calls compile once each.
         self._jitted: dict[tuple, Callable[..., Any]] = {}
         self.nonfinite_samples = 0  # in the last preview (see score)
         # The batch-field value of each condition's unconditional datum, from its encoder.
@@ -261,10 +261,8 @@ class Diffusion(Objective):
         """Samples as ``config.objective.sampling`` asks: an ``ImageGrid`` with one row per class
         for images (captioned with each row's prompt for text conditions), a ``VideoGrid`` for
         clips, a scatter plot (one ``ImageGrid`` picture) for points."""
-        if self._preview_fn is None:
-            settings = dataclasses.asdict(self.sampling)
-            self._preview_fn = jax.jit(functools.partial(self.draw, **settings))
-        samples, _ = jax.device_get(self._preview_fn(params, rng))
+        draw = self._jitted_once(("draw", self.sampling), self.draw, **dataclasses.asdict(self.sampling))
+        samples, _ = jax.device_get(draw(params, rng))
         # A diverged model samples NaN or inf: drawn grey (NaN) or saturated (inf), counted, and
         # reported by ``score`` instead of being handed to metrics that cannot take them.
         finite = np.isfinite(samples.reshape(len(samples), -1)).all(axis=1)
