@@ -8,7 +8,8 @@ labels (``contrastive``: SimCLR-style views: ±1-pixel shifts, 20 % of pixels bl
 and 720 training digits) as ``Representations`` (a PCA scatter by label in the tracking
 directory), and the registered ``linear_probe`` metric fits logistic regression on its odd rows
 and reports held-out accuracy on the even rows, beside ``linear_probe_pixels``: the same probe
-on the same records' raw pixels.
+on the same records' raw pixels. The validation split holds 180 digits, fewer than a training
+batch, so evaluation (the NT-Xent loss on held-out views) takes its own batch of 120.
 """
 
 from ml_collections import ConfigDict
@@ -25,7 +26,7 @@ def get_config() -> ConfigDict:
     config.optimizer = ConfigDict({"learning_rate": 1e-3, "warmup_steps": 50})
     config.ema = ConfigDict({"decay": 0.99})
     config.train = ConfigDict({"num_steps": 2000, "log_every": 50})
-    config.eval = ConfigDict({"every": 500, "num_batches": 1})
+    config.eval = ConfigDict({"every": 500, "num_batches": 1, "batch_size": 120})
     config.preview = ConfigDict({"every": 500, "metrics": ("linear_probe",)})
     config.checkpoint = ConfigDict({"every": 500})
     return config

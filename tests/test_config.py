@@ -70,6 +70,16 @@ def test_bad_overrides_name_the_key(override, message):
         ),
         (["--config.dataset.batch_size=4096"], r"batch_size=4096 is invalid: .*must be in \[1, 1617\]"),
         (["--config.eval.num_batches=50"], "config.eval.num_batches=50 is invalid: .*only 2 fit"),
+        (  # 180 validation digits: a training batch of 256 needs its own evaluation batch size
+            ["--config.dataset.batch_size=256"],
+            r"config.dataset.batch_size=256 is invalid: .*'digits/validation'.*set config.eval.batch_size",
+        ),
+        (
+            ["--config.dataset.batch_size=256", "--config.eval.batch_size=200"],
+            r"config.eval.batch_size=200 is invalid: .*must be in \[1, 180\]",
+        ),
+        (["--config.eval.batch_size=100"], "config.eval.batch_size.* not divisible by the data-parallel"),
+        (["--config.eval.batch_size=0"], r"config.eval.batch_size=0 is invalid: expected an int >= 1"),
         (["--config.dataset.name=oxford_flowers102"], "tfds data set 'oxford_flowers102' is not prepared"),
         (["--config.dataset.name=gaussian_mixture"], "cannot build parameters for 'gaussian_mixture/train'"),
         (["--config.preview.metrics=('fud',)"], "config.preview.metrics: unknown metrics 'fud'"),

@@ -91,8 +91,7 @@ def test_contrastive_encoder_emits_representations_scored_by_the_linear_probe(tm
     train(
         "probe.py",
         workdir,
-        [
-            "config.dataset.batch_size=32",
+        [  # the default batch sizes: 256 to train, 120 of the 180 validation digits to evaluate
             "config.model.features=8",
             "config.model.width=4",
             "config.objective.probe_train=40",

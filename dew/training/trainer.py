@@ -112,6 +112,13 @@ EVAL_CONFIG = Section(
             **_at_least(0, "an int >= 0 (0 disables evaluation)"),
         ),
         "num_batches": Key(1, "validation batches per evaluation", **_at_least(1, "an int >= 1")),
+        "batch_size": Key(
+            None,
+            "examples per validation batch (None: config.dataset.batch_size; set it when the "
+            "validation split is smaller than a training batch)",
+            kind=int,
+            **_at_least(1, "an int >= 1, or None for config.dataset.batch_size"),
+        ),
     },
 )
 PREVIEW_CONFIG = Section(
@@ -223,10 +230,31 @@ class Trainer:
                 f"{share.count} processes (each reads an equal share)"
             )
         local_batch = c.dataset.batch_size // share.count
+        eval_batch = c.eval.batch_size or c.dataset.batch_size
+        if c.eval.batch_size is not None:
+            try:
+                self.layout.check_batch(eval_batch, "config.eval.batch_size")
+            except ValueError as e:
+                raise ConfigError(f"config.mesh / config.eval.batch_size: {e}") from e
+            if eval_batch % share.count:
+                raise ConfigError(
+                    f"config.eval.batch_size={eval_batch} is invalid: expected a multiple of the "
+                    f"{share.count} processes (each reads an equal share)"
+                )
         self.train_source = open_split(c.dataset, "train")
         self.val_source = open_split(c.dataset, "validation")
         self.train_data = _dataset(self.train_source, local_batch, c, share, shuffle=True)
-        self.val_data = _dataset(self.val_source, local_batch, c, share, shuffle=False)
+        self.val_data = _dataset(
+            self.val_source,
+            eval_batch // share.count,
+            c,
+            share,
+            shuffle=False,
+            field="eval.batch_size" if c.eval.batch_size is not None else "dataset.batch_size",
+            hint=""
+            if c.eval.batch_size is not None
+            else " (set config.eval.batch_size for a smaller validation batch)",
+        )
         self.objective: Objective = build_objective(c, self.train_source)
         self.optimizer = make_optimizer(c)
         self.ema = ema_lib.spec_from_config(c.ema)
@@ -609,12 +637,20 @@ def open_split(section: ml_collections.ConfigDict, split: str) -> Any:
 
 
 def _dataset(
-    source: Any, local_batch: int, c: ml_collections.ConfigDict, share: DataPartition, *, shuffle: bool
+    source: Any,
+    local_batch: int,
+    c: ml_collections.ConfigDict,
+    share: DataPartition,
+    *,
+    shuffle: bool,
+    field: str = "dataset.batch_size",
+    hint: str = "",
 ):
     try:
         return Dataset(source, local_batch, seed=c.seed, share=share, shuffle=shuffle)
     except ValueError as e:
-        raise ConfigError(f"config.dataset.batch_size={c.dataset.batch_size} is invalid: {e}") from None
+        value = local_batch * share.count
+        raise ConfigError(f"config.{field}={value} is invalid: {e}{hint}") from None
 
 
 def build_objective(config: ml_collections.ConfigDict, source: Any) -> Objective:
