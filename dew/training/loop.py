@@ -24,6 +24,10 @@ StepFn = Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]
 #: stage is due (one scalar transfer, and a bound on the device buffers kept alive).
 MAX_UNCHECKED = 1024
 
+#: Whether a profiler trace is being recorded (``TraceMe.is_enabled``: 0.1 µs, against ~2 µs
+#: for entering and leaving a step annotation that nothing records).
+_tracing = jax.profiler.TraceAnnotation.is_enabled
+
 #: The step statistic that flags a non-finite loss or gradient (see ``steps.make_step``).
 NONFINITE_FLAG = "skipped_updates"
 
@@ -118,8 +122,9 @@ def fit(
     ``max_skipped`` (a fraction) of them stop the run: every stage's ``stop_early`` is called
     with the current state (skipped updates were never applied, so it is good; a checkpoint
     stage saves it), then ``NonFiniteError`` is raised naming the window's last bad step and
-    that checkpoint. Each step runs inside a profiler step annotation, so a
-    ``ProfileWindow`` stage's trace shows the steps by number.
+    that checkpoint. While a profiler trace is recording (a ``ProfileWindow`` stage, or
+    ``jax.profiler.trace`` around the call), each step runs inside a step annotation, so the
+    trace shows the steps by number.
     """
     if nonfinite not in ("stop", "skip"):
         raise ValueError(f"fit: nonfinite must be 'stop' or 'skip', got {nonfinite!r}")
@@ -137,7 +142,10 @@ def fit(
     try:
         while step < num_steps:
             batch = next(batches)
-            with jax.profiler.StepTraceAnnotation("train", step_num=step + 1):
+            if _tracing():  # a profiler is recording: its trace names each step
+                with jax.profiler.StepTraceAnnotation("train", step_num=step + 1):
+                    state, stats = step_fn(state, batch)
+            else:
                 state, stats = step_fn(state, batch)
             step += 1
             ctx.step, ctx.state, ctx.stats, ctx.final = step, state, stats, step == num_steps
