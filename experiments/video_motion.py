@@ -1,6 +1,6 @@
 """Does the video model move its digits? Generated clips against real validation clips.
 
-    PYTHONPATH=. python experiments/video_motion.py --workdir=runs/video [--per_class=10]
+    PYTHONPATH=. python experiments/video_motion.py --workdir=runs/video [--per_class=10] [--guidance=1.0]
 
 Loads the run with ``dew.pipeline`` (debiased EMA of the latest checkpoint), draws
 ``per_class`` clips of every class, and prints, for generated and real clips
@@ -26,6 +26,7 @@ def main() -> int:
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--per_class", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--guidance", type=float, default=None, help="CFG weight (default: the run's)")
     args = parser.parse_args()
 
     import dew
@@ -33,12 +34,14 @@ def main() -> int:
     from dew.training.tracking.media import write_gif
 
     task = dew.pipeline(args.workdir)
-    clips = task(per_class=args.per_class, seed=args.seed)
+    options = {} if args.guidance is None else {"guidance": args.guidance}
+    clips = task(per_class=args.per_class, seed=args.seed, **options)
     labels = np.repeat(np.arange(10), args.per_class)
     generated = motion_statistics(clips.clips, labels)
     real = moving_digits("validation")
     reference = motion_statistics(real.fields["video"], real.fields["label"])
-    print(f"run {args.workdir}, step {task.step}: {len(labels)} generated, {len(real)} real clips")
+    guidance = "the run's guidance" if args.guidance is None else f"guidance {args.guidance}"
+    print(f"run {args.workdir}, step {task.step}, {guidance}: {len(labels)} generated, {len(real)} real")
     print("| statistic | generated | real |\n|---|---|---|")
     for key in ("frame_accuracy", "identity_consistency", "mean_displacement", "constant_velocity_error"):
         print(f"| {key} | {generated[key]:.3f} | {reference[key]:.3f} |")
