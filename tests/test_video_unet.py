@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dew.networks.video_unet import Conv2Plus1D, FactorisedAttention, TemporalConv
+from dew.networks.video_unet import Conv2Plus1D, FactorisedAttention, TemporalConv, VideoUNet
 
 
 def _clips(shape: tuple[int, ...], seed: int = 0) -> jax.Array:
@@ -68,3 +68,15 @@ def test_temporal_attention_knows_the_frame_order():
     np.testing.assert_allclose(
         f.apply(without, x), f.apply(without, x[:, ::-1])[:, ::-1], rtol=1e-5, atol=1e-5
     )
+
+
+def test_the_two_level_network_maps_clips_to_clips_through_its_spatial_down_and_up_sampling():
+    """Shapes only (traced, not compiled): two levels halve 16x16 to 8x8 at 2x the channels and
+    back, keep all 8 frames, and the temporal attention at 8x8 embeds the 8 frame indices."""
+    net = hk.transform(lambda x, s, y: VideoUNet(8, (1, 2), 1)(x, s, label=y))
+    x, s, y = (jax.ShapeDtypeStruct(shape, jnp.float32) for shape in ((2, 8, 16, 16, 1), (2,), (2, 10)))
+    params = jax.eval_shape(net.init, jax.random.PRNGKey(0), x, s, y)
+    assert jax.eval_shape(net.apply, params, None, x, s, y).shape == (2, 8, 16, 16, 1)
+    assert params["video_u_net/down0"]["w"].shape == (3, 3, 8, 8)  # stride 2 at 16x16
+    assert params["video_u_net/up1"]["w"].shape == (3, 3, 16, 16)  # after the 8x8 level
+    assert params["video_u_net/mid_attn"]["frame_embedding"].shape == (8, 16)
