@@ -216,44 +216,34 @@ class Trainer:
     ):
         self.config = c = resolve_config(config)
         self.workdir = check_workdir(workdir)
-        # The mesh and the batch split are checked first: bad input fails before any work.
+        # The mesh and the batch splits are checked first: bad input fails before any work.
         try:
             self.mesh = sharding.spec_from_config(c.mesh).mesh()
             self.layout = Layout.for_mesh(self.mesh)
-            self.layout.check_batch(c.dataset.batch_size, "config.dataset.batch_size")
         except ValueError as e:
             raise ConfigError(f"config.mesh / config.dataset.batch_size: {e}") from e
         share = DataPartition(jax.process_index(), jax.process_count())
-        if c.dataset.batch_size % share.count:
-            raise ConfigError(
-                f"config.dataset.batch_size={c.dataset.batch_size} is invalid: expected a multiple of the "
-                f"{share.count} processes (each reads an equal share)"
-            )
-        local_batch = c.dataset.batch_size // share.count
-        eval_batch = c.eval.batch_size or c.dataset.batch_size
-        if c.eval.batch_size is not None:
-            try:
-                self.layout.check_batch(eval_batch, "config.eval.batch_size")
-            except ValueError as e:
-                raise ConfigError(f"config.mesh / config.eval.batch_size: {e}") from e
-            if eval_batch % share.count:
-                raise ConfigError(
-                    f"config.eval.batch_size={eval_batch} is invalid: expected a multiple of the "
-                    f"{share.count} processes (each reads an equal share)"
-                )
+        local_batch = _local_batch(self.layout, share, c.dataset.batch_size, "dataset.batch_size")
+        # Evaluation batches: config.eval.batch_size, or the training batch when it is None.
+        eval_field = "dataset.batch_size" if c.eval.batch_size is None else "eval.batch_size"
+        local_eval_batch = (
+            local_batch
+            if c.eval.batch_size is None
+            else _local_batch(self.layout, share, c.eval.batch_size, eval_field)
+        )
         self.train_source = open_split(c.dataset, "train")
         self.val_source = open_split(c.dataset, "validation")
         self.train_data = _dataset(self.train_source, local_batch, c, share, shuffle=True)
         self.val_data = _dataset(
             self.val_source,
-            eval_batch // share.count,
+            local_eval_batch,
             c,
             share,
             shuffle=False,
-            field="eval.batch_size" if c.eval.batch_size is not None else "dataset.batch_size",
-            hint=""
-            if c.eval.batch_size is not None
-            else " (set config.eval.batch_size for a smaller validation batch)",
+            field=eval_field,
+            hint=" (set config.eval.batch_size for a smaller validation batch)"
+            if c.eval.batch_size is None
+            else "",
         )
         self.objective: Objective = build_objective(c, self.train_source)
         self.optimizer = make_optimizer(c)
@@ -634,6 +624,21 @@ def open_split(section: ml_collections.ConfigDict, split: str) -> Any:
             f"config.dataset.name={section.name!r}: cannot open its {split!r} split "
             f"({type(e).__name__}: {message})"
         ) from None
+
+
+def _local_batch(layout: Layout, share: DataPartition, size: int, field: str) -> int:
+    """This process's share of a global batch of ``size`` (``config.<field>``); a size the mesh's
+    data-parallel axes or the process count do not divide is a ``ConfigError`` naming the field."""
+    try:
+        layout.check_batch(size, f"config.{field}")
+    except ValueError as e:
+        raise ConfigError(f"config.mesh / config.{field}: {e}") from e
+    if size % share.count:
+        raise ConfigError(
+            f"config.{field}={size} is invalid: expected a multiple of the "
+            f"{share.count} processes (each reads an equal share)"
+        )
+    return size // share.count
 
 
 def _dataset(
