@@ -4,7 +4,7 @@ stix-ml 0.1.1's ``TrainingLoop`` (in its own environment, as a subprocess), in i
 windows; medians and ratios.
 
     PYTHONPATH=. python benchmarks/host_overhead.py [--window 500] [--rounds 15] \
-        [--stix-python /work/venv-stix/bin/python] [--kernels]
+        [--stix-python /work/venv-stix/bin/python] [--kernels] [--steps-per-call N]
 
 The toy: the 2-D mixture (experiments/mixture2d.py's 20,000 rows), MLP 3 -> 128 -> 128 -> 2,
 batch 256, flow matching, Adam(1e-4), EMA 0.99. dew runs it as experiments/mixture2d.py plus
@@ -23,6 +23,10 @@ user's loop call it, on a worker thread; a stage at each window boundary waits f
 (as every side's window does), stops the clock, and parks the loop until the next round starts
 it again. **fit/call**: one ``fit`` call per window, which adds its per-call cost (the state
 check and the step read at the start, the non-finite check at the end) to every window.
+
+``fit`` and ``Trainer`` run the experiment's ``config.train.steps_per_call`` steps per call of
+the compiled program (experiments/mixture2d.py: 10; ``--steps-per-call 1`` measures them one
+step per call); **plain** and **bare** call their step once per step.
 
 ``--kernels`` also counts the kernels on the hot path of the dew step and the bare step (XLA
 CPU, after fusion).
@@ -142,8 +146,10 @@ class ParkedFit(Stage):
     stage ends each window (waits for its last step, stops the clock) and parks the loop until
     the next call. The worker's start and the handover are outside the timed window."""
 
-    def __init__(self, side: Side, every: int, state: Any, step: Any, data: Any, windows: int):
-        self.side, self.every = side, every
+    def __init__(
+        self, side: Side, every: int, state: Any, step: Any, data: Any, windows: int, k: int, multi: Any
+    ):
+        self.side, self.every, self.k, self.multi = side, every, k, multi
         self._go, self._done = threading.Event(), threading.Event()
         self._clock = (0.0, 0.0)
         self._record = False
@@ -156,7 +162,7 @@ class ParkedFit(Stage):
     def _work(self, state: Any, step: Any, data: Any, num_steps: int) -> None:
         try:
             self._park()
-            fit(state, step, data, num_steps, [self])
+            fit(state, step, data, num_steps, [self], steps_per_call=self.k, multi_step_fn=self.multi)
         except BaseException as e:  # reported on the main thread
             self.error = e
             self._done.set()
@@ -230,6 +236,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15, help="timed windows per side")
     parser.add_argument("--stix-python", default="/work/venv-stix/bin/python")
     parser.add_argument("--kernels", action="store_true")
+    parser.add_argument(
+        "--steps-per-call",
+        type=int,
+        default=None,
+        help="train steps per call for fit and the Trainer (default: the experiment's)",
+    )
     args = parser.parse_args()
     workdir = tempfile.mkdtemp(prefix="dew-host-overhead-")
     total = args.window * (args.rounds + 1)
@@ -240,6 +252,7 @@ def main() -> None:
             f"config.train.num_steps={total}",
             f"config.train.log_every={args.window}",
             f"config.checkpoint.every={total}",
+            *([f"config.train.steps_per_call={args.steps_per_call}"] if args.steps_per_call else []),
         ],
     )
     trainer = Trainer(config, os.path.join(workdir, "trainer"))
@@ -261,6 +274,7 @@ def main() -> None:
         timed(sides["bare"], w, body, record)
 
     step = trainer._step  # the jitted, sharded dew step
+    k = config.train.steps_per_call  # fit and the Trainer run k steps per call (plain: one)
     plain_data = Dataset(trainer.train_source, 256, seed=1)
     state_box["plain"] = trainer.init(jax.random.PRNGKey(3), trainer.example_batch())
 
@@ -280,6 +294,8 @@ def main() -> None:
         step,
         Dataset(trainer.train_source, 256, seed=2),
         windows=args.rounds + 1,
+        k=k,
+        multi=trainer._multi_step,
     )
 
     def run_fit(record: bool) -> None:
@@ -291,7 +307,14 @@ def main() -> None:
     def run_fit_call(record: bool) -> None:
         def body():
             state = state_box["fit/call"]
-            state = fit(state, step, fit_call_data, int(state.step) + w)
+            state = fit(
+                state,
+                step,
+                fit_call_data,
+                int(state.step) + w,
+                steps_per_call=k,
+                multi_step_fn=trainer._multi_step,
+            )
             state_box["fit/call"] = jax.block_until_ready(state)
 
         timed(sides["fit/call"], w, body, record)

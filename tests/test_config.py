@@ -65,6 +65,10 @@ def test_bad_overrides_name_the_key(override, message):
         ),
         (["--config.tracking.wandb_mode=loud"], "config.tracking.wandb_mode='loud' is invalid"),
         (
+            ["--config.train.steps_per_call=0"],
+            r"config.train.steps_per_call=0 is invalid: expected an int >= 1",
+        ),
+        (
             ["--config.optimiser.learning_rate=1.0"],
             "unknown config key 'config.optimiser'; did you mean 'optimizer'",
         ),

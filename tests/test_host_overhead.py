@@ -102,3 +102,72 @@ def test_global_norm_is_the_norm_of_all_leaves_and_flags_any_non_finite_leaf():
     np.testing.assert_allclose(global_norm(tree), optax.tree.norm(tree), rtol=1e-6)
     for bad in (jnp.nan, jnp.inf):
         assert not np.isfinite(global_norm({**tree, "b": tree["b"].at[2].set(bad)}))
+
+
+# --- several steps per call -----------------------------------------------------------------------
+def test_device_sums_take_stacked_calls_between_single_steps():
+    sums = DeviceSums(chunk=3)
+    rng = np.random.default_rng(1)
+    losses = rng.standard_normal(27).astype(np.float32)
+    sizes, i = [1, 4, 4, 1, 1, 4, 4, 4, 1, 1, 1, 1], 0  # chunks of both kinds, full and partial
+    for n in sizes:
+        part = losses[i : i + n]
+        sums.add({"loss": jnp.asarray(part if n > 1 else part[0])}, stacked=n > 1)
+        i += n
+    got, count = sums.read()
+    assert count == len(losses) == i
+    bound = len(losses) * np.finfo(np.float32).eps * np.abs(losses).sum()  # float32 accumulation
+    assert abs(got["loss"] - losses.astype(np.float64).sum()) <= bound
+
+
+class Calls(Stage):
+    """Due every ``every`` steps; records the step count of every call it observes."""
+
+    def __init__(self, every: int):
+        self.every, self.runs, self.calls = every, [], []
+
+    def observe(self, ctx):
+        self.calls.append((ctx.step, ctx.steps))
+
+    def run(self, ctx):
+        self.runs.append(ctx.step)
+
+
+def test_several_steps_per_call_give_the_single_steps_states_and_end_on_every_cadence():
+    single = fit(toy_state(), toy_step(), batches(), 45, [Calls(10)])
+    stage, other = Calls(10), Every(15)
+    multi = fit(toy_state(), toy_step(), batches(), 45, [stage, other], steps_per_call=4)
+    assert jax.tree.map(np.array_equal, single, multi) == jax.tree.map(lambda _: True, single)
+    assert stage.runs == [10, 20, 30, 40, 45] and other.runs == [15, 30, 45]
+    # Calls of 4 wherever no cadence (10, 15, 20, ...) or the end falls strictly inside one;
+    # single steps up to such a point.
+    ends = [end for end, _ in stage.calls]
+    assert ends == [4, 8, 9, 10, 14, 15, 19, 20, 24, 28, 29, 30, 34, 38, 39, 40, 44, 45]
+    assert [n for _, n in stage.calls] == [b - a for a, b in zip([0, *ends], ends, strict=False)]
+
+
+@pytest.mark.parametrize("every", [7, 1000])
+def test_the_first_non_finite_step_inside_a_multi_step_call_is_named(every):
+    # Step 12 is the fourth step of the call 9..12 (every=1000) or a single step (every=7).
+    with pytest.raises(NonFiniteError, match="non-finite loss \\(nan\\) at step 12"):
+        fit(toy_state(), toy_step(nan_at=12), batches(), 30, [Every(every)], steps_per_call=4)
+
+
+def test_the_skip_brake_counts_the_steps_of_multi_step_calls():
+    def nan_from(first: int):
+        def step(state, batch):
+            loss = jnp.where(state.step + 1 >= first, jnp.nan, jnp.mean(batch["x"]))
+            flag = (~jnp.isfinite(loss)).astype(jnp.int32)
+            return state.replace(step=state.step + 1), {"loss": loss, "skipped_updates": flag}
+
+        return jax.jit(step)
+
+    messages = []
+    for k in (1, 4):
+        with pytest.raises(NonFiniteError) as caught:
+            options = {"nonfinite": "skip", "max_skipped": 0.5, "skip_window": 8, "steps_per_call": k}
+            fit(toy_state(), nan_from(3), batches(), 40, [], **options)
+        messages.append(str(caught.value))
+    # Steps 3..8 of the first window of 8 are skipped: 6 > 4, stop at step 8, naming it.
+    assert messages[0] == messages[1]
+    assert "at step 8" in messages[1] and "dropped 6 of the last 8 updates" in messages[1]

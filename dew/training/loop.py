@@ -19,6 +19,7 @@ from dew.training.state import TrainState
 
 Batch = Mapping[str, Any]
 StepFn = Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]
+MultiStepFn = Callable[[TrainState, tuple[Batch, ...]], tuple[TrainState, dict[str, jax.Array]]]
 
 #: Steps whose statistics ``fit`` holds before it checks them for a non-finite flag even when no
 #: stage is due (one scalar transfer, and a bound on the device buffers kept alive).
@@ -36,23 +37,35 @@ NONFINITE_FLAG = "skipped_updates"
 class StepContext:
     """What the stages see after each step. ``reports`` carries values from earlier stages to
     later ones in the same step (evaluation's loss ranks the checkpoint saved after it).
-    ``fit`` updates one context in place every step: a stage that keeps something copies it."""
+    ``fit`` updates one context in place every step: a stage that keeps something copies it.
+
+    ``steps`` is how many steps the last call ran: 1, or ``fit``'s ``steps_per_call`` for a
+    multi-step call, whose ``stats`` are stacked along a leading axis of that length (row i is
+    step ``step - steps + 1 + i``)."""
 
     step: int
     state: TrainState
     stats: dict[str, jax.Array]
     final: bool
     reports: dict[str, float] = dataclasses.field(default_factory=dict)
+    steps: int = 1
 
 
 class Stage:
-    """A side effect at a cadence: ``observe`` every step (keep it cheap: no host transfer),
-    ``run`` when due (every ``every`` steps and at the final step), ``close`` once at the end."""
+    """A side effect at a cadence: ``observe`` after every call of the step (keep it cheap: no
+    host transfer), ``run`` when due (every ``every`` steps and at the final step), ``close``
+    once at the end. A stage whose cadence is not ``every`` says where it is due next in
+    ``next_due``, so that ``fit``'s multi-step calls end on it."""
 
     every: int = 0
 
     def due(self, ctx: StepContext) -> bool:
         return self.every > 0 and (ctx.final or ctx.step % self.every == 0)
+
+    def next_due(self, step: int) -> int | None:
+        """The first step after ``step`` at which this stage's cadence makes it due (None: it
+        has no cadence; it runs at whichever call boundary ``due`` says)."""
+        return (step // self.every + 1) * self.every if self.every > 0 else None
 
     def observe(self, ctx: StepContext) -> None:
         """Called after every step."""
@@ -109,6 +122,8 @@ def fit(
     last_good: Callable[[], str | None] | None = None,
     max_skipped: float = 1.0,
     skip_window: int = 0,
+    steps_per_call: int = 1,
+    multi_step_fn: MultiStepFn | None = None,
 ) -> TrainState:
     """Run ``step_fn`` until ``state.step == num_steps``; return the final state.
 
@@ -125,41 +140,68 @@ def fit(
     that checkpoint. While a profiler trace is recording (a ``ProfileWindow`` stage, or
     ``jax.profiler.trace`` around the call), each step runs inside a step annotation, so the
     trace shows the steps by number.
+
+    With ``steps_per_call`` > 1, ``fit`` runs that many steps per call, in one program
+    (``multi_step_fn``, default ``jax.jit(make_multi_step(step_fn, steps_per_call))``, which
+    donates nothing: pass one jitted with donation and shardings, ``Layout.jit_multi_step``, to
+    update the state in place), wherever
+    no stage's cadence (``Stage.next_due``), brake window or the end falls inside the call; it
+    runs single steps up to such a point. The states are those of single steps, bit for bit on
+    the same program; stages see the context after each call (``StepContext.steps``).
     """
     if nonfinite not in ("stop", "skip"):
         raise ValueError(f"fit: nonfinite must be 'stop' or 'skip', got {nonfinite!r}")
     if not 0.0 <= max_skipped <= 1.0:
         raise ValueError(f"fit: max_skipped must be a fraction in [0, 1], got {max_skipped!r}")
     brake = nonfinite == "skip" and skip_window > 0 and max_skipped < 1.0
+    if not isinstance(steps_per_call, int) or steps_per_call < 1:
+        raise ValueError(f"fit: steps_per_call must be an int >= 1, got {steps_per_call!r}")
+    multi = None
+    if steps_per_call > 1 and multi_step_fn is None:
+        from dew.training.steps import make_multi_step  # steps imports stages that import this module
+
+        multi = jax.jit(make_multi_step(step_fn, steps_per_call))
+    elif steps_per_call > 1:
+        multi = multi_step_fn
     state.check()  # shapes and dtypes at the boundary, before anything is compiled or run
     step = int(jax.device_get(state.step))
     # Per step: the step, a slot write for the flag, each stage's observe/due; no transfer, no
     # allocation that grows with anything but the steps since the last check.
     flags = DeviceSums()  # non-finite flags summed on the device since the last check
-    unchecked: list[dict[str, jax.Array]] = []  # those steps' stats, read only if one was bad
+    unchecked: list[tuple[dict[str, jax.Array], int]] = []  # those calls' stats and steps
     watch = nonfinite == "stop"
     ctx = StepContext(step=step, state=state, stats={}, final=False)
+    boundary = step  # the next step a multi-step call must not run past
     try:
         while step < num_steps:
-            batch = next(batches)
-            if _tracing():  # a profiler is recording: its trace names each step
-                with jax.profiler.StepTraceAnnotation("train", step_num=step + 1):
-                    state, stats = step_fn(state, batch)
+            n = 1
+            if multi is not None:
+                if step >= boundary:
+                    boundary = _next_boundary(stages, step, num_steps, skip_window if brake else 0)
+                if step + steps_per_call <= boundary:
+                    n = steps_per_call
+            if n > 1:
+                call, batch = multi, tuple(next(batches) for _ in range(n))
             else:
-                state, stats = step_fn(state, batch)
-            step += 1
-            ctx.step, ctx.state, ctx.stats, ctx.final = step, state, stats, step == num_steps
+                call, batch = step_fn, next(batches)
+            if _tracing():  # a profiler is recording: its trace names each call by its first step
+                with jax.profiler.StepTraceAnnotation("train", step_num=step + 1):
+                    state, stats = call(state, batch)
+            else:
+                state, stats = call(state, batch)
+            step += n
+            ctx.step, ctx.state, ctx.stats, ctx.final, ctx.steps = step, state, stats, step == num_steps, n
             if ctx.reports:
                 ctx.reports = {}
             check = watch and NONFINITE_FLAG in stats
             if check:
-                flags.add(stats[NONFINITE_FLAG])
-                unchecked.append(stats)
+                flags.add(stats[NONFINITE_FLAG], stacked=n > 1)
+                unchecked.append((stats, n))
                 if ctx.final or len(unchecked) >= MAX_UNCHECKED:
                     check = _check(flags, unchecked, step, last_good)
             elif brake and NONFINITE_FLAG in stats:
-                flags.add(stats[NONFINITE_FLAG])
-                unchecked.append(stats)
+                flags.add(stats[NONFINITE_FLAG], stacked=n > 1)
+                unchecked.append((stats, n))
                 if ctx.final or step % skip_window == 0:
                     _brake_if_skipping(flags, unchecked, max_skipped, ctx, stages, last_good)
                     unchecked.clear()
@@ -175,25 +217,47 @@ def fit(
     return state
 
 
+def _next_boundary(stages: Sequence[Stage], step: int, num_steps: int, skip_window: int) -> int:
+    """The first step after ``step`` where a stage is due by its cadence, a brake window ends,
+    or the run ends: no multi-step call runs past it."""
+    points = [num_steps] + [p for p in (stage.next_due(step) for stage in stages) if p is not None]
+    if skip_window:
+        points.append((step // skip_window + 1) * skip_window)
+    return min(points)
+
+
+def _per_step_flags(calls: list[tuple[dict[str, jax.Array], int]]) -> np.ndarray:
+    """The non-finite flag of every step of ``calls``, in order (one transfer; failure path)."""
+    values = jax.device_get([stats[NONFINITE_FLAG] for stats, _ in calls])
+    return np.concatenate([np.reshape(v, (-1,)) for v in values])
+
+
+def _step_stats(calls: list[tuple[dict[str, jax.Array], int]], index: int) -> dict[str, jax.Array]:
+    """The statistics of the ``index``-th step of ``calls`` (a row of a multi-step call's)."""
+    for stats, n in calls:
+        if index < n:
+            return stats if n == 1 else {k: v[index] for k, v in stats.items()}
+        index -= n
+    raise IndexError(index)
+
+
 def _brake_if_skipping(
     flags: DeviceSums,
-    window: list[dict[str, jax.Array]],
+    window: list[tuple[dict[str, jax.Array], int]],
     max_skipped: float,
     ctx: StepContext,
     stages: Sequence[Stage],
     last_good: Callable[[], str | None] | None,
 ) -> None:
     """Stop (see ``fit``) when more than ``max_skipped`` of the window's updates were skipped."""
-    skipped, _ = flags.read()  # one transfer per window
-    values = None
-    if skipped and skipped > max_skipped * len(window):
-        values = np.asarray(jax.device_get([stats[NONFINITE_FLAG] for stats in window]))
-    if values is None:
+    skipped, steps = flags.read()  # one transfer per window
+    if not (skipped and skipped > max_skipped * steps):
         return
+    values = _per_step_flags(window)
     count = int(np.sum(values > 0))
     last = int(np.flatnonzero(values > 0)[-1])
-    bad_step = ctx.step - len(window) + 1 + last
-    statistic, value = _nonfinite_statistic(window[last])
+    bad_step = ctx.step - steps + 1 + last
+    statistic, value = _nonfinite_statistic(_step_stats(window, last))
     for stage in stages:
         stage.stop_early(ctx)
     raise NonFiniteError(
@@ -201,7 +265,7 @@ def _brake_if_skipping(
         statistic,
         value,
         last_good() if last_good else None,
-        skipped=(count, len(window), max_skipped),
+        skipped=(count, steps, max_skipped),
     )
 
 
@@ -216,7 +280,7 @@ def _nonfinite_statistic(stats: dict[str, jax.Array]) -> tuple[str, float]:
 
 def _check(
     flags: DeviceSums,
-    unchecked: list[dict[str, jax.Array]],
+    unchecked: list[tuple[dict[str, jax.Array], int]],
     step: int,
     last_good: Callable[[], str | None] | None,
 ) -> bool:
@@ -229,21 +293,13 @@ def _check(
 
 def _raise_if_nonfinite(
     flags: DeviceSums,
-    unchecked: list[dict[str, jax.Array]],
+    unchecked: list[tuple[dict[str, jax.Array], int]],
     step: int,
     last_good: Callable[[], str | None] | None,
 ) -> None:
-    bad, _ = flags.read()  # one transfer: how many of the unchecked steps were flagged
+    bad, steps = flags.read()  # one transfer: how many of the unchecked steps were flagged
     if not bad:
         return
-    first = step - len(unchecked) + 1
-    values = jax.device_get([stats[NONFINITE_FLAG] for stats in unchecked])  # only on failure
-    for i, (stats, flag) in enumerate(zip(unchecked, values, strict=True)):
-        if flag:
-            names = [k for k in ("loss", "grad_norm") if k in stats]  # the loss first: it is the cause
-            numbers = jax.device_get([stats[k] for k in names])
-            statistic, value = next(
-                ((k, float(v)) for k, v in zip(names, numbers, strict=True) if not np.isfinite(v)),
-                ("gradient", float("nan")),
-            )
-            raise NonFiniteError(first + i, statistic, value, last_good() if last_good else None)
+    first = int(np.flatnonzero(_per_step_flags(unchecked))[0])  # only on failure
+    statistic, value = _nonfinite_statistic(_step_stats(unchecked, first))
+    raise NonFiniteError(step - steps + 1 + first, statistic, value, last_good() if last_good else None)

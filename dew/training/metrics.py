@@ -17,8 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def _fold(sums: Any, chunk: list[Any]) -> Any:
-    return jax.tree.map(lambda total, *steps: total + sum(_wide(x) for x in steps), sums, *chunk)
+def _fold(sums: Any, chunk: list[Any], stacked: bool) -> Any:
+    def one(total: jax.Array, *trees: jax.Array) -> jax.Array:
+        return total + sum(jnp.sum(_wide(x), axis=0) if stacked else _wide(x) for x in trees)
+
+    return jax.tree.map(one, sums, *chunk)
 
 
 def _wide(x: jax.Array) -> jax.Array:
@@ -27,8 +30,17 @@ def _wide(x: jax.Array) -> jax.Array:
     return x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jnp.int32)
 
 
-def _zeros(tree: Any) -> Any:
-    return jax.tree.map(lambda x: jnp.zeros(x.shape, _wide(x).dtype), tree)
+def _zeros(tree: Any, stacked: bool) -> Any:
+    """Zero sums for ``tree``'s statistics (one step's shape: a stacked tree's leading axis dropped)."""
+    return jax.tree.map(lambda x: jnp.zeros(x.shape[1:] if stacked else x.shape, _wide(x).dtype), tree)
+
+
+def _zeros_like(tree: Any) -> Any:
+    return jax.tree.map(jnp.zeros_like, tree)
+
+
+def _shapes(tree: Any) -> list[tuple[int, ...]]:
+    return [x.shape for x in jax.tree.leaves(tree)]
 
 
 def _host(x: Any) -> np.ndarray:
@@ -52,39 +64,51 @@ class DeviceSums:
         self._slots: list[Any] = [None] * chunk
         self._filled = 0
         self._count = 0
+        self._stacked = False  # the kind of tree in the slots
         self._sums: Any = None
-        self._zeros: Any = None
+        self._structure: Any = None
+        self._padding: dict[bool, Any] = {}
         self._fold: Any = None
         self._make_zeros: Any = None
 
     @property
     def count(self) -> int:
-        """Trees added since the last ``read``."""
+        """Steps added since the last ``read``."""
         return self._count
 
-    def add(self, tree: Any) -> None:
+    def add(self, tree: Any, stacked: bool = False) -> None:
+        """One step's tree, or with ``stacked`` several steps' trees stacked along a leading
+        axis (a multi-step call's statistics: ``dew.training.steps.make_multi_step``)."""
+        if self._filled and stacked != self._stacked:
+            self._flush()  # a chunk holds trees of one kind
+        self._stacked = stacked
         self._slots[self._filled] = tree
         self._filled += 1
-        self._count += 1
+        self._count += jax.tree.leaves(tree)[0].shape[0] if stacked else 1
         if self._filled == self.chunk:
             self._flush()
 
     def _flush(self) -> None:
         if not self._filled:
             return
-        first = self._slots[0]
-        if self._zeros is None or jax.tree.structure(self._zeros) != jax.tree.structure(first):
+        first, stacked = self._slots[0], self._stacked
+        if self._fold is None or jax.tree.structure(self._structure) != jax.tree.structure(first):
             # The sums stay where the statistics are: the same placement in and out of every
             # fold keeps each call on jit's fast path (no re-dispatch through Python). Zeros
             # are made on the devices from the arrays themselves, not sent from the host: with
             # several processes the statistics are global arrays.
             placement = jax.tree.map(lambda x: x.sharding, first)
-            self._make_zeros = jax.jit(_zeros, out_shardings=placement)
-            self._fold = jax.jit(_fold, donate_argnums=0, out_shardings=placement)
-            self._zeros = self._make_zeros(first)
-        sums = self._sums if self._sums is not None else self._make_zeros(first)
-        chunk = self._slots[: self._filled] + [self._zeros] * (self.chunk - self._filled)
-        self._sums = self._fold(sums, chunk)
+            self._make_zeros = jax.jit(_zeros, static_argnums=1, out_shardings=placement)
+            self._fold = jax.jit(_fold, static_argnums=2, donate_argnums=0, out_shardings=placement)
+            self._structure, self._padding = first, {}
+        if stacked not in self._padding or _shapes(self._padding[stacked]) != _shapes(first):
+            # The last, partial chunk is padded with zeros of the chunk's own shapes: one
+            # compiled fold per kind of tree (one step's, or one multi-step call's).
+            placement = jax.tree.map(lambda x: x.sharding, first)
+            self._padding[stacked] = jax.jit(_zeros_like, out_shardings=placement)(first)
+        sums = self._sums if self._sums is not None else self._make_zeros(first, stacked)
+        chunk = self._slots[: self._filled] + [self._padding[stacked]] * (self.chunk - self._filled)
+        self._sums = self._fold(sums, chunk, stacked)
         self._slots[: self._filled] = [None] * self._filled
         self._filled = 0
 

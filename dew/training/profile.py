@@ -39,19 +39,27 @@ class ProfileWindow(Stage):
             )
         self._capture = profile(self.directory)
         self._seen = 0
+        self._first: int | None = None  # the step the fit started from
         self._last_state: object = None
         self.captured_steps: list[int] = []
 
     def observe(self, ctx: StepContext) -> None:
-        self._seen += 1
+        self._seen += ctx.steps  # a multi-step call counts its steps
         if self._capture.active:
-            self.captured_steps.append(ctx.step)
+            self.captured_steps.extend(range(ctx.step - ctx.steps + 1, ctx.step + 1))
             self._last_state = ctx.state
-            if self._seen == self.warmup + self.steps:
+            if self._seen >= self.warmup + self.steps:
                 self._capture.stop(block_on=ctx.state)
-        elif self._seen == self.warmup and not self.captured_steps:
+        elif self._seen >= self.warmup and not self.captured_steps:
             jax.block_until_ready(ctx.state)  # the warm-up's work stays out of the window
             self._capture.start()
+
+    def next_due(self, step: int) -> int | None:
+        """The window's edges (``fit``'s multi-step calls end on them, so it holds whole steps)."""
+        if self._first is None:
+            self._first = step
+        edges = (self._first + self.warmup, self._first + self.warmup + self.steps)
+        return next((edge for edge in edges if edge > step), None)
 
     def close(self) -> None:
         if self._capture.active:

@@ -249,6 +249,19 @@ class Layout:
             donate_argnums=0,
         )
 
+    def jit_multi_step(
+        self, multi: Callable[..., Any], abstract_state: Any, steps: int
+    ) -> Callable[..., Any]:
+        """``multi(state, batches)`` (``steps.make_multi_step``) jitted as ``jit_step`` is, each of
+        its ``steps`` batches on the batch axes."""
+        state_sh = self.state_shardings(abstract_state)
+        return jax.jit(
+            multi,
+            in_shardings=(state_sh, (self.batch_sharding,) * steps),
+            out_shardings=(state_sh, self.replicated),
+            donate_argnums=0,
+        )
+
     def jit_init(self, init: Callable[..., Any], abstract_state: Any) -> Callable[..., Any]:
         """``init(rng, batch) -> state`` jitted to produce the state already on its shardings.
         Its inputs are replicated: the batch is only an example of shapes.

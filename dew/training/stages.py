@@ -49,8 +49,8 @@ class MetricsStage(Stage):
 
     def observe(self, ctx: StepContext) -> None:
         if self._since_step is None:
-            self._since_step = ctx.step - 1
-        self._sums.add(ctx.stats)
+            self._since_step = ctx.step - ctx.steps
+        self._sums.add(ctx.stats, stacked=ctx.steps > 1)
 
     def run(self, ctx: StepContext) -> None:
         means, count = self._sums.means(COUNTED)
@@ -189,6 +189,11 @@ class CheckpointStage(Stage):
 
     def due(self, ctx: StepContext) -> bool:
         return super().due(ctx) or self._local_due(ctx)
+
+    def next_due(self, step: int) -> int | None:
+        local_every = self.checkpoints.local_every
+        local = (step // local_every + 1) * local_every if local_every else None
+        return min((p for p in (super().next_due(step), local) if p is not None), default=None)
 
     def run(self, ctx: StepContext) -> None:
         position, share = self.dataset.save_position(), self.dataset.share

@@ -45,7 +45,14 @@ from dew.training.run_history import record_start, set_aside_records, writer_of
 from dew.training.sharding import Layout
 from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage
 from dew.training.state import TrainState, num_updates
-from dew.training.steps import NONFINITE_POLICIES, abstract_state, make_eval, make_init, make_step
+from dew.training.steps import (
+    NONFINITE_POLICIES,
+    abstract_state,
+    make_eval,
+    make_init,
+    make_multi_step,
+    make_step,
+)
 from dew.training.trackers import LoggingCategory, Tracker, Trackers, make_trackers
 
 
@@ -70,6 +77,14 @@ TRAIN_CONFIG = Section(
             1,
             "micro-batches of dataset.batch_size per optimizer update (num_steps counts micro-batches)",
             **_at_least(1, "an int >= 1 (micro-batches per update)"),
+        ),
+        "steps_per_call": Key(
+            1,
+            "train steps per call of the compiled program (a scan over that many batches): the host "
+            "dispatches once per call, which pays where a step takes well under a millisecond or two "
+            "(small networks, fast accelerators). Calls end on every cadence (logging, evaluation, "
+            "checkpoints), so states, metrics and checkpoints are those of single steps",
+            **_at_least(1, "an int >= 1"),
         ),
         "nonfinite": Key(
             "stop",
@@ -267,16 +282,14 @@ class Trainer:
             raise ConfigError(f"config.ema.tracks={c.ema.tracks!r}: {e}") from e
         self.state_shardings = self.layout.state_shardings(abstract)
         self.init = self.layout.jit_init(init, abstract)
-        self._step = self.layout.jit_step(
-            make_step(
-                self.objective,
-                self.optimizer,
-                self.ema,
-                accumulation=self.accumulation,
-                power_ema=self.power_ema,
-            ),
-            abstract,
+        step = make_step(
+            self.objective, self.optimizer, self.ema, accumulation=self.accumulation, power_ema=self.power_ema
         )
+        self._step = self.layout.jit_step(step, abstract)
+        k = c.train.steps_per_call  # > 1: k steps per dispatch (fit ends each call on the cadences)
+        self._multi_step = None
+        if k > 1:
+            self._multi_step = self.layout.jit_multi_step(make_multi_step(step, k), abstract, k)
         self.eval = jax.jit(
             make_eval(self.objective, self.ema, accumulation=self.accumulation),
             in_shardings=(self.state_shardings, self.layout.batch_sharding, self.layout.replicated),
@@ -592,6 +605,8 @@ class Trainer:
                 last_good=self.last_good_checkpoint,
                 max_skipped=self.config.train.max_skipped,
                 skip_window=self.config.train.log_every,
+                steps_per_call=self.config.train.steps_per_call,
+                multi_step_fn=self._multi_step,
             )
         finally:
             self.train_data.set_placement(None)
