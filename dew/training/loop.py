@@ -220,7 +220,13 @@ def fit(
 def _next_boundary(stages: Sequence[Stage], step: int, num_steps: int, skip_window: int) -> int:
     """The first step after ``step`` where a stage is due by its cadence, a brake window ends,
     or the run ends: no multi-step call runs past it."""
-    points = [num_steps] + [p for p in (stage.next_due(step) for stage in stages) if p is not None]
+    # A stage written without dew's base class (only every/due/observe/run/close) is due by
+    # its ``every`` alone.
+    dues = (
+        stage.next_due(step) if hasattr(stage, "next_due") else Stage.next_due(stage, step)
+        for stage in stages
+    )
+    points = [num_steps] + [p for p in dues if p is not None]
     if skip_window:
         points.append((step // skip_window + 1) * skip_window)
     return min(points)
