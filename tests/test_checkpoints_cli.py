@@ -115,7 +115,7 @@ def test_a_second_run_on_a_held_workdir_exits_2_and_a_killed_holders_lock_is_tak
     first.send_signal(signal.SIGKILL)
     first.wait()
     latest = Checkpoints(str(workdir / "checkpoints")).latest_step()
-    third = start(workdir, **steps)
+    third = start(workdir, **{**steps, "train.num_steps": latest + 2})  # a short finish: lock released
     out, err = third.communicate(timeout=600)
     assert third.returncode == 0, err
     assert f"taking over a stale lock: the run that held it (pid {first.pid} on host" in out

@@ -14,7 +14,7 @@ import pytest
 import dew
 from dew.data.sources.mixture import RING
 from dew.diffusion import EDM
-from dew.sampling import EDMStochastic, karras_sigmas, sample, trajectory
+from dew.sampling import EDMStochastic, check_unit_noise, karras_sigmas, sample, trajectory
 
 SOLVERS = ["euler", "heun", "dpmpp_2m", EDMStochastic(), EDMStochastic(second_order=False)]
 REFERENCE = pathlib.Path(__file__).resolve().parent.parent / "third_party" / "k_diffusion" / "reference.npz"
@@ -94,9 +94,9 @@ def test_a_start_already_scaled_by_sigma_max_is_refused_and_unit_noise_is_not():
         sample(RING.denoise, noise * sigmas[0], sigmas, "heun")
     with pytest.raises(ValueError, match="must be standard normal"):
         sample(RING.denoise, noise * 0.5, sigmas, "heun")  # half-scale: 0.5 is 1.33 bounds out
-    for seed in range(20):  # real unit noise of many sizes passes (false refusals ~1e-9 each)
-        shape = (1 + 7 * seed, 2)
-        sample(RING.denoise, jax.random.normal(jax.random.PRNGKey(seed), shape), sigmas, "euler")
+    sample(RING.denoise, noise, sigmas, "euler")  # real unit noise passes
+    for seed in range(20):  # ... at any size (false refusals ~1e-9 each): sample's own check
+        check_unit_noise(jax.random.normal(jax.random.PRNGKey(seed), (1 + 7 * seed, 2)))
 
 
 def test_karras_sigmas_is_top_level_spans_any_range_and_matches_the_edm_preset():
