@@ -68,7 +68,8 @@ class Stage:
         return (step // self.every + 1) * self.every if self.every > 0 else None
 
     def observe(self, ctx: StepContext) -> None:
-        """Called after every step."""
+        """Called after every call of the step (``ctx.steps`` steps: 1 unless fit runs several
+        per call)."""
 
     def run(self, ctx: StepContext) -> None:
         """Called when due."""
@@ -141,13 +142,13 @@ def fit(
     ``jax.profiler.trace`` around the call), each step runs inside a step annotation, so the
     trace shows the steps by number.
 
-    With ``steps_per_call`` > 1, ``fit`` runs that many steps per call, in one program
-    (``multi_step_fn``, default ``jax.jit(make_multi_step(step_fn, steps_per_call))``, which
-    donates nothing: pass one jitted with donation and shardings, ``Layout.jit_multi_step``, to
-    update the state in place), wherever
-    no stage's cadence (``Stage.next_due``), brake window or the end falls inside the call; it
-    runs single steps up to such a point. The states are those of single steps, bit for bit on
-    the same program; stages see the context after each call (``StepContext.steps``).
+    With ``steps_per_call`` > 1, ``fit`` runs that many steps per call in one program wherever
+    no stage's cadence (``Stage.next_due``), brake window or the end falls inside the call, and
+    single steps up to such a point; stages see the context after each call
+    (``StepContext.steps``). The states are those of single steps, bit for bit on the same
+    program. ``multi_step_fn`` is that program (``steps.make_multi_step``); the default,
+    ``jax.jit(make_multi_step(step_fn, steps_per_call))``, donates nothing: pass one jitted with
+    donation and shardings (``Layout.jit_multi_step``) to update the state in place.
     """
     if nonfinite not in ("stop", "skip"):
         raise ValueError(f"fit: nonfinite must be 'stop' or 'skip', got {nonfinite!r}")
@@ -157,12 +158,12 @@ def fit(
     if not isinstance(steps_per_call, int) or steps_per_call < 1:
         raise ValueError(f"fit: steps_per_call must be an int >= 1, got {steps_per_call!r}")
     multi = None
-    if steps_per_call > 1 and multi_step_fn is None:
-        from dew.training.steps import make_multi_step  # steps imports stages that import this module
-
-        multi = jax.jit(make_multi_step(step_fn, steps_per_call))
-    elif steps_per_call > 1:
+    if steps_per_call > 1:
         multi = multi_step_fn
+        if multi is None:
+            from dew.training.steps import make_multi_step  # steps imports stages that import this module
+
+            multi = jax.jit(make_multi_step(step_fn, steps_per_call))
     state.check()  # shapes and dtypes at the boundary, before anything is compiled or run
     step = int(jax.device_get(state.step))
     # Per step: the step, a slot write for the flag, each stage's observe/due; no transfer, no

@@ -52,9 +52,11 @@ class DeviceSums:
     """Running sums of a stream of same-structured trees of arrays (``{name: scalar}`` stats, or
     a single flag), on the device.
 
-    ``add(tree)`` every step; ``read()`` returns ``(sums, count)`` on the host (float64 for
-    floating statistics, int64 for counts) in one transfer and starts a new window. Padding
-    the last, partial chunk with zeros keeps one compiled fold for every window length.
+    ``add(tree)`` every step (or ``add(tree, stacked=True)`` once for a multi-step call's
+    statistics, stacked along a leading step axis); ``read()`` returns ``(sums, count)`` on the
+    host (float64 for floating statistics, int64 for counts; ``count`` in steps) in one
+    transfer and starts a new window. Padding the last, partial chunk with zeros keeps one
+    compiled fold per kind of tree for every window length.
     """
 
     def __init__(self, chunk: int = 32):
@@ -92,7 +94,7 @@ class DeviceSums:
         if not self._filled:
             return
         first, stacked = self._slots[0], self._stacked
-        if self._fold is None or jax.tree.structure(self._structure) != jax.tree.structure(first):
+        if self._fold is None or self._structure != jax.tree.structure(first):
             # The sums stay where the statistics are: the same placement in and out of every
             # fold keeps each call on jit's fast path (no re-dispatch through Python). Zeros
             # are made on the devices from the arrays themselves, not sent from the host: with
@@ -100,7 +102,7 @@ class DeviceSums:
             placement = jax.tree.map(lambda x: x.sharding, first)
             self._make_zeros = jax.jit(_zeros, static_argnums=1, out_shardings=placement)
             self._fold = jax.jit(_fold, static_argnums=2, donate_argnums=0, out_shardings=placement)
-            self._structure, self._padding = first, {}
+            self._structure, self._padding = jax.tree.structure(first), {}
         if stacked not in self._padding or _shapes(self._padding[stacked]) != _shapes(first):
             # The last, partial chunk is padded with zeros of the chunk's own shapes: one
             # compiled fold per kind of tree (one step's, or one multi-step call's).
