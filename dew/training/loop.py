@@ -51,6 +51,11 @@ class StepContext:
     steps: int = 1
 
 
+def next_multiple(step: int, every: int) -> int | None:
+    """The first multiple of ``every`` after ``step`` (None when ``every`` is 0: no cadence)."""
+    return (step // every + 1) * every if every > 0 else None
+
+
 class Stage:
     """A side effect at a cadence: ``observe`` after every call of the step (keep it cheap: no
     host transfer), ``run`` when due (every ``every`` steps and at the final step), ``close``
@@ -65,7 +70,7 @@ class Stage:
     def next_due(self, step: int) -> int | None:
         """The first step after ``step`` at which this stage's cadence makes it due (None: it
         has no cadence; it runs at whichever call boundary ``due`` says)."""
-        return (step // self.every + 1) * self.every if self.every > 0 else None
+        return next_multiple(step, self.every)
 
     def observe(self, ctx: StepContext) -> None:
         """Called after every call of the step (``ctx.steps`` steps: 1 unless fit runs several
@@ -194,16 +199,15 @@ def fit(
             ctx.step, ctx.state, ctx.stats, ctx.final, ctx.steps = step, state, stats, step == num_steps, n
             if ctx.reports:
                 ctx.reports = {}
-            check = watch and NONFINITE_FLAG in stats
-            if check:
+            check = False
+            if (watch or brake) and NONFINITE_FLAG in stats:
                 flags.add(stats[NONFINITE_FLAG], stacked=n > 1)
                 unchecked.append((stats, n))
-                if ctx.final or len(unchecked) >= MAX_UNCHECKED:
-                    check = _check(flags, unchecked, step, last_good)
-            elif brake and NONFINITE_FLAG in stats:
-                flags.add(stats[NONFINITE_FLAG], stacked=n > 1)
-                unchecked.append((stats, n))
-                if ctx.final or step % skip_window == 0:
+                if watch:
+                    check = True
+                    if ctx.final or len(unchecked) >= MAX_UNCHECKED:
+                        check = _check(flags, unchecked, step, last_good)
+                elif ctx.final or step % skip_window == 0:
                     _brake_if_skipping(flags, unchecked, max_skipped, ctx, stages, last_good)
                     unchecked.clear()
             for stage in stages:
@@ -223,14 +227,12 @@ def _next_boundary(stages: Sequence[Stage], step: int, num_steps: int, skip_wind
     or the run ends: no multi-step call runs past it."""
     # A stage written without dew's base class (only every/due/observe/run/close) is due by
     # its ``every`` alone.
-    dues = (
-        stage.next_due(step) if hasattr(stage, "next_due") else Stage.next_due(stage, step)
+    dues = [
+        stage.next_due(step) if isinstance(stage, Stage) else next_multiple(step, stage.every)
         for stage in stages
-    )
-    points = [num_steps] + [p for p in dues if p is not None]
-    if skip_window:
-        points.append((step // skip_window + 1) * skip_window)
-    return min(points)
+    ]
+    points = [num_steps, next_multiple(step, skip_window), *dues]
+    return min(p for p in points if p is not None)
 
 
 def _per_step_flags(calls: list[tuple[dict[str, jax.Array], int]]) -> np.ndarray:

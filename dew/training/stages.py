@@ -18,7 +18,7 @@ from dew.data.dataset import Dataset
 from dew.training.checkpointing.checkpoints import Checkpoints
 from dew.training.console import Progress
 from dew.training.evaluation import Evaluation, evaluate
-from dew.training.loop import NONFINITE_FLAG, Stage, StepContext
+from dew.training.loop import NONFINITE_FLAG, Stage, StepContext, next_multiple
 from dew.training.metrics import DeviceSums
 from dew.training.objective import Objective, check_artifact
 from dew.training.state import TrainState
@@ -191,9 +191,8 @@ class CheckpointStage(Stage):
         return super().due(ctx) or self._local_due(ctx)
 
     def next_due(self, step: int) -> int | None:
-        local_every = self.checkpoints.local_every
-        local = (step // local_every + 1) * local_every if local_every else None
-        return min((p for p in (super().next_due(step), local) if p is not None), default=None)
+        points = (super().next_due(step), next_multiple(step, self.checkpoints.local_every or 0))
+        return min((p for p in points if p is not None), default=None)
 
     def run(self, ctx: StepContext) -> None:
         position, share = self.dataset.save_position(), self.dataset.share
