@@ -9,10 +9,12 @@ training step as each library runs it: EDM's loss (σ ~ lognormal(−1.2, 1.2), 
 σ_data 0.5) on a fixed batch with random class labels, backward, Adam (lr 1e-3), and the EMA
 update; the reference also applies its ``nan_to_num`` to the gradients, dew its non-finite
 guard (``dew.training.steps.make_step``). Both use the same network arguments, batch and
-float32, and the same number of threads (``--threads``: ``torch.set_num_threads`` and XLA's
-CPU thread pool, which is the machine's cores). Rounds alternate dew, reference, dew, ... after
-a warm-up; each round times ``--steps`` steps; the report is the medians and their ratio. The
-forward pass alone (the denoiser in inference mode) is timed the same way.
+float32, and the same cores (``--threads``: ``torch.set_num_threads``; XLA's CPU thread pool is
+the machine's cores). dew's side runs as ``python -m dew.main`` runs it on a CPU host: the state
+replicated on one XLA device per core and each batch split over them (``--devices``: another
+count; ``--devices=1`` is one device using the cores through its thread pool). Rounds alternate
+dew, reference, dew, ... after a warm-up; each round times ``--steps`` steps; the report is the
+medians and their ratio. The forward pass alone (the denoiser in inference mode) is timed the same way.
 
 dew's start-up is timed separately in a fresh process without the persistent compilation cache:
 jitted ``init`` (compile + run) and the step's compile + first step (``--startup``).
@@ -124,7 +126,7 @@ def dew_setup(net_name: str, batch: int):
     from dew.inputs import Condition, Field, InputSpec
     from dew.objectives.base import EMASpec
     from dew.objectives.diffusion import Diffusion
-    from dew.training.sharding import INIT_COMPILER_OPTIONS
+    from dew.training.sharding import Layout, MeshSpec
     from dew.training.steps import make_init, make_step
 
     net = dict(NETS[net_name])
@@ -140,12 +142,21 @@ def dew_setup(net_name: str, batch: int):
     optimizer = optax.adam(1e-3, b1=0.9, b2=0.999, eps=1e-8)
     ema = EMASpec(decay=0.999)
     images, labels = batch_arrays(NETS[net_name], batch)
-    data = {"image": jnp.asarray(images), "label": jnp.asarray(labels)}
-    # As the Trainer compiles it (dew.training.sharding.Layout.jit_init): init runs once.
-    init = jax.jit(make_init(objective, optimizer, ema), compiler_options=INIT_COMPILER_OPTIONS)
-    step = jax.jit(make_step(objective, optimizer, ema), donate_argnums=0)
+    # As the Trainer compiles and places them (dew.training.sharding.Layout): the state on the
+    # mesh (replicated: data parallelism), each batch split over its devices, init run once.
+    layout = Layout.for_mesh(MeshSpec().mesh())
+    layout.check_batch(batch)
+    host_batch = {"image": images, "label": labels}
+    data = layout.place_batch(host_batch)
+    init_fn = make_init(objective, optimizer, ema)
+    abstract_state = jax.eval_shape(init_fn, jax.random.PRNGKey(0), host_batch)
+    jitted_init = layout.jit_init(init_fn, abstract_state)
 
-    @jax.jit
+    def init(rng, example=host_batch):  # its batch is an example of shapes, replicated
+        return jitted_init(rng, jax.device_get(example))
+    step = layout.jit_step(make_step(objective, optimizer, ema), abstract_state)
+
+    @functools.partial(jax.jit, out_shardings=layout.batch_sharding)
     def forward(params, x, labels):
         return objective.denoiser(params, {"label": labels})(x, jnp.ones((x.shape[0],)))
 
@@ -310,9 +321,18 @@ def main() -> int:
     parser.add_argument("--gpu", action="store_true", help="dew alone on an accelerator, bf16 and f32")
     parser.add_argument("--peak_tflops", type=float, default=0.0, help="the chip's peak, for --gpu")
     parser.add_argument("--profile", default="", help="trace 3 dew steps into this directory, print shares")
+    parser.add_argument(
+        "--devices", type=int, default=0,
+        help="CPU devices dew's batch is split over (0: as python -m dew.main picks, one per core)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.worker:
         return torch_worker(args)
+    from dew.training.host_devices import flagged_count, host_device_count, present_host_devices
+
+    # Before JAX starts (dew.main does the same from config.mesh.host_devices); XLA_FLAGS wins.
+    present_host_devices(host_device_count(args.devices, [args.batch]))
+    args.devices = flagged_count(os.environ.get("XLA_FLAGS", "")) or 1
     if args.gpu:
         return run_gpu(args)
     if args.startup:
@@ -328,7 +348,10 @@ def main() -> int:
     startup = json.loads(
         subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
     )
-    print(f"dew start-up: {json.dumps({k: round(v, 2) for k, v in startup.items()})}", flush=True)
+    print(
+        f"dew on {args.devices} CPU device(s); start-up: {json.dumps({k: round(v, 2) for k, v in startup.items()})}",  # noqa: E501
+        flush=True,
+    )
 
     worker = None
     if args.edm:
@@ -351,7 +374,8 @@ def main() -> int:
             ratio = med["reference"] / med["dew"]
             line += f", reference median {med['reference'] * 1e3:.1f} ms, reference/dew = {ratio:.2f}x"
         print(line)
-    print(json.dumps({"net": args.net, "batch": args.batch, "startup": startup, "results": results}))
+    record = {"net": args.net, "batch": args.batch, "devices": args.devices, "startup": startup}
+    print(json.dumps({**record, "results": results}))
     return 0
 
 

@@ -74,9 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(describe(schema, config), end="")
             return 0
         config = apply_overrides(raw, overrides)
-        from dew.training.trainer import Trainer, check_workdir
+        from dew.training.host_devices import present_for_config
+        from dew.training.trainer import Trainer, check_workdir, resolve_config
 
         workdir = check_workdir(args.workdir)
+        present_for_config(resolve_config(config))  # XLA's CPU device count, before JAX starts
         trainer = Trainer(config, workdir)  # validates everything; touches no file
         import jax
 
@@ -92,6 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         enable_compilation_cache(workdir)
         capture_library_logs(workdir)
         print(f"dew: training {args.config} in {workdir}", flush=True)
+        if jax.default_backend() == "cpu" and trainer.layout.data_parallel_size > 1:
+            split = trainer.layout.data_parallel_size
+            print(f"dew: each batch is split over {split} CPU devices (config.mesh.host_devices)", flush=True)
         state = trainer.run()
     except Exception as e:  # the CLI boundary: every failure becomes one short report
         if trainer is not None:

@@ -5,8 +5,9 @@ trainer, compiling and initialising; training steps run until it is spent (the s
 finishes). Then 200 class-conditional samples (20 per class, Heun with 18 points = 35 NFE, no
 guidance) are drawn from the debiased EMA and from the raw weights, and the independent digit
 classifier (an RBF SVM on all 1,797 real digits, ``dew/scoring/digits_classifier.py``) says how
-many show the class asked for. Everything else is ``experiments/edm.py``'s defaults; the batch
-size is the race's (128, as the reference's race in issue 12).
+many show the class asked for. Everything else is ``experiments/edm.py``'s defaults, run as
+``python -m dew.main`` runs it (each batch split over one CPU device per core); the batch size is
+the race's (128, as the reference's race in issue 12).
 
     PYTHONPATH=. python experiments/digits_race.py --workdir=runs/digits_race [--budget=240]
 """
@@ -40,7 +41,8 @@ def main() -> int:
 
     from dew.config import apply_overrides, load_config
     from dew.scoring.digits_classifier import classify_digits
-    from dew.training.trainer import Trainer
+    from dew.training.host_devices import present_for_config
+    from dew.training.trainer import Trainer, resolve_config
 
     config = apply_overrides(
         load_config(str(HERE / "edm.py")),
@@ -48,10 +50,10 @@ def main() -> int:
         [
             f"config.dataset.batch_size={args.batch_size}",
             "config.eval.num_batches=1",
-            "config.mesh.devices=1",
             *args.overrides,
         ],
     )
+    present_for_config(resolve_config(config))  # one CPU device per core, as dew.main does
     trainer = Trainer(config, args.workdir)
     state = trainer.init(jax.random.PRNGKey(config.seed), trainer.example_batch())
     batches = iter(trainer.train_data)
@@ -84,6 +86,7 @@ def main() -> int:
         results[name] = float(np.mean(predicted == labels))
     record = {
         "steps": steps,
+        "devices": trainer.layout.data_parallel_size,
         "budget_s": args.budget,
         "trained_s": round(trained, 1),
         "first_step_done_s": round(first_step_done, 1),

@@ -307,6 +307,13 @@ CONFIG = Section(
             check=lambda v: v >= 0,
             accepted="an int >= 0 (0: all devices)",
         ),
+        "host_devices": Key(
+            0,
+            "CPU devices XLA presents, set by dew.main before JAX starts (0: one per core, as many "
+            "as the batch sizes divide; XLA_FLAGS naming a count wins; accelerators are unaffected)",
+            check=lambda v: v >= 0,
+            accepted="an int >= 0 (0: one per CPU core)",
+        ),
     },
 )
 
