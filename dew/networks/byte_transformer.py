@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dew import registry
+from dew.networks.dropout import dropout as apply_dropout
 
 
 class ByteTransformer(hk.Module):
@@ -55,11 +56,11 @@ class ByteTransformer(hk.Module):
             a = hk.MultiHeadAttention(self.heads, self.width // self.heads, w_init=out_init, name=f"attn{i}")(
                 a, a, a, mask=causal
             )
-            h = h + (hk.dropout(hk.next_rng_key(), rate, a) if rate else a)
+            h = h + (apply_dropout(hk.next_rng_key(), rate, a) if rate else a)
             m = hk.LayerNorm(-1, True, True, name=f"ln_mlp{i}")(h)
             m = hk.Linear(4 * self.width, w_init=init, name=f"mlp{i}_in")(m)
             m = hk.Linear(self.width, w_init=out_init, name=f"mlp{i}_out")(jax.nn.gelu(m))
-            h = h + (hk.dropout(hk.next_rng_key(), rate, m) if rate else m)
+            h = h + (apply_dropout(hk.next_rng_key(), rate, m) if rate else m)
         h = hk.LayerNorm(-1, True, True, name="ln_out")(h)
         return hk.Linear(self.vocab, w_init=init, name="logits")(h)
 

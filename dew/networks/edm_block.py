@@ -9,6 +9,7 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
+from dew.networks.dropout import dropout as apply_dropout
 from dew.networks.edm_layers import Conv2d, GroupNorm, Linear
 
 
@@ -84,7 +85,7 @@ class UNetBlock(hk.Module):
         else:
             x = jax.nn.silu(GroupNorm(self.eps, name="norm1")(x + params))
         if is_training and self.dropout > 0:
-            x = hk.dropout(hk.next_rng_key(), self.dropout, x)
+            x = apply_dropout(hk.next_rng_key(), self.dropout, x)
         x = Conv2d(cout, 3, init=self.init_zero, name="conv1")(x)
         if cout != cin or self.up or self.down:
             kernel = 1 if self.resample_proj or cout != cin else 0

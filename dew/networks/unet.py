@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from dew import registry
+from dew.networks.dropout import dropout as apply_dropout
 
 _SKIP_SCALE = math.sqrt(0.5)
 _zeros = hk.initializers.Constant(0.0)
@@ -52,7 +53,7 @@ class ResBlock(hk.Module):
         h = hk.GroupNorm(_groups(self.channels), name="norm1")(h)
         h = jax.nn.silu(h * (1.0 + scale[:, None, None, :]) + shift[:, None, None, :])
         if is_training and self.dropout > 0:
-            h = hk.dropout(hk.next_rng_key(), self.dropout, h)
+            h = apply_dropout(hk.next_rng_key(), self.dropout, h)
         h = hk.Conv2D(self.channels, 3, w_init=_zeros, name="conv1")(h)
         if skip.shape[-1] != self.channels:
             skip = hk.Conv2D(self.channels, 1, name="skip")(skip)
