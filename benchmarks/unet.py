@@ -154,6 +154,7 @@ def dew_setup(net_name: str, batch: int):
 
     def init(rng, example=host_batch):  # its batch is an example of shapes, replicated
         return jitted_init(rng, jax.device_get(example))
+
     step = layout.jit_step(make_step(objective, optimizer, ema), abstract_state)
 
     @functools.partial(jax.jit, out_shardings=layout.batch_sharding)

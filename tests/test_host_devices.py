@@ -46,7 +46,9 @@ MIXTURE = [
         (0, [64], 1, 1),
     ],
 )
-def test_the_automatic_count_is_the_most_cores_every_batch_splits_over(requested, batch_sizes, cores, expected):
+def test_the_automatic_count_is_the_most_cores_the_batches_split_over(
+    requested, batch_sizes, cores, expected
+):
     assert host_device_count(requested, batch_sizes, cores) == expected
 
 
