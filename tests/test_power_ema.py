@@ -19,7 +19,14 @@ def _trained(tmp_path, **overrides):
     from dew.training.trainer import Trainer
 
     config = tiny_config(
-        **{"ema.power_std_rels": (0.05, 0.1), "ema.snapshot_every": 2, "eval.every": 0, **overrides}
+        # No previews: the power-EMA slots and snapshots do not depend on them (one sampler compile less).
+        **{
+            "ema.power_std_rels": (0.05, 0.1),
+            "ema.snapshot_every": 2,
+            "eval.every": 0,
+            "preview.every": 0,
+            **overrides,
+        }
     )
     trainer = Trainer(config, str(tmp_path / "run"))
     return trainer, trainer.run()
@@ -95,6 +102,7 @@ def test_slots_snapshots_and_phema_checkpoint(tmp_path, capsys):
             "ema.power_std_rels": (0.05, 0.1),
             "ema.snapshot_every": 2,
             "eval.every": 0,
+            "preview.every": 0,
             "train.num_steps": 8,
         }
     )
