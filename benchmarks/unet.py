@@ -349,10 +349,8 @@ def main() -> int:
     startup = json.loads(
         subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
     )
-    print(
-        f"dew on {args.devices} CPU device(s); start-up: {json.dumps({k: round(v, 2) for k, v in startup.items()})}",  # noqa: E501
-        flush=True,
-    )
+    rounded = json.dumps({k: round(v, 2) for k, v in startup.items()})
+    print(f"dew on {args.devices} CPU device(s); start-up: {rounded}", flush=True)
 
     worker = None
     if args.edm:
