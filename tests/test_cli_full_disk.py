@@ -1,9 +1,12 @@
 """A disk that fills up under ``python -m dew.main``: one short error naming the cause, exit 1,
 and nothing that was saved before is lost. The disk is a real size-limited tmpfs (the
-checkpoint package's own tests inject the write failure where no tmpfs can be mounted)."""
+checkpoint package's own tests inject the write failure where no tmpfs can be mounted). The runs
+are the tiny 2D-mixture experiment's: what fills the disk is the run's own writing, whatever the
+network."""
 
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 import subprocess
@@ -11,9 +14,12 @@ import subprocess
 import jax
 import numpy as np
 import pytest
-from helpers_cli import cli, dew_stderr, rows
+from helpers_cli import cli as cli_on
+from helpers_cli import dew_stderr, rows
 
 from dew.training.checkpointing import Checkpoints
+
+cli = functools.partial(cli_on, experiment="mixture")
 
 
 @pytest.fixture
@@ -37,7 +43,7 @@ def small_disk(tmp_path):
 
 @pytest.fixture(scope="module")
 def sizes(tmp_path_factory):
-    """Disk bytes of one checkpoint of the tiny config, and of everything else its run writes.
+    """Disk bytes of one checkpoint of the tiny mixture config, and of everything else its run writes.
     Allocated blocks, not file sizes: a checkpoint is many small files, each taking whole blocks
     on the tmpfs (sizes undercount it several times over for a small model)."""
     probe = tmp_path_factory.mktemp("probe") / "run"

@@ -3,10 +3,13 @@ the records read as one run: torn tracker rows, a run killed before its first ch
 starting over, changed configs, the skip policy's brake, a checkpoint without its data item.
 
 One straight 8-step run and one straight 12-step run are made once per module; each test works
-on a copy and checks the message and that nothing good was lost."""
+on a copy and checks the message and that nothing good was lost. The runs are the 2D mixture's
+(``helpers_cli.TINY_MIXTURE``): the same Trainer, checkpoints and history as the image runs at a
+third of the launch time; ``test_training`` resumes the README's image experiment itself."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
@@ -18,15 +21,18 @@ import time
 import numpy as np
 import pytest
 from conftest import ROOT
-from helpers_cli import cli, command, comparable, dew_stderr, env, rows, snapshot
+from helpers_cli import cli as cli_on
+from helpers_cli import command, comparable, dew_stderr, env, rows, snapshot
 
 from dew.data.dataset import DataPartition
 from dew.training.checkpointing import Checkpoints
 
+cli = functools.partial(cli_on, experiment="mixture")
+
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
-    """Two untouched runs of the tiny config: to step 8, and to step 12."""
+    """Two untouched runs of the tiny mixture config: to step 8, and to step 12."""
     base = tmp_path_factory.mktemp("straight")
     for steps in (8, 12):
         result = cli(base / str(steps), **{"train.num_steps": steps})
@@ -70,7 +76,11 @@ def test_a_run_killed_before_its_first_checkpoint_leaves_no_duplicate_rows(strai
     for _attempt in range(3):  # the kill must land after row 2 and before checkpoint 4 lands
         shutil.rmtree(workdir, ignore_errors=True)
         child = subprocess.Popen(
-            command(workdir), cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            command(workdir, "mixture"),
+            cwd=ROOT,
+            env=env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         scalars = workdir / "tracking" / "scalars.jsonl"
         while child.poll() is None and not (scalars.exists() and scalars.read_text()):
@@ -104,11 +114,11 @@ def test_starting_over_moves_the_previous_records_aside(straight, tmp_path):
 def test_a_changed_model_shape_is_one_message_naming_the_key_and_nothing_is_written(straight, tmp_path):
     workdir = copy_of(straight, tmp_path)
     before = snapshot(workdir)
-    result = cli(workdir, **{"model.model_channels": 16})
+    result = cli(workdir, **{"model.width": 32})
     (line,) = assert_short_failure(result, 2)
     assert "cannot resume from step 8" in line
-    assert "config.model.model_channels: 8 -> 16" in line
-    assert "songunet/dec_8x8_aux_conv/weight (3, 3, 8, 1) float32 -> (3, 3, 16, 1) float32" in line
+    assert "config.model.width: 16 -> 32" in line
+    assert "mlp/affine0/b (32,) float32 -> (64,) float32" in line
     assert snapshot(workdir) == before
 
 

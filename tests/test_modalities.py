@@ -83,8 +83,10 @@ def test_video_diffusion_previews_gifs_of_moving_digit_clips(tmp_path):
     )
     gif = Image.open(workdir / "tracking" / "videos" / "samples_00000002.gif")
     assert gif.format == "GIF" and gif.n_frames == 8
-    clips = dew.pipeline(str(workdir))(classes=(4,), steps=3)
-    assert clips.clips.shape == (1, 8, 16, 16, 1)
+    # The preview's own setting: the pipeline reuses its program (explicit classes take the image
+    # path's code, covered by test_pipeline).
+    clips = dew.pipeline(str(workdir))()
+    assert clips.clips.shape == (10, 8, 16, 16, 1)
 
 
 def test_contrastive_encoder_emits_representations_scored_by_the_linear_probe(tmp_path):
