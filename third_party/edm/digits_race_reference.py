@@ -1,0 +1,175 @@
+"""The equal wall-clock race of ``experiments/digits_race.py``, run by NVlabs/edm's own code.
+
+NVlabs/edm's ``EDMPrecond(SongUNet)`` with the race's network (8×8×1, ch 32, mult [1, 2], 2 blocks,
+attention at 4, dropout 0.10, 10 labels), its ``EDMLoss`` and the optimisation and EMA of its
+``training/training_loop.py`` (Adam, no learning-rate ramp-up, the EMA half-life with ramp-up,
+nan_to_num on the gradients), on the same 1,617 training digits and batch size (128) as dew's
+race, with the same settings as ``experiments/edm.py``'s (lr 2e-3, betas (0.9, 0.999), EMA
+half-life 500 updates with ramp-up 0.05, no label dropout, no augmentation). The clock starts
+when the training process starts, before torch is imported; steps run until the budget is spent.
+Then 200 samples (20 per class) are drawn with the reference's ``edm_sampler`` (Heun, 18 points,
+no churn) from the EMA and from the raw weights, and dew's digit classifier scores them, as in
+dew's race.
+
+    PYTHONPATH=. /work/venv/bin/python third_party/edm/digits_race_reference.py \\
+        --edm=/tmp/edm_ref --torch_python=/work/venv-torch/bin/python [--budget=240]
+
+The driver (dew's environment) writes the training digits, starts the trainer in PyTorch's
+environment (``--worker``, 2 threads) and scores what it returns.
+"""
+
+from __future__ import annotations
+
+import time
+
+START = time.perf_counter()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+
+NETWORK = dict(
+    img_resolution=8,
+    img_channels=1,
+    label_dim=10,
+    model_type="SongUNet",
+    model_channels=32,
+    channel_mult=[1, 2],
+    num_blocks=2,
+    attn_resolutions=[4],
+    dropout=0.10,
+)
+
+
+def worker(args: argparse.Namespace) -> None:
+    """Train by the reference's code until the budget is spent, then sample; PyTorch side."""
+    import copy
+
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, args.edm)
+    from generate import edm_sampler
+    from training.loss import EDMLoss
+    from training.networks import EDMPrecond
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    with np.load(args.data) as data:
+        images = torch.from_numpy(data["image"]).permute(0, 3, 1, 2).contiguous()  # NHWC -> NCHW
+        labels = torch.from_numpy(data["label"]).long()
+    net = EDMPrecond(**NETWORK).train().requires_grad_(True)
+    ema = copy.deepcopy(net).eval().requires_grad_(False)
+    loss_fn = EDMLoss()
+    optimizer = torch.optim.Adam(net.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8)
+    eye = torch.eye(10)
+    generator = torch.Generator().manual_seed(0)
+    order, cursor, steps, first_step_done = torch.randperm(len(images), generator=generator), 0, 0, None
+    while True:
+        if cursor + args.batch_size > len(order):  # a new epoch: reshuffle, drop the remainder
+            order, cursor = torch.randperm(len(images), generator=generator), 0
+        index = order[cursor : cursor + args.batch_size]
+        cursor += args.batch_size
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(net=net, images=images[index], labels=eye[labels[index]])
+        loss.sum().mul(1.0 / args.batch_size).backward()  # training_loop.py's scaling
+        for param in net.parameters():
+            if param.grad is not None:
+                torch.nan_to_num(param.grad, nan=0, posinf=1e5, neginf=-1e5, out=param.grad)
+        optimizer.step()
+        steps += 1
+        # training_loop.py's EMA: half-life in images, ramped up to ema_rampup_ratio of those seen.
+        seen = steps * args.batch_size
+        half_life = min(args.ema_half_life * args.batch_size, seen * args.ema_ramp_up)
+        beta = 0.5 ** (args.batch_size / max(half_life, 1e-8))
+        with torch.no_grad():
+            for p_ema, p_net in zip(ema.parameters(), net.parameters(), strict=True):
+                p_ema.copy_(p_net.detach().lerp(p_ema, beta))
+        now = time.perf_counter() - START
+        if first_step_done is None:
+            first_step_done = now
+        if now >= args.budget:
+            break
+    trained = time.perf_counter() - START
+    out = {}
+    class_labels = torch.arange(10).repeat_interleave(args.per_class)
+    for name, model in (("ema", ema), ("raw", copy.deepcopy(net).eval())):
+        latents = torch.randn(len(class_labels), 1, 8, 8, generator=torch.Generator().manual_seed(args.seed))
+        with torch.no_grad():
+            samples = edm_sampler(model, latents, eye[class_labels], num_steps=args.points)
+        out[name] = samples.float().permute(0, 2, 3, 1).numpy()
+    np.savez(
+        args.out,
+        labels=class_labels.numpy(),
+        steps=steps,
+        trained_s=trained,
+        first_step_done_s=first_step_done,
+        final_loss=float(loss.detach().mean()),
+        **out,
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--edm", required=True, help="an NVlabs/edm checkout")
+    parser.add_argument("--torch_python", default="/work/venv-torch/bin/python")
+    parser.add_argument("--budget", type=float, default=240.0, help="seconds, from the trainer's start")
+    parser.add_argument("--batch_size", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--ema_half_life", type=float, default=500.0, help="in updates")
+    parser.add_argument("--ema_ramp_up", type=float, default=0.05)
+    parser.add_argument("--per_class", type=int, default=20)
+    parser.add_argument("--points", type=int, default=18)
+    parser.add_argument("--seed", type=int, default=1, help="sampling seed")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default="runs/digits_race_reference/race.json")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return 0
+
+    import numpy as np
+
+    from dew.data.sources.digits import digits
+    from dew.scoring.digits_classifier import classify_digits
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data, samples = os.path.join(tmp, "train.npz"), os.path.join(tmp, "samples.npz")
+        train = digits("train")
+        np.savez(data, image=train.fields["image"], label=train.fields["label"])
+        flags = [f"--{k}={v}" for k, v in vars(args).items() if k not in ("worker", "data", "out")]
+        subprocess.run(
+            [args.torch_python, __file__, "--worker", f"--data={data}", f"--out={samples}", *flags],
+            check=True,
+            env={**os.environ, "OMP_NUM_THREADS": str(args.threads)},
+        )
+        with np.load(samples) as result:
+            record = {k: result[k].item() for k in ("steps", "trained_s", "first_step_done_s", "final_loss")}
+            for name in ("ema", "raw"):
+                predicted = classify_digits(np.clip(result[name], -1, 1))
+                record[f"accuracy_{name}"] = float(np.mean(predicted == result["labels"]))
+    record.update(
+        budget_s=args.budget,
+        batch_size=args.batch_size,
+        samples=10 * args.per_class,
+        load_average_1min=os.getloadavg()[0],
+    )
+    print(
+        f"NVlabs/edm: {record['steps']} steps in {record['trained_s']:.0f} s (first step done at "
+        f"{record['first_step_done_s']:.1f} s); {record['samples']} Heun-{args.points} samples classified "
+        f"as their class: {record['accuracy_ema']:.1%} (EMA), {record['accuracy_raw']:.1%} (raw weights)"
+    )
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(record, f, indent=1)
+    print(json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
