@@ -55,7 +55,9 @@ def main() -> int:
     )
     present_for_config(resolve_config(config))  # one CPU device per core, as dew.main does
     trainer = Trainer(config, args.workdir)
+    compiling = trainer.compile_step_in_background(placed_batches=True)  # as Trainer.run does
     state = trainer.init(jax.random.PRNGKey(config.seed), trainer.example_batch())
+    compiling.wait()
     batches = iter(trainer.train_data)
     steps = 0
     first_step_done = None

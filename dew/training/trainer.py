@@ -31,6 +31,7 @@ from dew.training.ema import EMASpec
 from dew.training.loop import Stage, fit
 from dew.training.objective import MODEL_CONFIG, OBJECTIVE_CONFIG, Objective
 from dew.training.power_ema import SNAPSHOT_DIR, PowerEMASnapshots, SnapshotStage, power_ema_from_config
+from dew.training.precompile import BackgroundCompile, abstract_like
 from dew.training.preemption import PreemptionStage
 from dew.training.profile import CONFIG as PROFILE_CONFIG
 from dew.training.profile import ProfileWindow
@@ -281,6 +282,7 @@ class Trainer:
         except ValueError as e:
             raise ConfigError(f"config.ema.tracks={c.ema.tracks!r}: {e}") from e
         self.state_shardings = self.layout.state_shardings(abstract)
+        self._abstract_state = abstract
         self.init = self.layout.jit_init(init, abstract)
         step = make_step(
             self.objective, self.optimizer, self.ema, accumulation=self.accumulation, power_ema=self.power_ema
@@ -568,9 +570,29 @@ class Trainer:
         if step is not None:
             check_num_steps(self.config.train.num_steps, step, self.checkpoints.path(step))
 
+    def compile_step_in_background(self, placed_batches: bool | None = None) -> BackgroundCompile:
+        """Start compiling the program the run's first step calls (the ``steps_per_call``
+        program when that is > 1), from the state's and a batch's shapes, in a thread; the
+        first call finds it compiled once ``wait()`` returned (``dew.training.precompile``).
+
+        The program is looked up by its arguments' shardings too: ``placed_batches`` says
+        whether the calls pass batches already on the mesh (``Trainer.step`` does), else host
+        arrays; None: as ``run`` passes them (placed where a thread prepares them ahead)."""
+        placed = placed_batches
+        if placed is None:
+            placed = bool(self.train_data.prefetch) or jax.process_count() > 1
+        batch = abstract_like(self.example_batch(), self.layout.batch_sharding if placed else None)
+        state = abstract_like(self._abstract_state, self.state_shardings)
+        k = self.config.train.steps_per_call
+        if self._multi_step is not None:
+            return BackgroundCompile([(self._multi_step, (state, (batch,) * k))])
+        return BackgroundCompile([(self._step, (state, batch))])
+
     def run(self) -> TrainState:
         self.check_resumable()
         os.makedirs(self.workdir, exist_ok=True)
+        # The step compiles while the state is initialised or read back (start-up overlap).
+        compiling = self.compile_step_in_background()
         state = self.initial_state()
         start = int(jax.device_get(state.step))
         if start:
@@ -595,6 +617,7 @@ class Trainer:
         if self.train_data.prefetch or jax.process_count() > 1:
             self.train_data.set_placement(self.layout.place_batch)
         try:
+            compiling.wait()
             state = fit(
                 state,
                 self._step,

@@ -1,0 +1,58 @@
+"""Compile the train step in the background while the state is built: start-up overlap.
+
+A run starts with its state (the jitted ``init``, or a checkpoint read back) and then compiles
+the step, at the step's first call. The two do not depend on each other: the step's program
+needs only the state's shapes and shardings. ``BackgroundCompile`` lowers and compiles the
+step's programs in a thread while the state is built (XLA compiles in C++, outside the GIL),
+and the compiled executables land in JAX's in-memory cache, where the step's first call finds
+them: the same shapes, shardings and options, so the same program and the same numbers.
+On 2 CPU cores the digits network's start-up (jitted init then step compile, 2 devices) went
+from 37.7-40.7 s to 27.5-37.2 s of wall time (4 + 4 fresh processes; issue 12).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+
+class BackgroundCompile:
+    """``jitted.lower(*args).compile()`` for each ``(jitted, args)``, in order, in a daemon thread.
+
+    ``args`` are what the program will be called with, or their ``jax.ShapeDtypeStruct``\\ s
+    (with the shardings the calls will have). ``wait()`` blocks until every program is compiled
+    and re-raises what compiling raised (the error the first call would have raised). A run
+    that fails before waiting leaves the thread to finish on its own; it holds no resource.
+    """
+
+    def __init__(self, programs: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]):
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._compile, args=(tuple(programs),), name="dew-precompile", daemon=True
+        )
+        self._thread.start()
+
+    def _compile(self, programs: tuple[tuple[Callable[..., Any], tuple[Any, ...]], ...]) -> None:
+        try:
+            for jitted, args in programs:
+                jitted.lower(*args).compile()
+        except BaseException as e:  # re-raised by wait(), in the caller's thread
+            self._error = e
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+
+def abstract_like(tree: Any, shardings: Any = None) -> Any:
+    """``tree``'s arrays as ``jax.ShapeDtypeStruct`` s: with ``shardings`` when given (one
+    sharding for every leaf, or a tree of them shaped like ``tree``), else without one (what a
+    host array passed to a jitted function is)."""
+    if shardings is None or isinstance(shardings, jax.sharding.Sharding):
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=shardings), tree)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
