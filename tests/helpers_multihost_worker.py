@@ -19,6 +19,7 @@ jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processe
 
 import numpy as np  # noqa: E402
 from conftest import ROOT  # noqa: E402
+from helpers_cli import TINY_MIXTURE  # noqa: E402
 from jax._src import distributed  # noqa: E402  (the coordination-service client, for a barrier)
 
 from dew.artifacts import ImageGrid  # noqa: E402
@@ -29,11 +30,8 @@ from dew.training.trainer import Trainer  # noqa: E402
 
 assert jax.process_count() == 2 and jax.device_count() == 4, (jax.process_count(), jax.device_count())
 MIXTURE = {
-    "dataset.batch_size": 16,
-    "model.width": 16,
-    "model.blocks": 1,
+    **TINY_MIXTURE,
     "train.num_steps": 3,
-    "train.steps_per_call": 1,
     "eval.every": 0,
     "checkpoint.keep_best": False,
     "mesh.devices": 0,

@@ -70,7 +70,7 @@ def test_the_step_is_lowered_once_in_the_background_and_its_first_call_reuses_it
 
 def test_an_error_while_compiling_is_raised_by_wait_in_the_callers_thread():
     reshape = jax.jit(lambda x: x.reshape(3))
-    compiling = BackgroundCompile([(reshape, (jax.ShapeDtypeStruct((2,), np.float32),))])
+    compiling = BackgroundCompile(reshape, jax.ShapeDtypeStruct((2,), np.float32))
     with pytest.raises(TypeError, match="reshape"):
         compiling.wait()
     compiling.wait()  # raised once; the thread is done

@@ -13,32 +13,31 @@ from 37.7-40.7 s to 27.5-37.2 s of wall time (4 + 4 fresh processes; issue 12).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
 
 
 class BackgroundCompile:
-    """``jitted.lower(*args).compile()`` for each ``(jitted, args)``, in order, in a daemon thread.
+    """``jitted.lower(*args).compile()`` in a daemon thread.
 
     ``args`` are what the program will be called with, or their ``jax.ShapeDtypeStruct``\\ s
-    (with the shardings the calls will have). ``wait()`` blocks until every program is compiled
+    (with the shardings the calls will have). ``wait()`` blocks until the program is compiled
     and re-raises what compiling raised (the error the first call would have raised). A run
     that fails before waiting leaves the thread to finish on its own; it holds no resource.
     """
 
-    def __init__(self, programs: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]):
+    def __init__(self, jitted: Callable[..., Any], *args: Any):
         self._error: BaseException | None = None
         self._thread = threading.Thread(
-            target=self._compile, args=(tuple(programs),), name="dew-precompile", daemon=True
+            target=self._compile, args=(jitted, args), name="dew-precompile", daemon=True
         )
         self._thread.start()
 
-    def _compile(self, programs: tuple[tuple[Callable[..., Any], tuple[Any, ...]], ...]) -> None:
+    def _compile(self, jitted: Callable[..., Any], args: tuple[Any, ...]) -> None:
         try:
-            for jitted, args in programs:
-                jitted.lower(*args).compile()
+            jitted.lower(*args).compile()
         except BaseException as e:  # re-raised by wait(), in the caller's thread
             self._error = e
 

@@ -282,7 +282,7 @@ class Trainer:
         except ValueError as e:
             raise ConfigError(f"config.ema.tracks={c.ema.tracks!r}: {e}") from e
         self.state_shardings = self.layout.state_shardings(abstract)
-        self._abstract_state = abstract
+        self._abstract_state = abstract_like(abstract, self.state_shardings)  # what the step is given
         self.init = self.layout.jit_init(init, abstract)
         step = make_step(
             self.objective, self.optimizer, self.ema, accumulation=self.accumulation, power_ema=self.power_ema
@@ -578,15 +578,17 @@ class Trainer:
         The program is looked up by its arguments' shardings too: ``placed_batches`` says
         whether the calls pass batches already on the mesh (``Trainer.step`` does), else host
         arrays; None: as ``run`` passes them (placed where a thread prepares them ahead)."""
-        placed = placed_batches
-        if placed is None:
-            placed = bool(self.train_data.prefetch) or jax.process_count() > 1
+        placed = self._run_places_batches() if placed_batches is None else placed_batches
         batch = abstract_like(self.example_batch(), self.layout.batch_sharding if placed else None)
-        state = abstract_like(self._abstract_state, self.state_shardings)
-        k = self.config.train.steps_per_call
         if self._multi_step is not None:
-            return BackgroundCompile([(self._multi_step, (state, (batch,) * k))])
-        return BackgroundCompile([(self._step, (state, batch))])
+            batches = (batch,) * self.config.train.steps_per_call
+            return BackgroundCompile(self._multi_step, self._abstract_state, batches)
+        return BackgroundCompile(self._step, self._abstract_state, batch)
+
+    def _run_places_batches(self) -> bool:
+        """Whether ``run`` hands the step batches already on the mesh: where a thread prepares
+        them ahead, or several processes build global arrays from their shares."""
+        return bool(self.train_data.prefetch) or jax.process_count() > 1
 
     def run(self) -> TrainState:
         self.check_resumable()
@@ -614,7 +616,7 @@ class Trainer:
         # (a Python device_put costs the host more than the copy it would hide). Where a
         # background thread prepares batches (lazily read sources) it also places them, ahead
         # of use; several processes build global arrays from their shares before the step.
-        if self.train_data.prefetch or jax.process_count() > 1:
+        if self._run_places_batches():
             self.train_data.set_placement(self.layout.place_batch)
         try:
             compiling.wait()
