@@ -1,6 +1,7 @@
 """``dew.networks.edm_layers``' per-tap convolution weight gradient, taken by ``conv`` for large
-images. Its forward and input gradient are XLA's own (bit-identical); its weight gradient is the
-same sum as XLA's in another order, so the two may differ only by float32 rounding, bounded below."""
+images on CPUs where XLA's is slow. Its forward and input gradient are XLA's own (bit-identical);
+its weight gradient is the same sum as XLA's in another order, so the two may differ only by
+float32 rounding, bounded below."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dew.networks import edm_layers
 from dew.networks.edm_layers import TAPWISE_MIN_POSITIONS, _conv_tap_weight_grad, _xla_conv, conv
 
 
@@ -45,12 +47,27 @@ def test_the_per_tap_weight_gradient_is_xlas_up_to_float32_rounding(shape, kerne
     assert np.all(np.abs(np.asarray(dw_ref, np.float64) - exact) <= bound)
 
 
-def test_conv_takes_the_per_tap_gradient_from_32x32_up_and_xlas_below():
+@pytest.mark.parametrize("slow_here", [True, False])
+def test_conv_takes_the_per_tap_gradient_from_32x32_up_where_xlas_is_slow(monkeypatch, slow_here):
+    monkeypatch.setattr(edm_layers, "xla_weight_grad_is_slow", lambda: slow_here)
     w = jnp.ones((3, 3, 2, 2))
-    for side, tapwise in ((16, False), (31, False), (32, True), (64, True)):
-        assert (side * side >= TAPWISE_MIN_POSITIONS) == tapwise
+    for side, large in ((16, False), (31, False), (32, True), (64, True)):
+        assert (side * side >= TAPWISE_MIN_POSITIONS) == large
         jaxpr = str(jax.make_jaxpr(lambda x_, w_: conv(x_, w_, 1))(jnp.ones((1, side, side, 2)), w))
-        assert ("custom_vjp_call" in jaxpr) == tapwise, (side, jaxpr)
+        assert ("custom_vjp_call" in jaxpr) == (large and slow_here), (side, jaxpr)
+
+
+def test_only_x86_cpus_without_avx2_count_as_slow(monkeypatch):
+    from numpy._core import _multiarray_umath
+
+    cases = [({"AVX": True, "AVX2": False}, True), ({"AVX": True, "AVX2": True}, False), ({}, False)]
+    try:
+        for flags, slow in cases:
+            edm_layers.xla_weight_grad_is_slow.cache_clear()
+            monkeypatch.setattr(_multiarray_umath, "__cpu_features__", flags)
+            assert edm_layers.xla_weight_grad_is_slow() is slow, flags
+    finally:
+        edm_layers.xla_weight_grad_is_slow.cache_clear()
 
 
 def test_a_1x1_kernel_stays_a_matmul():

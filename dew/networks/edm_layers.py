@@ -145,20 +145,41 @@ def upsample(x: jax.Array, resample_filter: Sequence[float], pad: int) -> jax.Ar
 
 
 TAPWISE_MIN_POSITIONS = 1024
-"""Images with at least this many pixels (32×32 and up) take the per-tap weight gradient."""
+"""Images with at least this many pixels (32×32 and up) take the per-tap weight gradient, on the
+CPUs where XLA's own is slow there (``xla_weight_grad_is_slow``)."""
+
+
+@functools.cache
+def xla_weight_grad_is_slow() -> bool:
+    """Whether XLA's convolution weight gradient degrades on large images here: x86 CPUs without AVX2.
+
+    Measured (``benchmarks/RESULTS.md``, issue 12): on an AVX+FMA-only CPU XLA:CPU's weight
+    gradient of a 32×32 convolution is 7-8× slower than the per-tap sum and the 32×32×3 train step
+    2.6× slower with it; on an AVX-512 CPU it is the faster of the two (per layer 2×, the step
+    1.13×). YNNPACK's x86 kernels start at AVX2. Accelerators always keep XLA's gradient. Read
+    from numpy's runtime CPU-dispatch table at trace time (once).
+    """
+    if jax.default_backend() != "cpu":
+        return False
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as features
+    except ImportError:  # numpy < 2
+        from numpy.core._multiarray_umath import __cpu_features__ as features
+    return bool(features.get("AVX")) and not features.get("AVX2")
 
 
 def conv(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
     """Stride-1 2D convolution, NHWC × [k, k, in, out]; a 1×1 kernel is a matmul.
 
-    From ``TAPWISE_MIN_POSITIONS`` pixels up, the weight gradient is computed per kernel tap
-    (``_conv_tap_weight_grad``): there XLA:CPU's own is 7-8× slower. Below, XLA's is kept: the two
-    are within 2× of each other per layer, the whole 8×8/16×16 train step within ±4 %, and the
-    per-tap form costs 10-60 % more step compile time (``benchmarks/RESULTS.md``, issue 12).
+    From ``TAPWISE_MIN_POSITIONS`` pixels up, on CPUs where ``xla_weight_grad_is_slow``, the weight
+    gradient is computed per kernel tap (``_conv_tap_weight_grad``). Elsewhere, and below that size
+    everywhere, XLA's is kept: on small images the two are within 2× of each other per layer, the
+    whole 8×8/16×16 train step within ±4 %, and the per-tap form costs 10-60 % more step compile
+    time (``benchmarks/RESULTS.md``, issue 12).
     """
     if w.shape[0] == 1 and w.shape[1] == 1 and pad == 0:
         return jnp.dot(x, w[0, 0])
-    if x.shape[1] * x.shape[2] >= TAPWISE_MIN_POSITIONS:
+    if x.shape[1] * x.shape[2] >= TAPWISE_MIN_POSITIONS and xla_weight_grad_is_slow():
         return _conv_tap_weight_grad(x, w, pad)
     return _xla_conv(x, w, pad)
 
