@@ -12,9 +12,13 @@ guard (``dew.training.steps.make_step``). Both use the same network arguments, b
 float32, and the same cores (``--threads``: ``torch.set_num_threads``; XLA's CPU thread pool is
 the machine's cores). dew's side runs as ``python -m dew.main`` runs it on a CPU host: the state
 replicated on one XLA device per core and each batch split over them (``--devices``: another
-count; ``--devices=1`` is one device using the cores through its thread pool). Rounds alternate
-dew, reference, dew, ... after a warm-up; each round times ``--steps`` steps; the report is the
-medians and their ratio. The forward pass alone (the denoiser in inference mode) is timed the same way.
+count; ``--devices=1`` is one device using the cores through its thread pool), with glibc's
+malloc asking for transparent huge pages (``dew.training.host_memory``; ``--no_huge_pages``:
+without; ``--reference_huge_pages`` gives the reference's process the same tunable). Rounds
+alternate dew, reference, dew, ... after a warm-up; in each round a side first runs ``--settle``
+untimed steps (the first step after the other process's turn is 10-30 % slower on either side),
+then times ``--steps`` steps; the report is the medians and their ratio. The forward pass alone
+(the denoiser in inference mode) is timed the same way.
 
 dew's start-up is timed separately in a fresh process without the persistent compilation cache:
 jitted ``init`` (compile + run) and the step's compile + first step (``--startup``).
@@ -46,6 +50,16 @@ NETS = {
     "8": dict(img_resolution=8, img_channels=1, label_dim=10, model_channels=32, channel_mult=[1, 2],
               num_blocks=2, attn_resolutions=[4], dropout=0.10),
 }  # fmt: skip
+
+
+def reference_environment(huge_pages: bool, tunable: str, huge_page_environment) -> dict:
+    """The reference worker's environment: this process's without glibc's THP tunable (which dew's
+    side restarted itself with), or with it when ``huge_pages``."""
+    items = os.environ.get("GLIBC_TUNABLES", "").split(":")
+    kept = ":".join(i for i in items if i and i.split("=", 1)[0] != tunable)
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    env.update({"GLIBC_TUNABLES": kept} if kept else {})
+    return (huge_page_environment(env) or env) if huge_pages else env
 
 
 def batch_arrays(net: dict, batch: int, seed: int = 0):
@@ -189,17 +203,31 @@ def run_dew_rounds(args, worker) -> dict:
     jax.block_until_ready(stats)
     jax.block_until_ready(forward(state.params, data["image"], data["label"]))
 
-    def time_dew(kind: str, n: int) -> float:
+    def run_dew(kind: str, n: int):
         nonlocal state
-        start = time.perf_counter()
-        if kind == "step":
-            for _ in range(n):
+        out = None
+        for _ in range(n):
+            if kind == "step":
                 state, out = step(state, data)
-        else:
-            for _ in range(n):
+            else:
                 out = forward(state.params, data["image"], data["label"])
-        jax.block_until_ready(out)
+        return jax.block_until_ready(out)
+
+    def time_dew(kind: str, n: int) -> float:
+        run_dew(kind, args.settle)  # untimed: the first calls after the other side's turn are slower
+        start = time.perf_counter()
+        run_dew(kind, n)
         return (time.perf_counter() - start) / n
+
+    def run_reference(kind: str, n: int) -> float:
+        worker.stdin.write(f"{kind} {n}\n")
+        worker.stdin.flush()
+        return json.loads(worker.stdout.readline())["seconds"]
+
+    def time_reference(kind: str, n: int) -> float:
+        if args.settle:
+            run_reference(kind, args.settle)  # untimed, as on dew's side
+        return run_reference(kind, n)
 
     results = {"step": {"dew": [], "reference": []}, "forward": {"dew": [], "reference": []}}
     for r in range(args.rounds):
@@ -210,9 +238,7 @@ def run_dew_rounds(args, worker) -> dict:
                 if side == "dew":
                     results[kind]["dew"].append(time_dew(kind, n))
                 elif worker is not None:
-                    worker.stdin.write(f"{kind} {n}\n")
-                    worker.stdin.flush()
-                    results[kind]["reference"].append(json.loads(worker.stdout.readline())["seconds"])
+                    results[kind]["reference"].append(time_reference(kind, n))
         print(
             f"round {r}: "
             + ", ".join(f"{k} {s} {v[s][-1] * 1e3:.0f} ms" for k, v in results.items() for s in v if v[s]),
@@ -326,11 +352,26 @@ def main() -> int:
         "--devices", type=int, default=0,
         help="CPU devices dew's batch is split over (0: as python -m dew.main picks, one per core)",
     )  # fmt: skip
+    parser.add_argument(
+        "--settle", type=int, default=1,
+        help="untimed steps (and forward calls) each side runs at the start of its turn in a round",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no_huge_pages", action="store_true",
+        help="dew's side without glibc.malloc.hugetlb=1 (python -m dew.main sets it by default)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--reference_huge_pages", action="store_true",
+        help="the reference's worker with glibc.malloc.hugetlb=1 too (default: its process as users run it)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.worker:
         return torch_worker(args)
     from dew.training.host_devices import flagged_count, host_device_count, present_host_devices
+    from dew.training.host_memory import TUNABLE, huge_page_environment, with_huge_pages
 
+    if not args.no_huge_pages:
+        with_huge_pages()  # as python -m dew.main does: restarts this process once, with the tunable
     # Before JAX starts (dew.main does the same from config.mesh.host_devices); XLA_FLAGS wins.
     present_host_devices(host_device_count(args.devices, [args.batch]))
     args.devices = flagged_count(os.environ.get("XLA_FLAGS", "")) or 1
@@ -346,6 +387,7 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     cmd = [sys.executable, __file__, "--startup", f"--net={args.net}", f"--batch={args.batch}"]
+    cmd += ["--no_huge_pages"] if args.no_huge_pages else []
     startup = json.loads(
         subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
     )
@@ -358,6 +400,7 @@ def main() -> int:
             [args.torch_python, __file__, "--worker", f"--net={args.net}", f"--batch={args.batch}",
              f"--threads={args.threads}", f"--edm={args.edm}"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env=reference_environment(args.reference_huge_pages, TUNABLE, huge_page_environment),
         )  # fmt: skip
         print(f"reference worker: {worker.stdout.readline().strip()}", flush=True)
     try:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from dew.config import apply_overrides, load_config
 from dew.failures import capture_library_logs, end_process, report
+from dew.training.host_memory import with_huge_pages
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -131,6 +132,7 @@ def _release(trainer) -> None:
 
 
 def run() -> None:
+    with_huge_pages()  # restarts this process once with glibc's THP tunable (dew.training.host_memory)
     code = main()
     if code not in (0, 2):
         end_process(code)  # reported, everything dew opened is closed: nothing may print after
