@@ -4,6 +4,8 @@ program: one lowering and one compile of the step per run, both in the backgroun
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -84,3 +86,27 @@ def test_abstract_like_keeps_shapes_dtypes_and_the_given_shardings():
     assert all(leaf.sharding == one for leaf in jax.tree.leaves(abstract_like(tree, one)))
     per_leaf = abstract_like(tree, {"a": one, "b": None})
     assert per_leaf["a"].sharding == one and per_leaf["b"].sharding is None
+
+
+EXIT_WHILE_COMPILING = """
+import sys
+import jax, jax.numpy as jnp
+from dew.training.precompile import BackgroundCompile
+
+def program(x):
+    for i in range(60):
+        x = jnp.sin(x @ x.T + i)
+    return x
+
+BackgroundCompile(jax.jit(program), jax.ShapeDtypeStruct((64, 64), jnp.float32))
+sys.exit(2)  # a run that fails (say, a checkpoint that does not fit) while the step compiles
+"""
+
+
+def test_a_process_that_exits_while_the_step_compiles_exits_with_its_own_status():
+    # With a daemon thread this aborted (status -6: "terminate called ... exception not
+    # rethrown") whenever the compile outlived the interpreter's finalisation.
+    for _ in range(2):
+        result = subprocess.run([sys.executable, "-c", EXIT_WHILE_COMPILING], capture_output=True, text=True)
+        assert result.returncode == 2, result.stderr
+        assert "terminate called" not in result.stderr

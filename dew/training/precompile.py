@@ -20,19 +20,20 @@ import jax
 
 
 class BackgroundCompile:
-    """``jitted.lower(*args).compile()`` in a daemon thread.
+    """``jitted.lower(*args).compile()`` in a (non-daemon) thread.
 
     ``args`` are what the program will be called with, or their ``jax.ShapeDtypeStruct``\\ s
     (with the shardings the calls will have). ``wait()`` blocks until the program is compiled
     and re-raises what compiling raised (the error the first call would have raised). A run
-    that fails before waiting leaves the thread to finish on its own; it holds no resource.
+    that fails before waiting leaves the thread to finish on its own; the interpreter waits for
+    it when it exits: a daemon thread still inside XLA's compiler when the interpreter finalises
+    is unwound through C++ frames that swallow the unwind, and the process aborts
+    (``tests/test_precompile.py``).
     """
 
     def __init__(self, jitted: Callable[..., Any], *args: Any):
         self._error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._compile, args=(jitted, args), name="dew-precompile", daemon=True
-        )
+        self._thread = threading.Thread(target=self._compile, args=(jitted, args), name="dew-precompile")
         self._thread.start()
 
     def _compile(self, jitted: Callable[..., Any], args: tuple[Any, ...]) -> None:
