@@ -52,11 +52,13 @@ NETS = {
 }  # fmt: skip
 
 
-def reference_environment(huge_pages: bool, tunable: str, huge_page_environment) -> dict:
+def reference_environment(huge_pages: bool) -> dict:
     """The reference worker's environment: this process's without glibc's THP tunable (which dew's
     side restarted itself with), or with it when ``huge_pages``."""
+    from dew.training.host_memory import TUNABLE, huge_page_environment
+
     items = os.environ.get("GLIBC_TUNABLES", "").split(":")
-    kept = ":".join(i for i in items if i and i.split("=", 1)[0] != tunable)
+    kept = ":".join(i for i in items if i and i.split("=", 1)[0] != TUNABLE)
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     env.update({"GLIBC_TUNABLES": kept} if kept else {})
     return (huge_page_environment(env) or env) if huge_pages else env
@@ -368,7 +370,7 @@ def main() -> int:
     if args.worker:
         return torch_worker(args)
     from dew.training.host_devices import flagged_count, host_device_count, present_host_devices
-    from dew.training.host_memory import TUNABLE, huge_page_environment, with_huge_pages
+    from dew.training.host_memory import with_huge_pages
 
     if not args.no_huge_pages:
         with_huge_pages()  # as python -m dew.main does: restarts this process once, with the tunable
@@ -400,7 +402,7 @@ def main() -> int:
             [args.torch_python, __file__, "--worker", f"--net={args.net}", f"--batch={args.batch}",
              f"--threads={args.threads}", f"--edm={args.edm}"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            env=reference_environment(args.reference_huge_pages, TUNABLE, huge_page_environment),
+            env=reference_environment(args.reference_huge_pages),
         )  # fmt: skip
         print(f"reference worker: {worker.stdout.readline().strip()}", flush=True)
     try:
