@@ -1,5 +1,6 @@
-"""Checksums of checkpoint items, in-process: written after the data, verified before a read, in
-the persistent (orbax) tier and the per-host local tier; a mismatch names step, item and file."""
+"""Checksums of checkpoint items, in-process: written after the data and before the step is renamed
+into place, verified before a read, in the persistent (orbax) tier and the per-host local tier; a
+mismatch names step, item and file."""
 
 from __future__ import annotations
 
@@ -72,9 +73,32 @@ def test_one_flipped_bit_is_caught_before_the_restore_reads_it(saved):
     checkpoints.restore(None, 2)  # the other steps are untouched
 
 
+def test_the_checksums_are_inside_the_step_before_it_is_renamed_into_place(tmp_path, monkeypatch):
+    """A kill at any moment leaves a visible step checksummed, or no step: at the moment orbax
+    renames the temporary step directory to its final name, every item already holds its
+    checksums (a kill just before that rename leaves only the temporary directory)."""
+    from orbax.checkpoint._src.path import atomicity
+
+    rename = atomicity.AtomicRenameTemporaryPath.finalize
+    seen = {}
+
+    async def observed(self, *args, **kwargs):
+        if self._final_path.name == "3":  # the step's rename, not an item's
+            tmp = pathlib.Path(self.get())
+            seen.update({item.name: (item / CHECKSUMS).is_file() for item in tmp.iterdir() if item.is_dir()})
+        return await rename(self, *args, **kwargs)
+
+    monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", observed)
+    checkpoints = Checkpoints(str(tmp_path / "checkpoints"), keep=None)
+    checkpoints.save(3, state_at(3), None)
+    checkpoints.wait()
+    assert seen == {"params": True, "opt_state": True, "ema_params": True, "extra": True}
+    checkpoints.verify(3)
+
+
 def test_checksums_that_never_landed_make_the_step_incomplete(saved):
     checkpoints, root = saved
-    (root / "checkpoints" / "4" / "extra" / CHECKSUMS).unlink()  # a kill after orbax, before these
+    (root / "checkpoints" / "4" / "extra" / CHECKSUMS).unlink()  # an earlier dew killed mid-save
     with pytest.raises(
         CheckpointDamagedError, match=r"checkpoint step 4 is damaged: item 'extra' is incomplete"
     ):

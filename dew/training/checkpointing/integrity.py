@@ -1,15 +1,19 @@
 """Checksums for checkpoint items: written after an item's data, verified before it is read.
 
 Each item directory of a persistent step (``<step>/params``, ``<step>/opt_state``, ...) gets a
-``dew_checksums.json`` once the step has landed: the size and SHA-256 of every file under the
-item, computed by reading the files back (so it vouches for what is on disk, not for what was
-meant to be written). ``verify_item`` streams the files again, one MiB at a time, on the host
-that is about to read them, and raises ``CheckpointDamagedError`` naming the step, the item and
-the first file that is missing, shorter or longer than written, or whose bytes changed.
+``dew_checksums.json`` after its data is final and before the step is renamed into place (the
+store's handler writes it in orbax's ``finalize``; the local tier writes it into its temporary
+directory): the size and SHA-256 of every file under the item, computed by reading the files
+back (so it vouches for what is on disk, not for what was meant to be written). A step that
+is visible is therefore checksummed. ``verify_item`` streams the files again, one MiB at a time,
+on the host that is about to read them, and raises ``CheckpointDamagedError`` naming the step,
+the item and the first file that is missing, shorter or longer than written, or whose bytes
+changed.
 
-A step written by this version whose checksums are missing (a kill between the step landing and
-its checksums landing) is incomplete: ``verify_item`` says so. Steps from before checksums were
-written carry no ``checksummed`` flag in their metadata and are read unverified.
+A step flagged as checksummed whose checksums are missing is incomplete (written by a dew that
+checksummed after the rename and was killed in between, or damaged since): ``verify_item`` says
+so. Steps from before checksums were written carry no ``checksummed`` flag in their metadata and
+are read unverified.
 """
 
 from __future__ import annotations

@@ -57,9 +57,12 @@ class Store:
                 create=not self.read_only,
                 read_only=self.read_only,
             )
-            names = (*layout.STATE_ITEMS, layout.DATA_ITEM, layout.DATASET_ITEM)
-            handlers = {name: ocp.PyTreeCheckpointHandler() for name in names}
-            self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+            registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
+            for name in (*layout.STATE_ITEMS, layout.DATA_ITEM, layout.DATASET_ITEM):
+                handler = ChecksummedPyTreeHandler()
+                registry.add(name, ocp.args.PyTreeSave, handler)
+                registry.add(name, ocp.args.PyTreeRestore, handler)
+            self._manager = ocp.CheckpointManager(self.directory, options=options, handler_registry=registry)
         return self._manager
 
     def close(self) -> None:
@@ -112,7 +115,7 @@ class Store:
             "process_count": jax.process_count(),
             "empty_items": empty,
             "metrics": metrics,
-            "checksummed": True,  # each item's dew_checksums.json follows its data (integrity)
+            "checksummed": True,  # each item holds its dew_checksums.json (integrity)
         }
         if ema is not None:
             custom["ema"] = dict(ema)
@@ -124,9 +127,6 @@ class Store:
         try:
             self.manager().save(step, args=ocp.args.Composite(**items), custom_metadata=custom, force=True)
             self.manager().wait_until_finished()
-            if jax.process_index() == 0:  # the data has landed: checksum what is on disk
-                for name in items:
-                    integrity.write_checksums(self.path(step) / name)
         except Exception as e:
             raise CheckpointWriteError(f"checkpoint step {step} did not land in {self.directory}: {e}") from e
         self._metrics[step] = metrics
@@ -370,6 +370,19 @@ class Store:
             f"({type(error).__name__}: {first_line(error)})",
             step=step,
         )
+
+
+class ChecksummedPyTreeHandler(ocp.PyTreeCheckpointHandler):
+    """Orbax's pytree handler, whose ``finalize`` also writes the item's ``dew_checksums.json``.
+
+    Orbax calls ``finalize`` on the primary process, after every process has written its part
+    and before the item and then the step are renamed into place; so the checksums are inside
+    the step before it becomes visible, and a kill at any moment leaves either a complete,
+    checksummed step or none (``integrity``)."""
+
+    def finalize(self, directory: epath.Path) -> None:
+        super().finalize(directory)  # merges the per-process files into the final ones
+        integrity.write_checksums(directory)
 
 
 @functools.cache
