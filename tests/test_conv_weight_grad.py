@@ -57,10 +57,15 @@ def test_conv_takes_the_per_tap_gradient_from_32x32_up_where_xlas_is_slow(monkey
         assert ("custom_vjp_call" in jaxpr) == (large and slow_here), (side, jaxpr)
 
 
-def test_only_x86_cpus_without_avx2_count_as_slow(monkeypatch):
+def test_only_x86_cpus_without_avx512_count_as_slow(monkeypatch):
     from numpy._core import _multiarray_umath
 
-    cases = [({"AVX": True, "AVX2": False}, True), ({"AVX": True, "AVX2": True}, False), ({}, False)]
+    cases = [
+        ({"AVX": True, "AVX2": False, "AVX512F": False}, True),
+        ({"AVX": True, "AVX2": True, "AVX512F": False}, True),
+        ({"AVX": True, "AVX2": True, "AVX512F": True}, False),
+        ({}, False),
+    ]
     try:
         for flags, slow in cases:
             edm_layers.xla_weight_grad_is_slow.cache_clear()

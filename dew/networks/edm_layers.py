@@ -151,13 +151,14 @@ CPUs where XLA's own is slow there (``xla_weight_grad_is_slow``)."""
 
 @functools.cache
 def xla_weight_grad_is_slow() -> bool:
-    """Whether XLA's convolution weight gradient degrades on large images here: x86 CPUs without AVX2.
+    """Whether XLA's convolution weight gradient degrades on large images here: x86 CPUs without AVX-512.
 
-    Measured (``benchmarks/RESULTS.md``, issue 12): on an AVX+FMA-only CPU XLA:CPU's weight
-    gradient of a 32×32 convolution is 7-8× slower than the per-tap sum and the 32×32×3 train step
-    2.6× slower with it; on an AVX-512 CPU it is the faster of the two (per layer 2×, the step
-    1.13×). YNNPACK's x86 kernels start at AVX2. Accelerators always keep XLA's gradient. Read
-    from numpy's runtime CPU-dispatch table at trace time (once).
+    Measured on three CPUs (``benchmarks/RESULTS.md``, issue 12), XLA:CPU's weight gradient of a
+    32×32 convolution against the per-tap sum, and the 32×32×3 train step with each: AVX+FMA only,
+    7-8× slower per layer, the step 2.6× slower; AVX2 (Zen 2), 5.3× per layer, the step 1.9×
+    slower; AVX-512 (avx512f/bw/bf16), the faster of the two (per layer 2×, the step 1.13×).
+    Other CPUs (ARM) and accelerators keep XLA's gradient: not measured there. Read from numpy's
+    runtime CPU-dispatch table at trace time (once).
     """
     if jax.default_backend() != "cpu":
         return False
@@ -165,7 +166,7 @@ def xla_weight_grad_is_slow() -> bool:
         from numpy._core._multiarray_umath import __cpu_features__ as features
     except ImportError:  # numpy < 2
         from numpy.core._multiarray_umath import __cpu_features__ as features
-    return bool(features.get("AVX")) and not features.get("AVX2")
+    return bool(features.get("AVX")) and not features.get("AVX512F")
 
 
 def conv(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
