@@ -4,7 +4,7 @@
 
 Builds ``benchmarks/unet.py``'s train step twice, once with every 3×3 convolution taking the
 per-tap weight gradient (``dew.networks.edm_layers._conv_tap_weight_grad``; dew's ``conv`` takes
-it from 32×32 up on x86 CPUs without AVX2) and once with XLA's convolution and its own gradient,
+it from 32×32 up on x86 CPUs without AVX-512) and once with XLA's convolution and its own gradient,
 compiles both (process CPU time), checks that the first step's statistics agree, then times alternating rounds
 of 2 steps and prints medians. ``--layers`` times single 3×3 convolutions instead: forward,
 input gradient, and the two weight gradients, at the shapes of the 16×16 and 32×32 networks.
