@@ -26,6 +26,7 @@ from jax.experimental import multihost_utils
 
 from dew.data.dataset import DataPartition
 from dew.training.checkpointing import integrity, layout, positions
+from dew.training.checkpointing.checksummed_handler import ChecksummedPyTreeHandler
 from dew.training.checkpointing.errors import (
     CheckpointDamagedError,
     CheckpointRestorationError,
@@ -370,19 +371,6 @@ class Store:
             f"({type(error).__name__}: {first_line(error)})",
             step=step,
         )
-
-
-class ChecksummedPyTreeHandler(ocp.PyTreeCheckpointHandler):
-    """Orbax's pytree handler, whose ``finalize`` also writes the item's ``dew_checksums.json``.
-
-    Orbax calls ``finalize`` on the primary process, after every process has written its part
-    and before the item and then the step are renamed into place; so the checksums are inside
-    the step before it becomes visible, and a kill at any moment leaves either a complete,
-    checksummed step or none (``integrity``)."""
-
-    def finalize(self, directory: epath.Path) -> None:
-        super().finalize(directory)  # merges the per-process files into the final ones
-        integrity.write_checksums(directory)
 
 
 @functools.cache
