@@ -4,36 +4,30 @@
 from __future__ import annotations
 
 import functools
-import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
-import optax
 
 from dew import registry
-from dew.data import config as data_config
 from dew.data.dataset import DataPartition, Dataset
-from dew.schema import ConfigError, Key, Section, resolve
+from dew.schema import ConfigError
 from dew.training import ema as ema_lib
 from dew.training import sharding
-from dew.training import trackers as trackers_lib
-from dew.training.checkpointing import settings as checkpoint_config
 from dew.training.checkpointing.checkpoints import Checkpoints
 from dew.training.checkpointing.errors import CheckpointDamagedError, CheckpointRestorationError, first_line
 from dew.training.checkpointing.settings import checkpoint_settings
 from dew.training.console import Progress
 from dew.training.ema import EMASpec
 from dew.training.loop import Stage, fit
-from dew.training.objective import MODEL_CONFIG, OBJECTIVE_CONFIG, Objective
+from dew.training.objective import Objective
 from dew.training.power_ema import SNAPSHOT_DIR, PowerEMASnapshots, SnapshotStage, power_ema_from_config
 from dew.training.precompile import BackgroundCompile, abstract_like
 from dew.training.preemption import PreemptionStage
-from dew.training.profile import CONFIG as PROFILE_CONFIG
 from dew.training.profile import ProfileWindow
 from dew.training.resume_check import (
     ResumeMismatchError,
@@ -47,7 +41,6 @@ from dew.training.sharding import Layout
 from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage
 from dew.training.state import TrainState, num_updates
 from dew.training.steps import (
-    NONFINITE_POLICIES,
     abstract_state,
     make_eval,
     make_init,
@@ -55,166 +48,13 @@ from dew.training.steps import (
     make_step,
 )
 from dew.training.trackers import LoggingCategory, Tracker, Trackers, make_trackers
-
-
-# --- the trainer's own config sections ------------------------------------------------------------
-def _at_least(low: float, accepted: str) -> dict[str, Any]:
-    return {"check": lambda v: v >= low, "accepted": accepted}
-
-
-def _finite(value: Any) -> bool:
-    """A real number that is neither inf nor NaN (checked before anything compiles)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-TRAIN_CONFIG = Section(
-    "the loop",
-    {
-        "num_steps": Key(
-            1000, "micro-batches to train for: the run's last step", **_at_least(1, "an int >= 1")
-        ),
-        "log_every": Key(50, "steps per logged window of training metrics", **_at_least(1, "an int >= 1")),
-        "accumulation": Key(
-            1,
-            "micro-batches of dataset.batch_size per optimizer update (num_steps counts micro-batches)",
-            **_at_least(1, "an int >= 1 (micro-batches per update)"),
-        ),
-        "steps_per_call": Key(
-            1,
-            "train steps per call of the compiled program (a scan over that many batches): the host "
-            "dispatches once per call, which pays where a step takes well under a millisecond or two "
-            "(small networks, fast accelerators). Calls end on every cadence (logging, evaluation, "
-            "checkpoints), so states, metrics and checkpoints are those of single steps",
-            **_at_least(1, "an int >= 1"),
-        ),
-        "nonfinite": Key(
-            "stop",
-            "on a non-finite loss or gradient: 'stop' (raise naming the step) or 'skip' (drop, count it)",
-            choices=NONFINITE_POLICIES,
-        ),
-        "max_skipped": Key(
-            0.5,
-            "the skip policy's brake: the fraction of a log_every window's updates it may drop before "
-            "the run stops as 'stop' would, after saving the state (which no skipped update touched); "
-            "1: no brake",
-            check=lambda v: _finite(v) and 0 <= v <= 1,
-            accepted="a fraction in [0, 1]",
-        ),
-    },
+from dew.training.trainer_config import (
+    check_workdir,
+    config_schema,
+    make_optimizer,
+    resolve_config,
+    validate_config,
 )
-OPTIMIZER_CONFIG = Section(
-    "Adam with a linear learning-rate warm-up and optional global-norm clipping",
-    {
-        "learning_rate": Key(
-            1e-3, "peak learning rate", check=lambda v: _finite(v) and v > 0, accepted="a finite float > 0"
-        ),
-        "warmup_steps": Key(0, "optimizer updates of linear warm-up from 0", **_at_least(0, "an int >= 0")),
-        "b1": Key(0.9, "Adam β1", check=lambda v: 0 <= v < 1, accepted="a float in [0, 1)"),
-        "b2": Key(0.999, "Adam β2", check=lambda v: 0 <= v < 1, accepted="a float in [0, 1)"),
-        "grad_clip": Key(
-            0.0,
-            "clip gradients to this global norm (0: off)",
-            check=lambda v: _finite(v) and v >= 0,
-            accepted="a finite float >= 0 (0: off)",
-        ),
-    },
-)
-EVAL_CONFIG = Section(
-    "the objective's held-out statistics on a fixed prefix of the validation split (debiased EMA)",
-    {
-        "every": Key(
-            500,
-            "steps between evaluations (0: none, and so no best checkpoint)",
-            **_at_least(0, "an int >= 0 (0 disables evaluation)"),
-        ),
-        "num_batches": Key(1, "validation batches per evaluation", **_at_least(1, "an int >= 1")),
-        "batch_size": Key(
-            None,
-            "examples per validation batch (None: config.dataset.batch_size; set it when the "
-            "validation split is smaller than a training batch)",
-            kind=int,
-            **_at_least(1, "an int >= 1, or None for config.dataset.batch_size"),
-        ),
-    },
-)
-PREVIEW_CONFIG = Section(
-    "the objective's preview artifact of the debiased EMA, written under <workdir>/previews",
-    {
-        "every": Key(
-            500, "steps between previews (0: none)", **_at_least(0, "an int >= 0 (0 disables previews)")
-        ),
-        "metrics": Key(
-            (),
-            "registered metrics (dew.metrics) the objective scores each preview with",
-            item=str,
-            registry="metrics",
-        ),
-    },
-)
-
-
-def config_schema() -> Section:
-    """The whole schema of a Trainer config: each section as the code that owns it declares it."""
-    return Section(
-        "a dew experiment",
-        {
-            "seed": Key(
-                0,
-                "seeds the parameters, the data order, evaluation and previews",
-                check=lambda v: 0 <= v < 2**32,
-                accepted="an int in [0, 2**32) (it seeds jax and numpy)",
-            ),
-            "dataset": data_config.CONFIG,
-            "objective": OBJECTIVE_CONFIG,
-            "model": MODEL_CONFIG,
-            "optimizer": OPTIMIZER_CONFIG,
-            "ema": ema_lib.CONFIG,
-            "train": TRAIN_CONFIG,
-            "mesh": sharding.CONFIG,
-            "checkpoint": checkpoint_config.CONFIG,
-            "eval": EVAL_CONFIG,
-            "preview": PREVIEW_CONFIG,
-            "profile": PROFILE_CONFIG,
-            "tracking": trackers_lib.CONFIG,
-        },
-    )
-
-
-def resolve_config(
-    config: ml_collections.ConfigDict, overrides: Sequence[str] = ()
-) -> ml_collections.ConfigDict:
-    """``config`` checked against ``config_schema()`` with ``overrides`` applied: every key set
-    (omitted ones take their defaults), or a ``ConfigError`` naming the first bad key."""
-    resolved, _ = resolve(config_schema(), config, overrides)
-    return resolved
-
-
-def validate_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """Check a config before any work (``resolve_config`` without overrides)."""
-    return resolve_config(config)
-
-
-def check_workdir(workdir: str) -> str:
-    """The run's directory must be a directory (or not exist yet); nothing is created here."""
-    path = os.path.abspath(workdir)
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ConfigError(f"--workdir={workdir!r} is a file; give a directory (new or a previous run's)")
-    parent = os.path.dirname(path)
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise ConfigError(f"--workdir={workdir!r} lies under {parent!r}, which is a file")
-    return path
-
-
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    """Adam with linear warm-up (EDM's lr ramp-up) and optional global-norm clipping."""
-    o = config.optimizer
-    schedule = (
-        optax.linear_schedule(0.0, o.learning_rate, o.warmup_steps) if o.warmup_steps else o.learning_rate
-    )
-    adam = optax.adam(schedule, b1=o.b1, b2=o.b2)
-    return optax.chain(optax.clip_by_global_norm(o.grad_clip), adam) if o.grad_clip > 0 else adam
 
 
 class Trainer:
