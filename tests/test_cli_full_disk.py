@@ -37,8 +37,8 @@ def small_disk(tmp_path):
 
     mounted = []
     yield mount
-    for target in mounted:
-        subprocess.run(["umount", str(target)], check=False)
+    for target in mounted:  # lazily: a reader still holding a file would make a plain umount fail
+        subprocess.run(["umount", "-l", str(target)], check=False)
 
 
 @pytest.fixture(scope="module")
