@@ -14,7 +14,9 @@ the machine's cores). dew's side runs as ``python -m dew.main`` runs it on a CPU
 replicated on one XLA device per core and each batch split over them (``--devices``: another
 count; ``--devices=1`` is one device using the cores through its thread pool), with glibc's
 malloc asking for transparent huge pages (``dew.training.host_memory``; ``--no_huge_pages``:
-without; ``--reference_huge_pages`` gives the reference's process the same tunable). Rounds
+without; ``--reference_huge_pages`` gives the reference's process the same tunable) and XLA:CPU's
+convolution library chosen as ``config.mesh.cpu_convolutions`` chooses it (``--cpu_convolutions``:
+``auto``, ``eigen``, ``ynnpack``; ``dew.training.cpu_convolutions``). Rounds
 alternate dew, reference, dew, ... after a warm-up; in each round a side first runs ``--settle``
 untimed steps (the first step after the other process's turn is 10-30 % slower on either side),
 then times ``--steps`` steps; the report is the medians and their ratio. The forward pass alone
@@ -355,6 +357,10 @@ def main() -> int:
         help="CPU devices dew's batch is split over (0: as python -m dew.main picks, one per core)",
     )  # fmt: skip
     parser.add_argument(
+        "--cpu_convolutions", default="auto", choices=("auto", "eigen", "ynnpack"),
+        help="XLA:CPU's convolution library on dew's side (as config.mesh.cpu_convolutions)",
+    )  # fmt: skip
+    parser.add_argument(
         "--settle", type=int, default=1,
         help="untimed steps (and forward calls) each side runs at the start of its turn in a round",
     )  # fmt: skip
@@ -369,6 +375,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.worker:
         return torch_worker(args)
+    from dew.training.cpu_convolutions import route_convolutions
     from dew.training.host_devices import flagged_count, host_device_count, present_host_devices
     from dew.training.host_memory import with_huge_pages
 
@@ -376,6 +383,7 @@ def main() -> int:
         with_huge_pages()  # as python -m dew.main does: restarts this process once, with the tunable
     # Before JAX starts (dew.main does the same from config.mesh.host_devices); XLA_FLAGS wins.
     present_host_devices(host_device_count(args.devices, [args.batch]))
+    args.convolutions = route_convolutions(args.cpu_convolutions)
     args.devices = flagged_count(os.environ.get("XLA_FLAGS", "")) or 1
     if args.gpu:
         return run_gpu(args)
@@ -394,7 +402,8 @@ def main() -> int:
         subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
     )
     rounded = json.dumps({k: round(v, 2) for k, v in startup.items()})
-    print(f"dew on {args.devices} CPU device(s); start-up: {rounded}", flush=True)
+    where = f"{args.devices} CPU device(s), {args.convolutions} convolutions"
+    print(f"dew on {where}; start-up: {rounded}", flush=True)
 
     worker = None
     if args.edm:
@@ -419,6 +428,7 @@ def main() -> int:
             line += f", reference median {med['reference'] * 1e3:.1f} ms, reference/dew = {ratio:.2f}x"
         print(line)
     record = {"net": args.net, "batch": args.batch, "devices": args.devices, "startup": startup}
+    record["convolutions"] = args.convolutions
     print(json.dumps({**record, "results": results}))
     return 0
 

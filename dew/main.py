@@ -75,11 +75,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(describe(schema, config), end="")
             return 0
         config = apply_overrides(raw, overrides)
+        from dew.training.cpu_convolutions import route_convolutions
         from dew.training.host_devices import present_for_config
         from dew.training.trainer import Trainer, check_workdir, resolve_config
 
         workdir = check_workdir(args.workdir)
-        present_for_config(resolve_config(config))  # XLA's CPU device count, before JAX starts
+        resolved = resolve_config(config)
+        present_for_config(resolved)  # XLA's CPU device count, before JAX starts
+        convolutions = route_convolutions(resolved.mesh.cpu_convolutions)  # and its convolution library
         trainer = Trainer(config, workdir)  # validates everything; touches no file
         import jax
 
@@ -95,9 +98,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         enable_compilation_cache(workdir)
         capture_library_logs(workdir)
         print(f"dew: training {args.config} in {workdir}", flush=True)
-        if jax.default_backend() == "cpu" and trainer.layout.data_parallel_size > 1:
+        if jax.default_backend() == "cpu":
             split = trainer.layout.data_parallel_size
-            print(f"dew: each batch is split over {split} CPU devices (config.mesh.host_devices)", flush=True)
+            if split > 1:
+                print(
+                    f"dew: each batch is split over {split} CPU devices (config.mesh.host_devices)",
+                    flush=True,
+                )
+            print(
+                f"dew: XLA:CPU runs convolutions with {convolutions} (config.mesh.cpu_convolutions)",
+                flush=True,
+            )
         state = trainer.run()
     except Exception as e:  # the CLI boundary: every failure becomes one short report
         if trainer is not None:

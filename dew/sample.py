@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         flags, options = parse(argv)
+        from dew.training.cpu_convolutions import route_convolutions
+
+        route_convolutions("auto")  # before JAX starts: XLA:CPU's faster convolution library here
         from dew.inference import pipeline
 
         task = pipeline(str(flags["workdir"]), step=flags["step"], raw=bool(flags["raw"]))

@@ -57,6 +57,7 @@ def main() -> int:
 
     from dew.config import apply_overrides, load_config
     from dew.scoring.digits_classifier import classify_digits
+    from dew.training.cpu_convolutions import route_convolutions
     from dew.training.host_devices import present_for_config
     from dew.training.trainer import Trainer, resolve_config
 
@@ -69,7 +70,9 @@ def main() -> int:
             *args.overrides,
         ],
     )
-    present_for_config(resolve_config(config))  # one CPU device per core, as dew.main does
+    resolved = resolve_config(config)
+    present_for_config(resolved)  # one CPU device per core, as dew.main does
+    convolutions = route_convolutions(resolved.mesh.cpu_convolutions)  # and its convolution library
     trainer = Trainer(config, args.workdir)
     compiling = trainer.compile_step_in_background(placed_batches=True)  # as Trainer.run does
     state = trainer.init(jax.random.PRNGKey(config.seed), trainer.example_batch())
@@ -105,6 +108,7 @@ def main() -> int:
     record = {
         "steps": steps,
         "devices": trainer.layout.data_parallel_size,
+        "convolutions": convolutions,
         "budget_s": args.budget,
         "trained_s": round(trained, 1),
         "first_step_done_s": round(first_step_done, 1),

@@ -57,20 +57,26 @@ def test_conv_takes_the_per_tap_gradient_from_32x32_up_where_xlas_is_slow(monkey
         assert ("custom_vjp_call" in jaxpr) == (large and slow_here), (side, jaxpr)
 
 
-def test_only_x86_cpus_without_avx512_count_as_slow(monkeypatch):
+def test_only_ynnpack_convolutions_on_x86_cpus_without_avx512_count_as_slow(monkeypatch):
     from numpy._core import _multiarray_umath
 
+    from dew.training.cpu_convolutions import EIGEN_ROUTE
+
     cases = [
-        ({"AVX": True, "AVX2": False, "AVX512F": False}, True),
-        ({"AVX": True, "AVX2": True, "AVX512F": False}, True),
-        ({"AVX": True, "AVX2": True, "AVX512F": True}, False),
-        ({}, False),
+        ({"AVX": True, "AVX2": False, "AVX512F": False}, "", True),
+        ({"AVX": True, "AVX2": True, "AVX512F": False}, "", True),
+        ({"AVX": True, "AVX2": True, "AVX512F": True}, "", False),
+        ({}, "", False),
+        # the same CPUs with this process's convolutions on Eigen: XLA's gradient is the fast one
+        ({"AVX": True, "AVX2": False, "AVX512F": False}, EIGEN_ROUTE, False),
+        ({"AVX": True, "AVX2": True, "AVX512F": False}, EIGEN_ROUTE, False),
     ]
     try:
-        for flags, slow in cases:
+        for features, xla_flags, slow in cases:
             edm_layers.xla_weight_grad_is_slow.cache_clear()
-            monkeypatch.setattr(_multiarray_umath, "__cpu_features__", flags)
-            assert edm_layers.xla_weight_grad_is_slow() is slow, flags
+            monkeypatch.setattr(_multiarray_umath, "__cpu_features__", features)
+            monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count=1 {xla_flags}")
+            assert edm_layers.xla_weight_grad_is_slow() is slow, (features, xla_flags)
     finally:
         edm_layers.xla_weight_grad_is_slow.cache_clear()
 

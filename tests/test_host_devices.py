@@ -11,6 +11,7 @@ import pytest
 from conftest import ROOT
 from helpers_cli import rows
 
+from dew.training.cpu_convolutions import eigen_measured_faster, xla_knows_the_flag
 from dew.training.host_devices import (
     FLAG,
     cpu_cores,
@@ -96,6 +97,8 @@ def test_dew_main_splits_each_batch_over_one_device_per_core(tmp_path):
     assert run.returncode == 0, run.stderr
     said = f"dew: each batch is split over {expected} CPU devices (config.mesh.host_devices)"
     assert (said in run.stdout) == (expected > 1), run.stdout
+    library = "eigen" if eigen_measured_faster() and xla_knows_the_flag() else "ynnpack"
+    assert f"dew: XLA:CPU runs convolutions with {library} (config.mesh.cpu_convolutions)" in run.stdout
     assert [r["step"] for r in rows(tmp_path / "auto") if r["category"] == "train"] == [2, 4]
 
     # An explicit count the batch does not split over: one line naming the keys, nothing trained.
@@ -104,3 +107,8 @@ def test_dew_main_splits_each_batch_over_one_device_per_core(tmp_path):
     assert "config.mesh / config.dataset.batch_size" in bad.stderr
     assert "30 is not divisible" in bad.stderr and "use a multiple of 4" in bad.stderr, bad.stderr
     assert not (tmp_path / "bad" / "tracking").exists()
+    bad = _cli(tmp_path / "bad_library", "--config.mesh.cpu_convolutions=fast")
+    assert bad.returncode == 2, bad.stderr
+    assert "config.mesh.cpu_convolutions" in bad.stderr and "'auto', 'eigen' or 'ynnpack'" in bad.stderr, (
+        bad.stderr
+    )

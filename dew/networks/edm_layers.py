@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dew.training import cpu_convolutions
+
 INIT_MODES = ("xavier_uniform", "xavier_normal", "kaiming_uniform", "kaiming_normal")
 
 
@@ -151,21 +153,22 @@ CPUs where XLA's own is slow there (``xla_weight_grad_is_slow``)."""
 
 @functools.cache
 def xla_weight_grad_is_slow() -> bool:
-    """Whether XLA's convolution weight gradient degrades on large images here: x86 CPUs without AVX-512.
+    """Whether XLA's convolution weight gradient degrades on large images here: YNNPACK's, on x86
+    CPUs without AVX-512.
 
     Measured on three CPUs (``benchmarks/RESULTS.md``, issue 12), XLA:CPU's weight gradient of a
-    32×32 convolution against the per-tap sum, and the 32×32×3 train step with each: AVX+FMA only,
-    7-8× slower per layer, the step 2.6× slower; AVX2 (Zen 2), 5.3× per layer, the step 1.9×
-    slower; AVX-512 (avx512f/bw/bf16), the faster of the two (per layer 2×, the step 1.13×).
-    Other CPUs (ARM) and accelerators keep XLA's gradient: not measured there. Read from numpy's
-    runtime CPU-dispatch table at trace time (once).
+    32×32 convolution through YNNPACK (XLA's default library) against the per-tap sum, and the
+    32×32×3 train step with each: AVX+FMA only, 7-8× slower per layer, the step 2.6× slower; AVX2
+    (Zen 2), 5.3× per layer, the step 1.9× slower; AVX-512 (avx512f/bw/bf16), the faster of the
+    two (per layer 2×, the step 1.13×). Where this process's convolutions run on Eigen instead
+    (``dew.training.cpu_convolutions``, the default on AVX2 CPUs without AVX-512) XLA's gradient
+    is the faster again (per layer 75-84 against 163 ms on Zen 2). Other CPUs (ARM) and
+    accelerators keep XLA's gradient: not measured there. Read from numpy's runtime CPU-dispatch
+    table and ``XLA_FLAGS`` at trace time (once).
     """
-    if jax.default_backend() != "cpu":
+    if jax.default_backend() != "cpu" or not cpu_convolutions.convolutions_on_ynnpack():
         return False
-    try:
-        from numpy._core._multiarray_umath import __cpu_features__ as features
-    except ImportError:  # numpy < 2
-        from numpy.core._multiarray_umath import __cpu_features__ as features
+    features = cpu_convolutions.cpu_features()
     return bool(features.get("AVX")) and not features.get("AVX512F")
 
 

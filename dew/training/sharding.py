@@ -314,6 +314,14 @@ CONFIG = Section(
             check=lambda v: v >= 0,
             accepted="an int >= 0 (0: one per CPU core)",
         ),
+        "cpu_convolutions": Key(
+            "auto",
+            "XLA:CPU's convolution library, set by dew.main before JAX starts: 'eigen', 'ynnpack' "
+            "(XLA's default) or 'auto' (Eigen on x86 CPUs with AVX2 and without AVX-512, where it was "
+            "measured faster; dew.training.cpu_convolutions). XLA_FLAGS setting it wins",
+            check=lambda v: v in ("auto", "eigen", "ynnpack"),
+            accepted="'auto', 'eigen' or 'ynnpack'",
+        ),
     },
 )
 
