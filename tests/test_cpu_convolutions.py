@@ -39,6 +39,8 @@ AVX_ONLY = {"AVX": True, "AVX2": False, "AVX512F": False}
         (f"{FLAG}=", "eigen"),  # no YNNPACK at all
         (f"{FLAG}=individual_dot,reduce", "eigen"),  # replaces the set
         (f"{FLAG}=individual_dot,individual_convolution", "ynnpack"),
+        (f"{FLAG}=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT", "eigen"),  # the enum's full names
+        (f"{FLAG}=-LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION", "eigen"),
         (f"{EIGEN_ROUTE} {FLAG}=+individual_convolution", "ynnpack"),  # the last one counts
     ],
 )

@@ -59,7 +59,8 @@ def library_in_flags(xla_flags: str) -> str | None:
     found = re.findall(rf"{FLAG}=(\S*)", xla_flags)
     if not found:
         return None
-    items = [item.strip().lower() for item in found[-1].split(",") if item.strip()]
+    items = [item.strip().lower().replace("library_fusion_type_", "") for item in found[-1].split(",")]
+    items = [item for item in items if item]
     if items and all(item[0] in "+-" for item in items):
         on = True
         for item in items:
