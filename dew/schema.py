@@ -169,6 +169,12 @@ class Key:
             raise ConfigError(f"config.{key}={value!r} is invalid: expected {self.accepted}")
 
 
+def at_least(low: float, accepted: str) -> dict[str, Any]:
+    """A ``Key``'s ``check``/``accepted`` pair for a lower bound, e.g.
+    ``Key(1, "...", **at_least(1, "an int >= 1"))``."""
+    return {"check": lambda v: v >= low, "accepted": accepted}
+
+
 Extension = Callable[[str], "Section"]
 
 

@@ -4,7 +4,7 @@ source's own options (the keyword arguments of its registered factory, e.g. ``re
 
 from __future__ import annotations
 
-from dew.schema import Key, Section, section_from_signature
+from dew.schema import Key, Section, at_least, section_from_signature
 
 
 def _source_options(name: str) -> Section:
@@ -17,9 +17,7 @@ CONFIG = Section(
     "the data a run trains on (split 'train') and evaluates on (split 'validation')",
     {
         "name": Key("digits", "registered dataset (dew.datasets)", registry="datasets"),
-        "batch_size": Key(
-            64, "examples per step over all processes", check=lambda v: v >= 1, accepted="an int >= 1"
-        ),
+        "batch_size": Key(64, "examples per step over all processes", **at_least(1, "an int >= 1")),
     },
     extend=_source_options,
 )

@@ -25,7 +25,7 @@ import numpy as np
 from dew import registry
 from dew.artifacts import Representations
 from dew.inputs import Field, InputSpec
-from dew.schema import ConfigError, Key, Section
+from dew.schema import ConfigError, Key, Section, at_least
 from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
 
 
@@ -207,22 +207,17 @@ class Contrastive(Objective):
 CONFIG = Section(
     "a SimCLR-style contrastive encoder; previews embed a probe set as Representations",
     {
-        "projection": Key(
-            32, "width of the projection head's output", check=lambda v: v >= 1, accepted="an int >= 1"
-        ),
+        "projection": Key(32, "width of the projection head's output", **at_least(1, "an int >= 1")),
         "temperature": Key(0.2, "NT-Xent temperature", check=lambda v: v > 0, accepted="a float > 0"),
-        "shift": Key(1, "largest shift of a view, pixels", check=lambda v: v >= 0, accepted="an int >= 0"),
+        "shift": Key(1, "largest shift of a view, pixels", **at_least(0, "an int >= 0")),
         "mask": Key(
             0.2, "share of a view's pixels blanked", check=lambda v: 0 <= v < 1, accepted="a float in [0, 1)"
         ),
-        "noise": Key(
-            0.1, "std of the Gaussian noise added to a view", check=lambda v: v >= 0, accepted="a float >= 0"
-        ),
+        "noise": Key(0.1, "std of the Gaussian noise added to a view", **at_least(0, "a float >= 0")),
         "probe_train": Key(
             720,
             "training images added to the validation split in the probe set",
-            check=lambda v: v >= 0,
-            accepted="an int >= 0",
+            **at_least(0, "an int >= 0"),
         ),
     },
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from dew import registry
-from dew.schema import Key, Section
+from dew.schema import Key, Section, at_least
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,21 +59,17 @@ CONFIG = Section(
         "sampling": Section(
             "how previews are sampled",
             {
-                "steps": Key(
-                    18, "sampler points from σ_max to 0", check=lambda v: v >= 2, accepted="an int >= 2"
-                ),
+                "steps": Key(18, "sampler points from σ_max to 0", **at_least(2, "an int >= 2")),
                 "solver": Key("heun", "registered solver (dew.samplers)", registry="samplers"),
                 "per_class": Key(
                     10,
                     "samples per class (one grid row each); in all, without classes",
-                    check=lambda v: v >= 1,
-                    accepted="an int >= 1",
+                    **at_least(1, "an int >= 1"),
                 ),
                 "guidance": Key(
                     1.0,
                     "classifier-free guidance weight (1: none)",
-                    check=lambda v: v >= 0,
-                    accepted="a float >= 0 (1: none)",
+                    **at_least(0, "a float >= 0 (1: none)"),
                 ),
                 "guidance_interval": Key(
                     (),

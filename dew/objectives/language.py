@@ -22,7 +22,7 @@ import numpy as np
 from dew import registry
 from dew.artifacts import TextSamples, TokenScores
 from dew.inputs import Field, InputSpec
-from dew.schema import ConfigError, Key, Section
+from dew.schema import ConfigError, Key, Section, at_least
 from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
 
 PROMPTS = ("import ", "def __init__(self", "class ", "    return ", "for i in range(", '"""Return the ')
@@ -269,14 +269,12 @@ CONFIG = Section(
         "temperature": Key(
             0.8,
             "sampling temperature of previews (0: greedy)",
-            check=lambda v: v >= 0,
-            accepted="a float >= 0",
+            **at_least(0, "a float >= 0"),
         ),
         "score_rows": Key(
             4,
             "held-out rows each preview scores token by token (TokenScores; 0: none)",
-            check=lambda v: v >= 0,
-            accepted="an int >= 0",
+            **at_least(0, "an int >= 0"),
         ),
     },
 )

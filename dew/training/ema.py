@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import jax.scipy.special
 import ml_collections
 
-from dew.schema import ConfigError, Key, Section
+from dew.schema import ConfigError, Key, Section, at_least
 
 Params = Any
 
@@ -240,14 +240,12 @@ CONFIG = Section(
         "half_life": Key(
             0.0,
             "EDM's half-life in optimizer updates, replacing decay (0: use decay)",
-            check=lambda v: v >= 0,
-            accepted="a float >= 0 (updates; 0: use ema.decay)",
+            **at_least(0, "a float >= 0 (updates; 0: use ema.decay)"),
         ),
         "ramp_up": Key(
             0.0,
             "with half_life: β_n = 0.5^(1/min(half_life, ramp_up·n)) (0: no ramp-up)",
-            check=lambda v: v >= 0,
-            accepted="a float >= 0 (0: no ramp-up)",
+            **at_least(0, "a float >= 0 (0: no ramp-up)"),
         ),
         "tracks": Key(
             "", "regex searched in each parameter path; only matching leaves are averaged ('' = all)"
@@ -263,8 +261,7 @@ CONFIG = Section(
         "snapshot_every": Key(
             0,
             "train steps between post-hoc EMA snapshots (<workdir>/power_ema; 0: checkpoint.every)",
-            check=lambda v: v >= 0,
-            accepted="an int >= 0 (0: checkpoint.every)",
+            **at_least(0, "an int >= 0 (0: checkpoint.every)"),
         ),
     },
     validate=_validate,

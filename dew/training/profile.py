@@ -8,7 +8,7 @@ import dataclasses
 
 import jax
 
-from dew.schema import Key, Section
+from dew.schema import Key, Section, at_least
 from dew.telemetry.profile import profile
 from dew.training.loop import Stage, StepContext
 
@@ -72,12 +72,11 @@ class ProfileWindow(Stage):
 CONFIG = Section(
     "one profiler window per run, placed after the compile",
     {
-        "steps": Key(0, "steps to trace (0: no profiling)", check=lambda v: v >= 0, accepted="an int >= 0"),
+        "steps": Key(0, "steps to trace (0: no profiling)", **at_least(0, "an int >= 0")),
         "warmup": Key(
             5,
             "steps run before the window opens (the first compiles)",
-            check=lambda v: v >= 1,
-            accepted="an int >= 1",
+            **at_least(1, "an int >= 1"),
         ),
         "directory": Key("", "where the trace goes ('': <workdir>/profile)"),
     },

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from dew.schema import Key, Section
+from dew.schema import Key, Section, at_least
 from dew.training.ema import leaf_path
 
 Rule = Callable[[str, tuple[int, ...]], PartitionSpec]
@@ -304,15 +304,13 @@ CONFIG = Section(
         "devices": Key(
             0,
             "use only the first N devices (0: all of them, across every process)",
-            check=lambda v: v >= 0,
-            accepted="an int >= 0 (0: all devices)",
+            **at_least(0, "an int >= 0 (0: all devices)"),
         ),
         "host_devices": Key(
             0,
             "CPU devices XLA presents, set by dew.main before JAX starts (0: one per core, as many "
             "as the batch sizes divide; XLA_FLAGS naming a count wins; accelerators are unaffected)",
-            check=lambda v: v >= 0,
-            accepted="an int >= 0 (0: one per CPU core)",
+            **at_least(0, "an int >= 0 (0: one per CPU core)"),
         ),
         "cpu_convolutions": Key(
             "auto",

@@ -13,7 +13,7 @@ import ml_collections
 import optax
 
 from dew.data import config as data_config
-from dew.schema import ConfigError, Key, Section, resolve
+from dew.schema import ConfigError, Key, Section, at_least, resolve
 from dew.training import ema as ema_lib
 from dew.training import sharding
 from dew.training import trackers as trackers_lib
@@ -21,10 +21,6 @@ from dew.training.checkpointing import settings as checkpoint_config
 from dew.training.objective import MODEL_CONFIG, OBJECTIVE_CONFIG
 from dew.training.profile import CONFIG as PROFILE_CONFIG
 from dew.training.steps import NONFINITE_POLICIES
-
-
-def _at_least(low: float, accepted: str) -> dict[str, Any]:
-    return {"check": lambda v: v >= low, "accepted": accepted}
 
 
 def _finite(value: Any) -> bool:
@@ -36,13 +32,13 @@ TRAIN_CONFIG = Section(
     "the loop",
     {
         "num_steps": Key(
-            1000, "micro-batches to train for: the run's last step", **_at_least(1, "an int >= 1")
+            1000, "micro-batches to train for: the run's last step", **at_least(1, "an int >= 1")
         ),
-        "log_every": Key(50, "steps per logged window of training metrics", **_at_least(1, "an int >= 1")),
+        "log_every": Key(50, "steps per logged window of training metrics", **at_least(1, "an int >= 1")),
         "accumulation": Key(
             1,
             "micro-batches of dataset.batch_size per optimizer update (num_steps counts micro-batches)",
-            **_at_least(1, "an int >= 1 (micro-batches per update)"),
+            **at_least(1, "an int >= 1 (micro-batches per update)"),
         ),
         "steps_per_call": Key(
             1,
@@ -50,7 +46,7 @@ TRAIN_CONFIG = Section(
             "dispatches once per call, which pays where a step takes well under a millisecond or two "
             "(small networks, fast accelerators). Calls end on every cadence (logging, evaluation, "
             "checkpoints), so states, metrics and checkpoints are those of single steps",
-            **_at_least(1, "an int >= 1"),
+            **at_least(1, "an int >= 1"),
         ),
         "nonfinite": Key(
             "stop",
@@ -73,7 +69,7 @@ OPTIMIZER_CONFIG = Section(
         "learning_rate": Key(
             1e-3, "peak learning rate", check=lambda v: _finite(v) and v > 0, accepted="a finite float > 0"
         ),
-        "warmup_steps": Key(0, "optimizer updates of linear warm-up from 0", **_at_least(0, "an int >= 0")),
+        "warmup_steps": Key(0, "optimizer updates of linear warm-up from 0", **at_least(0, "an int >= 0")),
         "b1": Key(0.9, "Adam β1", check=lambda v: 0 <= v < 1, accepted="a float in [0, 1)"),
         "b2": Key(0.999, "Adam β2", check=lambda v: 0 <= v < 1, accepted="a float in [0, 1)"),
         "grad_clip": Key(
@@ -90,15 +86,15 @@ EVAL_CONFIG = Section(
         "every": Key(
             500,
             "steps between evaluations (0: none, and so no best checkpoint)",
-            **_at_least(0, "an int >= 0 (0 disables evaluation)"),
+            **at_least(0, "an int >= 0 (0 disables evaluation)"),
         ),
-        "num_batches": Key(1, "validation batches per evaluation", **_at_least(1, "an int >= 1")),
+        "num_batches": Key(1, "validation batches per evaluation", **at_least(1, "an int >= 1")),
         "batch_size": Key(
             None,
             "examples per validation batch (None: config.dataset.batch_size; set it when the "
             "validation split is smaller than a training batch)",
             kind=int,
-            **_at_least(1, "an int >= 1, or None for config.dataset.batch_size"),
+            **at_least(1, "an int >= 1, or None for config.dataset.batch_size"),
         ),
     },
 )
@@ -106,7 +102,7 @@ PREVIEW_CONFIG = Section(
     "the objective's preview artifact of the debiased EMA, written under <workdir>/previews",
     {
         "every": Key(
-            500, "steps between previews (0: none)", **_at_least(0, "an int >= 0 (0 disables previews)")
+            500, "steps between previews (0: none)", **at_least(0, "an int >= 0 (0 disables previews)")
         ),
         "metrics": Key(
             (),
