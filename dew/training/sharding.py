@@ -19,6 +19,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dew.schema import Key, Section, at_least
+from dew.training import cpu_convolutions
 from dew.training.ema import leaf_path
 
 Rule = Callable[[str, tuple[int, ...]], PartitionSpec]
@@ -317,8 +318,7 @@ CONFIG = Section(
             "XLA:CPU's convolution library, set by dew.main before JAX starts: 'eigen', 'ynnpack' "
             "(XLA's default) or 'auto' (Eigen on x86 CPUs with AVX2 and without AVX-512, where it was "
             "measured faster; dew.training.cpu_convolutions). XLA_FLAGS setting it wins",
-            check=lambda v: v in ("auto", "eigen", "ynnpack"),
-            accepted="'auto', 'eigen' or 'ynnpack'",
+            choices=cpu_convolutions.CHOICES,
         ),
     },
 )
