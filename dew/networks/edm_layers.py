@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dew.networks import materialize
 from dew.training import cpu_convolutions
 
 INIT_MODES = ("xavier_uniform", "xavier_normal", "kaiming_uniform", "kaiming_normal")
@@ -180,12 +181,26 @@ def conv(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
     everywhere, XLA's is kept: on small images the two are within 2× of each other per layer, the
     whole 8×8/16×16 train step within ±4 %, and the per-tap form costs 10-60 % more step compile
     time (``benchmarks/RESULTS.md``, issue 12).
+
+    On XLA:CPU the input, and in reverse mode the output's gradient, are each computed once into
+    their own buffer (``dew.networks.materialize``) instead of being re-fused into every use; the
+    values and derivatives are unchanged.
     """
     if w.shape[0] == 1 and w.shape[1] == 1 and pad == 0:
         return jnp.dot(x, w[0, 0])
     if x.shape[1] * x.shape[2] >= TAPWISE_MIN_POSITIONS and xla_weight_grad_is_slow():
-        return _conv_tap_weight_grad(x, w, pad)
-    return _xla_conv(x, w, pad)
+        convolve = _conv_tap_weight_grad
+    else:
+        convolve = _xla_conv
+    if jax.default_backend() != "cpu":
+        return convolve(x, w, pad)
+    # XLA:CPU would re-fuse the elementwise chain that produced x (and the one producing the
+    # output's gradient) into the layout transposes feeding the weight gradient, recomputing it
+    # there in transposed order; computed once, the 16×16 EDM step is ~10 % faster
+    # (dew.networks.materialize; benchmarks/RESULTS.md, issue 12).
+    token = jax.lax.stop_gradient(w[0, 0, 0, 0])
+    y = convolve(materialize.materialized(x, token), w, pad)
+    return materialize.cotangent_materialized(y, token)
 
 
 def _xla_conv(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
