@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -112,13 +113,21 @@ def test_on_xla_cpu_the_chain_is_computed_in_one_kernel_not_in_the_weight_gradie
     assert abs_ops[True] == 1, abs_ops
 
 
-def test_conv_marks_its_input_and_output_only_on_cpu(monkeypatch, inputs):
+def _marks(fn, *args) -> tuple[int, int]:
+    jaxpr = str(jax.make_jaxpr(fn)(*args))
+    return jaxpr.count("custom_jvp_call"), jaxpr.count("cond[")
+
+
+def test_conv_and_group_norm_mark_their_input_and_output_only_on_cpu(monkeypatch, inputs):
     x, w, _ = inputs
-
-    def markers() -> tuple[int, int]:
-        jaxpr = str(jax.make_jaxpr(lambda x_, w_: edm_layers.conv(x_, w_, 1))(x, w))
-        return jaxpr.count("custom_jvp_call"), jaxpr.count("cond[")
-
-    assert markers() == (2, 1)
+    norm = hk.without_apply_rng(
+        hk.transform(lambda x_: edm_layers.GroupNorm(num_groups=1, min_channels_per_group=1)(x_))
+    )
+    params = norm.init(None, x)
+    on_cpu = norm.apply(params, x)
+    assert _marks(lambda x_, w_: edm_layers.conv(x_, w_, 1), x, w) == (2, 1)
+    assert _marks(lambda p, x_: norm.apply(p, x_), params, x) == (2, 1)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert markers() == (0, 0)
+    assert _marks(lambda x_, w_: edm_layers.conv(x_, w_, 1), x, w) == (0, 0)
+    assert _marks(lambda p, x_: norm.apply(p, x_), params, x) == (0, 0)
+    np.testing.assert_array_equal(norm.apply(params, x), on_cpu)

@@ -25,6 +25,13 @@ import jax
 import jax.numpy as jnp
 
 
+def worth_marking() -> bool:
+    """Whether the layers mark their values: on the CPU backend, where XLA's fusion duplicates
+    them. Accelerators keep their programs as they were (a conditional there may cost a
+    synchronisation with the host; not measured). Read at trace time."""
+    return jax.default_backend() == "cpu"
+
+
 def computed_once(x: jax.Array, token: jax.Array) -> jax.Array:
     """``x`` itself, from a conditional that XLA keeps: one buffer for all of x's consumers."""
     bits = jax.lax.bitcast_convert_type(token.astype(jnp.float32), jnp.uint32)
