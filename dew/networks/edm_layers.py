@@ -198,7 +198,7 @@ def conv(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
     # output's gradient) into the layout transposes feeding the weight gradient, recomputing it
     # there in transposed order; computed once, the 16×16 EDM step is ~10 % faster
     # (dew.networks.materialize; benchmarks/RESULTS.md, issue 12).
-    token = jax.lax.stop_gradient(w[0, 0, 0, 0])
+    token = w[0, 0, 0, 0]  # differentiated with w, so the mark holds when only w is
     y = convolve(materialize.materialized(x, token), w, pad)
     return materialize.cotangent_materialized(y, token)
 
@@ -341,7 +341,7 @@ class GroupNorm(hk.Module):
         # uses again: computed once each on XLA:CPU instead of re-fused into every one (the
         # 16×16 EDM step compiles ~10 % less CPU time; dew.networks.materialize).
         marked = materialize.worth_marking()
-        token = jax.lax.stop_gradient(weight[0])
+        token = weight[0]
         if marked:
             x = materialize.materialized(x, token)
         xg = x.reshape(b, h * w, g, c // g)

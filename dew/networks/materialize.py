@@ -16,7 +16,8 @@ The never-taken branch negates (an identity branch would let XLA fold the condit
 Both functions return their input bit for bit, and differentiate as the identity in forward and
 reverse mode. The token is any traced scalar the program computes at run time (a weight's
 element, say); a constant would let XLA fold the predicate and drop the conditional (nothing
-breaks then, the value is simply fused again).
+breaks then, the value is simply fused again). Programs that differentiate nothing (sampling)
+carry no conditional.
 """
 
 from __future__ import annotations
@@ -41,15 +42,23 @@ def computed_once(x: jax.Array, token: jax.Array) -> jax.Array:
 
 @jax.custom_jvp
 def materialized(x: jax.Array, token: jax.Array) -> jax.Array:
-    """``x``, computed once into its own buffer (``computed_once``); its derivative is the identity."""
-    return computed_once(x, token)
+    """``x``; where ``x`` or ``token`` is differentiated, computed once into its own buffer.
+
+    Only a derivative re-reads ``x`` in other layouts (a weight gradient's transposes), so a
+    program that differentiates neither (sampling) runs ``x`` as it is, without the conditional's
+    copy. Pass the weight that multiplies ``x`` (an element of it) as the token, so that the mark
+    also holds when only the weight is differentiated. The derivative is the identity in ``x``
+    and zero in ``token``.
+    """
+    del token
+    return x
 
 
 @materialized.defjvp
 def _materialized_jvp(primals, tangents):
     x, token = primals
     x_dot, _ = tangents
-    return materialized(x, token), x_dot
+    return computed_once(x, token), x_dot
 
 
 @jax.custom_jvp
