@@ -13,11 +13,11 @@ through ``lax.cond`` on a predicate that is always true but that XLA cannot prov
 conditional survives simplification and its result is one buffer that every consumer reads.
 The never-taken branch negates (an identity branch would let XLA fold the conditional away).
 
-Both functions return their input bit for bit, and differentiate as the identity in forward and
-reverse mode. The token is any traced scalar the program computes at run time (a weight's
-element, say); a constant would let XLA fold the predicate and drop the conditional (nothing
-breaks then, the value is simply fused again). Programs that differentiate nothing (sampling)
-carry no conditional.
+The two marks, ``materialized`` and ``cotangent_materialized``, return their input bit for bit
+and differentiate as the identity in forward and reverse mode. The token is any traced scalar
+the program computes at run time (a weight's element, say); a constant would let XLA fold the
+predicate and drop the conditional (nothing breaks then, the value is simply fused again).
+Programs that differentiate nothing (sampling) carry no conditional.
 """
 
 from __future__ import annotations
