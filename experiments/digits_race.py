@@ -5,7 +5,8 @@ trainer, compiling and initialising; training steps run until it is spent (the s
 finishes). Then 200 class-conditional samples (20 per class, Heun with 18 points = 35 NFE, no
 guidance) are drawn from the debiased EMA and from the raw weights, and the independent digit
 classifier (an RBF SVM on all 1,797 real digits, ``dew/scoring/digits_classifier.py``) says how
-many show the class asked for. Everything else is ``experiments/edm.py``'s defaults, run as
+many show the class asked for; both sets are saved as ``samples_ema.png`` / ``samples_raw.png`` in
+the workdir, one row per class. Everything else is ``experiments/edm.py``'s defaults, run as
 ``python -m dew.main`` runs it (each batch split over one CPU device per core); the batch size is
 the race's (128, as the reference's race in issue 12).
 
@@ -55,10 +56,12 @@ def main() -> int:
     import jax
     import numpy as np
 
+    from dew.artifacts import ImageGrid
     from dew.config import apply_overrides, load_config
     from dew.scoring.digits_classifier import classify_digits
     from dew.training.cpu_convolutions import route_convolutions
     from dew.training.host_devices import present_for_config
+    from dew.training.tracking.media import write_png
     from dew.training.trainer import Trainer, resolve_config
 
     config = apply_overrides(
@@ -92,7 +95,7 @@ def main() -> int:
     trained = time.perf_counter() - start
     loss = float(stats["loss"])
 
-    results = {}
+    results, pictures = {}, {}
     labels = None
     for name, params in (("ema", trainer.debiased_ema(state)), ("raw", state.params)):
 
@@ -105,6 +108,9 @@ def main() -> int:
         images, labels = jax.device_get(draw(jax.random.PRNGKey(args.seed)))
         predicted = classify_digits(np.clip(images, -1, 1))
         results[name] = float(np.mean(predicted == labels))
+        by_class = np.argsort(labels, kind="stable")  # one row per class, 0 at the top
+        grid = ImageGrid(np.clip(images[by_class], -1, 1), columns=args.per_class)
+        pictures[name] = write_png(os.path.join(args.workdir, f"samples_{name}.png"), grid)
     record = {
         "steps": steps,
         "devices": trainer.layout.data_parallel_size,
@@ -117,6 +123,7 @@ def main() -> int:
         "samples": len(labels),
         "accuracy_ema": results["ema"],
         "accuracy_raw": results["raw"],
+        "pictures": pictures,
         "overrides": args.overrides,
         "load_average_1min": os.getloadavg()[0],
     }
