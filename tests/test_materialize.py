@@ -23,12 +23,11 @@ def _chain(x, a):
 def _model(x, w, a, marked: bool, readout=None):
     """sum(sin(conv(|x a + 1|, w))), or sum(conv(...) * readout): linear in the output."""
     h = _chain(x, a)
-    token = w[0, 0, 0, 0]
-    if marked:
-        h = materialize.materialized(h, token)
-    y = edm_layers._xla_conv(h, w, 1)
-    if marked:
-        y = materialize.cotangent_materialized(y, token)
+
+    def convolve(v):
+        return edm_layers._xla_conv(v, w, 1)
+
+    y = materialize.marked(convolve, h, w[0, 0, 0, 0]) if marked else convolve(h)
     return jnp.sum(jnp.sin(y)) if readout is None else jnp.sum(y * readout)
 
 

@@ -192,15 +192,12 @@ def conv(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
         convolve = _conv_tap_weight_grad
     else:
         convolve = _xla_conv
-    if not materialize.worth_marking():
-        return convolve(x, w, pad)
     # XLA:CPU would re-fuse the elementwise chain that produced x (and the one producing the
     # output's gradient) into the layout transposes feeding the weight gradient, recomputing it
     # there in transposed order; computed once, the 16×16 EDM step is ~10 % faster
-    # (dew.networks.materialize; benchmarks/RESULTS.md, issue 12).
-    token = w[0, 0, 0, 0]  # differentiated with w, so the mark holds when only w is
-    y = convolve(materialize.materialized(x, token), w, pad)
-    return materialize.cotangent_materialized(y, token)
+    # (dew.networks.materialize; benchmarks/RESULTS.md, issue 12). The token is w's, so the
+    # mark holds when only w is differentiated.
+    return materialize.marked(lambda v: convolve(v, w, pad), x, w[0, 0, 0, 0])
 
 
 def _xla_conv(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
@@ -337,19 +334,19 @@ class GroupNorm(hk.Module):
         g = group_count(c, self.num_groups, self.min_per_group)
         weight = hk.get_parameter("weight", [c], x.dtype, jnp.ones)
         bias = hk.get_parameter("bias", [c], x.dtype, jnp.zeros)
+
+        def normalise(x: jax.Array) -> jax.Array:
+            xg = x.reshape(b, h * w, g, c // g)
+            mean = jnp.mean(xg, axis=(1, 3), keepdims=True)
+            centred = xg - mean
+            var = jnp.mean(jnp.square(centred), axis=(1, 3), keepdims=True)
+            y = (centred * jax.lax.rsqrt(var + self.eps)).reshape(b, h, w, c)
+            return y * weight + bias
+
         # The input feeds two reductions and the normalisation, the output's gradient as many
         # uses again: computed once each on XLA:CPU instead of re-fused into every one (the
         # 16×16 EDM step compiles ~10 % less CPU time; dew.networks.materialize).
-        marked = materialize.worth_marking()
-        token = weight[0]
-        if marked:
-            x = materialize.materialized(x, token)
-        xg = x.reshape(b, h * w, g, c // g)
-        mean = jnp.mean(xg, axis=(1, 3), keepdims=True)
-        centred = xg - mean
-        var = jnp.mean(jnp.square(centred), axis=(1, 3), keepdims=True)
-        y = (centred * jax.lax.rsqrt(var + self.eps)).reshape(b, h, w, c) * weight + bias
-        return materialize.cotangent_materialized(y, token) if marked else y
+        return materialize.marked(normalise, x, weight[0])
 
 
 # --- noise embeddings ----------------------------------------------------------------------------

@@ -22,6 +22,8 @@ Programs that differentiate nothing (sampling) carry no conditional.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -31,6 +33,14 @@ def worth_marking() -> bool:
     them. Accelerators keep their programs as they were (a conditional there may cost a
     synchronisation with the host; not measured). Read at trace time."""
     return jax.default_backend() == "cpu"
+
+
+def marked(fn: Callable[[jax.Array], jax.Array], x: jax.Array, token: jax.Array) -> jax.Array:
+    """``fn(x)``; where ``worth_marking``, with ``x`` (``materialized``) and the gradient reaching
+    ``fn``'s output (``cotangent_materialized``) each computed once. What the layers call."""
+    if not worth_marking():
+        return fn(x)
+    return cotangent_materialized(fn(materialized(x, token)), token)
 
 
 def computed_once(x: jax.Array, token: jax.Array) -> jax.Array:
