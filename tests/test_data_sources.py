@@ -96,3 +96,27 @@ def test_the_mixture_toy_and_its_exact_denoiser():
         np.testing.assert_allclose(RING.denoise(x, sigma), tweedie, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="weights must sum to 1"):
         GaussianMixture(((0.0, 0.0),), (1.0,), (0.5,))
+
+
+def test_digits_are_load_digits_read_without_importing_scikit_learn(monkeypatch):
+    import subprocess
+
+    from sklearn.datasets import load_digits
+
+    from dew.data.sources import digits as digits_module
+
+    raw = load_digits()
+    pixels, labels = digits_module.load_pixels_and_labels()
+    np.testing.assert_array_equal(pixels, raw.data)
+    np.testing.assert_array_equal(labels, raw.target)
+    train, validation = digits_module.digits("train"), digits_module.digits("validation")
+    assert len(train) == 1617 and len(validation) == 180
+    np.testing.assert_array_equal(validation.fields["label"], raw.target[::10])
+    # Where the shipped file is not found, load_digits itself gives the same split.
+    monkeypatch.setattr(digits_module, "shipped_file", lambda: None)
+    fallback = digits_module.digits("validation")
+    np.testing.assert_array_equal(fallback.fields["image"], validation.fields["image"])
+    # The default run's data costs no scikit-learn import (1-2.5 s before the compile can start).
+    code = "import sys, dew; dew.datasets['digits']('train'); print('sklearn' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "False"

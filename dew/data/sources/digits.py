@@ -1,11 +1,19 @@
 """scikit-learn's ``load_digits``: 1,797 real 8x8 handwritten digits that ship inside the package,
 so the default run needs no download.
 
+The digits are read from the file scikit-learn ships them in (``datasets/data/digits.csv.gz``,
+found without importing scikit-learn), as ``load_digits`` reads it: importing scikit-learn takes
+1-2.5 s, all of it before a run's compile can start (issue 12). Where that file is not found
+(another layout), ``load_digits`` itself is used.
+
 Pixels are 0..16 in the source; they are mapped to [-1, 1] as x/8 − 1. The split is fixed
 (every 10th example, 180 images, is validation) so runs are comparable.
 """
 
 from __future__ import annotations
+
+import importlib.util
+import pathlib
 
 import numpy as np
 
@@ -25,18 +33,39 @@ def to_source_range(images: np.ndarray) -> np.ndarray:
     return ((np.asarray(images, np.float32) + 1.0) * 8.0).clip(0, 16).reshape(len(images), -1)
 
 
+def shipped_file() -> pathlib.Path | None:
+    """Where the installed scikit-learn keeps the digits (None: not found), located without
+    importing it."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or spec.origin is None:
+        return None
+    path = pathlib.Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
+    return path if path.is_file() else None
+
+
+def load_pixels_and_labels() -> tuple[np.ndarray, np.ndarray]:
+    """All 1,797 digits: pixels [1797, 64] (0..16, float64) and labels [1797] (int), in
+    ``load_digits``' order and values."""
+    path = shipped_file()
+    if path is None:
+        from sklearn.datasets import load_digits
+
+        raw = load_digits()
+        return raw.data, raw.target
+    table = np.loadtxt(path, delimiter=",")  # 64 pixel columns, then the label
+    return table[:, :-1], table[:, -1].astype(int)
+
+
 def digits(split: str = "train") -> Source:
     """The ``train`` (1,617) or ``validation`` (180) split of load_digits, images in [-1, 1]."""
-    from sklearn.datasets import load_digits
-
     if split not in ("train", "validation"):
         raise ValueError(f"digits: split must be 'train' or 'validation', got {split!r}")
-    raw = load_digits()
-    held_out = np.arange(len(raw.target)) % 10 == 0
+    pixels, labels = load_pixels_and_labels()
+    held_out = np.arange(len(labels)) % 10 == 0
     rows = held_out if split == "validation" else ~held_out
     return Source(
         name=f"digits/{split}",
-        fields={"image": to_unit_range(raw.data[rows]), "label": raw.target[rows].astype(np.int32)},
+        fields={"image": to_unit_range(pixels[rows]), "label": labels[rows].astype(np.int32)},
         num_classes=NUM_CLASSES,
     )
 
