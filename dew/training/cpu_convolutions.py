@@ -2,14 +2,18 @@
 
 XLA:CPU hands each convolution to YNNPACK unless told otherwise; with
 ``--xla_cpu_experimental_ynn_fusion_type=-individual_convolution`` it runs them with Eigen's
-spatial convolution instead (matmuls and reductions stay with YNNPACK). On an x86 CPU with AVX2
-and without AVX-512 (AMD Zen 2, measured in ``benchmarks/RESULTS.md``, issue 12) Eigen's are much
+spatial convolution instead (matmuls and reductions stay with YNNPACK). On an x86 CPU with AVX2 and
+without AVX-512 (AMD Zen 2, measured in ``benchmarks/RESULTS.md``, issue 12) Eigen's are much
 faster: a 32×32 64→64 convolution at batch 64 runs forward in 31 against 71 ms, forward and both
 gradients in 122 against 949 ms; the 16×16 EDM U-Net's train step takes 10 % less time and the
-32×32×3 one 17 % less, and both compile faster. So ``route_convolutions("auto")`` picks Eigen there
-and leaves XLA's default everywhere else (AVX-512 CPUs, where YNNPACK's convolutions were the fast
-ones, AVX-only CPUs and ARM, not measured with Eigen, and accelerators, where the flag does
-nothing).
+32×32×3 one 17 % less, and both compile faster. On an AVX-512 CPU (AMD Zen 5) Eigen's single
+convolutions are faster too (32×32 64→64: forward 17 against 28 ms, XLA's weight gradient 36
+against 104 ms), but whole train steps are not (YNNPACK against Eigen, one process, alternating
+rounds): the 16×16 step 265 and 270 against 284 and 274 ms in two runs, the race's 8×8 network 124
+against 122 ms, the 32×32×3 one 3.47 against 3.38 s, compiles equal. So
+``route_convolutions("auto")`` picks Eigen only on x86 CPUs with AVX2 and without AVX-512 and
+leaves XLA's default everywhere else (AVX-512 CPUs, where it makes no difference; AVX-only CPUs and
+ARM, not measured with Eigen; accelerators, where the flag does nothing).
 
 The flag is read once, when JAX starts its CPU backend, so the choice is made before anything
 touches a device: ``python -m dew.main`` routes from ``config.mesh.cpu_convolutions``,
