@@ -2,11 +2,12 @@
 final state is bit-identical to a straight run's, and so is the local history (same rows, same
 values; only the wall-clock values of system rows differ).
 
-The kills land at random moments: some during start-up (a random delay after launch), the rest a
-random delay after the history reached a random step, so they fall inside steps, evaluation,
-tracker writes and checkpoint writes. A row is appended with one ``write``, which a kill cannot
-split; what a power loss or a full disk leaves instead (a torn last row) is reproduced after some
-kills by appending part of a row, as the file would hold had the kill landed mid-write.
+The kills land at random moments: some during start-up (a random delay after launch, cut short
+where the run already wrote a new train row), the rest a random delay after the history reached a
+random step, so they fall inside steps, evaluation, tracker writes and checkpoint writes. A row is
+appended with one ``write``, which a kill cannot split; what a power loss or a full disk leaves
+instead (a torn last row) is reproduced after some kills by appending part of a row, as the file
+would hold had the kill landed mid-write.
 """
 
 from __future__ import annotations
@@ -108,7 +109,11 @@ def test_twenty_kills_at_random_moments_then_resumes_end_bit_identical_to_a_stra
             text=True,
         )
         if i in at_startup:
-            time.sleep(rng.uniform(0.0, 4.0))
+            # A random moment within the start-up: at most 4 s, and before the run's first new
+            # train row (a fast CPU starts and trains the remaining steps within 4 s).
+            before, deadline = last_train_step(workdir), time.monotonic() + rng.uniform(0.0, 4.0)
+            while child.poll() is None and time.monotonic() < deadline and last_train_step(workdir) <= before:
+                time.sleep(0.01)
         else:
             while child.poll() is None and last_train_step(workdir) < targets[i]:
                 time.sleep(0.01)
