@@ -23,7 +23,8 @@ then times ``--steps`` steps; the report is the medians and their ratio. The for
 (the denoiser in inference mode) is timed the same way.
 
 dew's start-up is timed separately in a fresh process without the persistent compilation cache:
-jitted ``init`` (compile + run) and the step's compile + first step (``--startup``).
+jitted ``init`` (compile + run) and the step's compile + first step (``--startup``), the latter
+also in its parts: tracing, lowering, XLA's compile and the first step's run.
 
 ``--gpu`` runs dew's side alone on an accelerator in bfloat16 and float32 and reports achieved
 FLOP/s against ``--peak_tflops`` (XLA's cost analysis of the compiled step).
@@ -183,7 +184,9 @@ def dew_setup(net_name: str, batch: int):
 
 
 def dew_startup(args) -> dict:
-    """Seconds for jitted init (compile + run) and for the step's compile + first step."""
+    """Seconds for jitted init (compile + run) and for the step's compile + first step, the
+    latter also in its parts: tracing (Python), lowering to StableHLO, XLA's compile, and the
+    first step's run."""
     import jax
 
     t0 = time.perf_counter()
@@ -191,10 +194,24 @@ def dew_startup(args) -> dict:
     t1 = time.perf_counter()
     state = jax.block_until_ready(init(jax.random.PRNGKey(0), data))
     t2 = time.perf_counter()
-    state, stats = step(state, data)
+    traced = step.trace(state, data)
+    t_traced = time.perf_counter()
+    lowered = traced.lower()
+    t_lowered = time.perf_counter()
+    compiled = lowered.compile()
+    t_compiled = time.perf_counter()
+    state, stats = compiled(state, data)
     jax.block_until_ready(stats)
     t3 = time.perf_counter()
-    return {"build_s": t1 - t0, "init_s": t2 - t1, "compile_and_first_step_s": t3 - t2}
+    return {
+        "build_s": t1 - t0,
+        "init_s": t2 - t1,
+        "compile_and_first_step_s": t3 - t2,
+        "trace_s": t_traced - t2,
+        "lower_s": t_lowered - t_traced,
+        "xla_compile_s": t_compiled - t_lowered,
+        "first_step_s": t3 - t_compiled,
+    }
 
 
 def run_dew_rounds(args, worker) -> dict:
