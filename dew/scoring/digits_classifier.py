@@ -12,16 +12,14 @@ import functools
 import numpy as np
 
 from dew import registry
-from dew.data.sources.digits import to_source_range
+from dew.data.sources.digits import load_pixels_and_labels, to_source_range
 
 
 @functools.cache
 def _classifier():
-    from sklearn.datasets import load_digits
     from sklearn.svm import SVC
 
-    raw = load_digits()
-    return SVC(gamma=0.001, C=10.0).fit(raw.data, raw.target)
+    return SVC(gamma=0.001, C=10.0).fit(*load_pixels_and_labels())
 
 
 def classify_digits(images: np.ndarray) -> np.ndarray:

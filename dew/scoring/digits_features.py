@@ -17,20 +17,19 @@ import functools
 import numpy as np
 
 from dew import registry
-from dew.data.sources.digits import to_source_range
+from dew.data.sources.digits import load_pixels_and_labels, to_source_range, to_unit_range
 from dew.scoring import distances
 from dew.scoring.statistics import FeatureStatistics, feature_statistics
 
 
 @functools.cache
 def _classifier():
-    from sklearn.datasets import load_digits
     from sklearn.neural_network import MLPClassifier
 
-    raw = load_digits()
-    train = np.arange(len(raw.target)) % 10 != 0  # the training split of dew.data.sources.digits
+    pixels, labels = load_pixels_and_labels()
+    train = np.arange(len(labels)) % 10 != 0  # the training split of dew.data.sources.digits
     return MLPClassifier(hidden_layer_sizes=(64,), max_iter=600, random_state=0).fit(
-        raw.data[train] / 16.0, raw.target[train]
+        pixels[train] / 16.0, labels[train]
     )
 
 
@@ -54,11 +53,7 @@ def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
 
 @functools.cache
 def _real_features() -> np.ndarray:
-    from sklearn.datasets import load_digits
-
-    from dew.data.sources.digits import to_unit_range
-
-    return digit_features(to_unit_range(load_digits().data))
+    return digit_features(to_unit_range(load_pixels_and_labels()[0]))
 
 
 @functools.cache
@@ -87,11 +82,9 @@ def streamed_digit_statistics(batches) -> FeatureStatistics:
 
 def classifier_accuracy_on_real_validation() -> float:
     """The feature classifier's accuracy on the 180 held-out real digits (a sanity figure)."""
-    from sklearn.datasets import load_digits
-
-    raw = load_digits()
-    held = np.arange(len(raw.target)) % 10 == 0
-    return float(np.mean(_classifier().predict(raw.data[held] / 16.0) == raw.target[held]))
+    pixels, labels = load_pixels_and_labels()
+    held = np.arange(len(labels)) % 10 == 0
+    return float(np.mean(_classifier().predict(pixels[held] / 16.0) == labels[held]))
 
 
 registry.metrics.register("digits_frechet_distance", digits_frechet_distance)
