@@ -15,9 +15,13 @@ The config names the dew run the weights belong to (``config.model.name`` ``song
 ``dhariwalunet`` with the same arguments as the reference network, and a dataset of the same
 image shape and classes). The weights become both the parameters and the (debiased) EMA of a
 ``TrainState`` at step ``--step`` with a fresh optimizer state, saved through ``Checkpoints``
-under ``<workdir>/checkpoints``. Sample it with ``experiments/digits_accuracy.py
---workdir=<workdir>``; fine-tune it with ``python -m dew.main --config=... --workdir=<new>
---config.checkpoint.restore_dir=<workdir>/checkpoints --config.checkpoint.restore_optimizer_state=False``.
+under ``<workdir>/checkpoints``, with the run's ``run.json`` beside it as a training run leaves
+it. Sample it with ``python -m dew.sample --workdir=<workdir>`` or ``dew.pipeline(<workdir>)``
+(score digits with ``experiments/digits_accuracy.py --workdir=<workdir>``); fine-tune it with
+``python -m dew.main --config=... --workdir=<new> --config.checkpoint.restore_dir=<workdir>/checkpoints
+--config.checkpoint.restore_optimizer_state=False``, at a smaller learning rate than the
+network was trained with (a fresh Adam state moves every weight by about the learning rate in its
+first steps).
 
 Exit status 2, with one line on stderr and nothing written, on a bad argument, an unreadable
 file, or weights that do not fit the configured network (the first differing parameter named).
@@ -93,13 +97,16 @@ def fit_to_template(converted: dict, template: Mapping) -> dict:
     return converted
 
 
-def convert(state_dict: Mapping[str, np.ndarray], config, workdir: str, step: int = 1) -> str:
+def convert(
+    state_dict: Mapping[str, np.ndarray], config, workdir: str, step: int = 1, source: str = "<in memory>"
+) -> str:
     """Write ``state_dict`` (reference keys -> arrays) as a checkpoint of the run ``config``
-    describes; returns the checkpoint directory. Raises ConversionError / ConfigError."""
+    describes, and ``run.json`` beside it (its config; ``source`` names where the weights came
+    from); returns the checkpoint directory. Raises ConversionError / ConfigError."""
     import jax
     import jax.numpy as jnp
 
-    from dew.training.checkpointing import Checkpoints
+    from dew.training.checkpointing import Checkpoints, save_run_metadata
     from dew.training.trainer import Trainer
 
     arch = config.model.name
@@ -137,6 +144,17 @@ def convert(state_dict: Mapping[str, np.ndarray], config, workdir: str, step: in
     checkpoints.save(step, state, None)
     checkpoints.wait()
     checkpoints.close()
+    # run.json, as a training run leaves it: what dew.pipeline, python -m dew.sample and the
+    # scoring scripts read to rebuild the objective; no start is recorded (nothing was trained).
+    save_run_metadata(
+        workdir,
+        {
+            "label": os.path.basename(os.path.abspath(workdir)),
+            "config": config.to_dict(),
+            "ema": trainer.ema_record,
+            "converted": {"state_dict": source, "architecture": arch, "step": step},
+        },
+    )
     return checkpoints.directory
 
 
@@ -169,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = apply_overrides(load_config(args.config), [item[2:] for item in rest])
         state_dict = read_state_dict(args.state_dict)  # a bad file fails before anything is built
-        directory = convert(state_dict, config, workdir, args.step)
+        directory = convert(state_dict, config, workdir, args.step, os.path.abspath(args.state_dict))
     except (ConfigError, UnknownNameError, ConversionError) as e:
         if not existed and os.path.isdir(workdir):
             import shutil

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import dew
 from dew import convert_edm
 from dew.config import load_config
 from dew.training.checkpointing import Checkpoints
@@ -38,7 +39,8 @@ def reference_config():
 def test_converted_checkpoint_samples_like_the_reference(tmp_path):
     workdir = tmp_path / "converted"
     config = reference_config()
-    directory = convert_edm.convert(convert_edm.read_state_dict(str(REFERENCE)), config, str(workdir))
+    state_dict = convert_edm.read_state_dict(str(REFERENCE))
+    directory = convert_edm.convert(state_dict, config, str(workdir), source=str(REFERENCE))
     assert directory == str(workdir / "checkpoints")
 
     trainer = Trainer(config, str(tmp_path / "reader"))
@@ -53,6 +55,15 @@ def test_converted_checkpoint_samples_like_the_reference(tmp_path):
     # Same bound as tests/test_edm_networks.py (float32 summation order), plus the EMA's
     # multiply-then-divide by 1 − β (two roundings, ~1e-7 relative).
     np.testing.assert_allclose(np.asarray(denoised), expected, atol=1e-5, rtol=0)
+
+    # The converted workdir is a run as dew's readers expect one (run.json beside checkpoints/):
+    # dew.pipeline, python -m dew.sample and the scoring scripts load it as they load a trained run.
+    metadata = json.loads((workdir / "run.json").read_text())
+    assert metadata["converted"] == {"state_dict": str(REFERENCE), "architecture": "songunet", "step": 1}
+    task = dew.pipeline(str(workdir))
+    assert task.step == 1 and not task.raw
+    through_pipeline = jax.jit(lambda p: task.objective.denoiser(p, {})(x, sigma))(task.params)
+    np.testing.assert_array_equal(np.asarray(through_pipeline), np.asarray(denoised))
 
 
 def test_weights_that_do_not_fit_exit_2_and_write_nothing(tmp_path, capsys):
