@@ -8,8 +8,8 @@ read as a Python literal where it is one, e.g. ``--seed=3 --guidance=2.0
 the artifact under ``--out`` (default ``RUN/samples``) in the local tracker's layout
 (``images/sample_<step>.png``, ``videos/...gif``, ``text/...txt`` + ``.html``,
 ``representations/...png`` + ``.npz``). ``--list`` prints the options the task takes and their
-defaults. Bad input (not a run, no such step, an option the task does not take, a bad value):
-one line on stderr, exit status 2, nothing written.
+defaults; ``--help`` prints this text. Bad input (not a run, no such step, an option the task
+does not take, a bad value): one line on stderr, exit status 2, nothing written.
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ def parse(argv: list[str]) -> tuple[dict[str, object], dict[str, object]]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if "--help" in argv or "-h" in argv:
+        print(__doc__.strip())
+        return 0
     try:
         flags, options = parse(argv)
         from dew.training.cpu_convolutions import route_convolutions

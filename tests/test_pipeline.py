@@ -3,6 +3,7 @@ reproduced bit for bit, weights read once, and one clear error per bad input wit
 
 from __future__ import annotations
 
+import importlib
 import os
 import pathlib
 import shutil
@@ -159,3 +160,12 @@ def test_the_cli_writes_the_artifact_and_refuses_bad_input_with_exit_2_writing_n
         failed = _sample(*args, f"--out={bad}")
         assert failed.returncode == 2 and message in failed.stderr, failed.stderr
         assert len(failed.stderr.strip().splitlines()) == 1 and not bad.exists()
+
+
+def test_the_cli_help_prints_its_usage_and_opens_no_run(capsys):
+    sample = importlib.import_module("dew.sample")  # the module; dew.sample is also a function
+
+    assert sample.main(["--help"]) == 0
+    printed = capsys.readouterr()
+    assert printed.out.startswith("``python -m dew.sample --workdir=RUN") and "--list" in printed.out
+    assert printed.err == ""
