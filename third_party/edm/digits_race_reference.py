@@ -12,7 +12,13 @@ no churn) from the EMA and from the raw weights, and dew's digit classifier scor
 dew's race.
 
     PYTHONPATH=. /work/venv/bin/python third_party/edm/digits_race_reference.py \\
-        --edm=/tmp/edm_ref --torch_python=/work/venv-torch/bin/python [--budget=240]
+        --edm=/tmp/edm_ref --torch_python=/work/venv-torch/bin/python [--budget=240] \\
+        [--state_dict_out=runs/digits_race_reference/ema.npz]
+
+``--state_dict_out`` also keeps the trained EMA network: its ``EDMPrecond`` state dict as
+``param/<key>`` arrays in an ``.npz`` (no pickle), the form ``python -m dew.convert_edm
+--config=experiments/edm.py`` reads, so that the reference's trained weights can be sampled and
+fine-tuned in dew.
 
 The driver (dew's environment) writes the training digits, starts the trainer in PyTorch's
 environment (``--worker``, 2 threads) and scores what it returns.
@@ -101,6 +107,8 @@ def worker(args: argparse.Namespace) -> None:
         with torch.no_grad():
             samples = edm_sampler(model, latents, eye[class_labels], num_steps=args.points)
         out[name] = samples.float().permute(0, 2, 3, 1).numpy()
+    if args.state_dict_out:
+        np.savez(args.state_dict_out, **{f"param/{k}": v.numpy() for k, v in ema.state_dict().items()})
     np.savez(
         args.out,
         labels=class_labels.numpy(),
@@ -126,6 +134,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1, help="sampling seed")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="runs/digits_race_reference/race.json")
+    parser.add_argument("--state_dict_out", help="also write the trained EMA network's state dict (.npz)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -142,7 +151,11 @@ def main() -> int:
         data, samples = os.path.join(tmp, "train.npz"), os.path.join(tmp, "samples.npz")
         train = digits("train")
         np.savez(data, image=train.fields["image"], label=train.fields["label"])
-        flags = [f"--{k}={v}" for k, v in vars(args).items() if k not in ("worker", "data", "out")]
+        if args.state_dict_out:
+            args.state_dict_out = os.path.abspath(args.state_dict_out)
+            os.makedirs(os.path.dirname(args.state_dict_out), exist_ok=True)
+        skipped = ("worker", "data", "out") + (() if args.state_dict_out else ("state_dict_out",))
+        flags = [f"--{k}={v}" for k, v in vars(args).items() if k not in skipped]
         subprocess.run(
             [args.torch_python, __file__, "--worker", f"--data={data}", f"--out={samples}", *flags],
             check=True,
