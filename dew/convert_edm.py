@@ -15,13 +15,14 @@ The config names the dew run the weights belong to (``config.model.name`` ``song
 ``dhariwalunet`` with the same arguments as the reference network, and a dataset of the same
 image shape and classes). The weights become both the parameters and the (debiased) EMA of a
 ``TrainState`` at step ``--step`` with a fresh optimizer state, saved through ``Checkpoints``
-under ``<workdir>/checkpoints``, with the run's ``run.json`` beside it as a training run leaves
-it. Sample it with ``python -m dew.sample --workdir=<workdir>`` or ``dew.pipeline(<workdir>)``
-(score digits with ``experiments/digits_accuracy.py --workdir=<workdir>``); fine-tune it with
-``python -m dew.main --config=... --workdir=<new> --config.checkpoint.restore_dir=<workdir>/checkpoints
---config.checkpoint.restore_optimizer_state=False``, at a smaller learning rate than the
-network was trained with (a fresh Adam state moves every weight by about the learning rate in its
-first steps).
+under ``<workdir>/checkpoints`` with the data stream's start as its position, and the run's
+``run.json`` beside it as a training run leaves it. Sample it with ``python -m dew.sample
+--workdir=<workdir>`` or ``dew.pipeline(<workdir>)`` (score digits with
+``experiments/digits_accuracy.py --workdir=<workdir>``). Fine-tune it in place with ``python -m
+dew.main --config=... --workdir=<workdir>`` (it resumes from ``--step``), or into a new workdir
+with ``--config.checkpoint.restore_dir=<workdir>/checkpoints``; at a smaller learning rate than
+the network was trained with, as a fresh Adam state moves every weight by about the learning rate
+in its first steps.
 
 Exit status 2, with one line on stderr and nothing written, on a bad argument, an unreadable
 file, or weights that do not fit the configured network (the first differing parameter named).
@@ -141,7 +142,10 @@ def convert(
     checkpoints = Checkpoints(
         os.path.join(workdir, "checkpoints"), asynchronous=False, ema=trainer.ema_record
     )
-    checkpoints.save(step, state, None)
+    # The data position of a fresh stream: nothing was consumed, so a run that resumes this
+    # checkpoint in place reads its data from the first batch, as a new run would.
+    data = trainer.train_data
+    checkpoints.save(step, state, data.save_position(), share=data.share)
     checkpoints.wait()
     checkpoints.close()
     # run.json, as a training run leaves it: what dew.pipeline, python -m dew.sample and the

@@ -65,6 +65,17 @@ def test_converted_checkpoint_samples_like_the_reference(tmp_path):
     through_pipeline = jax.jit(lambda p: task.objective.denoiser(p, {})(x, sigma))(task.params)
     np.testing.assert_array_equal(np.asarray(through_pipeline), np.asarray(denoised))
 
+    # A run started in the converted workdir resumes its checkpoint: the converted weights, and
+    # the data stream from its first batch (the position saved is a fresh stream's).
+    resumed = Trainer(config, str(workdir))
+    state = resumed.initial_state()
+    assert int(state.step) == 1 and resumed.restored_step == 1
+    stored, _ = checkpoints.restore(None, 1)  # the live parameters: the converted weights
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params), jax.device_get(stored.params))
+    first = next(iter(resumed.train_data))
+    fresh_first = next(iter(Trainer(config, str(tmp_path / "fresh")).train_data))
+    jax.tree.map(np.testing.assert_array_equal, first, fresh_first)
+
 
 def test_weights_that_do_not_fit_exit_2_and_write_nothing(tmp_path, capsys):
     workdir = tmp_path / "converted"
