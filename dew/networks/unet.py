@@ -1,9 +1,14 @@
-"""A U-Net in the style of EDM's DDPM++ ("SongUNet" in NVlabs/edm, after Song et al. 2021).
+"""A compact U-Net for small images: DDPM++-like, but not NVlabs/edm's SongUNet.
 
-The same ingredients at CPU scale: residual blocks with group norm and SiLU, the noise level
-entering every block as an adaptive scale/shift (EDM's ``adaptive_scale=True``), self-attention
-at the low resolutions, positional noise embedding, additive class embedding, skip connections
-scaled by √½, and zero-initialised output layers so each block starts as the identity.
+For EDM's exact networks (published configurations, converted weights) use
+``dew.models["songunet"]`` or ``["dhariwalunet"]``. This one has fewer and simpler modules:
+residual blocks with group norm and SiLU, the noise level entering every block
+as a scale/shift after the second norm (as EDM's ``adaptive_scale=True``, which NVlabs/edm uses in
+DhariwalUNet, not in SongUNet), self-attention at the listed resolutions in every block there,
+positional noise embedding, additive class embedding, strided-convolution downsampling and
+resize-then-convolve upsampling, skip connections scaled by √½, and zero-initialised output
+layers so each block starts as the identity. ``experiments/flowers.py`` and
+``experiments/text_to_image.py`` train it.
 """
 
 from __future__ import annotations
