@@ -154,8 +154,8 @@ def main() -> int:
         if args.state_dict_out:
             args.state_dict_out = os.path.abspath(args.state_dict_out)
             os.makedirs(os.path.dirname(args.state_dict_out), exist_ok=True)
-        skipped = ("worker", "data", "out") + (() if args.state_dict_out else ("state_dict_out",))
-        flags = [f"--{k}={v}" for k, v in vars(args).items() if k not in skipped]
+        passed = {k: v for k, v in vars(args).items() if k not in ("worker", "data", "out") and v is not None}
+        flags = [f"--{k}={v}" for k, v in passed.items()]
         subprocess.run(
             [args.torch_python, __file__, "--worker", f"--data={data}", f"--out={samples}", *flags],
             check=True,
