@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dew.training.checkpointing import Checkpoints
+from dew.checkpointing import Checkpoints
 from dew.training.state import TrainState
 
 

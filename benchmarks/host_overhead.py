@@ -55,8 +55,8 @@ sys.path.insert(0, ROOT)
 
 from dew.config import apply_overrides, load_config  # noqa: E402
 from dew.data import Dataset  # noqa: E402
+from dew.tracking.base import LoggingCategory  # noqa: E402
 from dew.training.loop import Stage, StepContext, fit  # noqa: E402
-from dew.training.tracking.base import LoggingCategory  # noqa: E402
 from dew.training.trainer import Trainer  # noqa: E402
 
 TOY = [

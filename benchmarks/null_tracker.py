@@ -3,7 +3,7 @@ for what the processes and pipes alone do to the loop (``tracking.py --control``
 
 from __future__ import annotations
 
-from dew.training.tracking.background import BackgroundTracker, Report
+from dew.tracking.background import BackgroundTracker, Report
 
 
 class NullTracker(BackgroundTracker):

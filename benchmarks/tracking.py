@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dew.training.trackers import LocalTracker, LoggingCategory, Trackers, make_trackers
+from dew.tracking.trackers import LocalTracker, LoggingCategory, Trackers, make_trackers
 
 BACKENDS = ("local", "tensorboard", "mlflow", "wandb")
 

@@ -13,10 +13,10 @@ float32, and the same cores (``--threads``: ``torch.set_num_threads``; XLA's CPU
 the machine's cores). dew's side runs as ``python -m dew.main`` runs it on a CPU host: the state
 replicated on one XLA device per core and each batch split over them (``--devices``: another
 count; ``--devices=1`` is one device using the cores through its thread pool), with glibc's
-malloc asking for transparent huge pages (``dew.training.host_memory``; ``--no_huge_pages``:
+malloc asking for transparent huge pages (``dew.runtime.host_memory``; ``--no_huge_pages``:
 without; ``--reference_huge_pages`` gives the reference's process the same tunable) and XLA:CPU's
 convolution library chosen as ``config.mesh.cpu_convolutions`` chooses it (``--cpu_convolutions``:
-``auto``, ``eigen``, ``ynnpack``; ``dew.training.cpu_convolutions``). Rounds
+``auto``, ``eigen``, ``ynnpack``; ``dew.runtime.cpu_convolutions``). Rounds
 alternate dew, reference, dew, ... after a warm-up; in each round a side first runs ``--settle``
 untimed steps (the first step after the other process's turn is 10-30 % slower on either side),
 then times ``--steps`` steps; the report is the medians and their ratio. The forward pass alone
@@ -58,7 +58,7 @@ NETS = {
 def reference_environment(huge_pages: bool) -> dict:
     """The reference worker's environment: this process's without glibc's THP tunable (which dew's
     side restarted itself with), or with it when ``huge_pages``."""
-    from dew.training.host_memory import TUNABLE, huge_page_environment
+    from dew.runtime.host_memory import TUNABLE, huge_page_environment
 
     items = os.environ.get("GLIBC_TUNABLES", "").split(":")
     kept = ":".join(i for i in items if i and i.split("=", 1)[0] != TUNABLE)
@@ -392,9 +392,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.worker:
         return torch_worker(args)
-    from dew.training.cpu_convolutions import route_convolutions
-    from dew.training.host_devices import flagged_count, host_device_count, present_host_devices
-    from dew.training.host_memory import with_huge_pages
+    from dew.runtime.cpu_convolutions import route_convolutions
+    from dew.runtime.host_devices import flagged_count, host_device_count, present_host_devices
+    from dew.runtime.host_memory import with_huge_pages
 
     if not args.no_huge_pages:
         with_huge_pages()  # as python -m dew.main does: restarts this process once, with the tunable

@@ -9,7 +9,7 @@ an accidental full-dataset artifact from filling a disk or a tracker's store.
 
 How each backend writes them (PNG grid with captions, animated GIF, text/HTML, heat-coloured
 token scores, a PCA scatter of representations) lives with the backends,
-``dew.training.tracking``; the pure-array views they share (tiles, PCA) live here.
+``dew.tracking``; the pure-array views they share (tiles, PCA) live here.
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ def convert(
     import jax
     import jax.numpy as jnp
 
-    from dew.training.checkpointing import Checkpoints, save_run_metadata
+    from dew.checkpointing import Checkpoints, save_run_metadata
     from dew.training.trainer import Trainer
 
     arch = config.model.name

@@ -34,7 +34,7 @@ _SPEC = re.compile(r"\s*\[tensorstore_spec=.*?\](?='|\)|$)|\s*\[source locations
 
 def exit_code(error: BaseException) -> int:
     """2 for bad input (and a workdir another live run holds), 1 for any other failure."""
-    from dew.training.workdir_lock import WorkdirBusyError
+    from dew.runtime.workdir_lock import WorkdirBusyError
 
     return 2 if isinstance(error, (*BAD_INPUT, WorkdirBusyError)) else 1
 

@@ -40,7 +40,7 @@ class PipelineError(ValueError):
 
 def _locate(source: str) -> tuple[str, int | None]:
     """(workdir, step named by the path or None) for a workdir, its checkpoints/ or a step dir."""
-    from dew.training.checkpointing.run_metadata import RUN_METADATA
+    from dew.checkpointing.run_metadata import RUN_METADATA
 
     path = os.path.abspath(os.fspath(source))
     if not os.path.isdir(path):
@@ -109,8 +109,8 @@ def pipeline(source: str, *, step: int | None = None, raw: bool = False) -> Pipe
     ``raw``: the live parameters instead of the debiased EMA. See the module docstring.
     """
     import dew  # the registry fill: every objective, model and data set resolvable by name
-    from dew.training.checkpointing.checkpoints import Checkpoints
-    from dew.training.checkpointing.run_metadata import read_run_metadata
+    from dew.checkpointing.checkpoints import Checkpoints
+    from dew.checkpointing.run_metadata import read_run_metadata
     from dew.training.trainer import build_objective, open_split, resolve_config
 
     del dew

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from dew.config import apply_overrides, load_config
 from dew.failures import capture_library_logs, end_process, report
-from dew.training.host_memory import with_huge_pages
+from dew.runtime.host_memory import with_huge_pages
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -75,8 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(describe(schema, config), end="")
             return 0
         config = apply_overrides(raw, overrides)
-        from dew.training.cpu_convolutions import route_convolutions
-        from dew.training.host_devices import present_for_config
+        from dew.runtime.cpu_convolutions import route_convolutions
+        from dew.runtime.host_devices import present_for_config
         from dew.training.trainer import Trainer, check_workdir, resolve_config
 
         workdir = check_workdir(args.workdir)
@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         trainer = Trainer(config, workdir)  # validates everything; touches no file
         import jax
 
-        from dew.training.workdir_lock import WorkdirLock, describe_stale
+        from dew.runtime.workdir_lock import WorkdirLock, describe_stale
 
         # One run per workdir (process 0 holds it for the whole run), taken before anything opens
         # the checkpoint directory: opening it cleans up unfinished saves, which may be the live
@@ -143,7 +143,7 @@ def _release(trainer) -> None:
 
 
 def run() -> None:
-    with_huge_pages()  # restarts this process once with glibc's THP tunable (dew.training.host_memory)
+    with_huge_pages()  # restarts this process once with glibc's THP tunable (dew.runtime.host_memory)
     code = main()
     if code not in (0, 2):
         end_process(code)  # reported, everything dew opened is closed: nothing may print after

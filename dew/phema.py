@@ -2,7 +2,7 @@
 
 Post-hoc EMA (Karras et al. 2024): reconstructs the power-function EMA of relative width
 ``sigma_rel`` from the snapshots a run saved (``config.ema.power_std_rels``,
-``<workdir>/power_ema``) by the least-squares solution of ``dew.training.posthoc_ema``, and writes
+``<workdir>/power_ema``) by the least-squares solution of ``dew.averaging.posthoc``, and writes
 it as a checkpoint of a run directory (default ``<workdir>/phema/sigma_rel_0.070``):
 
     <out>/run.json                the run's config, plus {"phema": {sigma_rel, source, step, ...}}
@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from dew.training import posthoc_ema
+from dew.averaging import posthoc as posthoc_ema
 
 
 class PhemaError(ValueError):
@@ -41,8 +41,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def _plan(workdir: str, sigma_rel: float, step: int | None, out: str | None) -> dict[str, Any]:
     """Check everything before any work; returns what ``reconstruct_run`` needs."""
-    from dew.training.checkpointing import Checkpoints, read_run_metadata
-    from dew.training.power_ema import SNAPSHOT_DIR, PowerEMASnapshots
+    from dew.averaging.power_ema import SNAPSHOT_DIR, PowerEMASnapshots
+    from dew.checkpointing import Checkpoints, read_run_metadata
 
     try:
         posthoc_ema.parse_std_rels([sigma_rel], "--sigma_rel")
@@ -82,9 +82,9 @@ def reconstruct_run(
     """Write the post-hoc EMA checkpoint; returns (output directory, its ``phema`` record)."""
     import ml_collections
 
-    from dew.training import ema as ema_lib
-    from dew.training.checkpointing import Checkpoints, save_run_metadata
-    from dew.training.power_ema import PowerEMASnapshots
+    from dew.averaging import ema as ema_lib
+    from dew.averaging.power_ema import PowerEMASnapshots
+    from dew.checkpointing import Checkpoints, save_run_metadata
     from dew.training.state import num_updates
 
     plan = _plan(workdir, sigma_rel, step, out)

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         flags, options = parse(argv)
-        from dew.training.cpu_convolutions import route_convolutions
+        from dew.runtime.cpu_convolutions import route_convolutions
 
         route_convolutions("auto")  # before JAX starts: XLA:CPU's faster convolution library here
         from dew.inference import pipeline
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # PipelineError, ConfigError and bad values are all ValueErrors
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
-    from dew.training.tracking.media import artifact_files, write_atomically
+    from dew.tracking.media import artifact_files, write_atomically
 
     out = str(flags["out"] or os.path.join(task.workdir, "samples"))
     for folder, name, data in artifact_files(f"sample_{task.step:08d}", artifact):

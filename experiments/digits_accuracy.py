@@ -18,9 +18,9 @@ import ml_collections
 import numpy as np
 
 from dew.artifacts import ImageGrid
+from dew.checkpointing import read_run_metadata
 from dew.scoring.digits_classifier import classify_digits
-from dew.training.checkpointing import read_run_metadata
-from dew.training.trackers import write_png
+from dew.tracking.trackers import write_png
 from dew.training.trainer import Trainer
 
 

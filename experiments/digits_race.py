@@ -39,7 +39,7 @@ def process_age() -> float:
 
 
 def main() -> int:
-    from dew.training.host_memory import with_huge_pages
+    from dew.runtime.host_memory import with_huge_pages
 
     with_huge_pages()  # as python -m dew.main does: restarts this process once (same process id)
     start = time.perf_counter() - process_age()
@@ -58,10 +58,10 @@ def main() -> int:
 
     from dew.artifacts import ImageGrid
     from dew.config import apply_overrides, load_config
+    from dew.runtime.cpu_convolutions import route_convolutions
+    from dew.runtime.host_devices import present_for_config
     from dew.scoring.digits_classifier import classify_digits
-    from dew.training.cpu_convolutions import route_convolutions
-    from dew.training.host_devices import present_for_config
-    from dew.training.tracking.media import write_png
+    from dew.tracking.media import write_png
     from dew.training.trainer import Trainer, resolve_config
 
     config = apply_overrides(

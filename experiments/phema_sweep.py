@@ -4,7 +4,7 @@ for a sweep of σ_rel and score each in the digit feature space.
 Trains (once; a later call reuses the run) ``experiments/edm.py`` with two power-EMA profiles
 tracked in the step (σ_rel 0.05 and 0.10), snapshotted every ``--snapshot_every`` steps. Then, for
 every σ_rel in ``--sigma_rels``, reconstructs the EMA at the last step by the least-squares
-solution (``dew.training.posthoc_ema.reconstruct``), draws ``--per_class`` samples per class
+solution (``dew.averaging.posthoc.reconstruct``), draws ``--per_class`` samples per class
 (Heun, ``--points`` points, no guidance) from the same noise, and scores the Fréchet distance to all 1,797
 real digits in the 64-unit feature space of ``dew/scoring/digits_features.py`` (through the
 streaming statistics). The run's own fixed EMA (β = 0.999, debiased) and the two tracked profiles
@@ -27,10 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dew.averaging import posthoc as posthoc_ema
 from dew.config import apply_overrides, load_config
 from dew.scoring.digits_classifier import classify_digits
 from dew.scoring.digits_features import digits_frechet_distance
-from dew.training import posthoc_ema
 from dew.training.trainer import Trainer, debiased_ema
 
 HERE = pathlib.Path(__file__).resolve().parent

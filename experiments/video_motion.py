@@ -31,7 +31,7 @@ def main() -> int:
 
     import dew
     from dew.data.sources.moving_digits import motion_statistics, moving_digits
-    from dew.training.tracking.media import write_gif
+    from dew.tracking.media import write_gif
 
     task = dew.pipeline(args.workdir)
     options = {} if args.guidance is None else {"guidance": args.guidance}

@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from dew.averaging import ema as ema_lib
+from dew.checkpointing import Checkpoints
 from dew.data.dataset import Dataset, Source
-from dew.training import ema as ema_lib
-from dew.training.checkpointing import Checkpoints
 from dew.training.loop import Stage, StepContext, fit
 from dew.training.stages import CheckpointStage
 from dew.training.state import TrainState

@@ -21,8 +21,8 @@ import jax
 import numpy as np
 import optax
 
+from dew.checkpointing import CheckpointRestorationError, Checkpoints
 from dew.data.dataset import DataPartition
-from dew.training.checkpointing import CheckpointRestorationError, Checkpoints
 from dew.training.state import TrainState
 
 

@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 
 from dew.artifacts import LIMITS, ImageGrid, Representations, TextSamples, TokenScores, VideoGrid
-from dew.training.trackers import LocalTracker, MLflowTracker, TensorBoardTracker, WandbTracker
-from dew.training.tracking.render import PALETTE, heat_colour, token_scores_html
+from dew.tracking.render import PALETTE, heat_colour, token_scores_html
+from dew.tracking.trackers import LocalTracker, MLflowTracker, TensorBoardTracker, WandbTracker
 from tests.helpers_tracking import event_accumulator, offline_run_dirs, wandb_history
 
 
@@ -272,7 +272,7 @@ def test_local_tracker_writes_every_artifact_in_its_natural_form(tmp_path):
 
 
 def _png(grid: ImageGrid) -> bytes:
-    from dew.training.tracking.media import encode_png, image_pixels
+    from dew.tracking.media import encode_png, image_pixels
 
     return encode_png(image_pixels(grid))
 
@@ -324,7 +324,7 @@ def test_tensorboard_mlflow_and_wandb_write_every_artifact(tmp_path):
 
 
 def test_token_scores_html_is_bounded_and_says_what_it_left_out():
-    from dew.training.tracking import render
+    from dew.tracking import render
 
     big = TokenScores(np.ones((render.MAX_SCORE_ROWS + 4, 10)), np.ones((render.MAX_SCORE_ROWS + 4, 10)))
     page = token_scores_html(big)

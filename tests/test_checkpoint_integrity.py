@@ -12,10 +12,10 @@ import numpy as np
 import optax
 import pytest
 
-from dew.training import ema as ema_lib
-from dew.training.checkpointing import Checkpoints
-from dew.training.checkpointing.errors import CheckpointDamagedError
-from dew.training.checkpointing.integrity import CHECKSUMS
+from dew.averaging import ema as ema_lib
+from dew.checkpointing import Checkpoints
+from dew.checkpointing.errors import CheckpointDamagedError
+from dew.checkpointing.integrity import CHECKSUMS
 from dew.training.state import TrainState
 
 

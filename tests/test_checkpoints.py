@@ -14,15 +14,15 @@ import numpy as np
 import optax
 import pytest
 
-from dew.data.dataset import DataPartition
-from dew.training import get_debiased_ema
-from dew.training.checkpointing import (
+from dew.checkpointing import (
     CheckpointRestorationError,
     Checkpoints,
     CheckpointWriteError,
     read_run_metadata,
     save_run_metadata,
 )
+from dew.data.dataset import DataPartition
+from dew.training import get_debiased_ema
 from dew.training.state import TrainState
 
 OPTIMIZER = optax.adam(1e-3)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from dew.training.checkpointing import Checkpoints
+from dew.checkpointing import Checkpoints
 
 TINY = {
     "dataset.batch_size": 16,

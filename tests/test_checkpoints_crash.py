@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from dew.training.checkpointing import Checkpoints
+from dew.checkpointing import Checkpoints
 
 HELPER = str(ROOT / "tests" / "helpers_checkpoint_crash.py")
 NUM_STEPS = 40  # enough that ten kills of at most a few steps each never reach the end

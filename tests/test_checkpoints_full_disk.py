@@ -15,8 +15,8 @@ import numpy as np
 import optax
 import pytest
 
+from dew.checkpointing import Checkpoints, CheckpointWriteError
 from dew.data.dataset import Dataset, Source
-from dew.training.checkpointing import Checkpoints, CheckpointWriteError
 from dew.training.loop import Stage, StepContext, fit
 from dew.training.stages import CheckpointStage
 from dew.training.state import TrainState

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
+from dew.checkpointing import CheckpointRestorationError, Checkpoints
 from dew.data.dataset import DataPartition
-from dew.training.checkpointing import CheckpointRestorationError, Checkpoints
 
 HELPER = str(ROOT / "tests" / "helpers_checkpoint_multiprocess.py")
 

@@ -16,6 +16,7 @@ import numpy as np
 import optax
 import pytest
 
+from dew.checkpointing import Checkpointer, ConfigValidationError
 from dew.training import Checkpointer as CheckpointerFromTraining
 from dew.training import (
     CheckpointerConfig,
@@ -30,7 +31,6 @@ from dew.training import (
     read_run_metadata,
     save_run_metadata,
 )
-from dew.training.checkpointing import Checkpointer, ConfigValidationError
 from dew.training.state import TrainState
 
 OPTIMIZER = optax.adam(1e-3)

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
+from dew.checkpointing import CheckpointRestorationError, Checkpoints
+from dew.checkpointing.settings import checkpoint_settings
 from dew.config import ConfigError
 from dew.data.dataset import Dataset, Source
-from dew.training.checkpointing import CheckpointRestorationError, Checkpoints
-from dew.training.checkpointing.settings import checkpoint_settings
 from dew.training.loop import fit
 from dew.training.stages import CheckpointStage
 from dew.training.state import TrainState
@@ -174,8 +174,8 @@ def test_the_checkpoint_stage_writes_local_steps_between_persistent_ones(tmp_pat
 
 
 def test_the_checkpoint_stage_reports_each_new_best_to_the_trackers_also_across_a_resume(tmp_path):
+    from dew.tracking.trackers import LoggingCategory, Trackers
     from dew.training.loop import Stage
-    from dew.training.trackers import LoggingCategory, Trackers
 
     data, state, step = counting_run()
 

@@ -17,7 +17,7 @@ import pytest
 from helpers_cli import cli as cli_on
 from helpers_cli import dew_stderr, rows
 
-from dew.training.checkpointing import Checkpoints
+from dew.checkpointing import Checkpoints
 
 cli = functools.partial(cli_on, experiment="mixture")
 

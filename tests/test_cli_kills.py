@@ -26,8 +26,8 @@ import pytest
 from conftest import ROOT
 from helpers_cli import comparable, env, rows
 
+from dew.checkpointing import Checkpoints
 from dew.data.dataset import DataPartition
-from dew.training.checkpointing import Checkpoints
 
 KILLS = 20
 NUM_STEPS = 60

@@ -24,8 +24,8 @@ from conftest import ROOT
 from helpers_cli import cli as cli_on
 from helpers_cli import command, comparable, dew_stderr, env, rows, snapshot
 
+from dew.checkpointing import Checkpoints
 from dew.data.dataset import DataPartition
-from dew.training.checkpointing import Checkpoints
 
 cli = functools.partial(cli_on, experiment="mixture")
 

@@ -60,7 +60,7 @@ def test_conv_takes_the_per_tap_gradient_from_32x32_up_where_xlas_is_slow(monkey
 def test_only_ynnpack_convolutions_on_x86_cpus_without_avx512_count_as_slow(monkeypatch):
     from numpy._core import _multiarray_umath
 
-    from dew.training.cpu_convolutions import EIGEN_ROUTE
+    from dew.runtime.cpu_convolutions import EIGEN_ROUTE
 
     cases = [
         ({"AVX": True, "AVX2": False, "AVX512F": False}, "", True),

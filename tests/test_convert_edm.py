@@ -13,8 +13,8 @@ import numpy as np
 
 import dew
 from dew import convert_edm
+from dew.checkpointing import Checkpoints
 from dew.config import load_config
-from dew.training.checkpointing import Checkpoints
 from dew.training.trainer import Trainer
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""XLA:CPU's convolution library (``dew.training.cpu_convolutions``): which one ``auto`` picks, when
+"""XLA:CPU's convolution library (``dew.runtime.cpu_convolutions``): which one ``auto`` picks, when
 the flag is left alone, that a fresh process's XLA compiles with the choice, and that both
 libraries compute the same convolution."""
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from dew.training import cpu_convolutions
-from dew.training.cpu_convolutions import (
+from dew.runtime import cpu_convolutions
+from dew.runtime.cpu_convolutions import (
     EIGEN_ROUTE,
     FLAG,
     convolutions_on_ynnpack,
@@ -111,7 +111,7 @@ def test_the_installed_xla_knows_the_flag():
 CONVOLVE = """
 import json, sys
 import numpy as np
-from dew.training.cpu_convolutions import route_convolutions
+from dew.runtime.cpu_convolutions import route_convolutions
 library = route_convolutions(sys.argv[1])
 import jax
 rng = np.random.default_rng(0)

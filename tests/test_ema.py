@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dew.training import ema
+from dew.averaging import ema
 
 
 def test_debiased_zero_initialised_ema_of_constant_params_is_the_params():

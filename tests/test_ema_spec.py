@@ -11,9 +11,9 @@ import pytest
 from conftest import tiny_config
 from helpers_trainer import Regression, regression_batches
 
+from dew.averaging import ema
 from dew.config import ConfigError
 from dew.objectives.base import EMASpec
-from dew.training import ema
 from dew.training.steps import make_eval, make_init, make_step
 from dew.training.trainer import Trainer
 

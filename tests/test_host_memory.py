@@ -1,4 +1,4 @@
-"""``dew.training.host_memory``: a program that calls ``with_huge_pages()`` restarts once in place
+"""``dew.runtime.host_memory``: a program that calls ``with_huge_pages()`` restarts once in place
 with glibc's ``glibc.malloc.hugetlb=1``, after which a large block that a thread allocates, writes
 and frees (as XLA:CPU's device threads do with each step's temporary buffer) is faulted in as
 2 MiB pages instead of 4 KiB ones. Each case runs in a fresh process: glibc reads its tunables
@@ -15,8 +15,8 @@ import textwrap
 
 import pytest
 
-from dew.training import host_memory
-from dew.training.host_memory import TUNABLE, huge_page_environment
+from dew.runtime import host_memory
+from dew.runtime.host_memory import TUNABLE, huge_page_environment
 
 BLOCK_MIB = 200
 
@@ -24,7 +24,7 @@ PROGRAM = textwrap.dedent(
     f"""
     import ctypes, json, os, resource, sys, threading
     print(json.dumps({{"started": os.getpid()}}), flush=True)
-    from dew.training.host_memory import with_huge_pages
+    from dew.runtime.host_memory import with_huge_pages
     with_huge_pages()
     libc = ctypes.CDLL(None)
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]

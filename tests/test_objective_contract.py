@@ -215,8 +215,8 @@ def test_the_command_line_runs_and_resumes_an_objective_dew_does_not_ship(tmp_pa
 def test_restore_ema_debiases_a_half_life_accumulation_run_on_its_own(tmp_path):
     """The checkpoint records the EMA (half-life, ramp-up, tracked leaves, accumulation), so a
     reader that knows nothing of the run gets exactly the Trainer's own debiased EMA."""
-    from dew.training import ema as ema_lib
-    from dew.training.checkpointing import Checkpoints
+    from dew.averaging import ema as ema_lib
+    from dew.checkpointing import Checkpoints
     from dew.training.trainer import Trainer
 
     overrides = {

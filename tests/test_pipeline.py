@@ -18,7 +18,7 @@ from PIL import Image
 import dew
 from dew.config import apply_overrides, load_config
 from dew.inference import PipelineError
-from dew.training.tracking.base import Tracker
+from dew.tracking.base import Tracker
 from dew.training.trainer import Trainer
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from dew.training import posthoc_ema as ph
+from dew.averaging import posthoc as ph
 
 REF = np.load(pathlib.Path(__file__).resolve().parent.parent / "third_party" / "edm2" / "phema_reference.npz")
 

@@ -9,8 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from dew.training import posthoc_ema
-from dew.training.power_ema import PowerEMA, PowerEMASnapshots
+from dew.averaging import posthoc as posthoc_ema
+from dew.averaging.power_ema import PowerEMA, PowerEMASnapshots
 
 
 def _trained(tmp_path, **overrides):
@@ -73,7 +73,7 @@ def test_slots_snapshots_and_phema_checkpoint(tmp_path, capsys):
     assert record["step"] == 6 and record["updates"] == 6 and len(record["snapshots"]) == 6
     expected = posthoc_ema.reconstruct(snapshots, 0.07)
 
-    from dew.training.checkpointing import Checkpoints
+    from dew.checkpointing import Checkpoints
 
     restored = Checkpoints(os.path.join(out, "checkpoints"), read_only=True).restore_ema(None)
     jax.tree.map(np.testing.assert_array_equal, restored, expected)  # stored as is, no debiasing

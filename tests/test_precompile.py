@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from dew.training.precompile import BackgroundCompile, abstract_like
+from dew.runtime.precompile import BackgroundCompile, abstract_like
 from dew.training.trainer import Trainer
 
 
@@ -91,7 +91,7 @@ def test_abstract_like_keeps_shapes_dtypes_and_the_given_shardings():
 EXIT_WHILE_COMPILING = """
 import sys
 import jax, jax.numpy as jnp
-from dew.training.precompile import BackgroundCompile
+from dew.runtime.precompile import BackgroundCompile
 
 def program(x):
     for i in range(60):

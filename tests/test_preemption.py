@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dew.checkpointing import Checkpoints
 from dew.data.dataset import Dataset, Source
-from dew.training.checkpointing import Checkpoints
 from dew.training.loop import Stage, StepContext, fit
 from dew.training.preemption import Preempted, PreemptionStage
 from dew.training.stages import CheckpointStage

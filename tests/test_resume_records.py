@@ -12,12 +12,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dew.checkpointing.resume_check import (
+    ResumeMismatchError,
+    config_changes,
+    remap_position,
+    tree_differences,
+)
+from dew.checkpointing.run_history import record_start, set_aside_records, starts, writer_of
 from dew.config import ConfigError
 from dew.failures import exit_code, report
+from dew.tracking.trackers import LoggingCategory, Tracker
 from dew.training.loop import StepContext
-from dew.training.resume_check import ResumeMismatchError, config_changes, remap_position, tree_differences
-from dew.training.run_history import record_start, set_aside_records, starts, writer_of
-from dew.training.trackers import LoggingCategory, Tracker
 
 
 def position(epoch, batch):

@@ -8,8 +8,8 @@ import pytest
 from PIL import Image
 
 from dew.artifacts import ImageGrid
-from dew.training.console import Progress, log_metrics_to_line, log_metrics_to_table
-from dew.training.trackers import LocalTracker, LoggingCategory, Tracker, Trackers
+from dew.tracking.console import Progress, log_metrics_to_line, log_metrics_to_table
+from dew.tracking.trackers import LocalTracker, LoggingCategory, Tracker, Trackers
 
 
 def test_local_tracker_writes_json_lines_and_png_readable_with_stdlib_and_pillow(tmp_path):

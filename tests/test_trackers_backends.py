@@ -18,7 +18,8 @@ import pytest
 from PIL import Image
 
 from dew.artifacts import ImageGrid, TextSamples, VideoGrid
-from dew.training.trackers import (
+from dew.tracking.background import BackgroundTracker
+from dew.tracking.trackers import (
     LocalTracker,
     LoggingCategory,
     MLflowTracker,
@@ -29,7 +30,6 @@ from dew.training.trackers import (
     make_trackers,
     validate_tracking,
 )
-from dew.training.tracking.background import BackgroundTracker
 from tests.helpers_tracking import event_accumulator, offline_run_dirs, wandb_history
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -284,7 +284,7 @@ def test_rmse_is_the_root_of_the_window_mean_through_the_metrics_stage():
 def test_building_every_tracker_imports_no_backend_and_writes_nothing(tmp_path):
     code = (
         "import json, sys\n"
-        "from dew.training.trackers import make_trackers\n"
+        "from dew.tracking.trackers import make_trackers\n"
         f"t = make_trackers({{'backends': ('local', 'tensorboard', 'mlflow', 'wandb')}}, {str(tmp_path)!r})\n"
         "t.close()\n"
         "print(json.dumps([m for m in ('mlflow', 'wandb', 'tensorboard', 'tensorflow') if m in sys.modules]))"
@@ -320,7 +320,7 @@ import json, os, sys
 import jax
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize("127.0.0.1:{port}", num_processes=2, process_id=int(sys.argv[1]))
-from dew.training.trackers import LocalTracker, TensorBoardTracker, LoggingCategory
+from dew.tracking.trackers import LocalTracker, TensorBoardTracker, LoggingCategory
 local = LocalTracker({local!r})
 board = TensorBoardTracker(os.path.join({board!r}, "p" + sys.argv[1]))
 for step in (1, 2):
@@ -350,7 +350,7 @@ def test_only_process_zero_writes_in_a_real_two_process_run(tmp_path):
 
 
 def test_an_attached_console_logger_sees_every_category_and_summarises_arrays():
-    from dew.training.console import log_metrics_to_line
+    from dew.tracking.console import log_metrics_to_line
 
     out = io.StringIO()
     trackers = Trackers()

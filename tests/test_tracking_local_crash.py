@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from dew.training.trackers import LocalTracker, LoggingCategory
+from dew.tracking.trackers import LocalTracker, LoggingCategory
 
 
 def rows(path):

@@ -15,7 +15,7 @@ from helpers_trainer import Regression, regression_batches, trace_steps
 from dew.artifacts import ImageGrid
 from dew.objectives.base import EMASpec
 from dew.telemetry import profile
-from dew.training.console import Progress
+from dew.tracking.console import Progress
 from dew.training.evaluation import Evaluation, evaluate
 from dew.training.loop import fit
 from dew.training.profile import ProfileWindow

@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from dew.training.workdir_lock import WorkdirBusyError, WorkdirLock
+from dew.runtime.workdir_lock import WorkdirBusyError, WorkdirLock
 
 HOLD = """
 import sys, time
-from dew.training.workdir_lock import WorkdirLock
+from dew.runtime.workdir_lock import WorkdirLock
 lock = WorkdirLock(sys.argv[1]).acquire()
 print("held", flush=True)
 time.sleep(600)

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dew.networks import materialize
-from dew.training import cpu_convolutions
+from dew.runtime import cpu_convolutions
 
 INIT_MODES = ("xavier_uniform", "xavier_normal", "kaiming_uniform", "kaiming_normal")
 
@@ -162,7 +162,7 @@ def xla_weight_grad_is_slow() -> bool:
     32×32×3 train step with each: AVX+FMA only, 7-8× slower per layer, the step 2.6× slower; AVX2
     (Zen 2), 5.3× per layer, the step 1.9× slower; AVX-512 (avx512f/bw/bf16), the faster of the
     two (per layer 2×, the step 1.13×). Where this process's convolutions run on Eigen instead
-    (``dew.training.cpu_convolutions``, the default on AVX2 CPUs without AVX-512) XLA's gradient
+    (``dew.runtime.cpu_convolutions``, the default on AVX2 CPUs without AVX-512) XLA's gradient
     is the faster again (per layer 75-84 against 163 ms on Zen 2). Other CPUs (ARM) and
     accelerators keep XLA's gradient: not measured there. Read from numpy's runtime CPU-dispatch
     table and ``XLA_FLAGS`` at trace time (once).

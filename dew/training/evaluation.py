@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from dew.artifacts import ImageGrid
-from dew.training.trackers import LoggingCategory, Tracker
+from dew.tracking.trackers import LoggingCategory, Tracker
 
 Batch = Mapping[str, Any]
 

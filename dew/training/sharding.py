@@ -18,9 +18,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from dew.averaging.ema import leaf_path
+from dew.runtime import cpu_convolutions
 from dew.schema import Key, Section, at_least
-from dew.training import cpu_convolutions
-from dew.training.ema import leaf_path
 
 Rule = Callable[[str, tuple[int, ...]], PartitionSpec]
 DATA = "data"
@@ -317,7 +317,7 @@ CONFIG = Section(
             "auto",
             "XLA:CPU's convolution library, set by dew.main before JAX starts: 'eigen', 'ynnpack' "
             "(XLA's default) or 'auto' (Eigen on x86 CPUs with AVX2 and without AVX-512, where it was "
-            "measured faster; dew.training.cpu_convolutions). XLA_FLAGS setting it wins",
+            "measured faster; dew.runtime.cpu_convolutions). XLA_FLAGS setting it wins",
             choices=cpu_convolutions.CHOICES,
         ),
     },

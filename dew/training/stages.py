@@ -14,16 +14,16 @@ from typing import Any
 
 import jax
 
+from dew.checkpointing.checkpoints import Checkpoints
 from dew.data.dataset import Dataset
-from dew.training.checkpointing.checkpoints import Checkpoints
-from dew.training.console import Progress
+from dew.tracking.console import Progress
+from dew.tracking.media import artifact_files, write_atomically
+from dew.tracking.trackers import LoggingCategory, Tracker
 from dew.training.evaluation import Evaluation, evaluate
 from dew.training.loop import NONFINITE_FLAG, Stage, StepContext, next_multiple
 from dew.training.metrics import DeviceSums
 from dew.training.objective import Objective, check_artifact
 from dew.training.state import TrainState
-from dew.training.trackers import LoggingCategory, Tracker
-from dew.training.tracking.media import artifact_files, write_atomically
 
 #: Step statistics that are counts: summed over a logging window, not averaged.
 COUNTED = frozenset({NONFINITE_FLAG})

@@ -27,7 +27,7 @@ class TrainState:
                the gradients of the micro-batches since the last update (zeros at a boundary).
                A plain pytree of arrays, so a checkpoint mid-accumulation resumes exactly.
     power_ema: ``None``, or one power-function EMA of params per profile a run tracks for
-               post-hoc EMA (``dew.training.power_ema.PowerEMA``; no debiasing needed).
+               post-hoc EMA (``dew.averaging.power_ema.PowerEMA``; no debiasing needed).
     """
 
     step: jax.Array

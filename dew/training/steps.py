@@ -14,10 +14,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dew.training import ema as ema_lib
-from dew.training.ema import EMASpec
+from dew.averaging import ema as ema_lib
+from dew.averaging.ema import EMASpec
+from dew.averaging.power_ema import PowerEMA
 from dew.training.objective import Objective, Step
-from dew.training.power_ema import PowerEMA
 from dew.training.state import TrainState, num_updates
 
 Batch = Mapping[str, jax.Array]

@@ -14,29 +14,30 @@ import ml_collections
 import numpy as np
 
 from dew import registry
-from dew.data.dataset import DataPartition, Dataset
-from dew.schema import ConfigError
-from dew.training import ema as ema_lib
-from dew.training import sharding
-from dew.training.checkpointing.checkpoints import Checkpoints
-from dew.training.checkpointing.errors import CheckpointDamagedError, CheckpointRestorationError, first_line
-from dew.training.checkpointing.settings import checkpoint_settings
-from dew.training.console import Progress
-from dew.training.ema import EMASpec
-from dew.training.loop import Stage, fit
-from dew.training.objective import Objective
-from dew.training.power_ema import SNAPSHOT_DIR, PowerEMASnapshots, SnapshotStage, power_ema_from_config
-from dew.training.precompile import BackgroundCompile, abstract_like
-from dew.training.preemption import PreemptionStage
-from dew.training.profile import ProfileWindow
-from dew.training.resume_check import (
+from dew.averaging import ema as ema_lib
+from dew.averaging.ema import EMASpec
+from dew.averaging.power_ema import SNAPSHOT_DIR, PowerEMASnapshots, SnapshotStage, power_ema_from_config
+from dew.checkpointing.checkpoints import Checkpoints
+from dew.checkpointing.errors import CheckpointDamagedError, CheckpointRestorationError, first_line
+from dew.checkpointing.resume_check import (
     ResumeMismatchError,
     check_num_steps,
     check_state,
     data_layout_changes,
     remap_position,
 )
-from dew.training.run_history import record_start, set_aside_records, writer_of
+from dew.checkpointing.run_history import record_start, set_aside_records, writer_of
+from dew.checkpointing.settings import checkpoint_settings
+from dew.data.dataset import DataPartition, Dataset
+from dew.runtime.precompile import BackgroundCompile, abstract_like
+from dew.schema import ConfigError
+from dew.tracking.console import Progress
+from dew.tracking.trackers import LoggingCategory, Tracker, Trackers, make_trackers
+from dew.training import sharding
+from dew.training.loop import Stage, fit
+from dew.training.objective import Objective
+from dew.training.preemption import PreemptionStage
+from dew.training.profile import ProfileWindow
 from dew.training.sharding import Layout
 from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage
 from dew.training.state import TrainState, num_updates
@@ -47,7 +48,6 @@ from dew.training.steps import (
     make_multi_step,
     make_step,
 )
-from dew.training.trackers import LoggingCategory, Tracker, Trackers, make_trackers
 from dew.training.trainer_config import (
     check_workdir,
     config_schema,
@@ -413,7 +413,7 @@ class Trainer:
     def compile_step_in_background(self, placed_batches: bool | None = None) -> BackgroundCompile:
         """Start compiling the program the run's first step calls (the ``steps_per_call``
         program when that is > 1), from the state's and a batch's shapes, in a thread; the
-        first call finds it compiled once ``wait()`` returned (``dew.training.precompile``).
+        first call finds it compiled once ``wait()`` returned (``dew.runtime.precompile``).
 
         The program is looked up by its arguments' shardings too: ``placed_batches`` says
         whether the calls pass batches already on the mesh (``Trainer.step`` does), else host

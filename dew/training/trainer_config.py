@@ -12,12 +12,12 @@ from typing import Any
 import ml_collections
 import optax
 
+from dew.averaging import ema as ema_lib
+from dew.checkpointing import settings as checkpoint_config
 from dew.data import config as data_config
 from dew.schema import ConfigError, Key, Section, at_least, resolve
-from dew.training import ema as ema_lib
+from dew.tracking import trackers as trackers_lib
 from dew.training import sharding
-from dew.training import trackers as trackers_lib
-from dew.training.checkpointing import settings as checkpoint_config
 from dew.training.objective import MODEL_CONFIG, OBJECTIVE_CONFIG
 from dew.training.profile import CONFIG as PROFILE_CONFIG
 from dew.training.steps import NONFINITE_POLICIES

@@ -8,7 +8,7 @@ torch for its training-time classes; the functions used here are NumPy):
         --out=third_party/edm2/phema_reference.npz
 
 Nothing from edm2 is copied into dew; only these outputs are stored. ``tests/test_posthoc_ema.py``
-compares dew.training.posthoc_ema with them (no PyTorch needed).
+compares dew.averaging.posthoc with them (no PyTorch needed).
 """
 
 import argparse

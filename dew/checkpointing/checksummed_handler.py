@@ -9,7 +9,7 @@ from __future__ import annotations
 import orbax.checkpoint as ocp
 from etils import epath
 
-from dew.training.checkpointing.integrity import write_checksums
+from dew.checkpointing.integrity import write_checksums
 
 
 class ChecksummedPyTreeHandler(ocp.PyTreeCheckpointHandler):

@@ -30,7 +30,7 @@ class EMASpec:
     """Say which leaves the EMA copy tracks, and how fast it follows them.
 
     The EMA starts at zero and follows ema_n = β_n·ema_{n−1} + (1−β_n)·θ_n at the n-th optimizer
-    update (n ≥ 1). It is debiased when read (``dew.training.ema.debias``): the weights on the
+    update (n ≥ 1). It is debiased when read (``dew.averaging.ema.debias``): the weights on the
     θ's sum to 1 − Π_{i≤n} β_i, so dividing by that makes early reads an average rather than a
     value dragged towards zero.
 
@@ -269,7 +269,7 @@ CONFIG = Section(
 
 
 def _valid_std_rels(values: tuple[float, ...]) -> bool:
-    from dew.training import posthoc_ema
+    from dew.averaging import posthoc as posthoc_ema
 
     try:
         posthoc_ema.parse_std_rels(values, "power_std_rels")

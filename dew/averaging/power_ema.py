@@ -2,7 +2,7 @@
 
 ``PowerEMA`` names the profiles (std_rel values, e.g. 0.05 and 0.10) a run tracks: each is one
 extra EMA slot of ``TrainState.power_ema``, updated inside the pure step with β_γ(n) =
-(1 − 1/n)^(γ+1) at the n-th optimizer update (``dew.training.posthoc_ema``, Eq. 127). Such an
+(1 − 1/n)^(γ+1) at the n-th optimizer update (``dew.averaging.posthoc``, Eq. 127). Such an
 average needs no debiasing (β_γ(1) = 0).
 
 ``PowerEMASnapshots`` keeps every snapshot of the slots (one orbax checkpoint per snapshot
@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dew.training import posthoc_ema
+from dew.averaging import posthoc as posthoc_ema
 from dew.training.loop import Stage, StepContext
 from dew.training.state import num_updates
 

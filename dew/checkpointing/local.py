@@ -25,9 +25,9 @@ import jax
 import numpy as np
 from etils import epath
 
+from dew.checkpointing import integrity, layout, positions
+from dew.checkpointing.errors import CheckpointDamagedError, CheckpointRestorationError, first_line
 from dew.data.dataset import DataPartition
-from dew.training.checkpointing import integrity, layout, positions
-from dew.training.checkpointing.errors import CheckpointDamagedError, CheckpointRestorationError, first_line
 from dew.training.state import TrainState
 
 META = "placement.json"

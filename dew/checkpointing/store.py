@@ -24,16 +24,16 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from dew.data.dataset import DataPartition
-from dew.training.checkpointing import integrity, layout, positions
-from dew.training.checkpointing.checksummed_handler import ChecksummedPyTreeHandler
-from dew.training.checkpointing.errors import (
+from dew.checkpointing import integrity, layout, positions
+from dew.checkpointing.checksummed_handler import ChecksummedPyTreeHandler
+from dew.checkpointing.errors import (
     CheckpointDamagedError,
     CheckpointRestorationError,
     CheckpointWriteError,
     first_line,
 )
-from dew.training.checkpointing.retention import Retention
+from dew.checkpointing.retention import Retention
+from dew.data.dataset import DataPartition
 from dew.training.state import TrainState
 
 STEP_METADATA = "_CHECKPOINT_METADATA"  # orbax's per-step JSON file
@@ -101,7 +101,7 @@ class Store:
         ema: Mapping[str, Any] | None = None,
     ) -> None:
         """One orbax checkpoint, landed (atomically renamed) on return; then prune. ``ema`` is
-        the run's EMA record (``dew.training.ema.record``), kept in the step's metadata."""
+        the run's EMA record (``dew.averaging.ema.record``), kept in the step's metadata."""
         items = {name: ocp.args.PyTreeSave(tree) for name, tree in layout.items_from_state(state).items()}
         if rows is not None:
             items[layout.DATA_ITEM] = ocp.args.PyTreeSave(rows)

@@ -4,5 +4,5 @@
 
 Importing this package, or any module in it, imports no backend library: each backend is
 imported by its tracker's worker (a process, by default) when the first report is written. The public names
-are re-exported by ``dew.training.trackers`` and ``dew.training``.
+are re-exported by ``dew.tracking.trackers`` and ``dew.training``.
 """

@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any
 
-from dew.training.tracking.base import LoggingCategory, Tracker
+from dew.tracking.base import LoggingCategory, Tracker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +127,7 @@ class BackgroundTracker(Tracker):
             raise RuntimeError(f"{type(self).__name__} is closed; it cannot log step {report.step}")
         if self.writer == "process":
             if self._process is None:
-                from dew.training.tracking.process import ProcessWriter
+                from dew.tracking.process import ProcessWriter
 
                 path = f"{type(self).__module__}:{type(self).__qualname__}"
                 self._process = ProcessWriter(path, self._kwargs, self._report_error)

@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 
 from dew.artifacts import ImageGrid, Representations, TextSamples, TokenScores, VideoGrid
-from dew.training.tracking.background import ArtifactReport, BackgroundTracker, Report, ScalarReport
-from dew.training.tracking.base import LoggingCategory, is_scalar, tag, to_float
-from dew.training.tracking.media import encode_gif, image_pixels, video_frames
-from dew.training.tracking.render import representations_pixels, token_scores_html
+from dew.tracking.background import ArtifactReport, BackgroundTracker, Report, ScalarReport
+from dew.tracking.base import LoggingCategory, is_scalar, tag, to_float
+from dew.tracking.media import encode_gif, image_pixels, video_frames
+from dew.tracking.render import representations_pixels, token_scores_html
 
 MODES = ("offline", "online")
 

@@ -14,11 +14,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from dew.training import ema as ema_lib
-from dew.training.checkpointing.checkpoints import Checkpoints
-from dew.training.checkpointing.retention import Retention
-from dew.training.checkpointing.stix_config import CheckpointerConfig
-from dew.training.ema import EMASpec
+from dew.averaging import ema as ema_lib
+from dew.averaging.ema import EMASpec
+from dew.checkpointing.checkpoints import Checkpoints
+from dew.checkpointing.retention import Retention
+from dew.checkpointing.stix_config import CheckpointerConfig
 from dew.training.state import TrainState
 
 #: The metric a stix save reports, and ranks by.

@@ -12,15 +12,15 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from dew.averaging import ema as ema_lib
+from dew.averaging.ema import EMASpec
+from dew.checkpointing import layout, local, paths, positions
+from dew.checkpointing.errors import CheckpointWriteError
+from dew.checkpointing.retention import Retention
+from dew.checkpointing.store import Store
+from dew.checkpointing.tiers import Tiers
+from dew.checkpointing.writer import Writer, host_copy, snapshot
 from dew.data.dataset import DataPartition
-from dew.training import ema as ema_lib
-from dew.training.checkpointing import layout, local, paths, positions
-from dew.training.checkpointing.errors import CheckpointWriteError
-from dew.training.checkpointing.retention import Retention
-from dew.training.checkpointing.store import Store
-from dew.training.checkpointing.tiers import Tiers
-from dew.training.checkpointing.writer import Writer, host_copy, snapshot
-from dew.training.ema import EMASpec
 from dew.training.state import TrainState, num_updates
 
 Upload = Callable[[str], Any]  # returns None or a future that ``wait`` waits for
@@ -46,7 +46,7 @@ class Checkpoints:
 
     Saves run on one background thread (``asynchronous=False``: each save returns once landed);
     ``upload(path)`` is called after each persistent save lands. ``ema`` is the run's EMA as
-    ``dew.training.ema.record`` describes it (β's law, tracked leaves, accumulation); every save
+    ``dew.averaging.ema.record`` describes it (β's law, tracked leaves, accumulation); every save
     records it, so ``restore_ema`` debiases on its own. ``read_only=True`` opens another
     run's directory for restoring only. With several processes every process must make the same
     calls in the same order: ``latest_step()``, ``local_step()`` and saves are collectives, and
@@ -117,7 +117,7 @@ class Checkpoints:
         return self.store.metrics(step)
 
     def ema_record(self, step: int) -> dict[str, Any] | None:
-        """The EMA record kept with ``step`` (``dew.training.ema.record``; None: none kept)."""
+        """The EMA record kept with ``step`` (``dew.averaging.ema.record``; None: none kept)."""
         return self.tiers.ema_record(self.tiers.resolve(step))
 
     def restore_dataset_state(self, template: Any, step: int | None = None) -> Any:

@@ -22,7 +22,7 @@ import shutil
 from collections.abc import Mapping
 from typing import Any
 
-from dew.training.checkpointing.run_metadata import read_run_metadata, save_run_metadata
+from dew.checkpointing.run_metadata import read_run_metadata, save_run_metadata
 
 #: What a run writes besides checkpoints: set aside together by ``set_aside_records``.
 RECORD_DIRS = ("tracking", "previews")

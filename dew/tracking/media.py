@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from dew.artifacts import ImageGrid, Representations, TextSamples, TokenScores, VideoGrid
-from dew.training.tracking.render import (
+from dew.tracking.render import (
     _scale,
     image_pixels,
     representations_pixels,

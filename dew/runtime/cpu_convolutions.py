@@ -101,7 +101,7 @@ def xla_knows_the_flag() -> bool:
 
 
 def _backend_started() -> bool:
-    from dew.training.host_devices import backend_started
+    from dew.runtime.host_devices import backend_started
 
     return backend_started()
 

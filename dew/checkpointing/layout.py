@@ -153,8 +153,8 @@ def ema_to_use(
 ) -> tuple[Any, int]:
     """The ``EMASpec`` and accumulation to debias with: the recorded ones, checked against any
     explicit argument; without a record, the arguments (a decay is then required)."""
-    from dew.training import ema as ema_lib
-    from dew.training.checkpointing.errors import CheckpointRestorationError
+    from dew.averaging import ema as ema_lib
+    from dew.checkpointing.errors import CheckpointRestorationError
 
     if recorded is None:
         if decay is None:

@@ -6,7 +6,7 @@ and every microsecond of it is taken from the training loop's thread through the
 process takes that work to another core; the loop only encodes each report (JSON; arrays of
 artifacts as ``.npz`` bytes, read back with ``allow_pickle=False``) and writes it to a pipe.
 
-The child is ``python -m dew.training.tracking.process``, started on the first report (not with
+The child is ``python -m dew.tracking.process``, started on the first report (not with
 ``multiprocessing``, which would re-run an unguarded training script in the child). It rebuilds
 the tracker from its class path and keyword arguments and runs the same worker loop a thread
 would. It acknowledges flushes, and reports each failure as one JSON line; the parent re-raises
@@ -35,7 +35,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from dew.artifacts import ImageGrid, TextSamples, VideoGrid
-from dew.training.tracking.base import LoggingCategory, is_scalar, to_float
+from dew.tracking.base import LoggingCategory, is_scalar, to_float
 
 _LENGTH = struct.Struct(">I")
 _ARTIFACTS = {"ImageGrid": ImageGrid, "VideoGrid": VideoGrid, "TextSamples": TextSamples}
@@ -57,7 +57,7 @@ def _read_frame(stream: BinaryIO) -> bytes | None:
 
 def encode_report(report: Any) -> bytes:
     """A ScalarReport or ArtifactReport as one or two frames (JSON header, then .npz arrays)."""
-    from dew.training.tracking.background import ScalarReport
+    from dew.tracking.background import ScalarReport
 
     if isinstance(report, ScalarReport):
         values = {
@@ -78,7 +78,7 @@ def encode_report(report: Any) -> bytes:
 
 
 def _decode_report(header: dict[str, Any], stream: BinaryIO) -> Any:
-    from dew.training.tracking.background import ArtifactReport, ScalarReport
+    from dew.tracking.background import ArtifactReport, ScalarReport
 
     if header["t"] == "s":
         values = {k: np.asarray(v["array"]) if isinstance(v, dict) else v for k, v in header["v"].items()}
@@ -130,7 +130,7 @@ class ProcessWriter:
     def _start(self) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "dew.training.tracking.process"],
+            [sys.executable, "-m", "dew.tracking.process"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -192,7 +192,7 @@ def _rebuild(message: dict[str, Any]) -> BaseException:
 # --- the child's side -------------------------------------------------------------------------------
 def main() -> None:
     """Rebuild the tracker, feed its worker loop from stdin, answer on the original stdout."""
-    from dew.training.tracking.background import Marker
+    from dew.tracking.background import Marker
 
     answers = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)  # whatever the backend prints goes to stderr, never into the answers

@@ -31,9 +31,9 @@ from typing import Any
 
 import ml_collections
 
+from dew.checkpointing import paths
+from dew.checkpointing.errors import CheckpointRestorationError
 from dew.schema import ConfigError, Key, Section
-from dew.training.checkpointing import paths
-from dew.training.checkpointing.errors import CheckpointRestorationError
 
 
 class CheckpointingOffError(ConfigError, CheckpointRestorationError):
@@ -77,7 +77,7 @@ class CheckpointSettings:
         """The run's ``Checkpoints``, or None when checkpointing is off."""
         if not self.enabled:
             return None
-        from dew.training.checkpointing.checkpoints import Checkpoints
+        from dew.checkpointing.checkpoints import Checkpoints
 
         return Checkpoints(
             self.checkpoint_directory(workdir),

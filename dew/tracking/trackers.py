@@ -3,8 +3,8 @@
 A tracker receives *reports* (scalars under a logging category, or an artifact) and writes them
 somewhere; ``Trackers`` fans one report out to several, and to plain logger callbacks attached
 to it. The contract (categories, process 0 writes, mse -> rmse after averaging) is documented in
-``dew.training.tracking.base``; each backend lives in a module of its own under
-``dew.training.tracking`` and imports its library only when its first report is written:
+``dew.tracking.base``; each backend lives in a module of its own under
+``dew.tracking`` and imports its library only when its first report is written:
 
 - ``local``: ``LocalTracker``, ``scalars.jsonl`` and ``images/ videos/ text/`` (synchronous:
   small appends on the loop's thread);
@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dew.schema import ConfigError, Key, Section
-from dew.training.tracking.base import (
+from dew.tracking.base import (
     Logger,
     LoggingCategory,
     Tracker,
@@ -35,12 +35,12 @@ from dew.training.tracking.base import (
     convert_mse_to_rmse,
     is_writer_process,
 )
-from dew.training.tracking.local import LocalTracker
-from dew.training.tracking.media import write_gif, write_png
-from dew.training.tracking.mlflow import MLflowTracker
-from dew.training.tracking.tensorboard import TensorBoardTracker
-from dew.training.tracking.wandb import MODES as WANDB_MODES
-from dew.training.tracking.wandb import WandbTracker
+from dew.tracking.local import LocalTracker
+from dew.tracking.media import write_gif, write_png
+from dew.tracking.mlflow import MLflowTracker
+from dew.tracking.tensorboard import TensorBoardTracker
+from dew.tracking.wandb import MODES as WANDB_MODES
+from dew.tracking.wandb import WandbTracker
 
 BACKENDS = ("local", "tensorboard", "mlflow", "wandb")
 """The names ``config.tracking.backends`` accepts."""

@@ -17,10 +17,10 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from dew.checkpointing import layout, local
+from dew.checkpointing.errors import CheckpointRestorationError
+from dew.checkpointing.store import Store
 from dew.data.dataset import DataPartition
-from dew.training.checkpointing import layout, local
-from dew.training.checkpointing.errors import CheckpointRestorationError
-from dew.training.checkpointing.store import Store
 from dew.training.state import TrainState
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from etils import epath
 
-from dew.training.checkpointing.errors import CheckpointDamagedError
+from dew.checkpointing.errors import CheckpointDamagedError
 
 CHECKSUMS = "dew_checksums.json"
 _CHUNK = 1 << 20

@@ -16,16 +16,16 @@ from typing import Any
 import jax
 import numpy as np
 
-from dew.training.checkpointing.checkpointer import Checkpointer
-from dew.training.checkpointing.checkpoints import Checkpoints
-from dew.training.checkpointing.errors import CheckpointRestorationError
-from dew.training.checkpointing.stix_config import (
+from dew.checkpointing.checkpointer import Checkpointer
+from dew.checkpointing.checkpoints import Checkpoints
+from dew.checkpointing.errors import CheckpointRestorationError
+from dew.checkpointing.stix_config import (
     CheckpointerConfig,
     ConfigValidationError,
     TrainingIOHandlerConfig,
 )
+from dew.tracking.base import LoggingCategory
 from dew.training.state import TrainState
-from dew.training.tracking.base import LoggingCategory
 
 Logger = Callable[[LoggingCategory, dict[str, Any], int], None]
 log = logging.getLogger("dew.checkpoints")

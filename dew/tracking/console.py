@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from dew.training.tracking.base import LoggingCategory, convert_mse_to_rmse, is_scalar, to_float
+from dew.tracking.base import LoggingCategory, convert_mse_to_rmse, is_scalar, to_float
 
 
 def _format(value: Any) -> str:

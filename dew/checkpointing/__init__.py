@@ -26,28 +26,28 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "Checkpoints": "dew.training.checkpointing.checkpoints",
-    "CheckpointDamagedError": "dew.training.checkpointing.errors",
-    "CheckpointRestorationError": "dew.training.checkpointing.errors",
-    "CheckpointWriteError": "dew.training.checkpointing.errors",
-    "Retention": "dew.training.checkpointing.retention",
-    "save_run_metadata": "dew.training.checkpointing.run_metadata",
-    "read_run_metadata": "dew.training.checkpointing.run_metadata",
-    "RUN_METADATA": "dew.training.checkpointing.run_metadata",
-    "CheckpointSettings": "dew.training.checkpointing.settings",
-    "Checkpointer": "dew.training.checkpointing.checkpointer",
-    "CheckpointerConfig": "dew.training.checkpointing.stix_config",
-    "TrainingIOHandler": "dew.training.checkpointing.io_handler",
-    "TrainingIOHandlerConfig": "dew.training.checkpointing.stix_config",
-    "ConfigValidationError": "dew.training.checkpointing.stix_config",
-    "checkpoint_settings": "dew.training.checkpointing.settings",
+    "Checkpoints": "dew.checkpointing.checkpoints",
+    "CheckpointDamagedError": "dew.checkpointing.errors",
+    "CheckpointRestorationError": "dew.checkpointing.errors",
+    "CheckpointWriteError": "dew.checkpointing.errors",
+    "Retention": "dew.checkpointing.retention",
+    "save_run_metadata": "dew.checkpointing.run_metadata",
+    "read_run_metadata": "dew.checkpointing.run_metadata",
+    "RUN_METADATA": "dew.checkpointing.run_metadata",
+    "CheckpointSettings": "dew.checkpointing.settings",
+    "Checkpointer": "dew.checkpointing.checkpointer",
+    "CheckpointerConfig": "dew.checkpointing.stix_config",
+    "TrainingIOHandler": "dew.checkpointing.io_handler",
+    "TrainingIOHandlerConfig": "dew.checkpointing.stix_config",
+    "ConfigValidationError": "dew.checkpointing.stix_config",
+    "checkpoint_settings": "dew.checkpointing.settings",
 }
 
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module 'dew.training.checkpointing' has no attribute {name!r}")
+        raise AttributeError(f"module 'dew.checkpointing' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from dew.training.tracking.base import LoggingCategory, Tracker
-from dew.training.tracking.media import artifact_files, write_atomically
+from dew.tracking.base import LoggingCategory, Tracker
+from dew.tracking.media import artifact_files, write_atomically
 
 _MEDIA_DIRS = ("images", "videos", "text", "scores", "representations")
 _STEP_SUFFIX = re.compile(r"_(\d{8,})\.(png|gif|txt|html|npz)$")

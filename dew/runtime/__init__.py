@@ -1,0 +1,15 @@
+"""The process and the platform it runs on: everything decided once per process, before or as
+JAX starts, and nothing that a traced program computes.
+
+- ``host_devices``: how many XLA CPU devices a CPU host presents (one per core by default);
+- ``cpu_convolutions``: which library XLA:CPU runs convolutions with;
+- ``host_memory``: glibc's transparent-huge-page tunable for XLA:CPU's per-step buffers;
+- ``compilation_cache``: JAX's persistent compilation cache;
+- ``precompile``: compiling a jitted program from abstract arguments in a background thread;
+- ``workdir_lock``: one live run per working directory;
+- ``start``: ``prepare`` / ``start``, the one call a command or a user's script makes before JAX
+  starts, and the ``config.runtime`` section it reads.
+
+Layers above receive the platform's choices (``dew.kernels``); they never detect them. Names
+resolve lazily, so importing the package opens no backend.
+"""
