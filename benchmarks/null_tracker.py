@@ -3,7 +3,8 @@ for what the processes and pipes alone do to the loop (``tracking.py --control``
 
 from __future__ import annotations
 
-from dew.tracking.background import BackgroundTracker, Report
+from dew.tracking.background import BackgroundTracker
+from dew.tracking.reports import Report
 
 
 class NullTracker(BackgroundTracker):

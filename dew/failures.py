@@ -23,8 +23,8 @@ import tempfile
 import threading
 import traceback
 
-from dew.config import ConfigError
 from dew.registry import UnknownNameError
+from dew.schema import ConfigError
 
 BAD_INPUT = (ConfigError, UnknownNameError)
 #: Longest message printed for one exception; tensorstore errors carry kilobytes of spec.

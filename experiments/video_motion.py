@@ -4,7 +4,7 @@
 
 Loads the run with ``dew.pipeline`` (debiased EMA of the latest checkpoint), draws
 ``per_class`` clips of every class, and prints, for generated and real clips
-(``dew.data.sources.moving_digits.motion_statistics``): per-frame accuracy of the independent
+(``dew.scoring.motion.motion_statistics``): per-frame accuracy of the independent
 digit classifier on the window around each frame's centre of brightness, the share of clips
 whose frames all read as one digit, the mean frame-to-frame displacement of that centre and its
 deviation from constant-velocity motion. A model that draws a still digit has displacement ~0;
@@ -30,7 +30,8 @@ def main() -> int:
     args = parser.parse_args()
 
     import dew
-    from dew.data.sources.moving_digits import motion_statistics, moving_digits
+    from dew.data.sources.moving_digits import moving_digits
+    from dew.scoring.motion import motion_statistics
     from dew.tracking.media import write_gif
 
     task = dew.pipeline(args.workdir)

@@ -15,12 +15,11 @@ from dew.data.sources.moving_digits import (
     CANVAS,
     DIGIT,
     bounce,
-    digit_window,
-    motion_statistics,
     moving_digits,
     render,
 )
 from dew.scoring.linear_probe import probe_accuracy
+from dew.scoring.motion import digit_window, motion_statistics
 
 
 def test_windows_weigh_out_document_starts_and_padding_and_cover_every_target_once():

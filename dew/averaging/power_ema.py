@@ -7,7 +7,7 @@ average needs no debiasing (β_γ(1) = 0).
 
 ``PowerEMASnapshots`` keeps every snapshot of the slots (one orbax checkpoint per snapshot
 step under ``<workdir>/power_ema``, one item per profile, ``std_rel_0.050``-style; never
-garbage-collected: the reconstruction needs all of them), and ``SnapshotStage`` writes one
+garbage-collected: the reconstruction needs all of them), and ``dew.training.stages.SnapshotStage`` writes one
 every ``snapshot_every`` train steps. ``python -m dew.phema`` reconstructs any std_rel from them.
 
 Directory layout::
@@ -31,8 +31,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from dew.averaging import posthoc as posthoc_ema
-from dew.training.loop import Stage, StepContext
-from dew.training.state import num_updates
 
 Params = Any
 SNAPSHOT_DIR = "power_ema"
@@ -165,28 +163,10 @@ class PowerEMASnapshots:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-class SnapshotStage(Stage):
-    """Saves ``state.power_ema`` every ``power.snapshot_every`` train steps (and at the end)."""
-
-    def __init__(self, store: PowerEMASnapshots, power: PowerEMA, accumulation: int = 1):
-        self.store, self.power, self.accumulation = store, power, accumulation
-        self.every = power.snapshot_every
-
-    def run(self, ctx: StepContext) -> None:
-        updates = int(num_updates(ctx.step, self.accumulation))
-        if updates < 1 or ctx.step in self.store.steps():
-            return
-        self.store.save(ctx.step, updates, self.power, ctx.state.power_ema)
-
-    def close(self) -> None:
-        self.store.close()
-
-
 __all__ = [
     "SNAPSHOT_DIR",
     "PowerEMA",
     "PowerEMASnapshots",
-    "SnapshotStage",
     "item_name",
     "power_ema_from_config",
 ]

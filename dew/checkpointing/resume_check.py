@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from dew.config import ConfigError
+from dew.schema import ConfigError
 
 _MAX_LISTED = 1
 

@@ -21,41 +21,13 @@ from __future__ import annotations
 
 import abc
 import atexit
-import dataclasses
 import queue
 import threading
 import time
 from typing import Any
 
 from dew.tracking.base import LoggingCategory, Tracker
-
-
-@dataclasses.dataclass(frozen=True)
-class ScalarReport:
-    category: LoggingCategory
-    values: dict[str, Any]
-    step: int
-
-
-@dataclasses.dataclass(frozen=True)
-class ArtifactReport:
-    name: str
-    artifact: Any
-    step: int
-
-
-Report = ScalarReport | ArtifactReport
-
-
-@dataclasses.dataclass
-class Marker:
-    """A flush or stop request: the worker sets ``done`` (and calls ``on_done``) once everything
-    before it is written."""
-
-    stop: bool
-    done: threading.Event = dataclasses.field(default_factory=threading.Event)
-    on_done: Any = None
-
+from dew.tracking.reports import ArtifactReport, Marker, Report, ScalarReport
 
 WRITERS = ("thread", "process")
 

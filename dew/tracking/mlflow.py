@@ -34,9 +34,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from dew.artifacts import ImageGrid
-from dew.tracking.background import ArtifactReport, BackgroundTracker, Report, ScalarReport
+from dew.tracking.background import BackgroundTracker
 from dew.tracking.base import LoggingCategory, is_scalar, tag, to_float
 from dew.tracking.media import artifact_files, image_pixels
+from dew.tracking.reports import ArtifactReport, Report, ScalarReport
 
 _METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
 _PARAMS_PER_BATCH = 100

@@ -57,7 +57,7 @@ def _read_frame(stream: BinaryIO) -> bytes | None:
 
 def encode_report(report: Any) -> bytes:
     """A ScalarReport or ArtifactReport as one or two frames (JSON header, then .npz arrays)."""
-    from dew.tracking.background import ScalarReport
+    from dew.tracking.reports import ScalarReport
 
     if isinstance(report, ScalarReport):
         values = {
@@ -78,7 +78,7 @@ def encode_report(report: Any) -> bytes:
 
 
 def _decode_report(header: dict[str, Any], stream: BinaryIO) -> Any:
-    from dew.tracking.background import ArtifactReport, ScalarReport
+    from dew.tracking.reports import ArtifactReport, ScalarReport
 
     if header["t"] == "s":
         values = {k: np.asarray(v["array"]) if isinstance(v, dict) else v for k, v in header["v"].items()}
@@ -192,7 +192,7 @@ def _rebuild(message: dict[str, Any]) -> BaseException:
 # --- the child's side -------------------------------------------------------------------------------
 def main() -> None:
     """Rebuild the tracker, feed its worker loop from stdin, answer on the original stdout."""
-    from dew.tracking.background import Marker
+    from dew.tracking.reports import Marker
 
     answers = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)  # whatever the backend prints goes to stderr, never into the answers

@@ -30,10 +30,11 @@ from typing import Any
 import numpy as np
 
 from dew.artifacts import ImageGrid, Representations, TextSamples, TokenScores, VideoGrid
-from dew.tracking.background import ArtifactReport, BackgroundTracker, Report, ScalarReport
+from dew.tracking.background import BackgroundTracker
 from dew.tracking.base import LoggingCategory, is_scalar, tag, to_float
 from dew.tracking.media import encode_gif, image_pixels, video_frames
 from dew.tracking.render import representations_pixels, token_scores_html
+from dew.tracking.reports import ArtifactReport, Report, ScalarReport
 
 MODES = ("offline", "online")
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 
+from dew.averaging.power_ema import PowerEMA, PowerEMASnapshots
 from dew.checkpointing.checkpoints import Checkpoints
 from dew.data.dataset import Dataset
 from dew.tracking.console import Progress
@@ -23,7 +24,7 @@ from dew.training.evaluation import Evaluation, evaluate
 from dew.training.loop import NONFINITE_FLAG, Stage, StepContext, next_multiple
 from dew.training.metrics import DeviceSums
 from dew.training.objective import Objective, check_artifact
-from dew.training.state import TrainState
+from dew.training.state import TrainState, num_updates
 
 #: Step statistics that are counts: summed over a logging window, not averaged.
 COUNTED = frozenset({NONFINITE_FLAG})
@@ -227,3 +228,20 @@ class CheckpointStage(Stage):
 
     def close(self) -> None:
         self.checkpoints.wait()
+
+
+class SnapshotStage(Stage):
+    """Saves ``state.power_ema`` every ``power.snapshot_every`` train steps (and at the end)."""
+
+    def __init__(self, store: PowerEMASnapshots, power: PowerEMA, accumulation: int = 1):
+        self.store, self.power, self.accumulation = store, power, accumulation
+        self.every = power.snapshot_every
+
+    def run(self, ctx: StepContext) -> None:
+        updates = int(num_updates(ctx.step, self.accumulation))
+        if updates < 1 or ctx.step in self.store.steps():
+            return
+        self.store.save(ctx.step, updates, self.power, ctx.state.power_ema)
+
+    def close(self) -> None:
+        self.store.close()

@@ -16,7 +16,7 @@ import numpy as np
 from dew import registry
 from dew.averaging import ema as ema_lib
 from dew.averaging.ema import EMASpec
-from dew.averaging.power_ema import SNAPSHOT_DIR, PowerEMASnapshots, SnapshotStage, power_ema_from_config
+from dew.averaging.power_ema import SNAPSHOT_DIR, PowerEMASnapshots, power_ema_from_config
 from dew.checkpointing.checkpoints import Checkpoints
 from dew.checkpointing.errors import CheckpointDamagedError, CheckpointRestorationError, first_line
 from dew.checkpointing.resume_check import (
@@ -39,7 +39,7 @@ from dew.training.objective import Objective
 from dew.training.preemption import PreemptionStage
 from dew.training.profile import ProfileWindow
 from dew.training.sharding import Layout
-from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage
+from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage, SnapshotStage
 from dew.training.state import TrainState, num_updates
 from dew.training.steps import (
     abstract_state,

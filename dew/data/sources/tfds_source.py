@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from dew import registry
-from dew.config import ConfigError
 from dew.data.dataset import Source
+from dew.schema import ConfigError
 
 
 class DatasetNotPreparedError(ConfigError):

@@ -1,0 +1,223 @@
+"""The package's layering, read from its own imports (``docs/architecture.md`` is the page it
+checks): every ``import`` in ``dew/``, function-level ones included, is parsed; each module
+belongs to the unit of ``UNITS`` with the longest matching name; an import may only go down the
+layers, stay inside its unit, or take one of the sideways edges the page names. No module-level
+and no unit-level import circle."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "dew"
+
+# unit -> layer (lower imports nothing above it). Kept in step with docs/architecture.md.
+CORE, CONTRACTS, FOUNDATION, SERVICES, TRAINER, MODALITIES, ENTRY = range(7)
+UNITS: dict[str, int] = {
+    "dew": CORE,  # the package itself: lazy exports and the registry fill, by name only
+    "dew.registry": CORE,
+    "dew.schema": CORE,
+    "dew.inputs": CORE,
+    "dew.artifacts": CORE,
+    "dew.kernels": CORE,
+    "dew.training.state": CONTRACTS,
+    "dew.training.objective": CONTRACTS,
+    "dew.runtime": FOUNDATION,
+    "dew.averaging": FOUNDATION,
+    "dew.data": FOUNDATION,
+    "dew.telemetry": FOUNDATION,
+    "dew.checkpointing": SERVICES,
+    "dew.tracking": SERVICES,
+    "dew.training": TRAINER,
+    "dew.diffusion": MODALITIES,
+    "dew.sampling": MODALITIES,
+    "dew.objectives": MODALITIES,
+    "dew.networks": MODALITIES,
+    "dew.encoding": MODALITIES,
+    "dew.scoring": MODALITIES,
+    "dew.augment": MODALITIES,
+    "dew.interop": MODALITIES,
+    "dew.data.sources": MODALITIES,
+    "dew.config": ENTRY,  # experiment files resolved against the whole schema the Trainer assembles
+    "dew.failures": ENTRY,
+    "dew.inference": ENTRY,
+    "dew.main": ENTRY,
+    "dew.sample": ENTRY,
+    "dew.fid": ENTRY,
+    "dew.phema": ENTRY,
+    "dew.convert_edm": ENTRY,
+}
+
+# Layers whose packages stand apart: one of them imports another of the same layer only along an
+# edge of SIDEWAYS. In the other layers a module may use a sibling unit (circles are caught below).
+INDEPENDENT = {FOUNDATION, SERVICES}
+
+# Imports between two units of one layer that the architecture page names.
+SIDEWAYS = {
+    ("dew.checkpointing", "dew.tracking"),  # the stix TrainingIOHandler logs as well as saves
+}
+
+# What the trainer core may use of the services: their public modules, never a backend.
+TRAINER_MAY_USE = {
+    "dew.checkpointing": {
+        "dew.checkpointing.checkpoints",
+        "dew.checkpointing.errors",
+        "dew.checkpointing.settings",
+        "dew.checkpointing.restore",
+        "dew.checkpointing.run_history",
+    },
+    "dew.tracking": {
+        "dew.tracking.trackers",
+        "dew.tracking.console",
+        "dew.tracking.base",
+        "dew.tracking.media",
+    },
+}
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def imports_of(path: pathlib.Path) -> set[str]:
+    """The dew modules ``path`` imports, at any depth of the file: ``from dew.x import y`` is an
+    import of ``dew.x.y`` when that is a module, else of ``dew.x``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "dew")
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] != "dew":
+                continue
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                found.add(full if is_module(full) else node.module)
+    return found
+
+
+def unit_of(module: str) -> str:
+    candidates = [u for u in UNITS if module == u or module.startswith(u + ".")]
+    assert candidates, f"{module} belongs to no unit of docs/architecture.md: add it to the page and UNITS"
+    return max(candidates, key=len)
+
+
+def graph() -> dict[str, set[str]]:
+    return {module_name(p): imports_of(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def violations(edges: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, targets in edges.items():
+        a = unit_of(module)
+        for target in sorted(targets):
+            b = unit_of(target)
+            if a == b or (a, b) in SIDEWAYS:
+                continue
+            if UNITS[b] > UNITS[a] or (UNITS[b] == UNITS[a] and UNITS[a] in INDEPENDENT):
+                found.append(f"{module} ({a}, layer {UNITS[a]}) imports {target} ({b}, layer {UNITS[b]})")
+            elif a == "dew.training" and b in TRAINER_MAY_USE and target not in TRAINER_MAY_USE[b]:
+                found.append(f"{module} (trainer core) imports {target}, not a public module of {b}")
+    return found
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in list(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def unit_graph(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    units: dict[str, set[str]] = {}
+    for module, targets in edges.items():
+        a = unit_of(module)
+        units.setdefault(a, set()).update(b for b in map(unit_of, targets) if b != a)
+    return units
+
+
+def without_package_init(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``from dew import registry`` names ``dew.registry``; the bare package ``dew`` (lazy
+    exports) is no edge of the graph."""
+    return {m: {t for t in ts if t != "dew"} for m, ts in edges.items()}
+
+
+def test_every_import_follows_the_layers():
+    assert violations(without_package_init(graph())) == []
+
+
+def test_no_module_imports_in_a_circle():
+    assert circles(without_package_init(graph())) == []
+
+
+def test_no_unit_imports_in_a_circle():
+    assert circles(unit_graph(without_package_init(graph()))) == []
+
+
+def test_the_architecture_page_names_every_unit():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    missing = [u for u in UNITS if u != "dew" and f"`{u}`" not in page]
+    assert missing == []
+
+
+@pytest.mark.parametrize(
+    "edges, expected",
+    [
+        (
+            {"dew.schema": {"dew.training.trainer"}},
+            "dew.schema (dew.schema, layer 0) imports dew.training.trainer",
+        ),
+        ({"dew.networks.x": {"dew.runtime.cpu_convolutions"}}, None),  # down: allowed
+        ({"dew.training.loop": {"dew.tracking.wandb"}}, "not a public module of dew.tracking"),
+        ({"dew.data.sources.x": {"dew.main"}}, "imports dew.main (dew.main, layer 6)"),
+        ({"dew.checkpointing.x": {"dew.runtime.y", "dew.tracking.base"}}, None),
+    ],
+)
+def test_the_rules_catch_a_broken_import(edges, expected):
+    found = violations(edges)
+    if expected is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and expected in found[0]
+
+
+def test_the_circle_finder_finds_a_circle():
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(edges) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
