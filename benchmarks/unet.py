@@ -15,7 +15,7 @@ replicated on one XLA device per core and each batch split over them (``--device
 count; ``--devices=1`` is one device using the cores through its thread pool), with glibc's
 malloc asking for transparent huge pages (``dew.runtime.host_memory``; ``--no_huge_pages``:
 without; ``--reference_huge_pages`` gives the reference's process the same tunable) and XLA:CPU's
-convolution library chosen as ``config.mesh.cpu_convolutions`` chooses it (``--cpu_convolutions``:
+convolution library chosen as ``config.runtime.cpu_convolutions`` chooses it (``--cpu_convolutions``:
 ``auto``, ``eigen``, ``ynnpack``; ``dew.runtime.cpu_convolutions``). Rounds
 alternate dew, reference, dew, ... after a warm-up; in each round a side first runs ``--settle``
 untimed steps (the first step after the other process's turn is 10-30 % slower on either side),
@@ -375,7 +375,7 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument(
         "--cpu_convolutions", default="auto", choices=("auto", "eigen", "ynnpack"),
-        help="XLA:CPU's convolution library on dew's side (as config.mesh.cpu_convolutions)",
+        help="XLA:CPU's convolution library on dew's side (as config.runtime.cpu_convolutions)",
     )  # fmt: skip
     parser.add_argument(
         "--settle", type=int, default=1,
@@ -398,7 +398,7 @@ def main() -> int:
 
     if not args.no_huge_pages:
         with_huge_pages()  # as python -m dew.main does: restarts this process once, with the tunable
-    # Before JAX starts (dew.main does the same from config.mesh.host_devices); XLA_FLAGS wins.
+    # Before JAX starts (dew.main does the same from config.runtime.host_devices); XLA_FLAGS wins.
     present_host_devices(host_device_count(args.devices, [args.batch]))
     args.convolutions = route_convolutions(args.cpu_convolutions)
     args.devices = flagged_count(os.environ.get("XLA_FLAGS", "")) or 1

@@ -18,9 +18,10 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from dew.config import apply_overrides, load_config
+from dew.config import load_config
 from dew.failures import capture_library_logs, end_process, report
 from dew.runtime.host_memory import with_huge_pages
+from dew.schema import ConfigError
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -46,16 +47,6 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, overrides
 
 
-def enable_compilation_cache(workdir: str) -> None:
-    """Reuse compiled programs across runs (compiles dominate on CPU). ``JAX_COMPILATION_CACHE_DIR``
-    wins; otherwise the cache lives in the run's own directory."""
-    import jax
-
-    directory = os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(workdir, "cache", "jax")
-    jax.config.update("jax_compilation_cache_dir", directory)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Train; return the exit status: 0 done, 2 bad input (one line, nothing written; also a
     workdir another live run holds), 128 + signal when preempted (saved, with the command to
@@ -74,16 +65,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"# {args.config}: every key, as resolved (value, default if different, kind, doc)")
             print(describe(schema, config), end="")
             return 0
-        config = apply_overrides(raw, overrides)
-        from dew.runtime.cpu_convolutions import route_convolutions
-        from dew.runtime.host_devices import present_for_config
-        from dew.training.trainer import Trainer, check_workdir, resolve_config
+        from dew.runtime.platform import start
+        from dew.training.trainer import Trainer
+        from dew.training.trainer_config import check_workdir, resolve_config
 
+        config = resolve_config(raw, overrides)  # the one resolution of the run's config
         workdir = check_workdir(args.workdir)
-        resolved = resolve_config(config)
-        present_for_config(resolved)  # XLA's CPU device count, before JAX starts
-        convolutions = route_convolutions(resolved.mesh.cpu_convolutions)  # and its convolution library
-        trainer = Trainer(config, workdir)  # validates everything; touches no file
+        try:  # before JAX starts: devices, convolution library, kernels, compilation cache
+            platform = start(config, workdir)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        trainer = Trainer(config, workdir, resolved=True)  # validates everything; touches no file
         import jax
 
         from dew.runtime.workdir_lock import WorkdirLock, describe_stale
@@ -95,20 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if lock is not None and lock.stale:
             print(f"dew: {describe_stale(lock.stale)}", flush=True)
         trainer.check_resumable()
-        enable_compilation_cache(workdir)
         capture_library_logs(workdir)
         print(f"dew: training {args.config} in {workdir}", flush=True)
         if jax.default_backend() == "cpu":
-            split = trainer.layout.data_parallel_size
-            if split > 1:
-                print(
-                    f"dew: each batch is split over {split} CPU devices (config.mesh.host_devices)",
-                    flush=True,
-                )
-            print(
-                f"dew: XLA:CPU runs convolutions with {convolutions} (config.mesh.cpu_convolutions)",
-                flush=True,
-            )
+            for line in platform.lines(trainer.layout.data_parallel_size):
+                print(f"dew: {line}", flush=True)
         state = trainer.run()
     except Exception as e:  # the CLI boundary: every failure becomes one short report
         if trainer is not None:

@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         flags, options = parse(argv)
-        from dew.runtime.cpu_convolutions import route_convolutions
+        from dew.runtime.platform import start
 
-        route_convolutions("auto")  # before JAX starts: XLA:CPU's faster convolution library here
+        start(present_devices=False)  # before JAX starts: convolution library, kernels, as dew.main
         from dew.inference import pipeline
 
         task = pipeline(str(flags["workdir"]), step=flags["step"], raw=bool(flags["raw"]))

@@ -57,14 +57,13 @@ def main() -> int:
     import numpy as np
 
     from dew.artifacts import ImageGrid
-    from dew.config import apply_overrides, load_config
-    from dew.runtime.cpu_convolutions import route_convolutions
-    from dew.runtime.host_devices import present_for_config
+    from dew.config import load_config
+    from dew.runtime.platform import start as start_runtime
     from dew.scoring.digits_classifier import classify_digits
     from dew.tracking.media import write_png
     from dew.training.trainer import Trainer, resolve_config
 
-    config = apply_overrides(
+    config = resolve_config(
         load_config(str(HERE / "edm.py")),
         # eval.num_batches: the 180 validation digits hold one batch of 128 (the race does not evaluate).
         [
@@ -73,10 +72,9 @@ def main() -> int:
             *args.overrides,
         ],
     )
-    resolved = resolve_config(config)
-    present_for_config(resolved)  # one CPU device per core, as dew.main does
-    convolutions = route_convolutions(resolved.mesh.cpu_convolutions)  # and its convolution library
-    trainer = Trainer(config, args.workdir)
+    platform = start_runtime(config)  # as dew.main, without a compilation cache (a cold start)
+    convolutions = platform.convolutions
+    trainer = Trainer(config, args.workdir, resolved=True)
     compiling = trainer.compile_step_in_background(placed_batches=True)  # as Trainer.run does
     state = trainer.init(jax.random.PRNGKey(config.seed), trainer.example_batch())
     compiling.wait()

@@ -10,8 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dew.networks import edm_layers
-from dew.networks.edm_layers import TAPWISE_MIN_POSITIONS, _conv_tap_weight_grad, _xla_conv, conv
+from dew import kernels
+from dew.networks.edm_layers import _conv_tap_weight_grad, _xla_conv, conv
+from dew.runtime import cpu_convolutions
+from dew.runtime.cpu_convolutions import TAPWISE_MIN_POSITIONS
 
 
 @pytest.mark.parametrize(
@@ -49,7 +51,8 @@ def test_the_per_tap_weight_gradient_is_xlas_up_to_float32_rounding(shape, kerne
 
 @pytest.mark.parametrize("slow_here", [True, False])
 def test_conv_takes_the_per_tap_gradient_from_32x32_up_where_xlas_is_slow(monkeypatch, slow_here):
-    monkeypatch.setattr(edm_layers, "xla_weight_grad_is_slow", lambda: slow_here)
+    monkeypatch.setattr(cpu_convolutions, "xla_weight_grad_is_slow", lambda *_: slow_here)
+    monkeypatch.setattr(kernels, "_current", cpu_convolutions.weight_gradient_choice())
     w = jnp.ones((3, 3, 2, 2))
     for side, large in ((16, False), (31, False), (32, True), (64, True)):
         assert (side * side >= TAPWISE_MIN_POSITIONS) == large
@@ -71,14 +74,10 @@ def test_only_ynnpack_convolutions_on_x86_cpus_without_avx512_count_as_slow(monk
         ({"AVX": True, "AVX2": False, "AVX512F": False}, EIGEN_ROUTE, False),
         ({"AVX": True, "AVX2": True, "AVX512F": False}, EIGEN_ROUTE, False),
     ]
-    try:
-        for features, xla_flags, slow in cases:
-            edm_layers.xla_weight_grad_is_slow.cache_clear()
-            monkeypatch.setattr(_multiarray_umath, "__cpu_features__", features)
-            monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count=1 {xla_flags}")
-            assert edm_layers.xla_weight_grad_is_slow() is slow, (features, xla_flags)
-    finally:
-        edm_layers.xla_weight_grad_is_slow.cache_clear()
+    for features, xla_flags, slow in cases:
+        monkeypatch.setattr(_multiarray_umath, "__cpu_features__", features)
+        monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count=1 {xla_flags}")
+        assert cpu_convolutions.xla_weight_grad_is_slow() is slow, (features, xla_flags)
 
 
 def test_a_1x1_kernel_stays_a_matmul():

@@ -91,7 +91,7 @@ def test_flags_already_set_or_a_started_backend_are_left_alone(fresh):
 def test_bad_choices_and_an_xla_without_the_flag_are_named(fresh):
     with pytest.raises(
         ValueError,
-        match=r"config.mesh.cpu_convolutions must be one of 'auto', 'eigen', 'ynnpack', got 'fast'",
+        match=r"config.runtime.cpu_convolutions must be one of 'auto', 'eigen', 'ynnpack', got 'fast'",
     ):
         route_convolutions("fast")
     fresh.setattr(cpu_convolutions, "cpu_features", lambda: ZEN2)

@@ -95,19 +95,19 @@ def test_dew_main_splits_each_batch_over_one_device_per_core(tmp_path):
     expected = host_device_count(0, [BATCH], cpu_cores())
     run = _cli(tmp_path / "auto")
     assert run.returncode == 0, run.stderr
-    said = f"dew: each batch is split over {expected} CPU devices (config.mesh.host_devices)"
+    said = f"dew: each batch is split over {expected} CPU devices (config.runtime.host_devices)"
     assert (said in run.stdout) == (expected > 1), run.stdout
     library = "eigen" if eigen_measured_faster() and xla_knows_the_flag() else "ynnpack"
-    assert f"dew: XLA:CPU runs convolutions with {library} (config.mesh.cpu_convolutions)" in run.stdout
+    assert f"dew: XLA:CPU runs convolutions with {library} (config.runtime.cpu_convolutions)" in run.stdout
     assert [r["step"] for r in rows(tmp_path / "auto") if r["category"] == "train"] == [2, 4]
 
     # An explicit count the batch does not split over: one line naming the keys, nothing trained.
-    bad = _cli(tmp_path / "bad", "--config.mesh.host_devices=4")
+    bad = _cli(tmp_path / "bad", "--config.runtime.host_devices=4")
     assert bad.returncode == 2, bad.stderr
     assert "config.mesh / config.dataset.batch_size" in bad.stderr
     assert "30 is not divisible" in bad.stderr and "use a multiple of 4" in bad.stderr, bad.stderr
     assert not (tmp_path / "bad" / "tracking").exists()
-    bad = _cli(tmp_path / "bad_library", "--config.mesh.cpu_convolutions=fast")
+    bad = _cli(tmp_path / "bad_library", "--config.runtime.cpu_convolutions=fast")
     assert bad.returncode == 2, bad.stderr
-    assert "config.mesh.cpu_convolutions" in bad.stderr, bad.stderr
+    assert "config.runtime.cpu_convolutions" in bad.stderr, bad.stderr
     assert "expected one of ('auto', 'eigen', 'ynnpack')" in bad.stderr, bad.stderr

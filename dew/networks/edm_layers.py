@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dew import kernels
 from dew.networks import materialize
-from dew.runtime import cpu_convolutions
 
 INIT_MODES = ("xavier_uniform", "xavier_normal", "kaiming_uniform", "kaiming_normal")
 
@@ -147,40 +147,12 @@ def upsample(x: jax.Array, resample_filter: Sequence[float], pad: int) -> jax.Ar
     return _up_1d(_up_1d(x, taps, pad, 1), taps, pad, 2)
 
 
-TAPWISE_MIN_POSITIONS = 1024
-"""Images with at least this many pixels (32×32 and up) take the per-tap weight gradient, on the
-CPUs where XLA's own is slow there (``xla_weight_grad_is_slow``)."""
-
-
-@functools.cache
-def xla_weight_grad_is_slow() -> bool:
-    """Whether XLA's convolution weight gradient degrades on large images here: YNNPACK's, on x86
-    CPUs without AVX-512.
-
-    Measured on three CPUs (``benchmarks/RESULTS.md``, issue 12), XLA:CPU's weight gradient of a
-    32×32 convolution through YNNPACK (XLA's default library) against the per-tap sum, and the
-    32×32×3 train step with each: AVX+FMA only, 7-8× slower per layer, the step 2.6× slower; AVX2
-    (Zen 2), 5.3× per layer, the step 1.9× slower; AVX-512 (avx512f/bw/bf16), the faster of the
-    two (per layer 2×, the step 1.13×). Where this process's convolutions run on Eigen instead
-    (``dew.runtime.cpu_convolutions``, the default on AVX2 CPUs without AVX-512) XLA's gradient
-    is the faster again (per layer 75-84 against 163 ms on Zen 2). Other CPUs (ARM) and
-    accelerators keep XLA's gradient: not measured there. Read from numpy's runtime CPU-dispatch
-    table and ``XLA_FLAGS`` at trace time (once).
-    """
-    if jax.default_backend() != "cpu" or not cpu_convolutions.convolutions_on_ynnpack():
-        return False
-    features = cpu_convolutions.cpu_features()
-    return bool(features.get("AVX")) and not features.get("AVX512F")
-
-
 def conv(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
     """Stride-1 2D convolution, NHWC × [k, k, in, out]; a 1×1 kernel is a matmul.
 
-    From ``TAPWISE_MIN_POSITIONS`` pixels up, on CPUs where ``xla_weight_grad_is_slow``, the weight
-    gradient is computed per kernel tap (``_conv_tap_weight_grad``). Elsewhere, and below that size
-    everywhere, XLA's is kept: on small images the two are within 2× of each other per layer, the
-    whole 8×8/16×16 train step within ±4 %, and the per-tap form costs 10-60 % more step compile
-    time (``benchmarks/RESULTS.md``, issue 12).
+    Where the platform's choice says so (``dew.kernels.per_tap_weight_gradient``, set by
+    ``dew.runtime``: on CPUs where XLA's own is slow on large images), the weight gradient is
+    computed per kernel tap (``_conv_tap_weight_grad``); elsewhere XLA's is kept.
 
     On XLA:CPU the input, and in reverse mode the output's gradient, are each computed once into
     their own buffer (``dew.networks.materialize``) instead of being re-fused into every use; the
@@ -188,7 +160,7 @@ def conv(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
     """
     if w.shape[0] == 1 and w.shape[1] == 1 and pad == 0:
         return jnp.dot(x, w[0, 0])
-    if x.shape[1] * x.shape[2] >= TAPWISE_MIN_POSITIONS and xla_weight_grad_is_slow():
+    if kernels.per_tap_weight_gradient(x.shape[1] * x.shape[2]):
         convolve = _conv_tap_weight_grad
     else:
         convolve = _xla_conv

@@ -7,9 +7,26 @@ JAX starts, and nothing that a traced program computes.
 - ``compilation_cache``: JAX's persistent compilation cache;
 - ``precompile``: compiling a jitted program from abstract arguments in a background thread;
 - ``workdir_lock``: one live run per working directory;
-- ``start``: ``prepare`` / ``start``, the one call a command or a user's script makes before JAX
-  starts, and the ``config.runtime`` section it reads.
+- ``platform``: ``start``, the one call a command or a user's script makes before JAX starts,
+  the ``Platform`` it returns and the ``config.runtime`` section it reads.
 
 Layers above receive the platform's choices (``dew.kernels``); they never detect them. Names
 resolve lazily, so importing the package opens no backend.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {"start": "dew.runtime.platform", "Platform": "dew.runtime.platform"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dew.runtime' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = sorted(_EXPORTS)

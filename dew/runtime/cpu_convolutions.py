@@ -16,13 +16,13 @@ leaves XLA's default everywhere else (AVX-512 CPUs, where it makes no difference
 ARM, not measured with Eigen; accelerators, where the flag does nothing).
 
 The flag is read once, when JAX starts its CPU backend, so the choice is made before anything
-touches a device: ``python -m dew.main`` routes from ``config.mesh.cpu_convolutions``,
-``python -m dew.sample`` as ``auto``; a script that builds its own Trainer calls
-``route_convolutions`` first (or sets ``XLA_FLAGS`` itself: a flag already there always wins).
+touches a device: ``dew.runtime.platform`` routes from ``config.runtime.cpu_convolutions``
+(``python -m dew.main`` and ``python -m dew.sample`` call it, and so does a script that builds its
+own Trainer); ``XLA_FLAGS`` already setting the library always wins.
 The flag is experimental in XLA; it is added only when the installed jaxlib's XLA knows it, since
 XLA aborts the process on a flag it does not know. ``convolutions_on_ynnpack`` says, at trace
-time, which library this process's flags chose: the EDM layers take a per-tap weight gradient
-only where YNNPACK's is the slow one (``dew.networks.edm_layers.xla_weight_grad_is_slow``).
+time, which library this process's flags chose; ``weight_gradient_choice`` turns that and the CPU
+into the per-tap weight-gradient choice the EDM layers receive (``dew.kernels``).
 """
 
 from __future__ import annotations
@@ -106,6 +106,44 @@ def _backend_started() -> bool:
     return backend_started()
 
 
+#: Images with at least this many pixels (32×32 and up) take the per-tap weight gradient on CPUs
+#: where XLA's own is slow there (``weight_gradient_choice``).
+TAPWISE_MIN_POSITIONS = 1024
+
+
+def xla_weight_grad_is_slow(features: dict[str, bool] | None = None, xla_flags: str | None = None) -> bool:
+    """Whether XLA's convolution weight gradient degrades on large images here: YNNPACK's, on x86
+    CPUs without AVX-512.
+
+    Measured on three CPUs (``benchmarks/RESULTS.md``, issue 12), XLA:CPU's weight gradient of a
+    32×32 convolution through YNNPACK (XLA's default library) against the per-tap sum, and the
+    32×32×3 train step with each: AVX+FMA only, 7-8× slower per layer, the step 2.6× slower; AVX2
+    (Zen 2), 5.3× per layer, the step 1.9× slower; AVX-512 (avx512f/bw/bf16), the faster of the
+    two (per layer 2×, the step 1.13×). Where this process's convolutions run on Eigen instead
+    (the default on AVX2 CPUs without AVX-512) XLA's gradient is the faster again (per layer
+    75-84 against 163 ms on Zen 2). Other CPUs (ARM) keep XLA's gradient: not measured there.
+    """
+    if not convolutions_on_ynnpack(xla_flags):
+        return False
+    features = cpu_features() if features is None else features
+    return bool(features.get("AVX")) and not features.get("AVX512F")
+
+
+def weight_gradient_choice(features: dict[str, bool] | None = None, xla_flags: str | None = None):
+    """The ``dew.kernels.KernelChoice`` for this CPU and this process's convolution library: the
+    per-tap weight gradient from ``TAPWISE_MIN_POSITIONS`` pixels where ``xla_weight_grad_is_slow``,
+    else XLA's. On small images the two are within 2× of each other per layer, the whole
+    8×8/16×16 train step within ±4 %, and the per-tap form costs 10-60 % more step compile time."""
+    from dew.kernels import KernelChoice
+
+    if xla_weight_grad_is_slow(features, xla_flags):
+        return KernelChoice(
+            TAPWISE_MIN_POSITIONS,
+            f"per-tap from {TAPWISE_MIN_POSITIONS} pixels (YNNPACK's is slow on x86 without AVX-512)",
+        )
+    return KernelChoice(None, "XLA's weight gradient")
+
+
 def route_convolutions(choice: str = "auto") -> str:
     """Choose XLA:CPU's convolution library for this process by adding the flag to ``XLA_FLAGS``.
 
@@ -117,7 +155,7 @@ def route_convolutions(choice: str = "auto") -> str:
     """
     if choice not in CHOICES:
         raise ValueError(
-            f"config.mesh.cpu_convolutions must be one of {', '.join(map(repr, CHOICES))}, got {choice!r}"
+            f"config.runtime.cpu_convolutions must be one of {', '.join(map(repr, CHOICES))}, got {choice!r}"
         )
     flags = os.environ.get("XLA_FLAGS", "")
     chosen = library_in_flags(flags)
@@ -130,7 +168,7 @@ def route_convolutions(choice: str = "auto") -> str:
     if not xla_knows_the_flag():
         if choice == "eigen":
             raise ValueError(
-                "config.mesh.cpu_convolutions='eigen': this jaxlib's XLA has no "
+                "config.runtime.cpu_convolutions='eigen': this jaxlib's XLA has no "
                 f"{FLAG} flag; use 'auto' or 'ynnpack'"
             )
         return "ynnpack"

@@ -8,9 +8,9 @@ mesh's data axis, as on any multi-device machine) keeps them all busy: the 16x16
 train step runs 1.23x faster on two cores (``benchmarks/RESULTS.md``, issue 12).
 
 The device count is an XLA flag read once, when JAX starts its CPU backend, so it must be set
-before anything touches a device: ``python -m dew.main`` calls ``present_host_devices`` from
-``config.mesh.host_devices`` before building the Trainer; a script that builds its own Trainer
-calls it first (or sets ``XLA_FLAGS`` itself). It affects only the CPU platform: on a machine
+before anything touches a device: ``dew.runtime.platform`` presents ``config.runtime.host_devices``
+(``python -m dew.main`` calls it before building the Trainer, and so does a script that builds
+its own); ``XLA_FLAGS`` naming a count wins. It affects only the CPU platform: on a machine
 with accelerators the default devices are unchanged.
 """
 
@@ -19,10 +19,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import ml_collections
 
 FLAG = "--xla_force_host_platform_device_count"
 
@@ -76,13 +72,3 @@ def present_host_devices(count: int) -> int | None:
         return None
     os.environ["XLA_FLAGS"] = f"{flags} {FLAG}={count}".strip()
     return count
-
-
-def present_for_config(config: ml_collections.ConfigDict) -> int | None:
-    """``present_host_devices`` for a resolved run config: ``config.mesh.host_devices`` devices,
-    or (0) one per core as far as ``config.dataset.batch_size`` and ``config.eval.batch_size``
-    divide. Returns what ``present_host_devices`` returns."""
-    sizes = [config.dataset.batch_size]
-    if config.eval.batch_size is not None:
-        sizes.append(config.eval.batch_size)
-    return present_host_devices(host_device_count(config.mesh.host_devices, sizes))

@@ -19,7 +19,6 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dew.averaging.ema import leaf_path
-from dew.runtime import cpu_convolutions
 from dew.schema import Key, Section, at_least
 
 Rule = Callable[[str, tuple[int, ...]], PartitionSpec]
@@ -306,19 +305,6 @@ CONFIG = Section(
             0,
             "use only the first N devices (0: all of them, across every process)",
             **at_least(0, "an int >= 0 (0: all devices)"),
-        ),
-        "host_devices": Key(
-            0,
-            "CPU devices XLA presents, set by dew.main before JAX starts (0: one per core, as many "
-            "as the batch sizes divide; XLA_FLAGS naming a count wins; accelerators are unaffected)",
-            **at_least(0, "an int >= 0 (0: one per CPU core)"),
-        ),
-        "cpu_convolutions": Key(
-            "auto",
-            "XLA:CPU's convolution library, set by dew.main before JAX starts: 'eigen', 'ynnpack' "
-            "(XLA's default) or 'auto' (Eigen on x86 CPUs with AVX2 and without AVX-512, where it was "
-            "measured faster; dew.runtime.cpu_convolutions). XLA_FLAGS setting it wins",
-            choices=cpu_convolutions.CHOICES,
         ),
     },
 )

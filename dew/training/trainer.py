@@ -68,9 +68,14 @@ class Trainer:
     """
 
     def __init__(
-        self, config: ml_collections.ConfigDict, workdir: str, trackers: list[Tracker] | None = None
+        self,
+        config: ml_collections.ConfigDict,
+        workdir: str,
+        trackers: list[Tracker] | None = None,
+        *,
+        resolved: bool = False,
     ):
-        self.config = c = resolve_config(config)
+        self.config = c = config if resolved else resolve_config(config)
         self.workdir = check_workdir(workdir)
         # The mesh and the batch splits are checked first: bad input fails before any work.
         try:

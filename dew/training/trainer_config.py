@@ -15,6 +15,7 @@ import optax
 from dew.averaging import ema as ema_lib
 from dew.checkpointing import settings as checkpoint_config
 from dew.data import config as data_config
+from dew.runtime import platform as runtime_platform
 from dew.schema import ConfigError, Key, Section, at_least, resolve
 from dew.tracking import trackers as trackers_lib
 from dew.training import sharding
@@ -132,6 +133,7 @@ def config_schema() -> Section:
             "ema": ema_lib.CONFIG,
             "train": TRAIN_CONFIG,
             "mesh": sharding.CONFIG,
+            "runtime": runtime_platform.CONFIG,
             "checkpoint": checkpoint_config.CONFIG,
             "eval": EVAL_CONFIG,
             "preview": PREVIEW_CONFIG,

@@ -1,0 +1,105 @@
+"""``start``: the one call that sets up the process for a run, before JAX starts its backend.
+
+``python -m dew.main``, ``python -m dew.sample`` and a user's own script make it alike::
+
+    from dew.runtime import start
+    platform = start(config, workdir)   # before anything touches a device
+    trainer = Trainer(config, workdir)
+
+It presents the CPU host's devices (``host_devices``), routes XLA:CPU's convolutions
+(``cpu_convolutions``), hands the kernel choice that follows to the layers (``dew.kernels``) and
+turns on the persistent compilation cache (``compilation_cache``), each from ``config.runtime``.
+On an accelerator the CPU settings change nothing. Called after the backend has started, it
+changes no device setting (XLA read its flags already) and says so in ``Platform.lines``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from dew import kernels
+from dew.runtime import compilation_cache, cpu_convolutions, host_devices
+from dew.schema import Key, Section, at_least
+
+CONFIG = Section(
+    "the process and its platform, set up by dew.runtime.platform before JAX starts",
+    {
+        "host_devices": Key(
+            0,
+            "CPU devices XLA presents (0: one per core, as many as the batch sizes divide; XLA_FLAGS "
+            "naming a count wins; accelerators are unaffected)",
+            **at_least(0, "an int >= 0 (0: one per CPU core)"),
+        ),
+        "cpu_convolutions": Key(
+            "auto",
+            "XLA:CPU's convolution library: 'eigen', 'ynnpack' (XLA's default) or 'auto' (Eigen on x86 "
+            "CPUs with AVX2 and without AVX-512, where it was measured faster; "
+            "dew.runtime.cpu_convolutions). XLA_FLAGS setting it wins",
+            choices=cpu_convolutions.CHOICES,
+        ),
+        "compilation_cache": Key(
+            "",
+            "directory of JAX's persistent compilation cache ('': <workdir>/cache/jax; 'off': none; "
+            "JAX_COMPILATION_CACHE_DIR wins)",
+        ),
+    },
+)
+
+
+_DEFAULTS = {name: key.default for name, key in CONFIG.keys.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Platform:
+    """What ``start`` set up: the CPU devices it presented (None: left as they were), XLA:CPU's
+    convolution library, the kernel choice the layers receive, the compilation cache directory
+    (None: off)."""
+
+    host_devices: int | None
+    convolutions: str
+    kernels: kernels.KernelChoice
+    compilation_cache: str | None
+
+    def lines(self, data_parallel: int | None = None) -> list[str]:
+        """One line per choice, for a CPU run's log (``data_parallel``: the devices each batch is
+        split over)."""
+        out = []
+        if data_parallel and data_parallel > 1:
+            out.append(f"each batch is split over {data_parallel} CPU devices (config.runtime.host_devices)")
+        out.append(f"XLA:CPU runs convolutions with {self.convolutions} (config.runtime.cpu_convolutions)")
+        out.append(f"convolution weight gradients: {self.kernels.reason}")
+        return out
+
+
+def _batch_sizes(config: Any) -> list[int]:
+    sizes = []
+    if "dataset" in config and config.dataset.get("batch_size"):
+        sizes.append(config.dataset.batch_size)
+    if "eval" in config and config.eval.get("batch_size") is not None:
+        sizes.append(config.eval.batch_size)
+    return sizes
+
+
+def start(config: Any = None, workdir: str | None = None, *, present_devices: bool = True) -> Platform:
+    """Set up this process from a resolved run config's ``runtime`` section (None: its defaults)
+    and return what was chosen. ``workdir`` places the default compilation cache;
+    ``present_devices=False`` leaves the CPU device count as it is (a reader that samples on
+    one device, as ``python -m dew.sample`` does). Raises
+    ValueError for a setting this machine cannot honour (e.g. ``cpu_convolutions='eigen'`` on an
+    XLA without the flag), naming the key."""
+    section = config.runtime if config is not None and "runtime" in config else _DEFAULTS
+    presented = None
+    if present_devices:
+        count = host_devices.host_device_count(section["host_devices"], _batch_sizes(config or {}))
+        presented = host_devices.present_host_devices(count)
+    convolutions = cpu_convolutions.route_convolutions(section["cpu_convolutions"])
+    choice = cpu_convolutions.weight_gradient_choice()
+    kernels.set_choice(choice)
+    directory = compilation_cache.cache_directory(section["compilation_cache"], workdir)
+    if directory is not None:
+        compilation_cache.enable_compilation_cache(directory)
+    return Platform(presented, convolutions, choice, directory)
+
+
+__all__ = ["CONFIG", "Platform", "start"]
