@@ -56,6 +56,7 @@ sys.path.insert(0, ROOT)
 from dew.config import apply_overrides, load_config  # noqa: E402
 from dew.data import Dataset  # noqa: E402
 from dew.tracking.base import LoggingCategory  # noqa: E402
+from dew.training.calls import MultiStep  # noqa: E402
 from dew.training.loop import Stage, StepContext, fit  # noqa: E402
 from dew.training.trainer import Trainer  # noqa: E402
 
@@ -162,7 +163,7 @@ class ParkedFit(Stage):
     def _work(self, state: Any, step: Any, data: Any, num_steps: int) -> None:
         try:
             self._park()
-            fit(state, step, data, num_steps, [self], steps_per_call=self.k, multi_step_fn=self.multi)
+            fit(state, MultiStep(step, self.k, self.multi), data, num_steps, [self])
         except BaseException as e:  # reported on the main thread
             self.error = e
             self._done.set()
@@ -273,7 +274,7 @@ def main() -> None:
 
         timed(sides["bare"], w, body, record)
 
-    step = trainer._step  # the jitted, sharded dew step
+    step = trainer.programs.step  # the jitted, sharded dew step
     k = config.train.steps_per_call  # fit and the Trainer run k steps per call (plain: one)
     plain_data = Dataset(trainer.train_source, 256, seed=1)
     state_box["plain"] = trainer.init(jax.random.PRNGKey(3), trainer.example_batch())
@@ -295,7 +296,7 @@ def main() -> None:
         Dataset(trainer.train_source, 256, seed=2),
         windows=args.rounds + 1,
         k=k,
-        multi=trainer._multi_step,
+        multi=trainer.programs.multi_step,
     )
 
     def run_fit(record: bool) -> None:
@@ -308,12 +309,7 @@ def main() -> None:
         def body():
             state = state_box["fit/call"]
             state = fit(
-                state,
-                step,
-                fit_call_data,
-                int(state.step) + w,
-                steps_per_call=k,
-                multi_step_fn=trainer._multi_step,
+                state, MultiStep(step, k, trainer.programs.multi_step), fit_call_data, int(state.step) + w
             )
             state_box["fit/call"] = jax.block_until_ready(state)
 

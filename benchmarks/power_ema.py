@@ -51,7 +51,7 @@ def main() -> None:
     ]
     states = {}
     for name, (trainer, state) in sides.items():  # compile outside the timing
-        state, _ = trainer._step(state, batches[0])
+        state, _ = trainer.programs.step(state, batches[0])
         states[name] = jax.block_until_ready(state)
     times: dict[str, list[float]] = {"plain": [], "power": []}
     for r in range(args.rounds):

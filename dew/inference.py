@@ -111,7 +111,8 @@ def pipeline(source: str, *, step: int | None = None, raw: bool = False) -> Pipe
     import dew  # the registry fill: every objective, model and data set resolvable by name
     from dew.checkpointing.checkpoints import Checkpoints
     from dew.checkpointing.run_metadata import read_run_metadata
-    from dew.training.trainer import build_objective, open_split, resolve_config
+    from dew.training.build import build_objective, open_split
+    from dew.training.trainer_config import resolve_config
 
     del dew
     workdir, named = _locate(source)

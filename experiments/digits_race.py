@@ -75,7 +75,7 @@ def main() -> int:
     platform = start_runtime(config)  # as dew.main, without a compilation cache (a cold start)
     convolutions = platform.convolutions
     trainer = Trainer(config, args.workdir, resolved=True)
-    compiling = trainer.compile_step_in_background(placed_batches=True)  # as Trainer.run does
+    compiling = trainer.compile_step_in_background()  # as Trainer.run does
     state = trainer.init(jax.random.PRNGKey(config.seed), trainer.example_batch())
     compiling.wait()
     batches = iter(trainer.train_data)

@@ -66,7 +66,7 @@ local = {
     k: np.zeros((trainer.train_data.batch_size, *v.shape[1:]), v.dtype)
     for k, v in trainer.train_source.fields.items()
 }
-compiled = trainer._step.lower(state, trainer.layout.place_batch(local)).compile()
+compiled = trainer.programs.step.lower(state, trainer.layout.place_batch(local)).compile()
 distributed.global_state.client.wait_at_barrier("step_compiled", 600_000)
 
 

@@ -10,8 +10,10 @@ import optax
 import pytest
 
 from dew.training import loop as loop_lib
-from dew.training.loop import NonFiniteError, Stage, fit
+from dew.training.calls import MultiStep
+from dew.training.loop import Stage, fit
 from dew.training.metrics import DeviceSums
+from dew.training.nonfinite import NonFiniteError, NonFiniteGuard
 from dew.training.state import TrainState
 from dew.training.steps import global_norm
 
@@ -136,7 +138,7 @@ class Calls(Stage):
 def test_several_steps_per_call_give_the_single_steps_states_and_end_on_every_cadence():
     single = fit(toy_state(), toy_step(), batches(), 45, [Calls(10)])
     stage, other = Calls(10), Every(15)
-    multi = fit(toy_state(), toy_step(), batches(), 45, [stage, other], steps_per_call=4)
+    multi = fit(toy_state(), MultiStep(toy_step(), 4), batches(), 45, [stage, other])
     assert jax.tree.map(np.array_equal, single, multi) == jax.tree.map(lambda _: True, single)
     assert stage.runs == [10, 20, 30, 40, 45] and other.runs == [15, 30, 45]
     # Calls of 4 wherever no cadence (10, 15, 20, ...) or the end falls strictly inside one;
@@ -150,7 +152,7 @@ def test_several_steps_per_call_give_the_single_steps_states_and_end_on_every_ca
 def test_the_first_non_finite_step_inside_a_multi_step_call_is_named(every):
     # Step 12 is the fourth step of the call 9..12 (every=1000) or a single step (every=7).
     with pytest.raises(NonFiniteError, match="non-finite loss \\(nan\\) at step 12"):
-        fit(toy_state(), toy_step(nan_at=12), batches(), 30, [Every(every)], steps_per_call=4)
+        fit(toy_state(), MultiStep(toy_step(nan_at=12), 4), batches(), 30, [Every(every)])
 
 
 def test_the_skip_brake_counts_the_steps_of_multi_step_calls():
@@ -165,8 +167,8 @@ def test_the_skip_brake_counts_the_steps_of_multi_step_calls():
     messages = []
     for k in (1, 4):
         with pytest.raises(NonFiniteError) as caught:
-            options = {"nonfinite": "skip", "max_skipped": 0.5, "skip_window": 8, "steps_per_call": k}
-            fit(toy_state(), nan_from(3), batches(), 40, [], **options)
+            guard = NonFiniteGuard("skip", max_skipped=0.5, window=8)
+            fit(toy_state(), MultiStep(nan_from(3), k), batches(), 40, [], guard=guard)
         messages.append(str(caught.value))
     # Steps 3..8 of the first window of 8 are skipped: 6 > 4, stop at step 8, naming it.
     assert messages[0] == messages[1]

@@ -45,7 +45,7 @@ def test_meshes_1x1_8x1_4x2_give_the_same_run_with_the_requested_shardings(tmp_p
         for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(reference.params), strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=2e-6, err_msg=name)
         # Every step's output state sits exactly where the layout asked, on this mesh's devices.
-        expected = trainer.state_shardings
+        expected = trainer.programs.state_shardings
         for placed in placements:
             for got, want in zip(jax.tree.leaves(placed), jax.tree.leaves(expected), strict=True):
                 assert got == want, (name, got, want)

@@ -12,7 +12,7 @@ import pytest
 from conftest import tiny_config
 from helpers_trainer import trace_steps
 
-from dew.training.loop import NonFiniteError
+from dew.training.nonfinite import NonFiniteError
 from dew.training.trainer import Trainer
 
 BAD_STEP = 5

@@ -25,7 +25,7 @@ from typing import Any
 import jax
 
 from dew.data.dataset import Dataset
-from dew.training.loop import Stage, StepContext
+from dew.training.stage import Stage, StepContext
 
 EXIT_CODES = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}
 

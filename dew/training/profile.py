@@ -10,7 +10,7 @@ import jax
 
 from dew.schema import Key, Section, at_least
 from dew.telemetry.profile import profile
-from dew.training.loop import Stage, StepContext
+from dew.training.stage import Stage, StepContext
 
 
 @dataclasses.dataclass

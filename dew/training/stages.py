@@ -21,9 +21,10 @@ from dew.tracking.console import Progress
 from dew.tracking.media import artifact_files, write_atomically
 from dew.tracking.trackers import LoggingCategory, Tracker
 from dew.training.evaluation import Evaluation, evaluate
-from dew.training.loop import NONFINITE_FLAG, Stage, StepContext, next_multiple
 from dew.training.metrics import DeviceSums
+from dew.training.names import EVAL_LOSS, LOSS, NONFINITE_FLAG
 from dew.training.objective import Objective, check_artifact
+from dew.training.stage import Stage, StepContext, next_multiple
 from dew.training.state import TrainState, num_updates
 
 #: Step statistics that are counts: summed over a logging window, not averaged.
@@ -67,7 +68,7 @@ class MetricsStage(Stage):
         self.tracker.log(LoggingCategory.SYSTEM_METRICS, system, ctx.step)
         self._since, self._since_step = now, ctx.step
         if self.progress is not None:
-            self.progress.update(ctx.step, means.get("loss"))
+            self.progress.update(ctx.step, means.get(LOSS))
 
     def stop_early(self, ctx: StepContext) -> None:
         """Log the window so far, including the step the loop stopped at (not yet observed)."""
@@ -106,7 +107,7 @@ class EvalStage(Stage):
         )
         means.pop("num_batches")
         Evaluation.hosted(ctx.step, means).log(self.tracker)
-        ctx.reports["eval_loss"] = means["loss"]
+        ctx.reports[EVAL_LOSS] = means[LOSS]
 
 
 class PreviewStage(Stage):
@@ -182,7 +183,7 @@ class CheckpointStage(Stage):
 
     def observe(self, ctx: StepContext) -> None:
         # stages before this one ran already this step
-        self._latest.update({("loss" if k == "eval_loss" else k): float(v) for k, v in ctx.reports.items()})
+        self._latest.update({(LOSS if k == EVAL_LOSS else k): float(v) for k, v in ctx.reports.items()})
 
     def _local_due(self, ctx: StepContext) -> bool:
         local_every = self.checkpoints.local_every
@@ -216,7 +217,7 @@ class CheckpointStage(Stage):
             self._best_loss = float(metrics[self.checkpoints.best_metric]) if metrics else float("inf")
         if loss < self._best_loss:
             self._best_loss = loss
-            name = "eval_loss" if self.checkpoints.best_metric == "loss" else self.checkpoints.best_metric
+            name = EVAL_LOSS if self.checkpoints.best_metric == LOSS else self.checkpoints.best_metric
             self.tracker.log(LoggingCategory.BEST_MODEL, {name: loss, "step": step}, step)
 
     def stop_early(self, ctx: StepContext) -> None:

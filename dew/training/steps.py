@@ -17,15 +17,12 @@ import optax
 from dew.averaging import ema as ema_lib
 from dew.averaging.ema import EMASpec
 from dew.averaging.power_ema import PowerEMA
+from dew.training.names import GRAD_NORM, LOSS, NONFINITE_FLAG
 from dew.training.objective import Objective, Step
 from dew.training.state import TrainState, num_updates
 
 Batch = Mapping[str, jax.Array]
 Stats = dict[str, jax.Array]
-
-#: Non-finite policies: "stop" ends the run naming the step (fit raises), "skip" drops that
-#: update and counts it. Either way the step itself never applies a non-finite update.
-NONFINITE_POLICIES = ("stop", "skip")
 
 
 def _check_accumulation(accumulation: int) -> None:
@@ -144,7 +141,7 @@ def make_step(
             power_ema=power,
         )
         skipped = jnp.logical_not(finite).astype(jnp.int32)
-        return new_state, {**stats, "loss": loss, "grad_norm": grad_norm, "skipped_updates": skipped}
+        return new_state, {**stats, LOSS: loss, GRAD_NORM: grad_norm, NONFINITE_FLAG: skipped}
 
     return step
 

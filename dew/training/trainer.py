@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -15,46 +13,25 @@ import numpy as np
 
 from dew import registry
 from dew.averaging import ema as ema_lib
-from dew.averaging.ema import EMASpec
 from dew.averaging.power_ema import SNAPSHOT_DIR, PowerEMASnapshots, power_ema_from_config
 from dew.checkpointing.checkpoints import Checkpoints
-from dew.checkpointing.errors import CheckpointDamagedError, CheckpointRestorationError, first_line
-from dew.checkpointing.resume_check import (
-    ResumeMismatchError,
-    check_num_steps,
-    check_state,
-    data_layout_changes,
-    remap_position,
-)
-from dew.checkpointing.run_history import record_start, set_aside_records, writer_of
+from dew.checkpointing.restore import RestorePolicy
+from dew.checkpointing.run_history import record_start
 from dew.checkpointing.settings import checkpoint_settings
-from dew.data.dataset import DataPartition, Dataset
-from dew.runtime.precompile import BackgroundCompile, abstract_like
+from dew.runtime.precompile import BackgroundCompile
 from dew.schema import ConfigError
 from dew.tracking.console import Progress
 from dew.tracking.trackers import LoggingCategory, Tracker, Trackers, make_trackers
-from dew.training import sharding
+from dew.training.build import build_objective, datasets, mesh_and_layout, open_split
 from dew.training.loop import Stage, fit
+from dew.training.nonfinite import NonFiniteGuard
 from dew.training.objective import Objective
 from dew.training.preemption import PreemptionStage
 from dew.training.profile import ProfileWindow
-from dew.training.sharding import Layout
+from dew.training.programs import Programs, debiased_ema
 from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage, SnapshotStage
-from dew.training.state import TrainState, num_updates
-from dew.training.steps import (
-    abstract_state,
-    make_eval,
-    make_init,
-    make_multi_step,
-    make_step,
-)
-from dew.training.trainer_config import (
-    check_workdir,
-    config_schema,
-    make_optimizer,
-    resolve_config,
-    validate_config,
-)
+from dew.training.state import TrainState
+from dew.training.trainer_config import check_workdir, config_schema, make_optimizer, resolve_config
 
 
 class Trainer:
@@ -77,45 +54,40 @@ class Trainer:
     ):
         self.config = c = config if resolved else resolve_config(config)
         self.workdir = check_workdir(workdir)
-        # The mesh and the batch splits are checked first: bad input fails before any work.
-        try:
-            self.mesh = sharding.spec_from_config(c.mesh).mesh()
-            self.layout = Layout.for_mesh(self.mesh)
-        except ValueError as e:
-            raise ConfigError(f"config.mesh / config.dataset.batch_size: {e}") from e
-        share = DataPartition(jax.process_index(), jax.process_count())
-        local_batch = _local_batch(self.layout, share, c.dataset.batch_size, "dataset.batch_size")
-        # Evaluation batches: config.eval.batch_size, or the training batch when it is None.
-        eval_field = "dataset.batch_size" if c.eval.batch_size is None else "eval.batch_size"
-        local_eval_batch = (
-            local_batch
-            if c.eval.batch_size is None
-            else _local_batch(self.layout, share, c.eval.batch_size, eval_field)
+        self.mesh, self.layout = mesh_and_layout(c)  # bad input fails before any work
+        self.train_source, self.val_source = (
+            open_split(c.dataset, "train"),
+            open_split(c.dataset, "validation"),
         )
-        self.train_source = open_split(c.dataset, "train")
-        self.val_source = open_split(c.dataset, "validation")
-        self.train_data = _dataset(self.train_source, local_batch, c, share, shuffle=True)
-        self.val_data = _dataset(
-            self.val_source,
-            local_eval_batch,
-            c,
-            share,
-            shuffle=False,
-            field=eval_field,
-            hint=" (set config.eval.batch_size for a smaller validation batch)"
-            if c.eval.batch_size is None
-            else "",
-        )
+        self.train_data, self.val_data = datasets(c, self.layout, self.train_source, self.val_source)
         self.objective: Objective = build_objective(c, self.train_source)
         self.optimizer = make_optimizer(c)
-        self.ema = ema_lib.spec_from_config(c.ema)
+        self.ema, self.power_ema = ema_lib.spec_from_config(c.ema), power_ema_from_config(c)
         self.accumulation = c.train.accumulation
-        self.power_ema = power_ema_from_config(c)
-        init = make_init(
-            self.objective, self.optimizer, self.ema, accumulation=self.accumulation, power_ema=self.power_ema
-        )
+        self.programs = self._programs()
+        self.init, self.eval = self.programs.init, self.programs.eval
+        self.checkpoint_settings = cs = checkpoint_settings(c.checkpoint)
+        # Every checkpoint records the EMA it holds, so restore_ema debiases it on its own.
+        self.ema_record = ema_lib.record(self.ema, self.programs.abstract.params, self.accumulation)
+        self.checkpoints: Checkpoints | None = cs.checkpoints(self.workdir, ema=self.ema_record)  # None: off
+        self.restore = RestorePolicy(self.checkpoints, cs, self.workdir, c.to_dict(), c.dataset.batch_size)
+        self.extra_trackers = trackers or []
+        self._check_cadences()
+
+    def _programs(self) -> Programs:
+        c = self.config
         try:
-            abstract = abstract_state(init, self.example_batch())
+            programs = Programs(
+                self.objective,
+                self.optimizer,
+                self.ema,
+                self.layout,
+                self.example_batch(),
+                accumulation=self.accumulation,
+                power_ema=self.power_ema,
+                steps_per_call=c.train.steps_per_call,
+                places_ahead=bool(self.train_data.prefetch) or jax.process_count() > 1,
+            )
         except (ValueError, TypeError) as e:  # e.g. a convolutional model given 2D points
             raise ConfigError(
                 f"config.model (name={c.model.name!r}) / config.objective (name={c.objective.name!r}) cannot "
@@ -123,38 +95,10 @@ class Trainer:
                 f"{str(e).splitlines()[0] if str(e) else ''}"
             ) from None
         try:
-            self.ema.check(abstract.params)
+            self.ema.check(programs.abstract.params)
         except ValueError as e:
             raise ConfigError(f"config.ema.tracks={c.ema.tracks!r}: {e}") from e
-        self.state_shardings = self.layout.state_shardings(abstract)
-        self._abstract_state = abstract_like(abstract, self.state_shardings)  # what the step is given
-        self.init = self.layout.jit_init(init, abstract)
-        step = make_step(
-            self.objective, self.optimizer, self.ema, accumulation=self.accumulation, power_ema=self.power_ema
-        )
-        self._step = self.layout.jit_step(step, abstract)
-        k = c.train.steps_per_call  # > 1: k steps per dispatch (fit ends each call on the cadences)
-        self._multi_step = None
-        if k > 1:
-            self._multi_step = self.layout.jit_multi_step(make_multi_step(step, k), abstract, k)
-        self.eval = jax.jit(
-            make_eval(self.objective, self.ema, accumulation=self.accumulation),
-            in_shardings=(self.state_shardings, self.layout.batch_sharding, self.layout.replicated),
-            out_shardings=self.layout.replicated,
-        )
-        self._debiased = jax.jit(
-            functools.partial(_debias, spec=self.ema, accumulation=self.accumulation),
-            in_shardings=(self.state_shardings.ema, self.layout.replicated),
-            out_shardings=self.layout.replicated,
-        )
-        self.checkpoint_settings = cs = checkpoint_settings(c.checkpoint)
-        # Every checkpoint records the EMA it holds, so restore_ema debiases it on its own.
-        self.ema_record = ema_lib.record(self.ema, abstract.params, self.accumulation)
-        # None when config.checkpoint.every is None or 0 (no checkpointer).
-        self.checkpoints: Checkpoints | None = cs.checkpoints(self.workdir, ema=self.ema_record)
-        self.restored_step: int | None = None  # set by initial_state
-        self.extra_trackers = trackers or []
-        self._check_cadences()
+        return programs
 
     def _check_cadences(self) -> None:
         c = self.config
@@ -188,9 +132,9 @@ class Trainer:
     def step(
         self, state: TrainState, batch: dict[str, np.ndarray]
     ) -> tuple[TrainState, dict[str, jax.Array]]:
-        """The jitted, sharded train step on this process's share of a batch (placed on the
-        mesh's batch axes first). ``state`` is donated: use the returned one."""
-        return self._step(state, self.layout.place_batch(batch))
+        """The jitted, sharded train step on this process's share of a batch, placed as ``fit``
+        places it (``Programs.place``). ``state`` is donated: use the returned one."""
+        return self.programs.step(state, self.programs.place(batch))
 
     def example_batch(self) -> dict[str, np.ndarray]:
         """A batch of the training shapes (zeros): for init and templates, consumes no data."""
@@ -207,133 +151,21 @@ class Trainer:
 
     def preview_params(self, state: TrainState) -> Any:
         """The debiased EMA, jitted and replicated on every device: what previews are drawn from."""
-        return self._debiased(state.ema, state.step)
+        return self.programs.debiased(state.ema, state.step)
+
+    def fresh_state(self) -> TrainState:
+        """The state of step 0, from ``config.seed``."""
+        return self.init(jax.random.PRNGKey(self.config.seed), self.example_batch())
 
     def initial_state(self) -> TrainState:
-        """The state the run starts from, as ``config.checkpoint`` asks.
+        """The state the run starts from, as ``config.checkpoint`` asks (``RestorePolicy``: the
+        latest checkpoint of this run or of ``restore_dir`` with its data position, or fresh)."""
+        return self.restore.initial_state(self.fresh_state, self.programs.template, self.train_data)
 
-        With ``restore_checkpoint_if_exists`` (the default) or ``step_to_restore``: the latest
-        (or that) checkpoint of this run, or of ``restore_dir`` while this run has none yet,
-        with its data position; ``restore_optimizer_state`` / ``restore_rng_key`` set to False
-        keep the fresh state's values. ``clear_previous_checkpoints`` deletes this run's
-        checkpoints first. A run that does not restore refuses a directory that holds checkpoints.
-        """
-        s = self.checkpoint_settings
-
-        def fresh() -> TrainState:
-            return self.init(jax.random.PRNGKey(self.config.seed), self.example_batch())
-
-        if self.checkpoints is None:  # checkpointing off (a restore request was refused by the config)
-            return fresh()
-        if s.clear_previous_checkpoints:
-            self.checkpoints.clear()
-            aside = set_aside_records(self.workdir)
-            if aside:
-                print(f"previous tracking and previews moved to {aside}", flush=True)
-        if not s.restores:
-            latest = self.checkpoints.latest_step()
-            if latest is not None:
-                raise CheckpointRestorationError(
-                    f"{self.checkpoints.directory} already holds checkpoints (latest step "
-                    f"{latest}) and config.checkpoint.restore_checkpoint_if_exists=False: "
-                    "set clear_previous_checkpoints=True to start over, or choose another --workdir"
-                )
-            return fresh()
-        source = self.checkpoints
-        if s.restore_dir is not None and self.checkpoints.latest_step() is None:
-            source = Checkpoints(s.restore_dir, read_only=True)
-        if s.step_to_restore is None and source.latest_step() is None:
-            return fresh()
-        if source is self.checkpoints and s.step_to_restore is not None:
-            # Rolling back: the newer steps are moved aside or deleted (and logged), so this
-            # run's saves never collide with the abandoned continuation's.
-            self.checkpoints.roll_back(s.step_to_restore, how=s.on_rollback)
-        step = s.step_to_restore if s.step_to_restore is not None else source.latest_step()
-        # The latest step may be damaged or incomplete: say so, set it aside (never delete it)
-        # and fall back to the newest intact one. A step asked for by number is not replaced.
-        falls_back = s.step_to_restore is None and source is self.checkpoints
-        while True:
-            try:
-                state, position, written_by = self._restore_step(source, step, fresh)
-                break
-            except CheckpointDamagedError as e:
-                if not falls_back:
-                    raise
-                aside = source.set_aside_damaged(step)
-                newer = source.latest_step()
-                print(
-                    f"checkpoint step {step} is damaged or incomplete, kept aside in {aside}; resuming "
-                    f"from {'the start' if newer is None else f'step {newer}'} ({first_line(e)})",
-                    flush=True,
-                )
-                if newer is None:
-                    return fresh()
-                step = newer
-        if position is not None:
-            self._read_position(position, written_by, step)
-        elif source is self.checkpoints:
-            raise CheckpointRestorationError(
-                f"checkpoint step {step} ({source.path(step)}) holds no data position (its 'data' "
-                "item is missing): resuming would silently restart the data stream from its first "
-                "batch. Restore another step with config.checkpoint.step_to_restore, or start over"
-            )
-        self.restored_step = int(jax.device_get(state.step))
-        return state
-
-    def _restore_step(
-        self, source: Checkpoints, step: int, fresh: Callable[[], TrainState]
-    ) -> tuple[TrainState, bytes | None, dict[str, Any] | None]:
-        """Verify ``step``'s checksums, check it fits this config, then read it: the state, the
-        data position, and run.json's record of the start that wrote it."""
-        s = self.checkpoint_settings
-        source.verify(step)
-        written_by = writer_of(self.workdir, step) if source is self.checkpoints else None
-        template = abstract_state(self.init, self.example_batch())
-        check_state(
-            source.stored(step),
-            template,
-            step,
-            source.path(step),
-            None if written_by is None else written_by["config"],
-            self.config.to_dict(),
-        )
-        share = self.train_data.share
-        if s.restore_optimizer_state and s.restore_rng_key:
-            state, position = source.restore(template, step, share=share)
-        else:
-            state, position = source.resume(
-                fresh(),
-                step,
-                share=share,
-                restore_optimizer_state=s.restore_optimizer_state,
-                restore_rng_key=s.restore_rng_key,
-            )
-        return state, position, written_by
-
-    def _read_position(self, position: bytes, written_by: dict[str, Any] | None, step: int) -> None:
-        """Continue the data stream from a checkpoint's position, carried over by example index
-        when run.json says it was written with another batch size or process count."""
-        batch_size, processes = self.config.dataset.batch_size, self.train_data.share.count
-        old_batch, old_processes = data_layout_changes(written_by, batch_size, processes)
-        if old_batch is not None:
-            position, account = remap_position(
-                position, old_batch, batch_size, self.train_data.batches_per_epoch
-            )
-            print(f"config.dataset.batch_size: {old_batch} -> {batch_size}; {account}", flush=True)
-        elif old_processes is not None:
-            print(
-                f"number of processes changed from {old_processes} to {processes} (global batch "
-                f"{batch_size} unchanged): the data position counts global batches and carries over",
-                flush=True,
-            )
-        try:
-            self.train_data.read_position(position)
-        except ValueError as e:
-            was = f" (written with batch size {old_batch})" if old_batch else ""
-            raise ResumeMismatchError(
-                f"cannot resume from step {step}: its data position{was} does not fit "
-                f"config.dataset.batch_size={batch_size} on {processes} process(es): {e}"
-            ) from None
+    @property
+    def restored_step(self) -> int | None:
+        """The step ``initial_state`` restored (None: a fresh start, or not called yet)."""
+        return self.restore.restored_step
 
     def tracker(self, start: int | None = None) -> Trackers:
         """The configured trackers under ``workdir/tracking``, plus any passed in. When the run
@@ -356,16 +188,20 @@ class Trainer:
         return trackers
 
     def stages(self, tracker: Tracker) -> list[Stage]:
-        """The side-effect stages, in order: metrics, evaluation (``eval.every``), previews
-        (``preview.every``), checkpoints (ranked by the latest evaluation loss), profiling."""
+        """The side-effect stages, in the order ``fit`` runs them each step: metrics, evaluation
+        (``eval.every``; its loss ranks the checkpoint saved after it), previews
+        (``preview.every``), checkpoints, power-EMA snapshots, profiling, and last the
+        preemption stage (so the step's own stages, its periodic save, have run when a signal
+        stops it)."""
         c = self.config
         progress = Progress(c.train.num_steps, c.dataset.batch_size)
         stages: list[Stage] = [MetricsStage(tracker, c.train.log_every, c.dataset.batch_size, progress)]
         if c.eval.every:
+            batches = self.val_data.first(c.eval.num_batches)
             stages.append(
                 EvalStage(
                     self.eval,
-                    self.val_data.first(c.eval.num_batches),
+                    batches,
                     tracker,
                     c.eval.every,
                     seed=c.seed,
@@ -373,14 +209,16 @@ class Trainer:
                 )
             )
         if c.preview.every:
+            metrics = {name: registry.metrics[name] for name in c.preview.metrics}
+            previews = os.path.join(self.workdir, "previews")
             stages.append(
                 PreviewStage(
                     self.objective,
                     self.preview_params,
-                    os.path.join(self.workdir, "previews"),
+                    previews,
                     tracker,
                     c.preview.every,
-                    metrics={name: registry.metrics[name] for name in c.preview.metrics},
+                    metrics=metrics,
                     seed=c.seed,
                 )
             )
@@ -391,9 +229,16 @@ class Trainer:
         if c.profile.steps:
             directory = c.profile.directory or os.path.join(self.workdir, "profile")
             stages.append(ProfileWindow(c.profile.steps, directory, warmup=c.profile.warmup))
-        # Last, so the step's own stages (its periodic save) have run when a signal stops it.
         stages.append(PreemptionStage(self.checkpoints, self.train_data))
         return stages
+
+    def guard(self) -> NonFiniteGuard:
+        """The non-finite policy ``config.train`` asks for (``nonfinite``, ``max_skipped`` over
+        windows of ``log_every`` steps), naming the newest checkpoint when it stops the run."""
+        t = self.config.train
+        return NonFiniteGuard(
+            t.nonfinite, last_good=self.last_good_checkpoint, max_skipped=t.max_skipped, window=t.log_every
+        )
 
     def power_ema_snapshots(self) -> PowerEMASnapshots:
         """The run's post-hoc EMA snapshot store, ``<workdir>/power_ema``."""
@@ -408,38 +253,19 @@ class Trainer:
     def check_resumable(self) -> None:
         """Bad input a resume would only find later, checked before anything is written:
         ``num_steps`` below the step to resume from (``ResumeMismatchError``)."""
-        s = self.checkpoint_settings
-        if self.checkpoints is None or s.clear_previous_checkpoints or not s.restores:
-            return
-        step = s.step_to_restore if s.step_to_restore is not None else self.checkpoints.latest_step()
-        if step is not None:
-            check_num_steps(self.config.train.num_steps, step, self.checkpoints.path(step))
+        self.restore.check_resumable(self.config.train.num_steps)
 
-    def compile_step_in_background(self, placed_batches: bool | None = None) -> BackgroundCompile:
-        """Start compiling the program the run's first step calls (the ``steps_per_call``
-        program when that is > 1), from the state's and a batch's shapes, in a thread; the
-        first call finds it compiled once ``wait()`` returned (``dew.runtime.precompile``).
-
-        The program is looked up by its arguments' shardings too: ``placed_batches`` says
-        whether the calls pass batches already on the mesh (``Trainer.step`` does), else host
-        arrays; None: as ``run`` passes them (placed where a thread prepares them ahead)."""
-        placed = self._run_places_batches() if placed_batches is None else placed_batches
-        batch = abstract_like(self.example_batch(), self.layout.batch_sharding if placed else None)
-        if self._multi_step is not None:
-            batches = (batch,) * self.config.train.steps_per_call
-            return BackgroundCompile(self._multi_step, self._abstract_state, batches)
-        return BackgroundCompile(self._step, self._abstract_state, batch)
-
-    def _run_places_batches(self) -> bool:
-        """Whether ``run`` hands the step batches already on the mesh: where a thread prepares
-        them ahead, or several processes build global arrays from their shares."""
-        return bool(self.train_data.prefetch) or jax.process_count() > 1
+    def compile_step_in_background(self) -> BackgroundCompile:
+        """Start compiling the program the run's first call runs, in a thread
+        (``Programs.compile_in_background``); ``wait()`` before the first call."""
+        return self.programs.compile_in_background()
 
     def run(self) -> TrainState:
+        """Train from ``initial_state`` to ``config.train.num_steps`` with ``fit`` and the
+        configured stages; return the final state."""
         self.check_resumable()
         os.makedirs(self.workdir, exist_ok=True)
-        # The step compiles while the state is initialised or read back (start-up overlap).
-        compiling = self.compile_step_in_background()
+        compiling = self.compile_step_in_background()  # overlaps the state's init or restore
         state = self.initial_state()
         start = int(jax.device_get(state.step))
         if start:
@@ -449,34 +275,23 @@ class Trainer:
             store.discard_after(start)
             store.close()
         if jax.process_index() == 0:
+            extra = {"ema": self.ema_record}
             record_start(
-                self.workdir,
-                self.config.to_dict(),
-                start,
-                processes=jax.process_count(),
-                extra={"ema": self.ema_record},
+                self.workdir, self.config.to_dict(), start, processes=jax.process_count(), extra=extra
             )
         tracker = self.tracker(start)
-        # Host batches go straight into the jitted step, which places them on the mesh in C++
-        # (a Python device_put costs the host more than the copy it would hide). Where a
-        # background thread prepares batches (lazily read sources) it also places them, ahead
-        # of use; several processes build global arrays from their shares before the step.
-        if self._run_places_batches():
+        if self.programs.places_ahead:  # the data stream's thread places batches ahead of use
             self.train_data.set_placement(self.layout.place_batch)
         try:
             compiling.wait()
+            calls = self.programs.calls()
             state = fit(
                 state,
-                self._step,
+                calls,
                 iter(self.train_data),
                 self.config.train.num_steps,
                 self.stages(tracker),
-                nonfinite=self.config.train.nonfinite,
-                last_good=self.last_good_checkpoint,
-                max_skipped=self.config.train.max_skipped,
-                skip_window=self.config.train.log_every,
-                steps_per_call=self.config.train.steps_per_call,
-                multi_step_fn=self._multi_step,
+                guard=self.guard(),
             )
         finally:
             self.train_data.set_placement(None)
@@ -484,86 +299,4 @@ class Trainer:
         return state
 
 
-def _debias(ema: Any, step: jax.Array, *, spec: EMASpec, accumulation: int) -> Any:
-    return ema_lib.debias(ema, spec, num_updates(step, accumulation))
-
-
-def debiased_ema(state: TrainState, decay: float | EMASpec, accumulation: int = 1) -> Any:
-    """The EMA parameters a user samples or exports with (``decay``: the run's EMASpec or β;
-    ``Trainer.debiased_ema`` passes the run's own)."""
-    return ema_lib.debias(state.ema, decay, num_updates(int(jax.device_get(state.step)), accumulation))
-
-
-# --- building the pieces a config names --------------------------------------------------------------
-def open_split(section: ml_collections.ConfigDict, split: str) -> Any:
-    """The ``split`` of the registered source ``config.dataset`` names, with its options; a
-    source that cannot be opened is a ``ConfigError`` naming the data set."""
-    options = {k: v for k, v in section.items() if k not in ("name", "batch_size")}
-    try:
-        return registry.datasets[section.name](split, **options)
-    except ConfigError:
-        raise
-    except (ValueError, KeyError, OSError, TypeError) as e:
-        message = e.args[0] if isinstance(e, KeyError) and e.args else e
-        raise ConfigError(
-            f"config.dataset.name={section.name!r}: cannot open its {split!r} split "
-            f"({type(e).__name__}: {message})"
-        ) from None
-
-
-def _local_batch(layout: Layout, share: DataPartition, size: int, field: str) -> int:
-    """This process's share of a global batch of ``size`` (``config.<field>``); a size the mesh's
-    data-parallel axes or the process count do not divide is a ``ConfigError`` naming the field."""
-    try:
-        layout.check_batch(size, f"config.{field}")
-    except ValueError as e:
-        raise ConfigError(f"config.mesh / config.{field}: {e}") from e
-    if size % share.count:
-        raise ConfigError(
-            f"config.{field}={size} is invalid: expected a multiple of the "
-            f"{share.count} processes (each reads an equal share)"
-        )
-    return size // share.count
-
-
-def _dataset(
-    source: Any,
-    local_batch: int,
-    c: ml_collections.ConfigDict,
-    share: DataPartition,
-    *,
-    shuffle: bool,
-    field: str = "dataset.batch_size",
-    hint: str = "",
-):
-    try:
-        return Dataset(source, local_batch, seed=c.seed, share=share, shuffle=shuffle)
-    except ValueError as e:
-        value = local_batch * share.count
-        raise ConfigError(f"config.{field}={value} is invalid: {e}{hint}") from None
-
-
-def build_objective(config: ml_collections.ConfigDict, source: Any) -> Objective:
-    """``config.objective.name``'s objective, built by its ``from_config``; a ValueError it raises
-    about the config becomes a ``ConfigError``."""
-    component = registry.objectives[config.objective.name]
-    try:
-        objective = component.from_config(config, source)
-    except ConfigError:
-        raise
-    except ValueError as e:
-        raise ConfigError(f"config.objective (name={config.objective.name!r}): {e}") from None
-    if not isinstance(objective, Objective):
-        raise TypeError(f"{component!r}.from_config returned {type(objective).__name__}, not an Objective")
-    return objective
-
-
-__all__ = [
-    "Trainer",
-    "check_workdir",
-    "config_schema",
-    "debiased_ema",
-    "make_optimizer",
-    "resolve_config",
-    "validate_config",
-]
+__all__ = ["Trainer", "check_workdir", "config_schema", "debiased_ema", "make_optimizer", "resolve_config"]

@@ -19,9 +19,9 @@ from dew.runtime import platform as runtime_platform
 from dew.schema import ConfigError, Key, Section, at_least, resolve
 from dew.tracking import trackers as trackers_lib
 from dew.training import sharding
+from dew.training.nonfinite import POLICIES as NONFINITE_POLICIES
 from dew.training.objective import MODEL_CONFIG, OBJECTIVE_CONFIG
 from dew.training.profile import CONFIG as PROFILE_CONFIG
-from dew.training.steps import NONFINITE_POLICIES
 
 
 def _finite(value: Any) -> bool:
@@ -150,11 +150,6 @@ def resolve_config(
     (omitted ones take their defaults), or a ``ConfigError`` naming the first bad key."""
     resolved, _ = resolve(config_schema(), config, overrides)
     return resolved
-
-
-def validate_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """Check a config before any work (``resolve_config`` without overrides)."""
-    return resolve_config(config)
 
 
 def check_workdir(workdir: str) -> str:

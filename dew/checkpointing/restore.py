@@ -1,0 +1,199 @@
+"""``RestorePolicy``: which state a run starts from, as ``config.checkpoint`` asks, in one place.
+
+The Trainer builds one and asks it for the initial state; a user's own loop can do the same. The
+policy, in order:
+
+1. ``clear_previous_checkpoints``: this run's checkpoints are deleted first (its tracking and
+   previews moved aside);
+2. a run that does not restore (``restore_checkpoint_if_exists=False`` and no
+   ``step_to_restore``) refuses a directory that holds checkpoints;
+3. the source is this run's checkpoints, or ``restore_dir``'s while this run has none;
+4. ``step_to_restore`` below the latest rolls back (newer steps moved aside or deleted);
+5. the latest step may be damaged or incomplete: it is set aside (never deleted) and the newest
+   intact one is used; a step asked for by number is never replaced;
+6. the step is verified, checked against this config (shapes, dtypes, the config it was
+   written with), read (``restore_optimizer_state`` / ``restore_rng_key`` False keep the fresh
+   state's values), and its data position handed to the data stream, carried over by example
+   index when the batch size or process count changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import jax
+
+from dew.checkpointing.checkpoints import Checkpoints
+from dew.checkpointing.errors import CheckpointDamagedError, CheckpointRestorationError, first_line
+from dew.checkpointing.resume_check import (
+    ResumeMismatchError,
+    check_num_steps,
+    check_state,
+    data_layout_changes,
+    remap_position,
+)
+from dew.checkpointing.run_history import set_aside_records, writer_of
+from dew.checkpointing.settings import CheckpointSettings
+from dew.data.dataset import DataPartition
+
+
+class DataStream(Protocol):
+    """What the policy needs of the run's training data: its share, its epoch length and the
+    means to continue from a saved position (``dew.data.Dataset``)."""
+
+    share: DataPartition
+    batches_per_epoch: int
+
+    def read_position(self, position: bytes) -> None: ...
+
+
+@dataclasses.dataclass
+class RestorePolicy:
+    """The restore policy of one run (the module docstring lists it).
+
+    ``checkpoints``: the run's own (None: checkpointing off, always a fresh start);
+    ``settings``: ``config.checkpoint``; ``workdir``: where ``run.json`` says which config wrote
+    each step; ``config``: this run's resolved config as a dict; ``batch_size``: its global batch.
+    ``restored_step`` is set by ``initial_state`` (None: a fresh start).
+    """
+
+    checkpoints: Checkpoints | None
+    settings: CheckpointSettings
+    workdir: str
+    config: dict[str, Any]
+    batch_size: int
+    restored_step: int | None = None
+
+    def check_resumable(self, num_steps: int) -> None:
+        """Bad input a resume would only find later, checked before anything is written:
+        ``num_steps`` below the step to resume from (``ResumeMismatchError``)."""
+        s = self.settings
+        if self.checkpoints is None or s.clear_previous_checkpoints or not s.restores:
+            return
+        step = s.step_to_restore if s.step_to_restore is not None else self.checkpoints.latest_step()
+        if step is not None:
+            check_num_steps(num_steps, step, self.checkpoints.path(step))
+
+    def initial_state(self, fresh: Callable[[], Any], template: Callable[[], Any], data: DataStream) -> Any:
+        """The state the run starts from: ``fresh()`` or a checkpoint read against
+        ``template()`` (abstract arrays with the run's shardings), with ``data`` moved to the
+        checkpoint's position."""
+        s = self.settings
+        if self.checkpoints is None:
+            return fresh()
+        if s.clear_previous_checkpoints:
+            self.checkpoints.clear()
+            aside = set_aside_records(self.workdir)
+            if aside:
+                print(f"previous tracking and previews moved to {aside}", flush=True)
+        if not s.restores:
+            latest = self.checkpoints.latest_step()
+            if latest is not None:
+                raise CheckpointRestorationError(
+                    f"{self.checkpoints.directory} already holds checkpoints (latest step "
+                    f"{latest}) and config.checkpoint.restore_checkpoint_if_exists=False: "
+                    "set clear_previous_checkpoints=True to start over, or choose another --workdir"
+                )
+            return fresh()
+        source = self.checkpoints
+        if s.restore_dir is not None and self.checkpoints.latest_step() is None:
+            source = Checkpoints(s.restore_dir, read_only=True)
+        if s.step_to_restore is None and source.latest_step() is None:
+            return fresh()
+        if source is self.checkpoints and s.step_to_restore is not None:
+            # Rolling back: the newer steps are moved aside or deleted (and logged), so this
+            # run's saves never collide with the abandoned continuation's.
+            self.checkpoints.roll_back(s.step_to_restore, how=s.on_rollback)
+        step = s.step_to_restore if s.step_to_restore is not None else source.latest_step()
+        falls_back = s.step_to_restore is None and source is self.checkpoints
+        while True:
+            try:
+                state, position, written_by = self._read(source, step, fresh, template, data.share)
+                break
+            except CheckpointDamagedError as e:
+                if not falls_back:
+                    raise
+                aside = source.set_aside_damaged(step)
+                newer = source.latest_step()
+                print(
+                    f"checkpoint step {step} is damaged or incomplete, kept aside in {aside}; resuming "
+                    f"from {'the start' if newer is None else f'step {newer}'} ({first_line(e)})",
+                    flush=True,
+                )
+                if newer is None:
+                    return fresh()
+                step = newer
+        if position is not None:
+            self._continue_data(data, position, written_by, step)
+        elif source is self.checkpoints:
+            raise CheckpointRestorationError(
+                f"checkpoint step {step} ({source.path(step)}) holds no data position (its 'data' "
+                "item is missing): resuming would silently restart the data stream from its first "
+                "batch. Restore another step with config.checkpoint.step_to_restore, or start over"
+            )
+        self.restored_step = int(jax.device_get(state.step))
+        return state
+
+    def _read(
+        self,
+        source: Checkpoints,
+        step: int,
+        fresh: Callable[[], Any],
+        template: Callable[[], Any],
+        share: DataPartition,
+    ) -> tuple[Any, bytes | None, dict[str, Any] | None]:
+        """Verify ``step``'s checksums, check it fits this config, then read it: the state, the
+        data position, and run.json's record of the start that wrote it."""
+        s = self.settings
+        source.verify(step)
+        written_by = writer_of(self.workdir, step) if source is self.checkpoints else None
+        wanted = template()
+        check_state(
+            source.stored(step),
+            wanted,
+            step,
+            source.path(step),
+            None if written_by is None else written_by["config"],
+            self.config,
+        )
+        if s.restore_optimizer_state and s.restore_rng_key:
+            state, position = source.restore(wanted, step, share=share)
+        else:
+            state, position = source.resume(
+                fresh(),
+                step,
+                share=share,
+                restore_optimizer_state=s.restore_optimizer_state,
+                restore_rng_key=s.restore_rng_key,
+            )
+        return state, position, written_by
+
+    def _continue_data(
+        self, data: DataStream, position: bytes, written_by: dict[str, Any] | None, step: int
+    ) -> None:
+        """Continue the data stream from a checkpoint's position, carried over by example index
+        when run.json says it was written with another batch size or process count."""
+        batch_size, processes = self.batch_size, data.share.count
+        old_batch, old_processes = data_layout_changes(written_by, batch_size, processes)
+        if old_batch is not None:
+            position, account = remap_position(position, old_batch, batch_size, data.batches_per_epoch)
+            print(f"config.dataset.batch_size: {old_batch} -> {batch_size}; {account}", flush=True)
+        elif old_processes is not None:
+            print(
+                f"number of processes changed from {old_processes} to {processes} (global batch "
+                f"{batch_size} unchanged): the data position counts global batches and carries over",
+                flush=True,
+            )
+        try:
+            data.read_position(position)
+        except ValueError as e:
+            was = f" (written with batch size {old_batch})" if old_batch else ""
+            raise ResumeMismatchError(
+                f"cannot resume from step {step}: its data position{was} does not fit "
+                f"config.dataset.batch_size={batch_size} on {processes} process(es): {e}"
+            ) from None
+
+
+__all__ = ["DataStream", "RestorePolicy"]

@@ -1,0 +1,17 @@
+"""The names the pure step, ``fit`` and the stages agree on: the statistics every train step
+returns and the reports one stage leaves for the next in the same step (``StepContext.reports``).
+Each is written once here and imported where it is produced and where it is read."""
+
+from __future__ import annotations
+
+#: The train step's statistics: the loss, the global gradient norm, and the flag (0 or 1 per
+#: step) of an update dropped because its loss or gradient was not finite.
+LOSS = "loss"
+GRAD_NORM = "grad_norm"
+NONFINITE_FLAG = "skipped_updates"
+
+#: The report evaluation leaves for the checkpoint stage: the held-out loss. Checkpoints ranked
+#: by ``best_metric="loss"`` rank by it; a preview metric's report is its own name.
+EVAL_LOSS = "eval_loss"
+
+__all__ = ["EVAL_LOSS", "GRAD_NORM", "LOSS", "NONFINITE_FLAG"]
