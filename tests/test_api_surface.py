@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import re
 import subprocess
 import sys
 
@@ -130,16 +129,3 @@ def test_pipeline_is_built_and_refuses_a_source_that_is_not_a_run(tmp_path):
 
     with pytest.raises(PipelineError, match=r"is not a dew run: no run\.json"):
         dew.pipeline(str(tmp_path))
-
-
-def test_the_training_layer_speaks_no_diffusion():
-    """The Trainer knows the Objective contract and nothing else: no σ, preset, solver or
-    guidance anywhere under dew/training/ (code, comments or docs)."""
-    words = re.compile(r"σ|(?i:sigma|preset|solver|guidance)")  # case-sensitive σ: Σ is a sum
-    found = [
-        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
-        for path in sorted((ROOT / "dew" / "training").rglob("*.py"))
-        for n, line in enumerate(path.read_text().splitlines(), 1)
-        if words.search(line)
-    ]
-    assert found == []
