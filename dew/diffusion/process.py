@@ -31,9 +31,53 @@ from dew.diffusion import schedules, targets
 
 Array = jax.Array
 
-TRAINING_NOISE = ("lognormal", "loguniform", "vp")
-INPUT_SCALINGS = ("variance", "none", "flow")
-NOISE_EMBEDDINGS = ("edm", "vp", "ve", "flow")
+#: c_in(σ) by ``input_scaling`` (Table 1, "Network and preconditioning").
+INPUT_SCALING: dict[str, Callable[[Process, Array], Array]] = {
+    "variance": lambda p, s: 1.0 / jnp.sqrt(s**2 + p.sigma_data**2),
+    "none": lambda p, s: jnp.ones_like(s),
+    "flow": lambda p, s: 1.0 / (1.0 + s),
+}
+
+#: c_noise(σ) by ``noise_embedding``.
+NOISE_EMBEDDING: dict[str, Callable[[Process, Array], Array]] = {
+    "edm": lambda p, s: jnp.log(s) / 4.0,
+    "vp": lambda p, s: (p.m - 1) * schedules.vp_time(s, p.beta_d, p.beta_min),
+    "ve": lambda p, s: jnp.log(0.5 * s),
+    "flow": lambda p, s: 1000.0 * s / (1.0 + s),
+}
+
+
+def _lognormal(p: Process, rng: Array, batch: int) -> Array:
+    return jnp.exp(p.p_mean + p.p_std * jax.random.normal(rng, (batch,)))
+
+
+def _loguniform(p: Process, rng: Array, batch: int) -> Array:
+    lo, hi = jnp.log(p.sigma_min), jnp.log(p.sigma_max)
+    return jnp.exp(jax.random.uniform(rng, (batch,), minval=lo, maxval=hi))
+
+
+def _vp_noise(p: Process, rng: Array, batch: int) -> Array:
+    t = jax.random.uniform(rng, (batch,), minval=p.eps_t, maxval=1.0)
+    return schedules.vp_sigma(t, p.beta_d, p.beta_min)
+
+
+#: σ ~ p_train by ``training_noise`` (Table 1, "Training").
+TRAINING_NOISE: dict[str, Callable[[Process, Array, int], Array]] = {
+    "lognormal": _lognormal,
+    "loguniform": _loguniform,
+    "vp": _vp_noise,
+}
+
+#: The sampling discretisation by ``schedule`` (Eq. 5 and Table 1, "Sampling").
+SCHEDULE: dict[str, Callable[[Process, int], Array]] = {
+    "karras": lambda p, n: schedules.karras(n, p.sigma_min, p.sigma_max, p.rho),
+    "uniform": lambda p, n: schedules.uniform(n, p.sigma_min, p.sigma_max),
+    "geometric": lambda p, n: schedules.geometric(n, p.sigma_min, p.sigma_max),
+    "vp": lambda p, n: schedules.vp(n, p.eps_s, p.beta_d, p.beta_min),
+    "flow": lambda p, n: schedules.flow(n, p.sigma_min, p.sigma_max),
+}
+
+INPUT_SCALINGS, NOISE_EMBEDDINGS = tuple(INPUT_SCALING), tuple(NOISE_EMBEDDING)
 
 
 def _one_of(field: str, value: str, accepted: tuple[str, ...]) -> None:
@@ -77,8 +121,8 @@ class Process:
 
     def __post_init__(self) -> None:
         _one_of("target", self.target, targets.TARGETS)
-        _one_of("training_noise", self.training_noise, TRAINING_NOISE)
-        _one_of("schedule", self.schedule, schedules.SCHEDULES)
+        _one_of("training_noise", self.training_noise, tuple(TRAINING_NOISE))
+        _one_of("schedule", self.schedule, tuple(SCHEDULE))
         _one_of("input_scaling", self.input_scaling, INPUT_SCALINGS)
         _one_of("noise_embedding", self.noise_embedding, NOISE_EMBEDDINGS)
         for name in ("sigma_data", "p_std", "sigma_min", "sigma_max", "rho"):
@@ -97,22 +141,10 @@ class Process:
         return targets.c_out(self.target, sigma, self.sigma_data)
 
     def c_in(self, sigma: Array) -> Array:
-        sigma = jnp.asarray(sigma)
-        if self.input_scaling == "variance":
-            return 1.0 / jnp.sqrt(sigma**2 + self.sigma_data**2)
-        if self.input_scaling == "flow":
-            return 1.0 / (1.0 + sigma)
-        return jnp.ones_like(sigma)
+        return INPUT_SCALING[self.input_scaling](self, jnp.asarray(sigma))
 
     def c_noise(self, sigma: Array) -> Array:
-        sigma = jnp.asarray(sigma)
-        if self.noise_embedding == "edm":
-            return jnp.log(sigma) / 4.0
-        if self.noise_embedding == "vp":
-            return (self.m - 1) * schedules.vp_time(sigma, self.beta_d, self.beta_min)
-        if self.noise_embedding == "ve":
-            return jnp.log(0.5 * sigma)
-        return 1000.0 * sigma / (1.0 + sigma)
+        return NOISE_EMBEDDING[self.noise_embedding](self, jnp.asarray(sigma))
 
     # --- Table 1, "Training" --------------------------------------------------------------------
     def loss_weight(self, sigma: Array) -> Array:
@@ -123,13 +155,7 @@ class Process:
 
     def sample_training_sigma(self, rng: Array, batch: int) -> Array:
         """σ ~ p_train, [batch]."""
-        if self.training_noise == "lognormal":
-            return jnp.exp(self.p_mean + self.p_std * jax.random.normal(rng, (batch,)))
-        if self.training_noise == "loguniform":
-            lo, hi = jnp.log(self.sigma_min), jnp.log(self.sigma_max)
-            return jnp.exp(jax.random.uniform(rng, (batch,), minval=lo, maxval=hi))
-        t = jax.random.uniform(rng, (batch,), minval=self.eps_t, maxval=1.0)
-        return schedules.vp_sigma(t, self.beta_d, self.beta_min)
+        return TRAINING_NOISE[self.training_noise](self, rng, batch)
 
     # --- Eq. 7 ----------------------------------------------------------------------------------
     def denoise(self, network: Callable[[Array, Array], Array], x: Array, sigma: Array) -> Array:
@@ -147,15 +173,7 @@ class Process:
         """
         if steps < 2:
             raise ValueError(f"sigmas: steps must be >= 2 (T and the last point), got {steps}")
-        if self.schedule == "karras":
-            return schedules.karras(steps, self.sigma_min, self.sigma_max, self.rho)
-        if self.schedule == "uniform":
-            return schedules.uniform(steps, self.sigma_min, self.sigma_max)
-        if self.schedule == "geometric":
-            return schedules.geometric(steps, self.sigma_min, self.sigma_max)
-        if self.schedule == "vp":
-            return schedules.vp(steps, self.eps_s, self.beta_d, self.beta_min)
-        return schedules.flow(steps, self.sigma_min, self.sigma_max)
+        return SCHEDULE[self.schedule](self, steps)
 
 
 EDM = Process()

@@ -12,9 +12,6 @@ import jax.numpy as jnp
 
 Array = jax.Array
 
-SCHEDULES = ("karras", "uniform", "geometric", "vp", "flow")
-
-
 def _ramp(steps: int) -> Array:
     if steps < 2:
         raise ValueError(f"sigmas: steps must be >= 2 (T and the last point), got {steps}")

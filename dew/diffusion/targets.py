@@ -27,42 +27,41 @@ import jax.numpy as jnp
 
 Array = jax.Array
 
-TARGETS = ("x0", "eps", "v", "flow", "edm")
+def _edm_skip(sigma: Array, sigma_data: float) -> Array:
+    return sigma_data**2 / (sigma**2 + sigma_data**2)
+
+
+def _edm_out(sigma: Array, sigma_data: float) -> Array:
+    return sigma * sigma_data / jnp.sqrt(sigma**2 + sigma_data**2)
+
+
+#: Each target's (c_skip, c_out) as functions of (σ, σ_data): the table in the module docstring.
+SCALES = {
+    "x0": (lambda s, d: jnp.zeros_like(s), lambda s, d: jnp.ones_like(s)),
+    "eps": (lambda s, d: jnp.ones_like(s), lambda s, d: -s),
+    "v": (lambda s, d: 1.0 / (1.0 + s**2), lambda s, d: -s / jnp.sqrt(1.0 + s**2)),
+    "flow": (lambda s, d: 1.0 / (1.0 + s), lambda s, d: -s / (1.0 + s)),
+    "edm": (_edm_skip, _edm_out),
+}
+
+TARGETS = tuple(SCALES)
 
 
 def _check(target: str) -> None:
-    if target not in TARGETS:
+    if target not in SCALES:
         raise ValueError(f"prediction target {target!r} is unknown: expected one of {TARGETS}")
 
 
 def c_skip(target: str, sigma: Array, sigma_data: float = 0.5) -> Array:
     """The skip scale of D = c_skip x + c_out F for ``target``."""
     _check(target)
-    sigma = jnp.asarray(sigma)
-    if target == "x0":
-        return jnp.zeros_like(sigma)
-    if target == "eps":
-        return jnp.ones_like(sigma)
-    if target == "v":
-        return 1.0 / (1.0 + sigma**2)
-    if target == "flow":
-        return 1.0 / (1.0 + sigma)
-    return sigma_data**2 / (sigma**2 + sigma_data**2)
+    return SCALES[target][0](jnp.asarray(sigma), sigma_data)
 
 
 def c_out(target: str, sigma: Array, sigma_data: float = 0.5) -> Array:
     """The output scale of D = c_skip x + c_out F for ``target``."""
     _check(target)
-    sigma = jnp.asarray(sigma)
-    if target == "x0":
-        return jnp.ones_like(sigma)
-    if target == "eps":
-        return -sigma
-    if target == "v":
-        return -sigma / jnp.sqrt(1.0 + sigma**2)
-    if target == "flow":
-        return -sigma / (1.0 + sigma)
-    return sigma * sigma_data / jnp.sqrt(sigma**2 + sigma_data**2)
+    return SCALES[target][1](jnp.asarray(sigma), sigma_data)
 
 
 def _per_example(sigma: Array, x: Array) -> Array:
@@ -89,18 +88,27 @@ def convert(
     return from_denoised(target, to_denoised(source, prediction, x, sigma, sigma_data), x, sigma, sigma_data)
 
 
+def _v_truth(y: Array, n: Array, s: Array, sigma_data: float) -> Array:
+    alpha = 1.0 / jnp.sqrt(1.0 + s**2)
+    return alpha * n - (s * alpha) * y
+
+
+def _edm_truth(y: Array, n: Array, s: Array, sigma_data: float) -> Array:
+    x = y + s * n
+    return (y - _edm_skip(s, sigma_data) * x) / _edm_out(s, sigma_data)
+
+
+#: Each target's exact value for x = y + σ n, from its definition (not via c_skip/c_out).
+TRUTHS = {
+    "x0": lambda y, n, s, d: y,
+    "eps": lambda y, n, s, d: n,
+    "v": _v_truth,
+    "flow": lambda y, n, s, d: n - y,
+    "edm": _edm_truth,
+}
+
+
 def ground_truth(target: str, y: Array, noise: Array, sigma: Array, sigma_data: float = 0.5) -> Array:
     """The exact value of ``target`` for x = y + σ n, from its definition (not via c_skip/c_out)."""
     _check(target)
-    s = _per_example(sigma, y)
-    if target == "x0":
-        return y
-    if target == "eps":
-        return noise
-    if target == "v":
-        alpha = 1.0 / jnp.sqrt(1.0 + s**2)
-        return alpha * noise - (s * alpha) * y
-    if target == "flow":
-        return noise - y
-    x = y + s * noise
-    return (y - c_skip("edm", s, sigma_data) * x) / c_out("edm", s, sigma_data)
+    return TRUTHS[target](y, noise, _per_example(sigma, y), sigma_data)
