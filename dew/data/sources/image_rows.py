@@ -107,10 +107,15 @@ class ImageRows:
             raise ValueError(
                 f"ImageRows: read {pixels.dtype} {pixels.shape[1:]}, expected uint8 {self.shape[1:]}"
             )
-        flip = self._mirrored[rows]
-        if flip.any():
-            pixels = pixels.copy() if not self.cached else pixels  # np.take already copied
-            pixels[flip] = pixels[flip][:, :, ::-1]
+        flip = np.flatnonzero(self._mirrored[rows])
+        if flip.size:
+            if not self.cached:  # np.take already copied; a reader's array may be shared
+                pixels = np.array(pixels)
+            # Whole pixels as one element each: reversing W then moves C bytes at a time (~2x
+            # faster than reversing a [.., W, C] uint8 view, whose inner loop is C elements long).
+            texels = np.ascontiguousarray(pixels).view(np.dtype((np.void, pixels.shape[-1])))
+            texels[flip] = texels[flip, :, ::-1]
+            pixels = texels.view(np.uint8).reshape(pixels.shape)
         return pixels
 
     def __getitem__(self, index: Any) -> np.ndarray:
