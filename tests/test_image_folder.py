@@ -199,3 +199,25 @@ def test_the_decoded_table_is_shared_by_the_two_splits():
     validation = dew.datasets["image_folder"]("validation", path=str(RGB_ZIP))
     assert train.fields["image"]._pixels is validation.fields["image"]._pixels
     assert len(image_folder_module._TABLES) >= 1
+
+
+def test_the_trainer_builds_a_class_conditional_run_on_the_references_archive(tmp_path):
+    from dew.config import apply_overrides, load_config
+    from dew.training.trainer import Trainer
+
+    overrides = [
+        "config.dataset.name=image_folder",
+        f"config.dataset.path={RGB_ZIP}",
+        "config.dataset.use_labels=True",
+        "config.dataset.xflip=True",
+        "config.dataset.batch_size=4",
+        "config.eval.num_batches=1",
+        "config.mesh.devices=1",
+    ]
+    trainer = Trainer(apply_overrides(load_config(EDM), overrides), str(tmp_path / "run"))
+    assert trainer.train_source.fields["image"].shape == (20, 8, 8, 3)
+    assert trainer.val_source.fields["image"].shape == (10, 8, 8, 3)  # stored images, unmirrored
+    assert trainer.objective.input_spec.sample.shape == (8, 8, 3)
+    assert trainer.objective.input_spec.conditions["label"].encoder == "class_label"
+    assert trainer.train_source.num_classes == 3
+    assert not (tmp_path / "run").exists()  # building writes nothing
