@@ -169,8 +169,9 @@ LEGACY_PROTOCOL = 1001
 class _LegacyUnpickler(pickle.Unpickler):
     """The object pickle inside a legacy ``torch.save``: storage types, storage persistent ids."""
 
-    def __init__(self, file: BinaryIO):
+    def __init__(self, file: BinaryIO, size: int):
         super().__init__(file)
+        self.size = size  # bytes in the whole storage record: no storage is larger
         self.roots: dict[str, tuple[_StorageType, np.ndarray]] = {}
 
     def find_class(self, module: str, name: str) -> Any:
@@ -184,8 +185,8 @@ class _LegacyUnpickler(pickle.Unpickler):
         storage_type, key, _location, numel, view = pid[1:]
         if not isinstance(storage_type, _StorageType) or not isinstance(key, str):
             raise PickleRefused("a tensor storage's persistent id names no storage type / key")
-        if not isinstance(numel, int) or numel < 0:
-            raise PickleRefused(f"a tensor storage of {numel!r} elements")
+        if not isinstance(numel, int) or not 0 <= numel * storage_type.dtype.itemsize <= self.size:
+            raise PickleRefused(f"a tensor storage of {numel!r} elements in a {self.size}-byte record")
         if key not in self.roots:
             self.roots[key] = (storage_type, np.zeros(numel, storage_type.dtype))
         root = self.roots[key][1]
@@ -206,15 +207,15 @@ def _load_from_bytes(data: Any) -> np.ndarray:
     if data[:2] == b"PK":
         raise PickleRefused("a tensor storage in torch's zip format (this reader takes the legacy format)")
     f = io.BytesIO(data)
-    header = _LegacyUnpickler(f)
+    header = _LegacyUnpickler(f, len(data))
     if header.load() != LEGACY_MAGIC or header.load() != LEGACY_PROTOCOL:
         raise PickleRefused("a tensor storage without torch's legacy magic number / protocol 1001")
     sys_info = header.load()
     if not isinstance(sys_info, dict) or sys_info.get("little_endian") is not True:
         raise PickleRefused("a tensor storage not written little-endian")
-    body = _LegacyUnpickler(f)
+    body = _LegacyUnpickler(f, len(data))
     result = body.load()
-    keys = _LegacyUnpickler(f).load()
+    keys = _LegacyUnpickler(f, len(data)).load()
     if not isinstance(keys, list) or set(keys) != set(body.roots):
         raise PickleRefused("a tensor storage whose key list does not match its storages")
     for key in keys:
@@ -275,7 +276,10 @@ def _rebuild_parameter(data: Any, requires_grad: Any, hooks: Any, state: Any = N
 def _numpy_dtype(spec: Any, align: Any = False, copy: Any = False) -> np.dtype:
     if not (isinstance(spec, str) and spec.lstrip("<>|=")[:1] in tuple("biufc?")):
         raise PickleRefused(f"numpy.dtype({spec!r}): only numeric dtypes are read")
-    return np.dtype(spec, align=bool(align), copy=bool(copy))
+    dtype = np.dtype(spec, align=bool(align), copy=bool(copy))
+    if dtype.kind not in "biufc" or dtype.fields is not None:
+        raise PickleRefused(f"numpy.dtype({spec!r}): only numeric dtypes are read")
+    return dtype
 
 
 def _numpy_scalar(dtype: Any, data: Any) -> np.generic:
