@@ -27,6 +27,9 @@ loaded ``ema`` is evaluated on fixed inputs, written to ``<name>.npz``:
 * ``init_kwargs_json``: ``ema.init_kwargs`` as JSON; ``model_init_kwargs_json``: the inner
   network's; ``num_parameters``.
 
+``tensor-layouts.pkl`` / ``.npz`` (``write_tensor_layouts``) check the tensor reader on layouts
+and dtypes the tiny networks do not have.
+
 The ``dataset_kwargs`` name the data set ``train.py --data=...`` would have opened; nothing is
 read from it (no training step runs: the weights are random).
 """
@@ -135,6 +138,30 @@ def write_snapshot(spec: dict, path: str, dnnlib, misc, torch, gen) -> None:
         pickle.dump(data, f)
 
 
+def write_tensor_layouts(out: str, torch, gen) -> None:
+    """``tensor-layouts.pkl``: ``pickle.dump`` of a dict of tensors in the layouts and dtypes a
+    network pickle may hold (views at an offset, transposed strides, a storage shared by two
+    tensors, half / bfloat16 / int64 / bool, a 0-d tensor, a Parameter), and
+    ``tensor-layouts.npz``: the same tensors as numpy arrays (bfloat16 as float32)."""
+    base = torch.randn([6, 5], generator=gen)
+    tensors = {
+        "contiguous": torch.randn([3, 4], generator=gen),
+        "offset_view": base[2:4, 1:4],  # offset 11, strides (5, 1)
+        "transposed": base.t(),  # strides (1, 5)
+        "shares_storage": base[1],  # the same storage as the two above
+        "half": torch.randn([7], generator=gen).half(),
+        "bfloat16": torch.randn([2, 3], generator=gen).bfloat16(),
+        "int64": torch.arange(-3, 5, dtype=torch.int64).reshape(2, 4),
+        "bool": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(2.5),
+        "parameter": torch.nn.Parameter(torch.randn([2, 2], generator=gen)),
+    }
+    with open(os.path.join(out, "tensor-layouts.pkl"), "wb") as f:
+        pickle.dump(tensors, f)
+    arrays = {k: (v.float() if v.dtype == torch.bfloat16 else v).detach().numpy() for k, v in tensors.items()}
+    np.savez_compressed(os.path.join(out, "tensor-layouts.npz"), **arrays)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--edm", required=True, help="an NVlabs/edm checkout")
@@ -183,6 +210,7 @@ def main() -> int:
             f"{name}: {sum(p.numel() for p in net.parameters()):,} parameters, {size:,} bytes, "
             f"|denoised| max {denoised.abs().max():.3f}"
         )
+    write_tensor_layouts(args.out, torch, torch.Generator().manual_seed(3000))
     torch.distributed.destroy_process_group()
     return 0
 
