@@ -365,6 +365,7 @@ class Trainer:
                     c.eval.every,
                     seed=c.seed,
                     place_batch=self.layout.place_batch,
+                    progress=progress,
                 )
             )
         if c.preview.every:
@@ -377,10 +378,13 @@ class Trainer:
                     c.preview.every,
                     metrics={name: registry.metrics[name] for name in c.preview.metrics},
                     seed=c.seed,
+                    progress=progress,
                 )
             )
         if self.checkpoints is not None:
-            stages.append(CheckpointStage(self.checkpoints, self.train_data, c.checkpoint.every, tracker))
+            stages.append(
+                CheckpointStage(self.checkpoints, self.train_data, c.checkpoint.every, tracker, progress)
+            )
         if self.power_ema is not None:
             stages.append(SnapshotStage(self.power_ema_snapshots(), self.power_ema, self.accumulation))
         if c.profile.steps:
