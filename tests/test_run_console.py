@@ -11,6 +11,8 @@ import json
 import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -111,6 +113,17 @@ def test_the_console_shows_each_evaluation_preview_and_best_checkpoint(tiny_run)
     # One line per event, nothing more: as many event lines as rows.
     events = [line for line in printed if re.match(r"step \d+/6  (eval|preview|best checkpoint)  ", line)]
     assert len(events) == len(losses) + len(scores) + len(best)
+
+
+def test_clu_loads_only_when_a_run_makes_its_table():
+    code = (
+        "import json, sys, dew, dew.training.trainer, dew.training.parameter_table as t, numpy as np\n"
+        "before = sorted({m.split('.')[0] for m in sys.modules} & {'clu', 'flax'})\n"
+        "t.parameter_table({'w': np.zeros(2)})\n"
+        "print(json.dumps([before, sorted({m.split('.')[0] for m in sys.modules} & {'clu', 'flax'})]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.splitlines()[-1]) == [[], ["clu", "flax"]]
 
 
 class Terminal(io.StringIO):
