@@ -113,8 +113,9 @@ class Progress:
     def report(self, step: int, event: str, values: Mapping[str, Any], note: str = "") -> None:
         """One line for an event at ``step``, printed at once, in the progress line's style:
         ``step <step>/<total>  <event>  <name> <value>  ...  <note>`` (values in name order, to
-        4 significant digits, MSE keys as RMSE like the trackers'; ``note``, e.g. a file the event wrote, last). On a terminal the
-        line goes above the progress line, which is redrawn under it."""
+        4 significant digits, MSE keys as RMSE like the trackers'; ``note``, e.g. a file the
+        event wrote, last). On a terminal the line goes above the progress line, which is
+        redrawn under it."""
         fields = [f"step {step}/{self.total}", event]
         shown = convert_mse_to_rmse(values)  # as every tracker logs them
         fields += [f"{name} {_format(value)}" for name, value in sorted(shown.items())]
