@@ -25,6 +25,7 @@ from dew.training.console import Progress
 from dew.training.ema import EMASpec
 from dew.training.loop import Stage, fit
 from dew.training.objective import Objective
+from dew.training.parameter_table import report_parameters
 from dew.training.power_ema import SNAPSHOT_DIR, PowerEMASnapshots, SnapshotStage, power_ema_from_config
 from dew.training.precompile import BackgroundCompile, abstract_like
 from dew.training.preemption import PreemptionStage
@@ -365,6 +366,7 @@ class Trainer:
                     c.eval.every,
                     seed=c.seed,
                     place_batch=self.layout.place_batch,
+                    progress=progress,
                 )
             )
         if c.preview.every:
@@ -377,10 +379,13 @@ class Trainer:
                     c.preview.every,
                     metrics={name: registry.metrics[name] for name in c.preview.metrics},
                     seed=c.seed,
+                    progress=progress,
                 )
             )
         if self.checkpoints is not None:
-            stages.append(CheckpointStage(self.checkpoints, self.train_data, c.checkpoint.every, tracker))
+            stages.append(
+                CheckpointStage(self.checkpoints, self.train_data, c.checkpoint.every, tracker, progress)
+            )
         if self.power_ema is not None:
             stages.append(SnapshotStage(self.power_ema_snapshots(), self.power_ema, self.accumulation))
         if c.profile.steps:
@@ -451,6 +456,7 @@ class Trainer:
                 processes=jax.process_count(),
                 extra={"ema": self.ema_record},
             )
+            report_parameters(self._abstract_state.params, self.workdir)  # clu's table, from shapes
         tracker = self.tracker(start)
         # Host batches go straight into the jitted step, which places them on the mesh in C++
         # (a Python device_put costs the host more than the copy it would hide). Where a
