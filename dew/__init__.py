@@ -75,6 +75,8 @@ _REGISTERING_MODULES = (
     "dew.data.sources.digits",
     "dew.data.sources.mixture",
     "dew.data.sources.tfds_source",
+    "dew.data.sources.cifar10",
+    "dew.data.sources.image_folder",
     "dew.data.sources.python_bytes",
     "dew.data.sources.moving_digits",
     "dew.scoring.digits_classifier",

@@ -1,15 +1,23 @@
 """Convert an NVlabs/edm network's weights into a dew checkpoint that dew can sample and fine-tune.
 
+    python -m dew.convert_edm --pickle=network-snapshot-000000.pkl --workdir=runs/from_edm \
+        [--config=experiments/edm.py] [--config.dataset.name=...] [--step=1]
     python -m dew.convert_edm --state_dict=net.npz --config=experiments/edm.py --workdir=runs/from_edm \
         [--config.model.model_channels=...] [--step=1]
+
+``--pickle`` is a network pickle as NVlabs/edm writes and publishes them (``network-snapshot-*.pkl``,
+``edm-*.pkl``), read by ``dew.interop.edm_pickle`` without running the code it embeds and
+without PyTorch: its ``ema`` network's weights, and its constructor arguments, which set
+``config.model`` and the objective's preset and conditioning (``dew.interop.edm_config``);
+``--config`` (default: every key at its default) gives the rest, above all the data set, which
+must have the network's image shape and classes; ``--config.*`` overrides apply last. The pickle's
+own record (arguments, loss, augmentation pipe, ``dataset_kwargs``) goes into ``run.json``.
 
 ``--state_dict`` is the reference network's state dict: an ``.npz`` whose ``param/<key>``
 arrays are the state dict (``third_party/edm/make_reference.py`` writes this form), or a
 ``.pt``/``.pth`` file saved with ``torch.save(net.state_dict(), path)`` (read with
-``torch.load(weights_only=True)``; needs the optional ``convert`` extra, PyTorch). A published
-EDM snapshot (``network-snapshot-*.pkl``) is exported to either form with NVlabs/edm's own code:
-``torch.save(pickle.load(f)['ema'].state_dict(), 'net.pt')``, and its ``init_kwargs`` say which
-``config.model`` arguments to set. Keys may carry ``EDMPrecond``'s ``model.`` prefix.
+``torch.load(weights_only=True)``; needs the optional ``convert`` extra, PyTorch); ``--config``
+then names the network's arguments. Keys may carry ``EDMPrecond``'s ``model.`` prefix.
 
 The config names the dew run the weights belong to (``config.model.name`` ``songunet`` or
 ``dhariwalunet`` with the same arguments as the reference network, and a dataset of the same
@@ -25,7 +33,9 @@ the network was trained with, as a fresh Adam state moves every weight by about 
 in its first steps.
 
 Exit status 2, with one line on stderr and nothing written, on a bad argument, an unreadable
-file, or weights that do not fit the configured network (the first differing parameter named).
+file, weights that do not fit the configured network (the first differing parameter named), a
+pickle that asks for anything but tensors and EDM's modules (the global named), or one that holds
+no EDM network dew can express.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from ml_collections import ConfigDict
 
 from dew.config import ConfigError, apply_overrides, load_config
 from dew.networks.edm_weights import ARCHITECTURES, convert_state_dict, load_npz_state_dict
@@ -69,6 +80,43 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     raise ConversionError(f"--state_dict: {path!r} must end in .npz, .pt or .pth")
 
 
+def read_pickle(path: str, base, overrides: Sequence[str] = ()) -> tuple[object, dict[str, np.ndarray], dict]:
+    """(config, state dict, run.json record) of the NVlabs/edm network pickle at ``path``.
+
+    The pickle's network sets ``config.model`` and the objective's preset and conditioning in
+    ``base`` (a ConfigDict, changed in place), ``overrides`` (``a.b=value``) apply last, and the
+    data set the result names must have the network's image shape and classes. Raises
+    ConversionError (one line) for a missing, refused or unconvertible pickle."""
+
+    from dew.interop.edm_config import UnsupportedNetwork, check_data, network_config
+    from dew.interop.edm_pickle import NotAnEDMNetwork, PickleRefused, load_snapshot
+    from dew.training.trainer import open_split
+
+    if not os.path.isfile(path):
+        raise ConversionError(f"--pickle: no file at {path!r}")
+    try:
+        snapshot = load_snapshot(path)
+        network = network_config(snapshot)
+    except (PickleRefused, NotAnEDMNetwork, UnsupportedNetwork) as e:
+        raise ConversionError(
+            f"--pickle: {e}" if str(e).startswith(path) else f"--pickle: {path}: {e}"
+        ) from None
+    with base.unlocked():
+        base.model = ConfigDict(network.model)
+        objective = base.get("objective")
+        if objective is None or objective.get("name", "diffusion") != "diffusion":
+            base.objective = ConfigDict(network.objective)
+        else:
+            for key, value in network.objective.items():
+                objective[key] = value
+    config = apply_overrides(base, overrides)
+    try:
+        check_data(open_split(config.dataset, "train"), network, config.dataset.name)
+    except UnsupportedNetwork as e:
+        raise ConversionError(f"--pickle: {e}") from None
+    return config, snapshot.state_dict(), {"pickle": os.path.abspath(path), **network.details}
+
+
 def fit_to_template(converted: dict, template: Mapping) -> dict:
     """``converted`` checked against the network's parameter tree (names and shapes)."""
     missing = sorted(set(template) - set(converted))
@@ -99,11 +147,17 @@ def fit_to_template(converted: dict, template: Mapping) -> dict:
 
 
 def convert(
-    state_dict: Mapping[str, np.ndarray], config, workdir: str, step: int = 1, source: str = "<in memory>"
+    state_dict: Mapping[str, np.ndarray],
+    config,
+    workdir: str,
+    step: int = 1,
+    source: str = "<in memory>",
+    details: Mapping | None = None,
 ) -> str:
     """Write ``state_dict`` (reference keys -> arrays) as a checkpoint of the run ``config``
     describes, and ``run.json`` beside it (its config; ``source`` names where the weights came
-    from); returns the checkpoint directory. Raises ConversionError / ConfigError."""
+    from, ``details`` is added to that record); returns the checkpoint directory. Raises
+    ConversionError / ConfigError."""
     import jax
     import jax.numpy as jnp
 
@@ -156,7 +210,7 @@ def convert(
             "label": os.path.basename(os.path.abspath(workdir)),
             "config": config.to_dict(),
             "ema": trainer.ema_record,
-            "converted": {"state_dict": source, "architecture": arch, "step": step},
+            "converted": {"state_dict": source, "architecture": arch, "step": step, **(details or {})},
         },
     )
     return checkpoints.directory
@@ -164,14 +218,21 @@ def convert(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dew.convert_edm", description=__doc__.split("\n\n")[0])
+    weights = parser.add_mutually_exclusive_group(required=True)
+    weights.add_argument("--pickle", help="an NVlabs/edm network pickle (network-snapshot-*.pkl, edm-*.pkl)")
+    weights.add_argument("--state_dict", help="the reference network's .npz export or .pt state dict")
     parser.add_argument(
-        "--state_dict", required=True, help="the reference network's .npz export or .pt state dict"
+        "--config", help="the dew experiment the weights belong to (with --pickle: the settings it leaves)"
     )
-    parser.add_argument("--config", required=True, help="the dew experiment the weights belong to")
     parser.add_argument("--workdir", required=True, help="where the dew checkpoint is written")
     parser.add_argument("--step", type=int, default=1, help="the step number the checkpoint carries")
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     bad = [item for item in rest if not item.startswith("--config.")]
+    if args.state_dict and not args.config:
+        print(
+            "error: --state_dict needs --config (the dew experiment the weights belong to)", file=sys.stderr
+        )
+        return 2
     if bad:
         print(
             f"error: unrecognised argument {bad[0]!r} (config keys are set with --config.<key>=<value>)",
@@ -189,9 +250,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     existed = os.path.exists(workdir)
     try:
-        config = apply_overrides(load_config(args.config), [item[2:] for item in rest])
-        state_dict = read_state_dict(args.state_dict)  # a bad file fails before anything is built
-        directory = convert(state_dict, config, workdir, args.step, os.path.abspath(args.state_dict))
+        overrides = [item[2:] for item in rest]
+        if args.pickle:
+            base = load_config(args.config) if args.config else ConfigDict()
+            config, state_dict, details = read_pickle(args.pickle, base, overrides)
+        else:
+            config, details = apply_overrides(load_config(args.config), overrides), None
+            state_dict = read_state_dict(args.state_dict)  # a bad file fails before anything is built
+        source = os.path.abspath(args.pickle or args.state_dict)
+        directory = convert(state_dict, config, workdir, args.step, source, details)
     except (ConfigError, UnknownNameError, ConversionError) as e:
         if not existed and os.path.isdir(workdir):
             import shutil
@@ -199,7 +266,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(workdir)
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"converted {args.state_dict} ({config.model.name}) -> {directory} (step {args.step})")
+    print(
+        f"converted {args.pickle or args.state_dict} ({config.model.name}) -> {directory} (step {args.step})"
+    )
     return 0
 
 

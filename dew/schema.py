@@ -330,6 +330,18 @@ def resolve(
 
 
 # --- components declare sections from their signatures --------------------------------------------
+_SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def _annotated_kind(annotation: Any) -> type:
+    """The kind of a keyword whose default is None: the scalar its annotation names beside None
+    (``int | None`` -> int), else str."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    names = [part.strip() for part in text.replace("Optional[", "").rstrip("]").split("|")]
+    kinds = [_SCALARS[n] for n in names if n in _SCALARS]
+    return kinds[0] if len(kinds) == 1 and all(n in (*_SCALARS, "None") for n in names) else str
+
+
 def section_from_signature(
     component: Callable[..., Any],
     doc: str,
@@ -339,8 +351,8 @@ def section_from_signature(
 ) -> Section:
     """The keys of a registered component that declares no section of its own: its keyword
     parameters that have defaults (``skip`` aside), each typed by its default (a None default
-    reads as an optional str). ``docs`` gives a line per key; otherwise the doc names the
-    parameter it sets."""
+    takes the scalar its annotation names, ``int | None`` an optional int, else an optional
+    str). ``docs`` gives a line per key; otherwise the doc names the parameter it sets."""
     declared = getattr(component, "config_section", None)
     if callable(declared):
         return declared()
@@ -352,7 +364,7 @@ def section_from_signature(
         if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
             continue
         default = param.default
-        kind = str if default is None else None
+        kind = _annotated_kind(param.annotation) if default is None else None
         if isinstance(default, list):
             default = tuple(default)
         line = (docs or {}).get(param.name) or f"argument {param.name!r} of {title}"

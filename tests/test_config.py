@@ -170,3 +170,11 @@ def test_help_config_prints_the_resolved_schema_and_writes_nothing(tmp_path, cap
     assert "objective.sampling.solver = 'heun'  [str] registered solver (dew.samplers)" in out
     assert "model.model_channels = 32 (default 128)  [int]" in out
     assert os.listdir(tmp_path) == []
+
+
+def test_a_none_default_takes_the_kind_its_annotation_names():
+    # songunet's label_dim: int | None = None: an int is accepted (it was refused as "a str").
+    config = apply_overrides(load_config(EDM), ["config.model.label_dim=10"])
+    assert config.model.label_dim == 10
+    with pytest.raises(ConfigError, match=r"config\.model\.label_dim"):
+        apply_overrides(load_config(EDM), ["config.model.label_dim=ten"])

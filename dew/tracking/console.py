@@ -2,12 +2,15 @@
 
 On a terminal the progress line rewrites itself in place; when stdout is not a TTY (CI, a log
 file) it prints a summary line every ``summary_every`` seconds instead of a scroll per step.
+Events between progress lines (an evaluation, a preview, a new best checkpoint) are one line
+each, in the progress line's style, printed when they happen (``Progress.report``).
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 import numpy as np
@@ -85,6 +88,7 @@ class Progress:
         self._start_step: int | None = None
         self._start_time = 0.0
         self._last_summary = 0.0
+        self._line = ""  # the progress line a terminal shows (redrawn under an event's line)
 
     def update(self, step: int, loss: float | None) -> None:
         now = time.perf_counter()
@@ -99,14 +103,35 @@ class Progress:
             f"ETA {_duration(eta)}" + ("" if loss is None else f"  loss {loss:.4f}")
         )
         if self.tty:
+            self._line = line
             self.stream.write("\r" + line.ljust(100))
             self.stream.flush()
         elif now - self._last_summary >= self.summary_every or step == self.total:
             self._last_summary = now
             print(line, file=self.stream, flush=True)
 
-    def close(self) -> None:
+    def report(self, step: int, event: str, values: Mapping[str, Any], note: str = "") -> None:
+        """One line for an event at ``step``, printed at once, in the progress line's style:
+        ``step <step>/<total>  <event>  <name> <value>  ...  <note>`` (values in name order, to
+        4 significant digits, MSE keys as RMSE like the trackers'; ``note``, e.g. a file the
+        event wrote, last). On a terminal the line goes above the progress line, which is
+        redrawn under it."""
+        fields = [f"step {step}/{self.total}", event]
+        shown = convert_mse_to_rmse(values)  # as every tracker logs them
+        fields += [f"{name} {_format(value)}" for name, value in sorted(shown.items())]
+        if note:
+            fields.append(note)
+        line = "  ".join(fields)
         if self.tty:
+            self.stream.write(
+                "\r" + line.ljust(100) + "\n" + ("\r" + self._line.ljust(100) if self._line else "")
+            )
+            self.stream.flush()
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.tty and self._line:  # end the line the progress display rewrites
             self.stream.write("\n")
             self.stream.flush()
 

@@ -85,7 +85,8 @@ class EvalStage(Stage):
 
     The same batches and the same key every time, so successive numbers are comparable
     (``evaluate``: batch i gets ``fold_in(key, i)``). The mean loss is reported as ``eval_loss``
-    for the checkpoint stage to rank by.
+    for the checkpoint stage to rank by. With a ``progress`` display each evaluation is also one
+    console line (``step <n>/<total>  eval  loss ...``).
     """
 
     def __init__(
@@ -96,9 +97,10 @@ class EvalStage(Stage):
         every: int,
         seed: int = 0,
         place_batch: Callable[[dict[str, Any]], dict[str, jax.Array]] | None = None,
+        progress: Progress | None = None,
     ):
         self.eval_fn, self.batches, self.tracker, self.every = eval_fn, batches, tracker, every
-        self.place_batch = place_batch
+        self.place_batch, self.progress = place_batch, progress
         self.rng = jax.random.PRNGKey(seed)
 
     def run(self, ctx: StepContext) -> None:
@@ -108,6 +110,8 @@ class EvalStage(Stage):
         means.pop("num_batches")
         Evaluation.hosted(ctx.step, means).log(self.tracker)
         ctx.reports[EVAL_LOSS] = means[LOSS]
+        if self.progress is not None:
+            self.progress.report(ctx.step, "eval", means)
 
 
 class PreviewStage(Stage):
@@ -122,7 +126,9 @@ class PreviewStage(Stage):
     replicated); ``objective.preview(params, rng)`` runs on every process (it may be collective)
     and returns one artifact (logged as ``samples``) or a mapping name -> artifact;
     ``objective.score(preview, metrics)`` turns what it returned into scalars. A fixed key means
-    successive previews show the same noise, so change over training is visible.
+    successive previews show the same noise, so change over training is visible. With a
+    ``progress`` display each preview is also one console line: its scores and, on rank zero,
+    the step's main file (``step <n>/<total>  preview  <metric> <value> ...  <file>``).
     """
 
     def __init__(
@@ -134,6 +140,7 @@ class PreviewStage(Stage):
         every: int,
         metrics: dict[str, Callable[..., float]] | None = None,
         seed: int = 0,
+        progress: Progress | None = None,
     ):
         self.objective, self.params_fn, self.directory, self.tracker = (
             objective,
@@ -144,6 +151,7 @@ class PreviewStage(Stage):
         self.every, self.metrics = every, metrics or {}
         self.rng = jax.random.PRNGKey(seed)
         self.latest_path: str | None = None
+        self.progress = progress
 
     def run(self, ctx: StepContext) -> None:
         preview = self.objective.preview(self.params_fn(ctx.state), self.rng)
@@ -151,6 +159,7 @@ class PreviewStage(Stage):
         artifacts = {name: check_artifact(a, self.objective) for name, a in artifacts.items()}
         scores = self.objective.score(preview, self.metrics)
         event = Evaluation.hosted(ctx.step, scores, artifacts)
+        shown_at: str | None = None  # this step's main file, where this process wrote one
         for name, shown in event.previews.items():
             for stem in (f"{name}_{ctx.step:08d}", name):
                 written = [
@@ -158,9 +167,11 @@ class PreviewStage(Stage):
                     for _, file_name, data in artifact_files(stem, shown)
                 ]
                 if name == "samples" and stem != name and written:
-                    self.latest_path = written[0]  # this step's main file (PNG, GIF or text)
+                    self.latest_path = shown_at = written[0]  # this step's main file (PNG, GIF or text)
         event.log(self.tracker)
         ctx.reports.update(scores)
+        if self.progress is not None:
+            self.progress.report(ctx.step, "preview", event.metrics, note=shown_at or "")
 
 
 class CheckpointStage(Stage):
@@ -172,12 +183,20 @@ class CheckpointStage(Stage):
     ``close`` waits, so a finished ``fit`` has everything on disk and a failed write stops it.
 
     With a ``tracker``, a save whose ranked metric beats every earlier one (this run's and, on a
-    resume, the best already on disk) is reported under ``LoggingCategory.BEST_MODEL``."""
+    resume, the best already on disk) is reported under ``LoggingCategory.BEST_MODEL`` and, with a
+    ``progress`` display, as one console line (``step <n>/<total>  best checkpoint  eval_loss ...
+    <path>``)."""
 
     def __init__(
-        self, checkpoints: Checkpoints, dataset: Dataset, every: int, tracker: Tracker | None = None
+        self,
+        checkpoints: Checkpoints,
+        dataset: Dataset,
+        every: int,
+        tracker: Tracker | None = None,
+        progress: Progress | None = None,
     ):
         self.checkpoints, self.dataset, self.every, self.tracker = checkpoints, dataset, every, tracker
+        self.progress = progress
         self._best_loss: float | None = None
         self._latest: dict[str, float] = {}
 
@@ -219,6 +238,8 @@ class CheckpointStage(Stage):
             self._best_loss = loss
             name = EVAL_LOSS if self.checkpoints.best_metric == LOSS else self.checkpoints.best_metric
             self.tracker.log(LoggingCategory.BEST_MODEL, {name: loss, "step": step}, step)
+            if self.progress is not None:
+                self.progress.report(step, "best checkpoint", {name: loss}, note=self.checkpoints.path(step))
 
     def stop_early(self, ctx: StepContext) -> None:
         """Save the state the loop stopped with (persistently, unranked) and wait for it."""

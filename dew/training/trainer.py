@@ -26,6 +26,7 @@ from dew.training.build import build_objective, datasets, mesh_and_layout, open_
 from dew.training.loop import Stage, fit
 from dew.training.nonfinite import NonFiniteGuard
 from dew.training.objective import Objective
+from dew.training.parameter_table import report_parameters
 from dew.training.preemption import PreemptionStage
 from dew.training.profile import ProfileWindow
 from dew.training.programs import Programs, debiased_ema
@@ -206,6 +207,7 @@ class Trainer:
                     c.eval.every,
                     seed=c.seed,
                     place_batch=self.layout.place_batch,
+                    progress=progress,
                 )
             )
         if c.preview.every:
@@ -220,10 +222,13 @@ class Trainer:
                     c.preview.every,
                     metrics=metrics,
                     seed=c.seed,
+                    progress=progress,
                 )
             )
         if self.checkpoints is not None:
-            stages.append(CheckpointStage(self.checkpoints, self.train_data, c.checkpoint.every, tracker))
+            stages.append(
+                CheckpointStage(self.checkpoints, self.train_data, c.checkpoint.every, tracker, progress)
+            )
         if self.power_ema is not None:
             stages.append(SnapshotStage(self.power_ema_snapshots(), self.power_ema, self.accumulation))
         if c.profile.steps:
@@ -279,6 +284,7 @@ class Trainer:
             record_start(
                 self.workdir, self.config.to_dict(), start, processes=jax.process_count(), extra=extra
             )
+            report_parameters(self.programs.abstract.params, self.workdir)  # clu's table, from shapes
         tracker = self.tracker(start)
         if self.programs.places_ahead:  # the data stream's thread places batches ahead of use
             self.train_data.set_placement(self.layout.place_batch)

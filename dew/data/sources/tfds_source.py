@@ -95,6 +95,26 @@ class _Column:
         return self._reader.read(index % self.shape[0])[self._key]
 
 
+def open_records(name: str, split: str, data_dir: str | None) -> Any:
+    """``tfds.data_source(name, split=split)`` read from ``data_dir`` (None or "": tfds's
+    default), never downloading; an unknown name is a ``ValueError``, an unprepared one a
+    ``DatasetNotPreparedError`` saying how to prepare it."""
+    import tensorflow_datasets as tfds
+
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)  # an unprepared folder is reported below, in one line
+    try:
+        return tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
+    except tfds.core.registered.DatasetNotFoundError as e:
+        raise ValueError(f"tfds_source: no tfds data set named {name!r} ({e})") from None
+    except (NotImplementedError, AssertionError, FileNotFoundError, KeyError) as e:
+        # KeyError: a folder without generated splits ("`splits` is empty").
+        raise DatasetNotPreparedError(_prepare_hint(name, data_dir)) from e
+    finally:
+        absl_logger.setLevel(level)
+
+
 def tfds_source(
     name: str,
     split: str = "train",
@@ -107,22 +127,10 @@ def tfds_source(
     """The ``split`` of tfds data set ``name`` as a lazily read ``Source`` of ``image`` (and
     ``label`` when ``label_key`` is set), images ``resolution`` square in [-1, 1]."""
     import grain
-    import tensorflow_datasets as tfds
 
     if resolution < 1:
         raise ValueError(f"tfds_source({name!r}): resolution must be >= 1, got {resolution}")
-    absl_logger = logging.getLogger("absl")
-    level = absl_logger.level
-    absl_logger.setLevel(logging.ERROR)  # an unprepared folder is reported below, in one line
-    try:
-        records = tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
-    except tfds.core.registered.DatasetNotFoundError as e:
-        raise ValueError(f"tfds_source: no tfds data set named {name!r} ({e})") from None
-    except (NotImplementedError, AssertionError, FileNotFoundError, KeyError) as e:
-        # KeyError: a folder without generated splits ("`splits` is empty").
-        raise DatasetNotPreparedError(_prepare_hint(name, data_dir)) from e
-    finally:
-        absl_logger.setLevel(level)
+    records = open_records(name, split, data_dir)
     num_classes = None
     if label_key is not None:
         num_classes = int(records.dataset_info.features[label_key].num_classes)

@@ -1,0 +1,3 @@
+"""Reading other projects' artifacts into dew: ``edm_pickle`` (NVlabs/edm's network pickles, read
+without running their code) and ``edm_config`` (what they say, as a dew config). Nothing here is
+imported by ``import dew``."""
