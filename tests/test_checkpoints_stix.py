@@ -263,6 +263,56 @@ def test_restore_returns_the_state_and_dataset_state_defaulting_to_the_latest(tm
     assert c.restore(state_at(0))[1] is None  # no dataset state asked for
 
 
+def dataset_state_of_every_kind(step: int) -> dict:
+    """Python scalars, a string, numpy scalars and arrays, JAX arrays: 0-d and not, nested."""
+    return {
+        "step": jnp.int32(step),
+        "epoch": step // 2,
+        "progress": step / 8,
+        "shuffled": step % 2 == 1,
+        "name": f"train-{step}",
+        "seen": np.int64(10 * step),
+        "fraction": np.float32(step / 4),
+        "offset": np.asarray(step, np.int16),
+        "order": np.arange(step, step + 5, dtype=np.uint32),
+        "weights": jnp.arange(3.0) * step,
+        "nested": [jnp.bool_(step > 1), ("shard", np.asarray([step], np.uint8))],
+    }
+
+
+def assert_round_trip(restored, saved) -> None:
+    leaves, structure = jax.tree.flatten(saved)
+    assert jax.tree.structure(restored) == structure
+    for got, want in zip(jax.tree.leaves(restored), leaves, strict=True):
+        assert type(got) is type(want) or (isinstance(want, jax.Array) and isinstance(got, jax.Array))
+        if isinstance(want, jax.Array | np.ndarray | np.generic):
+            assert got.dtype == want.dtype and np.shape(got) == np.shape(want)
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        else:
+            assert got == want
+
+
+def test_a_dataset_state_of_scalars_strings_numpy_and_jax_arrays_comes_back_equal_with_its_types(tmp_path):
+    c = checkpointer(tmp_path)
+    c.save(state_at(3), 3, 1.0, dataset_state=dataset_state_of_every_kind(3))
+    state, restored = c.restore(state_at(0), dataset_state_of_every_kind(0))
+    assert int(state.step) == 3
+    assert_round_trip(restored, dataset_state_of_every_kind(3))
+    assert restored["step"].sharding == jnp.int32(0).sharding  # placed as the template's leaf
+
+    handler = TrainingIOHandler(
+        {
+            "checkpoint_dir": str(tmp_path / "h"),
+            "save_interval_steps": 1,
+            "restore_checkpoint_if_exists": True,
+        }
+    )
+    handler.save_checkpoint(state_at(5), 5, 1.0, dataset_state={"step": jnp.int32(5)})
+    handler.wait_until_finished()
+    _, restored = handler.restore_checkpoint(state_at(0), {"step": jnp.int32(0)})
+    assert_round_trip(restored, {"step": jnp.int32(5)})
+
+
 def test_restore_gives_none_for_the_dataset_state_when_the_checkpoint_holds_none(tmp_path):
     c = checkpointer(tmp_path)
     c.save(state_at(1), 1, 1.0)
