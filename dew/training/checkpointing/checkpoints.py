@@ -256,8 +256,9 @@ class Checkpoints:
     # --- reading --------------------------------------------------------------------------------
     def stored(self, step: int | None = None) -> TrainState:
         """Return what the checkpoint at ``step`` (default: latest) holds, without reading its
-        values: each field a ``jax.ShapeDtypeStruct`` tree (from a local checkpoint: a flat dict
-        keyed by leaf name), an unset field None."""
+        values: each field a ``jax.ShapeDtypeStruct`` tree, the same nested shape from either
+        tier (orbax's metadata form: dicts for mappings and named nodes, lists for sequences),
+        an unset field None."""
         return self.tiers.stored(self.tiers.resolve(step))
 
     def accumulation_template(self, step: int) -> Any:

@@ -84,6 +84,33 @@ def leaf_names(tree: Any) -> dict[str, Any]:
     return {".".join(_key_name(k) for k in path): leaf for path, leaf in flat}
 
 
+def skeleton(tree: Any, path: tuple[Any, ...] = ()) -> Any:
+    """``tree`` in the form orbax's metadata gives it back, as JSON: a dict for a mapping or a
+    named node (a namedtuple's fields), a list for a sequence, None for a node without leaves
+    (``optax.EmptyState()``, None), and each leaf's dotted name (``leaf_names``) in its place.
+    A tier without orbax metadata (the local one) keeps this to answer ``stored`` in the same
+    shapes as the persistent tier."""
+    if not jax.tree.leaves(tree):
+        return None
+    if jax.tree_util.treedef_is_leaf(jax.tree.structure(tree)):
+        return ".".join(_key_name(k) for k in path)
+    children, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is not tree)
+    if all(isinstance(key, SequenceKey | FlattenedIndexKey) for (key,), _ in children):
+        return [skeleton(child, (*path, key)) for (key,), child in children]
+    return {_key_name(key): skeleton(child, (*path, key)) for (key,), child in children}
+
+
+def fill_skeleton(tree: Any, leaves: Mapping[str, Any]) -> Any:
+    """A ``skeleton`` with each leaf name replaced by ``leaves[name]``."""
+    if isinstance(tree, str):
+        return leaves[tree]
+    if isinstance(tree, list):
+        return [fill_skeleton(child, leaves) for child in tree]
+    if isinstance(tree, dict):
+        return {key: fill_skeleton(child, leaves) for key, child in tree.items()}
+    return None
+
+
 def stored_leaves(metadata_tree: Any) -> dict[str, Any]:
     """Flatten an orbax metadata tree to ``{dotted name: ArrayMetadata}`` (empty nodes dropped)."""
     flat, _ = jax.tree_util.tree_flatten_with_path(metadata_tree)
