@@ -230,6 +230,11 @@ class Store:
                 raise CheckpointRestorationError(f"checkpoint step {step}: {e.args[0]}") from None
         return state, position
 
+    def stored_law(self, step: int) -> Any:
+        """The shapes of the EMA law ``step``'s ``extra`` item stores, or None (no values read)."""
+        extra = self.metadata(step, ["extra"])["extra"]
+        return None if extra.get("ema") is None else layout.shape_dtype_tree(extra["ema"])
+
     def stored(self, step: int) -> TrainState:
         trees = {item: layout.shape_dtype_tree(tree) for item, tree in self.metadata(step).items()}
         trees.update({item: None for item in self.empty_items(step)})
