@@ -304,7 +304,12 @@ class Trainer:
                 restore_optimizer_state=s.restore_optimizer_state,
                 restore_rng_key=s.restore_rng_key,
             )
-        return state, position, written_by
+        # The law this run's step applies (the checkpoint's, or none for one written before
+        # states carried it): what its own saves then store beside the EMA.
+        law = jax.device_put(
+            ema_lib.law(self.ema, template.params, self.accumulation), self.state_shardings.ema_law
+        )
+        return state.replace(ema_law=law), position, written_by
 
     def _read_position(self, position: bytes, written_by: dict[str, Any] | None, step: int) -> None:
         """Continue the data stream from a checkpoint's position, carried over by example index

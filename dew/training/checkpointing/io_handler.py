@@ -18,12 +18,8 @@ import numpy as np
 
 from dew.training.checkpointing.checkpointer import Checkpointer
 from dew.training.checkpointing.checkpoints import Checkpoints
-from dew.training.checkpointing.errors import CheckpointRestorationError
-from dew.training.checkpointing.stix_config import (
-    CheckpointerConfig,
-    ConfigValidationError,
-    TrainingIOHandlerConfig,
-)
+from dew.training.checkpointing.errors import CheckpointRestorationError, ConfigValidationError
+from dew.training.checkpointing.stix_config import CheckpointerConfig, TrainingIOHandlerConfig
 from dew.training.state import TrainState
 from dew.training.tracking.base import LoggingCategory
 
