@@ -104,8 +104,14 @@ def reconstruct_run(
     state, _ = source.restore(None, plan["step"])
     # The EMA item holds the reconstruction itself, recorded as a β = 0 EMA (an average that
     # needs no debiasing), so restore_ema (which debiases by the recorded law) returns it as is.
-    state = state.replace(params=params, ema=params, power_ema=None)
-    plain = ema_lib.record(ema_lib.EMASpec(decay=0.0), params, config.train.accumulation)
+    plain_spec = ema_lib.EMASpec(decay=0.0)
+    state = state.replace(
+        params=params,
+        ema=params,
+        power_ema=None,
+        ema_law=ema_lib.law(plain_spec, params, config.train.accumulation),
+    )
+    plain = ema_lib.record(plain_spec, params, config.train.accumulation)
     record = {
         "sigma_rel": float(sigma_rel),
         "gamma": float(posthoc_ema.std_rel_to_gamma(sigma_rel)),

@@ -405,6 +405,42 @@ def test_a_local_checkpoint_onto_another_placement_raises_before_reading_shards(
     assert_same(state, state_at(3))
 
 
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        optax.adam(1e-3),  # a tuple of a namedtuple and an empty node
+        optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3)),
+        optax.sgd(1e-3),  # no arrays at all: an unset field
+    ],
+    ids=["adam", "chain", "sgd"],
+)
+def test_stored_gives_the_same_nested_shape_dtype_tree_from_the_local_tier_as_from_the_persistent(
+    tmp_path, optimizer
+):
+    def state(step: int) -> TrainState:
+        params = {"net": {"w": jnp.full((8, 4), float(step)), "b": jnp.arange(4.0)}, "scale": jnp.ones(())}
+        return TrainState(
+            step=jnp.int32(step),
+            params=params,
+            opt_state=optimizer.init(params),
+            ema=params,
+            rng=jax.random.PRNGKey(step),
+            pending={"grads": params},
+            power_ema=(params, params),
+        )
+
+    checkpoints = Checkpoints(str(tmp_path / "c"), local_directory=str(tmp_path / "local"), local_every=1)
+    checkpoints.save(2, state(2), None)
+    checkpoints.save_local(3, state(3), None)
+    checkpoints.wait()
+    assert checkpoints.source(3).startswith(str(tmp_path / "local"))  # step 3 is only local
+    persistent, local = checkpoints.stored(2), checkpoints.stored(3)
+    assert jax.tree.structure(local) == jax.tree.structure(persistent)
+    assert jax.tree.leaves(local) == jax.tree.leaves(persistent)
+    assert local.params["net"]["w"] == jax.ShapeDtypeStruct((8, 4), jnp.float32)
+    assert local.opt_state == persistent.opt_state and local.power_ema == persistent.power_ema
+
+
 # --- run metadata --------------------------------------------------------------------------------
 def test_run_metadata_is_plain_json_beside_checkpoints(tmp_path):
     assert read_run_metadata(str(tmp_path)) is None

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.special
 import ml_collections
+import numpy as np
 
 from dew.schema import ConfigError, Key, Section, at_least
 
@@ -205,6 +206,61 @@ def from_record(saved: dict[str, Any]) -> tuple[EMASpec, int]:
         ramp_up=saved.get("ramp_up"),
     )
     return spec, int(saved.get("accumulation", 1))
+
+
+# --- the run's EMA as arrays: what a TrainState carries and a checkpoint's ``extra`` item stores ---
+_EXACT = "<f8"  # the law's float parameters, kept exactly as their IEEE bits (JAX runs without x64)
+
+
+def _bits(value: float) -> jax.Array:
+    return jnp.asarray(np.array([value], _EXACT).view("<u4"))
+
+
+def _unbits(bits: Any) -> float:
+    return float(np.asarray(bits, "<u4").view(_EXACT)[0])
+
+
+def law(spec: EMASpec, params: Params, accumulation: int = 1) -> dict[str, jax.Array]:
+    """The EMA's law as the small arrays ``TrainState.ema_law`` holds and a checkpoint's ``extra``
+    item stores, so that ``ema_params`` + ``extra`` debias on their own (``from_law``):
+
+        decay, half_life, ramp_up   uint32[2] each: the float64 value's bits, exact (0: unset)
+        accumulation                int32[]: micro-batches per optimizer update
+        tracked                     bool[n], only when ``spec.tracks`` is set: whether each of
+                                    ``params``' leaves (in ``jax.tree.leaves`` order) is averaged
+
+    Traceable: ``make_init`` builds it inside the jitted init."""
+    out = {
+        "decay": _bits(spec.decay),
+        "half_life": _bits(spec.half_life or 0.0),
+        "ramp_up": _bits(spec.ramp_up or 0.0),
+        "accumulation": jnp.asarray(accumulation, jnp.int32),
+    }
+    if spec.tracks is not None:
+        out["tracked"] = jnp.asarray([bool(m) for m in jax.tree.leaves(spec.mask(params))], bool)
+    return out
+
+
+def from_law(saved: Any, params: Params) -> tuple[EMASpec, int]:
+    """The ``EMASpec`` and accumulation a ``law`` (host or device arrays) describes; ``params``
+    is the tree it was made for (shapes suffice), to name the tracked leaves."""
+    half_life, ramp_up = _unbits(saved["half_life"]), _unbits(saved["ramp_up"])
+    tracks = None
+    if "tracked" in saved:
+        mask = np.asarray(saved["tracked"], bool).ravel()
+        paths = [leaf_path(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)]
+        if len(paths) != mask.size:
+            raise ValueError(
+                f"the EMA law tracks {mask.size} parameter leaves, the parameter tree given has {len(paths)}"
+            )
+        tracks = frozenset(p for p, on in zip(paths, mask, strict=True) if on).__contains__
+    spec = EMASpec(
+        decay=_unbits(saved["decay"]),
+        tracks=tracks,
+        half_life=half_life or None,
+        ramp_up=(ramp_up or None) if half_life else None,
+    )
+    return spec, int(np.asarray(saved["accumulation"]))
 
 
 def same_law(a: EMASpec, b: EMASpec) -> bool:

@@ -11,11 +11,12 @@ One idea per module:
 - ``retention``: which steps a directory keeps;
 - ``paths``: directories as paths or URIs (``etils.epath``);
 - ``settings``: ``config.checkpoint`` read and validated;
-- ``errors``: ``CheckpointRestorationError`` (``CheckpointDamagedError``), ``CheckpointWriteError``;
+- ``errors``: ``CheckpointRestorationError`` (``CheckpointDamagedError``), ``CheckpointWriteError``,
+  ``ConfigValidationError``;
 - ``integrity``: per-item checksums, written after the data and verified before a read;
 - ``run_metadata``: ``run.json`` beside ``checkpoints/``;
 - ``checkpointer``, ``io_handler``, ``stix_config``: the stix API (``Checkpointer``,
-  ``TrainingIOHandler`` and their configs), a thin layer over the same machinery.
+  ``TrainingIOHandler`` and their pydantic configs), a thin layer over the same machinery.
 
 Names resolve lazily, so importing the package opens no backend.
 """
@@ -39,7 +40,7 @@ _EXPORTS = {
     "CheckpointerConfig": "dew.checkpointing.stix_config",
     "TrainingIOHandler": "dew.checkpointing.io_handler",
     "TrainingIOHandlerConfig": "dew.checkpointing.stix_config",
-    "ConfigValidationError": "dew.checkpointing.stix_config",
+    "ConfigValidationError": "dew.checkpointing.errors",
     "checkpoint_settings": "dew.checkpointing.settings",
 }
 

@@ -87,21 +87,30 @@ class Checkpointer:
         """Persist ``training_state`` under ``step`` as independently-loadable items.
 
         The state is split across orbax items ``params``, ``opt_state``, ``ema_params`` (the
-        raw, non-debiased EMA) and ``extra`` (step count and rng key), so each can be restored
-        on its own; ``eval_loss`` ranks the checkpoint (stored in its metrics as ``eval_loss``);
-        ``dataset_state`` is any pytree (e.g. a grain iterator state), saved when not None.
-        A step that ``should_save`` declines is skipped (orbax's cadence). Dew extension:
-        ``ema_decay`` (a β or an ``EMASpec``) is recorded with the step, so ``restore_ema`` debiases
-        without being told.
+        raw, non-debiased EMA) and ``extra`` (the small scalars: step count, rng key and the
+        EMA's law, ``TrainState.ema_law``, which ``make_init`` sets), so each can be restored
+        on its own and ``restore_ema`` debiases from ``ema_params`` + ``extra``; ``eval_loss``
+        ranks the checkpoint (stored in its metrics as ``eval_loss``); ``dataset_state`` is any
+        pytree (e.g. a grain iterator state), saved when not None. A step that ``should_save``
+        declines is skipped (orbax's cadence). Dew extension: ``ema_decay`` (a β or an
+        ``EMASpec``) gives the law of a state that carries none (one that does must agree).
         """
         if not self.should_save(step):
             return
-        ema = None
         if ema_decay is not None:
             spec = ema_decay if isinstance(ema_decay, EMASpec) else EMASpec(decay=float(ema_decay))
-            ema = ema_lib.record(spec, training_state.params)
+            if training_state.ema_law is None:
+                training_state = training_state.replace(ema_law=ema_lib.law(spec, training_state.params))
+            else:
+                carried, _ = ema_lib.from_law(jax.device_get(training_state.ema_law), training_state.params)
+                if not ema_lib.same_law(carried, spec):
+                    raise ValueError(
+                        f"Checkpointer.save: ema_decay={ema_decay!r} contradicts the EMA law the state "
+                        f"carries (decay={carried.decay}, half_life={carried.half_life}, "
+                        f"ramp_up={carried.ramp_up}); leave ema_decay unset"
+                    )
         metrics = {EVAL_LOSS: float(np.asarray(jax.device_get(eval_loss)))}
-        self.checkpoints.save(step, training_state, None, metrics, dataset_state=dataset_state, ema=ema)
+        self.checkpoints.save(step, training_state, None, metrics, dataset_state=dataset_state)
 
     def restore(
         self,
@@ -144,10 +153,10 @@ class Checkpointer:
         params are gone is served), then applies the live loop's bias correction
         ``ema / (1 - decay ** num_steps)``. ``template`` is a params pytree of the right structure
         (shape/dtype, optionally sharded), or None for host arrays; ``step`` defaults to
-        ``latest_step()``. ``decay`` (dew extension) defaults to the EMA recorded at save (by
-        ``save(..., ema_decay=)`` or a dew Trainer, whose record also names the tracked leaves and
-        the accumulation). Raises ``ValueError`` (``CheckpointRestorationError``) if no
-        checkpoint exists or no decay is known.
+        ``latest_step()``. The decay (or half-life schedule), the accumulation and the tracked
+        leaves are ``extra``'s (the state's ``ema_law``); ``decay`` (dew extension) is needed
+        only for a state saved without one. Raises ``ValueError``
+        (``CheckpointRestorationError``) if no checkpoint exists or no decay is known.
         """
         return self.checkpoints.restore_ema(template, step, decay=decay)
 

@@ -170,6 +170,7 @@ class Checkpoints:
         if dataset_state is not None:
             dataset_state = jax.tree.map(host_copy, dataset_state)
         ema = self.ema if ema is None else dict(ema)
+        state = with_law(state, ema)
         self.writer.submit(self._write, step, snapshot(state), rows, metrics, dataset_state, ema)
 
     def save_local(
@@ -183,7 +184,7 @@ class Checkpoints:
         self._writable()
         self.writer.wait()
         step, row = layout.step_number(step), positions.local_row(saved, share)
-        self.writer.submit(self._write_local, step, snapshot(state), row)
+        self.writer.submit(self._write_local, step, snapshot(with_law(state, self.ema)), row)
 
     def wait(self) -> None:
         """Block until pending async writes (and uploads) have landed; re-raise the first that
@@ -256,8 +257,9 @@ class Checkpoints:
     # --- reading --------------------------------------------------------------------------------
     def stored(self, step: int | None = None) -> TrainState:
         """Return what the checkpoint at ``step`` (default: latest) holds, without reading its
-        values: each field a ``jax.ShapeDtypeStruct`` tree (from a local checkpoint: a flat dict
-        keyed by leaf name), an unset field None."""
+        values: each field a ``jax.ShapeDtypeStruct`` tree, the same nested shape from either
+        tier (orbax's metadata form: dicts for mappings and named nodes, lists for sequences),
+        an unset field None."""
         return self.tiers.stored(self.tiers.resolve(step))
 
     def accumulation_template(self, step: int) -> Any:
@@ -280,7 +282,8 @@ class Checkpoints:
         every leaf as a host array. A step that is the local one every process holds is read
         from the local directory, onto the placement it was written with; any other step from
         the persistent one. The position is the bytes the reader of ``share`` resumes from, or
-        None without a share (or when the checkpoint stored none).
+        None without a share (or when the checkpoint stored none). The state's ``ema_law`` is
+        the stored one, whatever the template's (None for a step written before states carried it).
         """
         return self.tiers.restore(template, self.tiers.resolve(step), share, read_opt_state=True)
 
@@ -308,6 +311,8 @@ class Checkpoints:
             state = state.replace(opt_state=fresh.opt_state)
         if not restore_rng_key:
             state = state.replace(rng=fresh.rng)
+        if state.ema_law is None:  # written before states carried their EMA's law
+            state = state.replace(ema_law=fresh.ema_law)
         return state, position
 
     def restore_ema(
@@ -322,10 +327,11 @@ class Checkpoints:
 
         Reads only ``ema_params`` and ``extra``, never params or opt_state (which may be gone),
         and applies the live loop's correction ``ema / (1 − Π β_i)`` over the optimizer updates
-        behind the step (``step // accumulation``). The checkpoint records the run's EMA (β's law,
-        the tracked leaves, the accumulation), so no further argument is needed; an explicit
-        ``decay`` (a β or an ``EMASpec``) or ``accumulation`` that contradicts the record is an
-        error, and one is required only for a checkpoint written without a record. ``template``
+        behind the step (``step // accumulation``). ``extra`` holds the step count and the EMA's
+        law (β's law, the tracked leaves, the accumulation: ``TrainState.ema_law``, or the
+        ``ema`` record a save was given), so no further argument is needed; an explicit
+        ``decay`` (a β or an ``EMASpec``) or ``accumulation`` that contradicts it is an error,
+        and one is required only for a state saved without any law. ``template``
         is a params tree (shape/dtype, optionally sharded), or None for host arrays. Raises
         ``CheckpointRestorationError`` (a ``ValueError``) when no checkpoint exists.
         """
@@ -336,14 +342,19 @@ class Checkpoints:
             )
         step = self.tiers.resolve(step)
         where = f"checkpoint step {step} in {self.directory}"
-        spec, k = layout.ema_to_use(self.tiers.ema_record(step), decay, accumulation, where)
-        ema, count = self.tiers.ema(template, step)
+        ema, count, law = self.tiers.ema(template, step)
+        if law is not None:
+            recorded = ema_lib.from_law(law, ema)
+        else:  # a checkpoint from before extra held the law: its metadata record, if any
+            record = self.tiers.ema_record(step)
+            recorded = None if record is None else ema_lib.from_record(dict(record))
+        spec, k = layout.ema_to_use(recorded, decay, accumulation, where)
         return ema_lib.debias(ema, spec, num_updates(count, k))
 
     # --- internals --------------------------------------------------------------------------------
     def _write(self, step: int, state: TrainState, rows: Any, metrics: Any, dataset: Any, ema: Any) -> None:
         layout.check_step(step, state)
-        self.store.write(step, state, rows, metrics, dataset, ema)
+        self.store.write(step, state, rows, metrics, dataset, law_record(state, ema))
         if self.upload is not None:
             pending = self.upload(self.path(step))
             if pending is not None:
@@ -352,8 +363,9 @@ class Checkpoints:
     def _write_local(self, step: int, state: TrainState, row: dict[str, np.ndarray] | None) -> None:
         layout.check_step(step, state)
         shards, meta = local.describe(step, state)
-        if self.ema is not None:
-            meta["ema"] = self.ema
+        record = law_record(state, self.ema)
+        if record is not None:
+            meta["ema"] = record
         try:
             local.write(self.local_path, step, shards, meta, row)
         except Exception as e:
@@ -364,3 +376,20 @@ class Checkpoints:
     def _writable(self) -> None:
         if self.read_only:
             raise ValueError(f"Checkpoints: {self.directory} was opened read_only; it cannot be written")
+
+
+def with_law(state: TrainState, record: Mapping[str, Any] | None) -> TrainState:
+    """``state`` carrying an EMA law: its own, else the one ``record`` (``ema.record``) names."""
+    if state.ema_law is not None or record is None:
+        return state
+    spec, k = ema_lib.from_record(dict(record))
+    return state.replace(ema_law=ema_lib.law(spec, state.params, k))
+
+
+def law_record(state: TrainState, record: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The JSON record kept in a step's metadata beside ``extra``'s law, describing that law
+    (so the two never disagree); runs on the writer thread (it reads the law's values)."""
+    if state.ema_law is None:
+        return None if record is None else dict(record)
+    spec, k = ema_lib.from_law(jax.device_get(state.ema_law), state.params)
+    return ema_lib.record(spec, state.params, k)

@@ -28,3 +28,8 @@ def first_line(error: BaseException) -> str:
     """An error's first line, bounded: tensorstore errors carry kilobytes of spec."""
     text = str(error).strip()
     return text.splitlines()[0][:300] if text else type(error).__name__
+
+
+class ConfigValidationError(ValueError):
+    """A stix checkpointing setting that the IO handler or checkpointer cannot use as combined
+    (the configs' own field checks are pydantic's ``ValidationError``); the message names it."""

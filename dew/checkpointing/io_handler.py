@@ -18,12 +18,8 @@ import numpy as np
 
 from dew.checkpointing.checkpointer import Checkpointer
 from dew.checkpointing.checkpoints import Checkpoints
-from dew.checkpointing.errors import CheckpointRestorationError
-from dew.checkpointing.stix_config import (
-    CheckpointerConfig,
-    ConfigValidationError,
-    TrainingIOHandlerConfig,
-)
+from dew.checkpointing.errors import CheckpointRestorationError, ConfigValidationError
+from dew.checkpointing.stix_config import CheckpointerConfig, TrainingIOHandlerConfig
 from dew.tracking.base import LoggingCategory
 from dew.training.state import TrainState
 

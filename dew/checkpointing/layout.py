@@ -6,7 +6,8 @@ A checkpoint holds separately restorable items:
     params/      the live parameters
     opt_state/   the optimizer state
     ema_params/  the raw (not debiased) EMA, so ``restore_ema`` needs neither of the above
-    extra/       the small scalars: step, rng key
+    extra/       the small scalars: step, rng key, and the EMA's law (``ema``: β's law, the
+                 micro-batches per update, the tracked leaves; ``dew.averaging.ema.law``)
     pending/     gradient sums of an unfinished accumulation (only when the state has them)
     data/        data positions (``positions``)
     dataset/     a caller's own pytree (the stix ``dataset_state``), when one was saved
@@ -46,6 +47,8 @@ def items_from_state(state: Any) -> dict[str, Any]:
         "ema_params": state.ema,
         "extra": {"step": state.step, "rng": state.rng},
     }
+    if state.ema_law is not None:  # what restore_ema needs besides ema_params (``ema.law``)
+        items["extra"]["ema"] = state.ema_law
     if state.pending is not None:
         items["pending"] = state.pending
     if state.power_ema is not None:  # post-hoc EMA slots, only when the run tracks them
@@ -64,6 +67,7 @@ def state_from_items(items: Mapping[str, Any]) -> TrainState:
         rng=extra.get("rng"),
         pending=items.get("pending"),
         power_ema=None if items.get("power_ema") is None else tuple(items["power_ema"]),
+        ema_law=extra.get("ema"),
     )
 
 
@@ -82,6 +86,33 @@ def leaf_names(tree: Any) -> dict[str, Any]:
     """``{"0.mu.w": leaf, ...}``: dotted paths, the names orbax gives the leaves it stores."""
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)
     return {".".join(_key_name(k) for k in path): leaf for path, leaf in flat}
+
+
+def skeleton(tree: Any, path: tuple[Any, ...] = ()) -> Any:
+    """``tree`` in the form orbax's metadata gives it back, as JSON: a dict for a mapping or a
+    named node (a namedtuple's fields), a list for a sequence, None for a node without leaves
+    (``optax.EmptyState()``, None), and each leaf's dotted name (``leaf_names``) in its place.
+    A tier without orbax metadata (the local one) keeps this to answer ``stored`` in the same
+    shapes as the persistent tier."""
+    if not jax.tree.leaves(tree):
+        return None
+    if jax.tree_util.treedef_is_leaf(jax.tree.structure(tree)):
+        return ".".join(_key_name(k) for k in path)
+    children, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is not tree)
+    if all(isinstance(key, SequenceKey | FlattenedIndexKey) for (key,), _ in children):
+        return [skeleton(child, (*path, key)) for (key,), child in children]
+    return {_key_name(key): skeleton(child, (*path, key)) for (key,), child in children}
+
+
+def fill_skeleton(tree: Any, leaves: Mapping[str, Any]) -> Any:
+    """A ``skeleton`` with each leaf name replaced by ``leaves[name]``."""
+    if isinstance(tree, str):
+        return leaves[tree]
+    if isinstance(tree, list):
+        return [fill_skeleton(child, leaves) for child in tree]
+    if isinstance(tree, dict):
+        return {key: fill_skeleton(child, leaves) for key, child in tree.items()}
+    return None
 
 
 def stored_leaves(metadata_tree: Any) -> dict[str, Any]:
@@ -149,22 +180,23 @@ def abstract_leaf(leaf: Any) -> jax.ShapeDtypeStruct:
 
 
 def ema_to_use(
-    recorded: Mapping[str, Any] | None, decay: Any, accumulation: int | None, where: str
+    recorded: tuple[Any, int] | None, decay: Any, accumulation: int | None, where: str
 ) -> tuple[Any, int]:
-    """The ``EMASpec`` and accumulation to debias with: the recorded ones, checked against any
-    explicit argument; without a record, the arguments (a decay is then required)."""
+    """The ``EMASpec`` and accumulation to debias with: the recorded ones (``extra``'s law, or
+    an older checkpoint's metadata record), checked against any explicit argument; without a
+    record, the arguments (a decay is then required)."""
     from dew.averaging import ema as ema_lib
     from dew.checkpointing.errors import CheckpointRestorationError
 
     if recorded is None:
         if decay is None:
             raise CheckpointRestorationError(
-                f"{where} records no EMA (written before runs recorded it): pass decay= (the run's β or "
-                "EMASpec) and accumulation="
+                f"{where} records no EMA law (its state carried none: TrainState.ema_law is set by "
+                "make_init with an EMASpec): pass decay= (the run's β or EMASpec) and accumulation="
             )
         spec = decay if isinstance(decay, ema_lib.EMASpec) else ema_lib.EMASpec(decay=float(decay))
         return spec, 1 if accumulation is None else int(accumulation)
-    spec, k = ema_lib.from_record(dict(recorded))
+    spec, k = recorded
     if decay is not None:
         given = decay if isinstance(decay, ema_lib.EMASpec) else ema_lib.EMASpec(decay=float(decay))
         if not ema_lib.same_law(given, spec):

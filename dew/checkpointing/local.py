@@ -130,6 +130,8 @@ def describe(step: int, state: TrainState) -> tuple[list[list[np.ndarray]], dict
         "process_index": jax.process_index(),
         "process_count": jax.process_count(),
         "placement": placement,
+        # Each item's tree as the persistent tier's metadata gives it (``stored``).
+        "trees": layout.skeleton(layout.items_from_state(state)),
     }
     return shards, meta
 
@@ -219,12 +221,17 @@ def set_aside(root: str, step: int) -> str:
 
 
 def stored(meta: Mapping[str, Any]) -> TrainState:
-    """Shapes and dtypes by field, as flat dicts keyed by leaf name; no shard is read."""
-    items: dict[str, dict[str, jax.ShapeDtypeStruct]] = {}
-    for leaf in meta["placement"]:
-        item, _, rest = leaf["name"].partition(".")
-        items.setdefault(item, {})[rest] = jax.ShapeDtypeStruct(tuple(leaf["shape"]), np.dtype(leaf["dtype"]))
-    return layout.state_from_items(items)
+    """Shapes and dtypes by field, each a ``jax.ShapeDtypeStruct`` tree of the shape the
+    persistent tier's ``stored`` gives (lists for sequences, dicts for mappings and named
+    nodes), an item without leaves None; no shard is read. A step written before the trees
+    were recorded comes back as nested dicts split at the dots of the leaf names."""
+    leaves = {
+        leaf["name"]: jax.ShapeDtypeStruct(tuple(leaf["shape"]), np.dtype(leaf["dtype"]))
+        for leaf in meta["placement"]
+    }
+    if "trees" in meta:
+        return layout.state_from_items(layout.fill_skeleton(meta["trees"], leaves))
+    return layout.state_from_items(items_from_names(leaves, None))
 
 
 def read_shards(root: str, step: int, meta: Mapping[str, Any]) -> list[list[np.ndarray]]:

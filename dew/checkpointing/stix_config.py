@@ -1,106 +1,35 @@
-"""The stix configs, ``TrainingIOHandlerConfig`` and ``CheckpointerConfig``: keyword-only,
-validated on construction like the pydantic models they are documented as, without pydantic.
+"""The stix configs, ``TrainingIOHandlerConfig`` and ``CheckpointerConfig``: pydantic models, as
+the stix text documents them (``Bases: BaseModel``).
 
-Construction checks every field (types, ``> 0`` bounds, cross-field rules) and rejects an unknown
-key, naming it, the closest known key and every accepted one; errors are ``ConfigValidationError``
-(a ``ValueError``). ``model_dump()`` gives the fields as a dict, ``model_config`` is the documented
-one. Both configs reject unknown keys (a typo never silently falls back to a default), also
-``CheckpointerConfig``, whose documented ``model_config`` only allows arbitrary types.
+Validation, coercion and error messages are pydantic's: keyword-only construction, ``Gt(0)``
+bounds on the counts, ``model_config`` exactly as documented (the IO handler's config forbids
+unknown keys; the checkpointer's allows arbitrary types and, as pydantic does by default, ignores
+unknown keys). A bad value raises ``pydantic.ValidationError`` (a ``ValueError``) naming the
+field, the value given and what it expected. ``model_dump()`` gives the fields as a dict.
+
+This module is the only one in dew that imports pydantic, and nothing imports it on
+``import dew`` or for a run: it loads when a stix config (or ``Checkpointer`` /
+``TrainingIOHandler``) is first named.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import os
-from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Annotated, TypeAlias
+
+import pydantic
+
+from dew.checkpointing.errors import ConfigValidationError
+
+__all__ = ["CheckpointerConfig", "ConfigValidationError", "TrainingIOHandlerConfig"]
+
+PathLike: TypeAlias = str | os.PathLike
+#: An int > 0, spelt as the stix text shows it (``Annotated[int, Field(gt=0)]``).
+PositiveInt = Annotated[int, pydantic.Field(gt=0)]
 
 
-class ConfigValidationError(ValueError):
-    """A stix config got a value it does not accept; the message names the field."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _Field:
-    default: Any
-    check: Callable[[Any], bool]
-    accepted: str
-    required: bool = False
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _positive_int(value: Any) -> bool:
-    return _is_int(value) and value > 0
-
-
-def _path(value: Any) -> bool:
-    return isinstance(value, str | os.PathLike) and bool(os.fspath(value))
-
-
-def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda value: value is None or check(value)
-
-
-def _bool(value: Any) -> bool:
-    return isinstance(value, bool)
-
-
-class _Config:
-    """Keyword-only fields declared in ``_fields``; validated on construction."""
-
-    _fields: ClassVar[dict[str, _Field]] = {}
-    model_config: ClassVar[dict[str, Any]] = {}
-
-    def __init__(self, **values: Any):
-        name = type(self).__name__
-        unknown = sorted(set(values) - set(self._fields))
-        if unknown:
-            key = unknown[0]
-            close = difflib.get_close_matches(key, list(self._fields), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigValidationError(
-                f"{name}: unknown key {key!r}{hint}; accepted keys are {sorted(self._fields)}"
-            )
-        for key, spec in self._fields.items():
-            if key not in values and spec.required:
-                raise ConfigValidationError(f"{name}.{key} is required: expected {spec.accepted}")
-            value = values.get(key, spec.default)
-            if not spec.check(value):
-                raise ConfigValidationError(f"{name}.{key}={value!r} is invalid: expected {spec.accepted}")
-            object.__setattr__(self, key, value)
-        self._validate()
-
-    def _validate(self) -> None:
-        """Cross-field rules (subclasses)."""
-
-    def __setattr__(self, key: str, value: Any) -> None:
-        """Assignment is validated like construction (an unknown key or a bad value raises)."""
-        type(self)(**{**self.model_dump(), key: value})  # raises, naming the field
-        object.__setattr__(self, key, value)
-
-    def model_dump(self) -> dict[str, Any]:
-        """The fields as a dict (for logging or a new config: ``type(c)(**c.model_dump())``)."""
-        return {key: getattr(self, key) for key in self._fields}
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.model_dump() == self.model_dump()
-
-    __hash__ = None  # mutable, like a pydantic model
-
-    def __repr__(self) -> str:
-        body = ", ".join(f"{k}={v!r}" for k, v in self.model_dump().items())
-        return f"{type(self).__name__}({body})"
-
-
-_PATH_OR_NONE = "None or a non-empty path / URI (str or os.PathLike)"
-
-
-class TrainingIOHandlerConfig(_Config):
-    """Pydantic-style config holding all settings relevant for the training IO handler.
+class TrainingIOHandlerConfig(pydantic.BaseModel):
+    """Pydantic config holding all settings relevant for the training IO handler.
 
     checkpoint_dir:  root checkpoint directory, a local path or any URI scheme orbax's path
                      handling supports; None skips the clear_previous_checkpoints guard. Default None.
@@ -120,48 +49,37 @@ class TrainingIOHandlerConfig(_Config):
     Unknown keys are rejected (``model_config = {'extra': 'forbid'}``).
     """
 
-    model_config: ClassVar[dict[str, Any]] = {"extra": "forbid"}
-    _fields: ClassVar[dict[str, _Field]] = {
-        "checkpoint_dir": _Field(None, _optional(_path), _PATH_OR_NONE),
-        "restore_dir": _Field(None, _optional(_path), _PATH_OR_NONE),
-        "max_to_keep": _Field(5, _positive_int, "an int > 0"),
-        "save_interval_steps": _Field(
-            None, _optional(_positive_int), "None (no checkpointing) or an int > 0"
-        ),
-        "keep_best": _Field(True, _bool, "a bool"),
-        "enable_async_checkpointing": _Field(False, _bool, "a bool"),
-        "restore_checkpoint_if_exists": _Field(False, _bool, "a bool"),
-        "step_to_restore": _Field(None, _optional(_positive_int), "None (the latest) or an int > 0"),
-        "restore_optimizer_state": _Field(True, _bool, "a bool"),
-        "clear_previous_checkpoints": _Field(False, _bool, "a bool"),
-    }
+    model_config = pydantic.ConfigDict(extra="forbid")
 
-    checkpoint_dir: str | os.PathLike | None
-    restore_dir: str | os.PathLike | None
-    max_to_keep: int
-    save_interval_steps: int | None
-    keep_best: bool
-    enable_async_checkpointing: bool
-    restore_checkpoint_if_exists: bool
-    step_to_restore: int | None
-    restore_optimizer_state: bool
-    clear_previous_checkpoints: bool
+    checkpoint_dir: PathLike | None = None
+    restore_dir: PathLike | None = None
+    max_to_keep: PositiveInt = 5
+    save_interval_steps: PositiveInt | None = None
+    keep_best: bool = True
+    enable_async_checkpointing: bool = False
+    restore_checkpoint_if_exists: bool = False
+    step_to_restore: PositiveInt | None = None
+    restore_optimizer_state: bool = True
+    clear_previous_checkpoints: bool = False
 
     @property
     def restores(self) -> bool:
         """Whether a restore is requested."""
         return self.restore_checkpoint_if_exists or self.step_to_restore is not None
 
-    def _validate(self) -> None:
+    @pydantic.model_validator(mode="after")
+    def _no_clear_with_a_restore(self) -> TrainingIOHandlerConfig:
         if self.clear_previous_checkpoints and self.restores:
-            raise ConfigValidationError(
-                "TrainingIOHandlerConfig.clear_previous_checkpoints=True cannot be combined with a restore "
+            raise ValueError(
+                "clear_previous_checkpoints=True cannot be combined with a restore "
                 f"(restore_checkpoint_if_exists={self.restore_checkpoint_if_exists}, "
-                f"step_to_restore={self.step_to_restore!r})"
+                f"step_to_restore={self.step_to_restore!r}): clearing first would delete the "
+                "checkpoints to restore"
             )
+        return self
 
 
-class CheckpointerConfig(_Config):
+class CheckpointerConfig(pydantic.BaseModel):
     """Configuration for ``Checkpointer``.
 
     checkpoint_dir: directory to write to (required; a path or URI).
@@ -174,17 +92,10 @@ class CheckpointerConfig(_Config):
                     crashes).
     """
 
-    model_config: ClassVar[dict[str, Any]] = {"arbitrary_types_allowed": True}
-    _fields: ClassVar[dict[str, _Field]] = {
-        "checkpoint_dir": _Field(None, _path, "a non-empty path / URI (str or os.PathLike)", required=True),
-        "max_to_keep": _Field(5, _optional(_positive_int), "None (keep all) or an int > 0"),
-        "save_interval_steps": _Field(100, _positive_int, "an int > 0"),
-        "keep_best": _Field(True, _bool, "a bool"),
-        "enable_async_checkpointing": _Field(False, _bool, "a bool"),
-    }
+    model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
 
-    checkpoint_dir: str | os.PathLike
-    max_to_keep: int | None
-    save_interval_steps: int
-    keep_best: bool
-    enable_async_checkpointing: bool
+    checkpoint_dir: PathLike
+    max_to_keep: pydantic.PositiveInt | None = 5
+    save_interval_steps: pydantic.PositiveInt = 100
+    keep_best: bool = True
+    enable_async_checkpointing: bool = False

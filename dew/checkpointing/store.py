@@ -24,6 +24,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
+from dew.checkpointing import dataset_state as saved_dataset
 from dew.checkpointing import integrity, layout, positions
 from dew.checkpointing.checksummed_handler import ChecksummedPyTreeHandler
 from dew.checkpointing.errors import (
@@ -229,6 +230,11 @@ class Store:
                 raise CheckpointRestorationError(f"checkpoint step {step}: {e.args[0]}") from None
         return state, position
 
+    def stored_law(self, step: int) -> Any:
+        """The shapes of the EMA law ``step``'s ``extra`` item stores, or None (no values read)."""
+        extra = self.metadata(step, ["extra"])["extra"]
+        return None if extra.get("ema") is None else layout.shape_dtype_tree(extra["ema"])
+
     def stored(self, step: int) -> TrainState:
         trees = {item: layout.shape_dtype_tree(tree) for item, tree in self.metadata(step).items()}
         trees.update({item: None for item in self.empty_items(step)})
@@ -320,19 +326,13 @@ class Store:
         return (_step_metadata(self.path(step)).get("custom_metadata") or {}).get("ema")
 
     def dataset_state(self, step: int, template: Any) -> Any:
-        """The saved ``dataset`` pytree in ``template``'s structure (host values), or None when
-        the step has none."""
+        """The saved ``dataset`` pytree in ``template``'s structure, each leaf of the type of the
+        template's (``checkpointing.dataset_state``), or None when the step has none."""
         if layout.DATASET_ITEM in self.empty_items(step):
             return template
         if layout.DATASET_ITEM not in self.present_items(step):
             return None
-        restore_args = jax.tree.map(
-            lambda leaf: ocp.RestoreArgs(
-                restore_type=np.ndarray if hasattr(leaf, "shape") and np.ndim(leaf) else type(leaf)
-            ),
-            template,
-        )
-        args = ocp.args.PyTreeRestore(item=template, restore_args=restore_args)
+        args = ocp.args.PyTreeRestore(item=template, restore_args=saved_dataset.restore_args(template))
         try:
             restored = self.manager().restore(step, args=ocp.args.Composite(**{layout.DATASET_ITEM: args}))
         except Exception as e:
@@ -340,7 +340,7 @@ class Store:
                 f"checkpoint step {step} in {self.directory}: its dataset state does not fit the template "
                 f"given ({type(e).__name__}: {first_line(e)})"
             ) from e
-        return restored[layout.DATASET_ITEM]
+        return saved_dataset.like_template(restored[layout.DATASET_ITEM], template)
 
     def empty_items(self, step: int) -> list[str]:
         return list((_step_metadata(self.path(step)).get("custom_metadata") or {}).get("empty_items", []))

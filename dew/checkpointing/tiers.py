@@ -95,6 +95,7 @@ class Tiers:
     def restore(
         self, template: TrainState | None, step: int, share: DataPartition | None, read_opt_state: bool
     ) -> tuple[TrainState, bytes | None]:
+        template = self._fit_law(template, step)
         if self.is_local(step):
             meta = local.read_meta(self.local_path, step)
             problem = local.placement_problem(meta, template)
@@ -108,15 +109,39 @@ class Tiers:
                 )
         return self.store.restore(step, template, share, read_opt_state)
 
+    def _fit_law(self, template: TrainState | None, step: int) -> TrainState | None:
+        """``template`` whose ``ema_law`` fits what ``step`` stores: unset when the step stores
+        no law (written before states carried one), else the stored law's shapes (placed like
+        the template's step count) unless the template already names the same leaves. The law
+        comes back as it was saved; a caller running with another one replaces it."""
+        if template is None:
+            return None
+        stored = self.stored(step).ema_law if self.only_local(step) else self.store.stored_law(step)
+        if stored is None:
+            return template.replace(ema_law=None)
+        same = template.ema_law is not None and jax.tree.structure(template.ema_law) == jax.tree.structure(
+            stored
+        )
+        if same and all(
+            tuple(a.shape) == tuple(b.shape)
+            for a, b in zip(jax.tree.leaves(template.ema_law), jax.tree.leaves(stored), strict=True)
+        ):
+            return template
+        sharding = getattr(template.step, "sharding", None)
+        return template.replace(
+            ema_law=jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), stored)
+        )
+
     def ema_record(self, step: int) -> dict[str, Any] | None:
         """The EMA record kept with ``step`` (None: written without one)."""
         if self.only_local(step):
             return local.read_meta(self.local_path, step).get("ema")
         return self.store.ema_record(step)
 
-    def ema(self, template: Any, step: int) -> tuple[Any, int]:
-        """The raw EMA at ``step`` and the step count, reading only ``ema_params`` and ``extra``
-        from the persistent tier (a local-only step is read whole, as host arrays)."""
+    def ema(self, template: Any, step: int) -> tuple[Any, int, Any]:
+        """The raw EMA at ``step``, the step count and the EMA law ``extra`` stores (None when
+        it stores none), reading only ``ema_params`` and ``extra`` from the persistent tier (a
+        local-only step is read whole, as host arrays)."""
         if self.only_local(step):
             if template is not None:
                 raise CheckpointRestorationError(
@@ -124,11 +149,11 @@ class Tiers:
                     "or restore the full state onto its placement"
                 )
             state, _ = self.restore(None, step, None, read_opt_state=True)
-            return state.ema, int(np.asarray(state.step))
+            return state.ema, int(np.asarray(state.step)), state.ema_law
         restored = self.store.read_items(step, {"ema_params": template, "extra": None})
         count = int(np.asarray(restored["extra"]["step"]))
         self.store.check_step(step, count)
-        return restored["ema_params"], count
+        return restored["ema_params"], count, restored["extra"].get("ema")
 
 
 def _everywhere(ok: bool) -> bool:

@@ -28,6 +28,10 @@ class TrainState:
                A plain pytree of arrays, so a checkpoint mid-accumulation resumes exactly.
     power_ema: ``None``, or one power-function EMA of params per profile a run tracks for
                post-hoc EMA (``dew.averaging.power_ema.PowerEMA``; no debiasing needed).
+    ema_law:   ``None``, or what debiasing ``ema`` needs, as small arrays (``ema.law``: β's law,
+               the micro-batches per update, the tracked leaves). ``make_init`` sets it from the
+               run's ``EMASpec``; the step passes it through; a checkpoint stores it in its
+               ``extra`` item, so ``restore_ema`` debiases from ``ema_params`` + ``extra`` alone.
     """
 
     step: jax.Array
@@ -37,6 +41,7 @@ class TrainState:
     rng: jax.Array
     pending: Params | None = None
     power_ema: tuple[Params, ...] | None = None
+    ema_law: dict[str, jax.Array] | None = None
 
     def check(self) -> None:
         """Stage-boundary assertions: cheap, shape/dtype only, safe outside jit."""
@@ -49,6 +54,9 @@ class TrainState:
             chex.assert_trees_all_equal_shapes_and_dtypes(self.params, self.pending["grads"])
         for slot in self.power_ema or ():
             chex.assert_trees_all_equal_shapes_and_dtypes(self.params, slot)
+        if self.ema_law is not None:
+            chex.assert_shape([self.ema_law[k] for k in ("decay", "half_life", "ramp_up")], (2,))
+            chex.assert_shape(self.ema_law["accumulation"], ())
 
 
 def num_updates(step: jax.Array | int, accumulation: int = 1) -> jax.Array | int:

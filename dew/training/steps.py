@@ -45,8 +45,9 @@ def make_init(
     accumulation: int = 1,
     power_ema: PowerEMA | None = None,
 ) -> Callable[[jax.Array, Batch], TrainState]:
-    """``init(rng, batch) -> TrainState``: fresh params, optimizer state, zero EMA, (with
-    ``accumulation`` > 1) zero pending gradient sums and (with ``power_ema``) zero power-EMA slots."""
+    """``init(rng, batch) -> TrainState``: fresh params, optimizer state, zero EMA (with ``ema``,
+    its law in ``ema_law``), (with ``accumulation`` > 1) zero pending gradient sums and (with
+    ``power_ema``) zero power-EMA slots."""
     _check_accumulation(accumulation)
 
     def init(rng: jax.Array, batch: Batch) -> TrainState:
@@ -62,6 +63,7 @@ def make_init(
             rng=run_rng,
             pending=pending,
             power_ema=None if power_ema is None else power_ema.init(params),
+            ema_law=None if ema is None else ema_lib.law(ema, params, accumulation),
         )
 
     return init

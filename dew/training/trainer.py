@@ -161,7 +161,13 @@ class Trainer:
     def initial_state(self) -> TrainState:
         """The state the run starts from, as ``config.checkpoint`` asks (``RestorePolicy``: the
         latest checkpoint of this run or of ``restore_dir`` with its data position, or fresh)."""
-        return self.restore.initial_state(self.fresh_state, self.programs.template, self.train_data)
+        state = self.restore.initial_state(self.fresh_state, self.programs.template, self.train_data)
+        if self.restore.restored_step is None:
+            return state
+        # The EMA law this run's step applies (the checkpoint's, or none for one written before
+        # states carried it): what its own saves then store beside the EMA.
+        law = ema_lib.law(self.ema, self.programs.abstract.params, self.accumulation)
+        return state.replace(ema_law=jax.device_put(law, self.programs.state_shardings.ema_law))
 
     @property
     def restored_step(self) -> int | None:
