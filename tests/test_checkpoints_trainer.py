@@ -18,7 +18,7 @@ from dew.training.checkpointing.settings import checkpoint_settings
 from dew.training.loop import fit
 from dew.training.stages import CheckpointStage
 from dew.training.state import TrainState
-from dew.training.trainer import Trainer, validate_config
+from dew.training.trainer import Trainer, resolve_config
 
 POSITION = b'{"batch": 5, "epoch": 2}'
 
@@ -61,12 +61,12 @@ POSITION = b'{"batch": 5, "epoch": 2}'
 )
 def test_bad_checkpoint_settings_stop_before_any_work(overrides, message):
     with pytest.raises(ConfigError, match=message):
-        validate_config(tiny_config(**overrides))
+        resolve_config(tiny_config(**overrides))
 
 
 def test_a_restore_request_with_checkpointing_off_is_a_checkpoint_restoration_error():
     with pytest.raises(CheckpointRestorationError, match="turns checkpointing off"):
-        validate_config(tiny_config(**{"checkpoint.every": 0, "checkpoint.restore_dir": "/x"}))
+        resolve_config(tiny_config(**{"checkpoint.every": 0, "checkpoint.restore_dir": "/x"}))
 
 
 def test_unknown_and_mistyped_keys_are_named():

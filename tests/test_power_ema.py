@@ -36,12 +36,12 @@ def test_power_ema_config_is_validated():
     from conftest import tiny_config
 
     from dew.config import ConfigError
-    from dew.training.trainer import validate_config
+    from dew.training.trainer import resolve_config
 
     with pytest.raises(
         ConfigError, match=r"config\.ema\.power_std_rels=\(0\.05, 0\.5\) is invalid: expected distinct"
     ):
-        validate_config(tiny_config(**{"ema.power_std_rels": (0.05, 0.5)}))
+        resolve_config(tiny_config(**{"ema.power_std_rels": (0.05, 0.5)}))
     with pytest.raises(ValueError, match="snapshot_every must be an int >= 1"):
         PowerEMA((0.05,), 0)
 

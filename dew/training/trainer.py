@@ -53,7 +53,6 @@ from dew.training.trainer_config import (
     config_schema,
     make_optimizer,
     resolve_config,
-    validate_config,
 )
 
 
@@ -560,5 +559,4 @@ __all__ = [
     "debiased_ema",
     "make_optimizer",
     "resolve_config",
-    "validate_config",
 ]

@@ -150,11 +150,6 @@ def resolve_config(
     return resolved
 
 
-def validate_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """Check a config before any work (``resolve_config`` without overrides)."""
-    return resolve_config(config)
-
-
 def check_workdir(workdir: str) -> str:
     """The run's directory must be a directory (or not exist yet); nothing is created here."""
     path = os.path.abspath(workdir)
