@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 from conftest import ROOT
 
@@ -119,3 +120,26 @@ def snapshot(directory, skip: tuple[str, ...] = ("logs", "cache")) -> dict[str, 
             with open(path, "rb") as f:
                 out[os.path.relpath(path, directory)] = hashlib.sha256(f.read()).hexdigest()
     return out
+
+
+def complete_rows(workdir) -> list[dict]:
+    """The history's rows as a live run has written them so far: whole lines only (a row being
+    appended right now is left for the next read); none before the file exists."""
+    try:
+        with open(os.path.join(workdir, "tracking", "scalars.jsonl"), "rb") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.split(b"\n")[:-1]]
+
+
+def wait_for(child: subprocess.Popen, condition, what: str, timeout: float = 600) -> None:
+    """Block until ``condition()`` holds, polling what the running ``child`` writes; fail if the
+    child exits first or ``timeout`` seconds pass (a hung run, not a slow machine)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if child.poll() is not None:
+            raise AssertionError(f"the run exited ({child.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout} s")
+        time.sleep(0.005)

@@ -1,7 +1,8 @@
 """Crash safety: SIGKILL a training process again and again, resume each time, and end
 bit-identical to a run that was never interrupted. Partial checkpoints are never ``latest``.
 Half of the kills land mid-write by construction (the child holds a write and says so), so the
-test does not depend on timing to exercise that case."""
+test does not depend on timing to exercise that case; the other kills follow what the run prints
+and writes, never a clock."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import random
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 from conftest import ROOT
+from helpers_cli import wait_for
 
 from dew.checkpointing import Checkpoints
 
@@ -50,7 +51,8 @@ def test_sigkill_at_random_moments_then_resume_ends_bit_identical_to_a_straight_
     for kill in range(KILLS):
         # Even kills land mid-write by construction: the child holds the write of a step two or
         # three ahead between writing its items and renaming them into place, and says so.
-        # Odd kills land at a random moment after 2-4 steps (often mid-write too). Either way at
+        # Odd kills land after 2-4 steps, as step k's save is handed over or once it has landed
+        # (synchronised on what the run prints and writes, not on time). Either way at
         # least one step lands first ("step k" is printed once save k was handed over, which
         # waits for step k-1 to land), so every resume starts later than the one before.
         mid_write = kill % 2 == 0
@@ -67,9 +69,13 @@ def test_sigkill_at_random_moments_then_resume_ends_bit_identical_to_a_straight_
                 pytest.fail(f"the write of step {hold_at} was never held: {child.stderr.read()}")
         else:
             for _ in range(rng.randint(2, 4)):
-                if not child.stdout.readline():
-                    break
-            time.sleep(rng.uniform(0.0, 0.3))
+                line = child.stdout.readline()
+                assert line.startswith("step "), (line, child.stderr.read())
+            # At a moment the run itself marks: just after step k was handed to the writer (its
+            # save in flight, often mid-write), or once that save has landed (the next step running).
+            landed = directory / line.split()[1]
+            if rng.random() < 0.5:
+                wait_for(child, landed.is_dir, f"checkpoint {landed.name} landing")
         child.send_signal(signal.SIGKILL)
         child.wait()
         assert child.returncode == -signal.SIGKILL, child.stderr.read()

@@ -2,9 +2,11 @@
 final state is bit-identical to a straight run's, and so is the local history (same rows, same
 values; only the wall-clock values of system rows differ).
 
-The kills land at random moments: some during start-up (a random delay after launch, cut short
-where the run already wrote a new train row), the rest a random delay after the history reached a
-random step, so they fall inside steps, evaluation, tracker writes and checkpoint writes. A row is
+The kills land at random moments that the run itself marks, never after a delay on a clock: some
+during start-up (right after launch, once the run holds the workdir's lock, once run.json records
+its start), the rest once the history reached a random step (right then, once that step's
+checkpoint landed, or once the next save began), so they fall inside steps, tracker writes and
+checkpoint writes. A row is
 appended with one ``write``, which a kill cannot split; what a power loss or a full disk leaves
 instead (a torn last row) is reproduced after some kills by appending part of a row, as the file
 would hold had the kill landed mid-write.
@@ -18,13 +20,12 @@ import random
 import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
 import pytest
 from conftest import ROOT
-from helpers_cli import comparable, env, rows
+from helpers_cli import comparable, env, rows, wait_for
 
 from dew.checkpointing import Checkpoints
 from dew.data.dataset import DataPartition
@@ -76,6 +77,39 @@ def last_train_step(workdir) -> int:
     return max(steps)
 
 
+def lock_holder(workdir) -> int | None:
+    """The pid the workdir's lock file names (None while there is none, or it is being written)."""
+    try:
+        return json.loads((workdir / "run.lock").read_text())["pid"]
+    except (FileNotFoundError, ValueError, KeyError):
+        return None
+
+
+def recorded_starts(workdir) -> list:
+    """The starts run.json records so far (none while it does not exist or is being replaced)."""
+    try:
+        return json.loads((workdir / "run.json").read_text())["starts"]
+    except (FileNotFoundError, ValueError, KeyError):
+        return []
+
+
+def checkpoint_names(workdir) -> list[str]:
+    directory = workdir / "checkpoints"
+    return os.listdir(directory) if directory.is_dir() else []
+
+
+def landed_from(workdir, step: int) -> bool:
+    """Whether a checkpoint of ``step`` or later has landed (renamed into place)."""
+    return any(name.isdigit() and int(name) >= step for name in checkpoint_names(workdir))
+
+
+def save_begun_from(workdir, step: int) -> bool:
+    """Whether the save of ``step`` or a later one has begun: its temporary directory
+    (``<step>.<suffix>``) or the landed one exists."""
+    leading = (name.split(".")[0] for name in checkpoint_names(workdir))
+    return any(first.isdigit() and int(first) >= step for first in leading)
+
+
 def torn_row(rng: random.Random, step: int) -> str:
     row = json.dumps({"step": step, "category": "train", "loss": 0.123456789, "grad_norm": 1.5})
     return row[: rng.randint(1, len(row) - 1)]
@@ -109,15 +143,26 @@ def test_twenty_kills_at_random_moments_then_resumes_end_bit_identical_to_a_stra
             text=True,
         )
         if i in at_startup:
-            # A random moment within the start-up: at most 4 s, and before the run's first new
-            # train row (a fast CPU starts and trains the remaining steps within 4 s).
-            before, deadline = last_train_step(workdir), time.monotonic() + rng.uniform(0.0, 4.0)
-            while child.poll() is None and time.monotonic() < deadline and last_train_step(workdir) <= before:
-                time.sleep(0.01)
+            # A moment of the start-up the run itself marks: right after launch (the interpreter
+            # starting), once it holds the workdir's lock, or once run.json records its start.
+            moment = rng.choice(["launched", "locked", "start recorded"])
+            if moment == "locked":
+                pid = child.pid
+                wait_for(child, lambda pid=pid: lock_holder(workdir) == pid, "the workdir lock")
+            elif moment == "start recorded":
+                n = len(recorded_starts(workdir))
+                wait_for(child, lambda n=n: len(recorded_starts(workdir)) > n, "a new start in run.json")
         else:
-            while child.poll() is None and last_train_step(workdir) < targets[i]:
-                time.sleep(0.01)
-            time.sleep(rng.uniform(0.0, 0.1))
+            # Once the history reached the target step t (a train row, written with checkpoint t):
+            # right then, once checkpoint t has landed, or once the save of t + 3 is under way.
+            target = targets[i]
+            wait_for(child, lambda t=target: last_train_step(workdir) >= t, f"a train row at {target}")
+            t = last_train_step(workdir)
+            moment = rng.choice(["row written", "checkpoint landed", "next save begun"])
+            if moment == "checkpoint landed":
+                wait_for(child, lambda t=t: landed_from(workdir, t), f"checkpoint {t}")
+            elif moment == "next save begun":
+                wait_for(child, lambda t=t: save_begun_from(workdir, t + 3), f"the save of step {t + 3}")
         assert child.poll() is None, (
             f"kill {i}: the run ended before it ({child.returncode}): {child.stderr.read()}"
         )

@@ -134,12 +134,14 @@ def test_the_trace_term_equals_the_nuclear_norm_of_the_root_product():
     assert abs(got - nuclear) <= 2 * d * d * EPS * scale * max(1.0, nuclear), (got, nuclear)
 
 
-def test_fid_of_nearly_identical_distributions_beats_scipy():
+def test_fid_of_nearly_identical_distributions_within_the_eigenvalue_rounding_bound():
     """Σ_b = (1 + s) Σ_a: FD = Tr Σ_a (2 + s − 2√(1+s)) ≈ 1e-6 against traces ~1e3, so the
     answer is a cancellation. The eigenvalues λ_i = a_i²(1+s) of Σ_b^{1/2} Σ_a Σ_b^{1/2} are known
     to δ = D·ε·max λ after rounding, and √ turns that into min(√δ, δ/(2√λ_i)) each: dew must be
-    within twice their sum (plus the traces' own round-off) and no worse than scipy's sqrtm of
-    the product."""
+    within twice their sum (plus the traces' own round-off). How close scipy's sqrtm of the
+    product comes is not asserted: which of the two rounds closer to the exact value depends on
+    the CPU's BLAS/LAPACK kernels (scipy was the closer on an AVX-512 Intel Xeon, dew on the
+    AMD machines the suite ran on before)."""
     rng = np.random.default_rng(3)
     d, s = 64, 1e-4
     u, _ = np.linalg.qr(rng.standard_normal((d, d)))
@@ -152,8 +154,8 @@ def test_fid_of_nearly_identical_distributions_beats_scipy():
     lam = a**2 * (1 + s)
     delta = d * EPS * lam.max()
     bound = 2 * np.sum(np.minimum(np.sqrt(delta), delta / (2 * np.sqrt(lam)))) + d * EPS * 2 * np.sum(a)
+    assert bound < exact / 2  # the bound resolves the cancelled answer: FD is known to a factor < 2
     assert err < bound, (err, bound)
-    assert err <= abs(_scipy_fid(zero, sigma_a, zero, sigma_b) - exact)
 
 
 def test_unbiased_mmd_equals_the_double_sum():

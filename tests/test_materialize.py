@@ -1,7 +1,7 @@
 """``dew.networks.materialize``: values (and, in reverse mode, cotangents) that XLA:CPU computes once
-into their own buffer. The values and derivatives must be exactly those without it, and on this
-jaxlib the chain feeding a convolution must be computed in one kernel instead of being re-fused
-into the layout transposes of its weight gradient."""
+into their own buffer. The values and derivatives must be exactly those without it, and on XLA:CPU
+the chain feeding a convolution must be computed in one kernel, whatever XLA would fuse it into
+without the mark."""
 
 from __future__ import annotations
 
@@ -99,16 +99,20 @@ def test_on_xla_cpu_the_chain_is_computed_in_one_kernel_not_in_the_weight_gradie
         marked: _optimized_hlo(jax.grad(lambda w_, x_, a_, m=marked: _model(x_, w_, a_, m)), w, x, a)
         for marked in (False, True)
     }
-    # The conditionals survive XLA's simplifier: the value's, and the transposed one on the cotangent.
+    # The mechanism: the marks' conditionals (the value's, and the transposed one on the cotangent)
+    # survive XLA's simplifier, which is target-independent; without marks there are none.
     assert hlo[False].count(" conditional(") == 0
     assert hlo[True].count(" conditional(") == 2
-    # Only w is differentiated, so the chain's |·| is needed once, as the convolution's input. Without
-    # the mark XLA fuses it again into the transpose that lays the input out for the weight
-    # gradient; with it, the transpose copies the one buffer.
+    # Only w is differentiated, so the chain's |·| is needed once, as the convolution's input; with
+    # the mark it is computed exactly once, into the buffer every consumer reads. Whether XLA would
+    # otherwise re-fuse it into the transpose that lays the input out for the weight gradient (jaxlib
+    # 0.10.2 does, on an AVX-512 Xeon with YNNPACK or Eigen convolutions: two |·|) is XLA's fusion
+    # and layout choice, not dew's behaviour, and may differ with the build or the CPU: reported in
+    # the message, not asserted.
     abs_ops = {
         marked: len(re.findall(r"= f32\[[\d,]*\]\{[\d,]*\} abs\(", text)) for marked, text in hlo.items()
     }
-    assert abs_ops[False] >= 2, abs_ops
+    assert abs_ops[False] >= 1, abs_ops  # the pattern finds XLA's |·| at all
     assert abs_ops[True] == 1, abs_ops
 
 

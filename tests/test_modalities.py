@@ -12,6 +12,7 @@ from PIL import Image
 
 import dew
 from dew.config import apply_overrides, load_config
+from dew.scoring.linear_probe import linear_probe, probe_accuracy
 from dew.training.trainer import Trainer
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -91,7 +92,7 @@ def test_video_diffusion_previews_gifs_of_moving_digit_clips(tmp_path):
 
 def test_contrastive_encoder_emits_representations_scored_by_the_linear_probe(tmp_path):
     workdir = tmp_path / "probe"
-    train(
+    trainer = train(
         "probe.py",
         workdir,
         [  # the default batch sizes: 256 to train, 120 of the 180 validation digits to evaluate
@@ -104,13 +105,20 @@ def test_contrastive_encoder_emits_representations_scored_by_the_linear_probe(tm
         ],
     )
     (scored,) = [r for r in rows(workdir) if "linear_probe" in r]
-    assert 0.0 <= scored["linear_probe"] <= 1.0
-    # Raw pixels of 220 real digits: logistic regression reads them well above chance (0.1).
-    assert scored["linear_probe_pixels"] > 0.6
     scatter = Image.open(workdir / "tracking" / "representations" / "samples_00000002.png")
     assert scatter.size == (560, 480)
-    reps = dew.pipeline(str(workdir))()
+    reps = dew.pipeline(str(workdir))()  # the preview's own representations, reproduced exactly
     assert reps.features.shape == (220, 8)
+    # The recorded score is the probe on these representations (the even rows held out) ...
+    assert scored["linear_probe"] == linear_probe(reps)
+    assert scored["linear_probe_pixels"] == probe_accuracy(trainer.objective.probe_images, reps.labels)
+    # ... and reads the labels from them: a probe whose predictions ignored the labels would score
+    # the share q of the held-out rows' commonest label on average, with a standard deviation of at
+    # most √(q(1 − q)/n); both scores must lie above that by 4 standard deviations.
+    held = reps.labels[::2]
+    q = np.bincount(held).max() / len(held)
+    chance = q + 4 * np.sqrt(q * (1 - q) / len(held))
+    assert scored["linear_probe"] > chance and scored["linear_probe_pixels"] > chance, (scored, chance)
 
 
 def test_text_to_image_previews_are_captioned_and_guided_in_an_interval(tmp_path):

@@ -3,13 +3,16 @@ feature Fréchet distance."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
 import dew
-from dew.data.sources.digits import digits
-from dew.scoring.digits_features import digits_frechet_distance, frechet_distance
+from dew.data.sources.digits import digits, load_pixels_and_labels, to_unit_range
+from dew.scoring.digits_features import digit_features, digits_frechet_distance, frechet_distance
 from dew.scoring.sliced_wasserstein import sliced_wasserstein
+from dew.scoring.statistics import feature_statistics
 
 
 def test_sliced_wasserstein_is_zero_on_itself_and_measures_a_shift():
@@ -31,4 +34,11 @@ def test_frechet_distance_matches_the_closed_form_and_ranks_digits_above_noise()
     assert frechet_distance(a, b) == pytest.approx(6.0, rel=0.03)
     real = digits("train").fields["image"][:1000]
     noise = np.random.default_rng(2).uniform(-1, 1, (1000, 8, 8, 1))
-    assert digits_frechet_distance(real) < 1.0 < 20.0 < digits_frechet_distance(noise)
+    # Digits drowned step by step in noise move monotonically away from the real ones.
+    mixed = [digits_frechet_distance((1 - t) * real + t * noise) for t in (0.0, 0.25, 0.5, 1.0)]
+    assert all(a < b for a, b in itertools.pairwise(mixed)), mixed
+    # A point mass at the mean feature of the 1,797 reference digits lies at FD = Tr Σ_real from
+    # them (no mean term, no root term): real digits must be closer than that, noise farther.
+    _, sigma_real = feature_statistics(digit_features(to_unit_range(load_pixels_and_labels()[0])))
+    collapsed = float(np.trace(sigma_real))
+    assert mixed[0] < collapsed < mixed[-1], (mixed, collapsed)

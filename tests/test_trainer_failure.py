@@ -23,9 +23,14 @@ def poisoned_trainer(workdir, **overrides):
     config = tiny_config(**{"train.num_steps": 8, "checkpoint.every": 2, "eval.every": 0, **overrides})
     trainer = Trainer(config, str(workdir))
     data = trainer.train_data
+    start = data.save_position()  # read ahead to batch BAD_STEP, then rewind to where the run starts
+    for _ in range(BAD_STEP - 1):
+        next(data)
+    image = np.asarray(next(data)["image"])[3]
+    data.read_position(start)
     fields = {k: v.copy() for k, v in data.source.fields.items()}
-    rows = data._order(0)[(BAD_STEP - 1) * data.batch_size : BAD_STEP * data.batch_size]
-    fields["image"][rows[3]] = np.nan
+    (row,) = np.flatnonzero((fields["image"] == image).reshape(len(fields["image"]), -1).all(axis=1))
+    fields["image"][row] = np.nan
     data.source = dataclasses.replace(data.source, fields=fields)
     return trainer
 

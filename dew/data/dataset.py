@@ -175,10 +175,6 @@ class Dataset:
         self._position = position
 
     # --- the stream -------------------------------------------------------------------------
-    def _order(self, epoch: int) -> np.ndarray:
-        """This share's visiting order of ``epoch`` (row indices into the source)."""
-        return self._orders(epoch)
-
     def _produce(self, p: _Position) -> tuple[dict[str, np.ndarray], _Position]:
         start = p.batch * self.batch_size
         rows = self._orders(p.epoch)[start : start + self.batch_size]
