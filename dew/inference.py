@@ -130,7 +130,8 @@ def pipeline(source: str, *, step: int | None = None, raw: bool = False) -> Pipe
         raise PipelineError(
             f"pipeline: {type(objective).__name__} provides no inference task (no infer method)"
         )
-    checkpoints = Checkpoints(os.path.join(workdir, "checkpoints"))
+    # Read-only: a run that is still training keeps its in-flight save (see Store.manager).
+    checkpoints = Checkpoints(os.path.join(workdir, "checkpoints"), read_only=True)
     available = checkpoints.all_steps() if hasattr(checkpoints, "all_steps") else ()
     if step is None:
         step = checkpoints.latest

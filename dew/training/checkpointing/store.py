@@ -47,16 +47,27 @@ class Store:
     def __init__(self, directory: epath.Path, retention: Retention, *, read_only: bool = False):
         self.directory, self.retention, self.read_only = directory, retention, read_only
         self._manager: ocp.CheckpointManager | None = None
+        self._writing = False  # whether the open manager is a writer's (see ``manager``)
         self._metrics: dict[int, dict[str, float] | None] = {}
 
-    def manager(self) -> ocp.CheckpointManager:
+    def manager(self, *, writing: bool = False) -> ocp.CheckpointManager:
+        """The orbax manager; ``writing=True`` (a save) reopens a reading one as a writer.
+
+        Only a writer cleans up unfinished saves (``<step>.orbax-checkpoint-tmp``) or creates the
+        directory: a manager opened to list or read steps leaves every file alone, so reading a
+        live run's directory (``pipeline``, ``dew.sample``, a resume's first look) never removes
+        the save that run has in flight. A run's first save cleans up what a killed
+        predecessor left; the workdir lock makes that run the only writer."""
+        if writing and self._manager is not None and not self._writing:
+            self.close()
         if self._manager is None:
+            self._writing = writing and not self.read_only
             options = ocp.CheckpointManagerOptions(
                 enable_async_checkpointing=False,  # the Writer's thread keeps it off the loop
-                # A read-only view of another run's directory must not touch its in-flight writes.
-                cleanup_tmp_directories=not self.read_only,
-                create=not self.read_only,
-                read_only=self.read_only,
+                cleanup_tmp_directories=self._writing,
+                create=self._writing,
+                # Not orbax's read_only (it prints warnings on a reader's console): a reading
+                # manager is never asked to save or delete, and this store refuses to write.
             )
             registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
             for name in (*layout.STATE_ITEMS, layout.DATA_ITEM, layout.DATASET_ITEM):
@@ -120,14 +131,19 @@ class Store:
         }
         if ema is not None:
             custom["ema"] = dict(ema)
+        if self.read_only:
+            raise CheckpointWriteError(
+                f"checkpoint step {step} was not written: {self.directory} is read-only here"
+            )
         if step in self.steps():
             raise CheckpointWriteError(
                 f"checkpoint step {step} was not written: {self.directory} already holds steps "
                 f"{self.steps()}; a run saves each step once (a rollback moves newer steps aside first)"
             )
         try:
-            self.manager().save(step, args=ocp.args.Composite(**items), custom_metadata=custom, force=True)
-            self.manager().wait_until_finished()
+            manager = self.manager(writing=True)
+            manager.save(step, args=ocp.args.Composite(**items), custom_metadata=custom, force=True)
+            manager.wait_until_finished()
         except Exception as e:
             raise CheckpointWriteError(f"checkpoint step {step} did not land in {self.directory}: {e}") from e
         self._metrics[step] = metrics
