@@ -211,6 +211,14 @@ class Store:
         """The state at ``step`` (onto ``template``'s placement, or as host arrays) and the
         position of ``share``."""
         present = self.present_items(step)
+        if share is not None and layout.DATA_ITEM in self.missing_items(step):
+            raise CheckpointDamagedError(
+                f"checkpoint step {step} in {self.directory} is damaged: item {layout.DATA_ITEM!r} (the "
+                "data position) was written but is missing",
+                step=step,
+                item=layout.DATA_ITEM,
+                path=str(self.path(step) / layout.DATA_ITEM),
+            )
         wants_pending = template is not None and template.pending is not None
         if wants_pending and "pending" not in present:
             raise CheckpointRestorationError(
@@ -280,7 +288,7 @@ class Store:
         (``restore_ema`` serves a step whose params and opt_state are gone)."""
         present = self.present_items(step)
         if items is None:
-            missing = sorted(set(layout.REQUIRED_ITEMS) - set(self.empty_items(step)) - set(present))
+            missing = self.missing_items(step)
             if missing:
                 raise CheckpointDamagedError(
                     f"checkpoint step {step} in {self.directory} is damaged: items {missing} are missing",
@@ -307,13 +315,13 @@ class Store:
         return trees
 
     def verify(self, step: int, items: list[str] | None = None) -> None:
-        """Check the checksums of the named items (default: every item present, and none of the
-        required ones missing), streaming each file on this host; raise
+        """Check the checksums of the named items (default: every item present, and none
+        missing that the step requires or was written with), streaming each file on this host; raise
         ``CheckpointDamagedError`` naming the step, the item and the file. Steps written before
         checksums were (no ``checksummed`` flag in their metadata) pass unverified."""
         present = self.present_items(step)
         if items is None:
-            missing = sorted(set(layout.REQUIRED_ITEMS) - set(self.empty_items(step)) - set(present))
+            missing = self.missing_items(step)
             if missing:
                 raise CheckpointDamagedError(
                     f"checkpoint step {step} in {self.directory} is damaged: items {missing} are missing",
@@ -330,6 +338,16 @@ class Store:
     def present_items(self, step: int) -> list[str]:
         names = (*layout.STATE_ITEMS, layout.DATA_ITEM, layout.DATASET_ITEM)
         return [n for n in names if (self.path(step) / n).is_dir()]
+
+    def missing_items(self, step: int) -> list[str]:
+        """The items ``step`` lacks: required ones that were not empty, and any its save wrote
+        (orbax's step metadata names each item written, ``item_handlers``) that is gone since,
+        e.g. a deleted ``data`` item, whose loss would silently restart the data stream."""
+        handlers = _step_metadata(self.path(step)).get("item_handlers")
+        written = set(handlers) if isinstance(handlers, dict) else set()
+        expected = (set(layout.REQUIRED_ITEMS) - set(self.empty_items(step))) | written
+        names = {*layout.STATE_ITEMS, layout.DATA_ITEM, layout.DATASET_ITEM}
+        return sorted((expected & names) - set(self.present_items(step)))
 
     def ema_record(self, step: int) -> dict[str, Any] | None:
         """The EMA record the save of ``step`` kept (None: written without one)."""
