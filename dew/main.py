@@ -58,9 +58,9 @@ def enable_compilation_cache(workdir: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Train; return the exit status: 0 done, 2 bad input (one line, nothing written; also a
-    workdir another live run holds), 128 + signal when preempted (saved, with the command to
-    resume), 1 any other failure (one short message and its cause; the traceback in a file, see
-    ``dew.failures``)."""
+    workdir another live run holds or that cannot be written, a damaged run.json), 128 + signal
+    when preempted (saved, with the command to resume), 1 any other failure (one short message
+    and its cause; the traceback in a file, see ``dew.failures``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args, overrides = parse_args(argv)
     workdir = trainer = lock = None
@@ -80,6 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from dew.training.trainer import Trainer, check_workdir, resolve_config
 
         workdir = check_workdir(args.workdir)
+        from dew.training.run_history import starts
+
+        starts(workdir)  # a damaged run.json stops here, named, before anything is written
         resolved = resolve_config(config)
         present_for_config(resolved)  # XLA's CPU device count, before JAX starts
         convolutions = route_convolutions(resolved.mesh.cpu_convolutions)  # and its convolution library
