@@ -62,7 +62,12 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     if not os.path.isfile(path):
         raise ConversionError(f"--state_dict: no file at {path!r}")
     if path.endswith(".npz"):
-        state = load_npz_state_dict(path)
+        from dew.npz import NotAnNpzError
+
+        try:
+            state = load_npz_state_dict(path, what="--state_dict")
+        except NotAnNpzError as e:
+            raise ConversionError(str(e)) from None
         if not state:
             raise ConversionError(f"--state_dict: {path} holds no 'param/<key>' arrays")
         return state

@@ -4,8 +4,9 @@ Bad input gets one line. A failure gets at most three on stderr: ``error: <what 
 (the innermost exception the message does not already say), and where the full traceback was
 written: ``<workdir>/logs/error-<UTC time>.log`` (or the system's temporary directory when the
 workdir cannot take it, e.g. a full disk). Exit status: 2 for bad input (``ConfigError``,
-``UnknownNameError``, and their subclasses such as a resume that does not fit the config),
-which writes nothing; 1 for any other failure.
+``UnknownNameError``, and their subclasses such as a resume that does not fit the config; a
+workdir that is busy or cannot be written; a damaged ``run.json``), which writes nothing; 1 for
+any other failure.
 
 Library warnings from orbax and absl (through Python ``logging``) go to
 ``<workdir>/logs/dew.log`` once a run has started (``capture_library_logs``), not to the
@@ -33,10 +34,13 @@ _SPEC = re.compile(r"\s*\[tensorstore_spec=.*?\](?='|\)|$)|\s*\[source locations
 
 
 def exit_code(error: BaseException) -> int:
-    """2 for bad input (and a workdir another live run holds), 1 for any other failure."""
-    from dew.runtime.workdir_lock import WorkdirBusyError
+    """2 for bad input (and what a person can fix before anything is written: a workdir another
+    live run holds or that cannot be written, a damaged ``run.json``), 1 for any other failure."""
+    from dew.checkpointing.run_metadata import RunMetadataError
+    from dew.runtime.workdir_lock import WorkdirBusyError, WorkdirUnusableError
 
-    return 2 if isinstance(error, (*BAD_INPUT, WorkdirBusyError)) else 1
+    fixable = (*BAD_INPUT, WorkdirBusyError, WorkdirUnusableError, RunMetadataError)
+    return 2 if isinstance(error, fixable) else 1
 
 
 def short(error: BaseException) -> str:

@@ -133,6 +133,14 @@ def _check_reference_and_weights(args: argparse.Namespace) -> None:
         from dew.scoring.convert_inception import HOW_TO_GET
 
         raise FidError(f"FID Inception weights not found at {weights}: {HOW_TO_GET}")
+    from dew.npz import NotAnNpzError, open_npz
+
+    flag = "--weights" if args.weights else "the FID Inception weights"
+    try:
+        with open_npz(weights, flag) as data:
+            data.files  # noqa: B018  the archive's directory is read: a zip, not just named .npz
+    except NotAnNpzError as e:
+        raise FidError(f"{e}; convert them with python -m dew.scoring.convert_inception") from None
 
 
 def _check_run_flags(args: argparse.Namespace) -> None:

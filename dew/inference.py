@@ -76,7 +76,8 @@ class Pipeline:
             self.options["seed"] = int(config.seed)
 
     def check(self, options: Mapping[str, Any]) -> None:
-        """Raise ``PipelineError`` for an option the task does not take."""
+        """Raise ``PipelineError`` for an option the task does not take, or a value whose kind
+        differs from its default's (an int, a float, a bool or a string: ``mistyped``)."""
         unknown = sorted(set(options) - set(self.options))
         if unknown:
             accepted = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
@@ -84,6 +85,30 @@ class Pipeline:
                 f"pipeline: {type(self.objective).__name__} does not take option(s) {', '.join(unknown)}; "
                 f"it takes: {accepted}"
             )
+        for name, value in options.items():
+            expected = self.mistyped(name, value)
+            if expected is not None:
+                raise PipelineError(
+                    f"pipeline: option {name}={value!r} is invalid: expected {expected} "
+                    f"(the default is {name}={self.options[name]!r})"
+                )
+
+    def mistyped(self, name: str, value: Any) -> str | None:
+        """What option ``name`` accepts (e.g. ``"an int"``) when ``value`` is not of its default's
+        kind, else None. Only a default that is an int, float, bool or string fixes the kind
+        (an int passes for a float); any other default leaves the check to the task."""
+        default = self.options[name]
+        if isinstance(default, bool):
+            return None if isinstance(value, bool) else "True or False"
+        if isinstance(default, int):
+            ok = isinstance(value, int | np.integer) and not isinstance(value, bool)
+            return None if ok else "an int"
+        if isinstance(default, float):
+            ok = isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
+            return None if ok else "a number"
+        if isinstance(default, str):
+            return None if isinstance(value, str) else "a string"
+        return None
 
     def __call__(self, **options: Any) -> Any:
         self.check(options)
@@ -131,7 +156,8 @@ def pipeline(source: str, *, step: int | None = None, raw: bool = False) -> Pipe
         raise PipelineError(
             f"pipeline: {type(objective).__name__} provides no inference task (no infer method)"
         )
-    checkpoints = Checkpoints(os.path.join(workdir, "checkpoints"))
+    # Read-only: a run that is still training keeps its in-flight save (see Store.manager).
+    checkpoints = Checkpoints(os.path.join(workdir, "checkpoints"), read_only=True)
     available = checkpoints.all_steps() if hasattr(checkpoints, "all_steps") else ()
     if step is None:
         step = checkpoints.latest

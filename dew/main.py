@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -49,9 +50,10 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Train; return the exit status: 0 done, 2 bad input (one line, nothing written; also a
-    workdir another live run holds), 128 + signal when preempted (saved, with the command to
-    resume), 1 any other failure (one short message and its cause; the traceback in a file, see
-    ``dew.failures``)."""
+    workdir another live run holds or that cannot be written, a damaged run.json), 128 + signal
+    when preempted (saved, with the command to resume; 130 too for a second Ctrl-C during that
+    save, saying what had landed), 1 any other failure (one short message and its cause; the
+    traceback in a file, see ``dew.failures``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args, overrides = parse_args(argv)
     workdir = trainer = lock = None
@@ -71,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         config = resolve_config(raw, overrides)  # the one resolution of the run's config
         workdir = check_workdir(args.workdir)
+        from dew.checkpointing.run_history import starts
+
+        starts(workdir)  # a damaged run.json stops here, named, before anything is written
         try:  # before JAX starts: devices, convolution library, kernels, compilation cache
             platform = start(config, workdir)
         except ValueError as e:
@@ -81,8 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from dew.runtime.workdir_lock import WorkdirLock, describe_stale
 
         # One run per workdir (process 0 holds it for the whole run), taken before anything opens
-        # the checkpoint directory: opening it cleans up unfinished saves, which may be the live
-        # holder's save in progress.
+        # the checkpoint directory: the run's first save cleans up unfinished saves, which would
+        # be a live holder's save in progress (readers never clean up: Store.manager).
         lock = WorkdirLock(workdir).acquire() if jax.process_index() == 0 else None
         if lock is not None and lock.stale:
             print(f"dew: {describe_stale(lock.stale)}", flush=True)
@@ -105,6 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"dew: resume with: {command}", file=sys.stderr, flush=True)
             return e.exit_code
         return report(e, workdir if workdir and os.path.isdir(workdir) else None)
+    except KeyboardInterrupt as e:  # Ctrl-C outside the preemption stage's handler, or a second one
+        print(f"dew: {interrupted(e, trainer, argv)}", file=sys.stderr, flush=True)
+        return 128 + signal.SIGINT
     finally:
         if lock is not None:
             lock.release()
@@ -116,6 +124,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     return 0
+
+
+def interrupted(error: KeyboardInterrupt, trainer, argv: Sequence[str]) -> str:
+    """What a Ctrl-C that stopped the run leaves behind, for a person: the save it cut short
+    (``preemption.Interrupted``), the newest checkpoint that landed (read as a reader would),
+    and how to resume. Nothing is waited for: what is still being written is abandoned and
+    the next run's first save cleans it up."""
+    from dew.training.preemption import landed_steps
+
+    saving = getattr(error, "step", None)
+    checkpoints = getattr(trainer, "checkpoints", None)
+    landed = [] if checkpoints is None else landed_steps(checkpoints.directory)
+    text = "interrupted by Ctrl-C"
+    if saving is not None:
+        fate = "it landed" if saving in landed else "it did not land and is discarded at the next start"
+        text += f" while the checkpoint of step {saving} was being saved ({fate})"
+    if checkpoints is None:
+        return text + ": nothing was saved"
+    if not landed:
+        return text + f": no checkpoint is saved in {checkpoints.directory}; a restart begins at step 0"
+    command = " ".join(shlex.quote(a) for a in ["python", "-m", "dew.main", *argv])
+    return (
+        text + f": the newest saved checkpoint is step {landed[-1]} in {checkpoints.path(landed[-1])}; "
+        f"resume from it with: {command}"
+    )
 
 
 def _release(trainer) -> None:

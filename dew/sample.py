@@ -19,10 +19,12 @@ import os
 import sys
 
 
-def parse(argv: list[str]) -> tuple[dict[str, object], dict[str, object]]:
-    """(flags: workdir/out/step/raw/list, task options) from ``--name=value`` arguments."""
+def parse(argv: list[str]) -> tuple[dict[str, object], dict[str, object], dict[str, str]]:
+    """(flags: workdir/out/step/raw/list, task options, each option's argument as typed) from
+    ``--name=value`` arguments."""
     flags: dict[str, object] = {"workdir": None, "out": None, "step": None, "raw": False, "list": False}
     options: dict[str, object] = {}
+    texts: dict[str, str] = {}  # each option as typed, for the error that names it
     for arg in argv:
         if not arg.startswith("--"):
             raise ValueError(f"dew.sample: unexpected argument {arg!r}; expected --name=value")
@@ -40,9 +42,10 @@ def parse(argv: list[str]) -> tuple[dict[str, object], dict[str, object]]:
             flags[name] = value if name != "workdir" and name != "out" else text
         else:
             options[name.replace("-", "_")] = value
+            texts[name.replace("-", "_")] = arg
     if not flags["workdir"]:
         raise ValueError("dew.sample: --workdir=RUN is required (a dew run's workdir)")
-    return flags, options
+    return flags, options, texts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip())
         return 0
     try:
-        flags, options = parse(argv)
+        flags, options, texts = parse(argv)
         from dew.runtime.platform import start
 
         start(present_devices=False)  # before JAX starts: convolution library, kernels, as dew.main
@@ -62,6 +65,14 @@ def main(argv: list[str] | None = None) -> int:
             for name, default in task.options.items():
                 print(f"--{name}={default!r}")
             return 0
+        for name, value in options.items():  # named as typed: the flag and what it accepts
+            expected = task.mistyped(name, value) if name in task.options else None
+            if expected is not None:
+                typed = texts[name]
+                default = task.options[name]
+                raise ValueError(
+                    f"dew.sample: {typed} is invalid: expected {expected}, e.g. --{name}={default!r}"
+                )
         artifact = task(**options)
     except ValueError as e:  # PipelineError, ConfigError and bad values are all ValueErrors
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)

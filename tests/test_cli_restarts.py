@@ -1,6 +1,6 @@
 """Every restart through ``python -m dew.main`` succeeds or says why in one short message, and
 the records read as one run: torn tracker rows, a run killed before its first checkpoint,
-starting over, changed configs, the skip policy's brake, a checkpoint without its data item.
+starting over, changed configs, the skip policy's brake, a checkpoint whose data item is gone.
 
 One straight 8-step run and one straight 12-step run are made once per module; each test works
 on a copy and checks the message and that nothing good was lost. The runs are the 2D mixture's
@@ -194,14 +194,26 @@ def test_the_skip_brake_stops_like_stop_after_saving_the_last_good_state(tmp_pat
     assert train[-1]["step"] == step and train[-1]["skipped_updates"] == 2
 
 
-def test_a_checkpoint_without_its_data_item_is_an_error_not_a_restart_of_the_data(straight, tmp_path):
+def test_a_checkpoint_whose_data_item_is_gone_is_set_aside_and_the_run_falls_back(straight, tmp_path):
+    # Its save wrote a data position (orbax's step metadata names the item); without it a resume
+    # would silently restart the data stream, so the step is damaged like any other.
     workdir = copy_of(straight, tmp_path)
     shutil.rmtree(workdir / "checkpoints" / "8" / "data")
-    before = snapshot(workdir / "checkpoints")
+    damaged = snapshot(workdir / "checkpoints" / "8")
     result = cli(workdir, **{"train.num_steps": 12})
-    (line, *_rest) = assert_short_failure(result, 1)
-    assert "checkpoint step 8" in line and "holds no data position (its 'data' item is missing)" in line
-    assert snapshot(workdir / "checkpoints") == before
+    assert result.returncode == 0, result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if "is damaged or incomplete" in line]
+    (aside,) = workdir.glob("checkpoints.damaged-*")
+    assert line.startswith(
+        f"checkpoint step 8 is damaged or incomplete, kept aside in {aside}/8; resuming from step 4 "
+        f"(checkpoint step 8 in {workdir / 'checkpoints'} is damaged: items ['data'] are missing)"
+    )
+    assert snapshot(aside / "8") == damaged
+    ours, straight_ones = final_state(workdir), final_state(straight / "12")
+    assert ours[1] == straight_ones[1]
+    for a, b in zip(ours[0], straight_ones[0], strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert comparable(rows(workdir)) == comparable(rows(straight / "12"))
 
 
 def jax_leaves(tree):

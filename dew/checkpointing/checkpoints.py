@@ -191,6 +191,12 @@ class Checkpoints:
         failed. Deliberately unguarded: a checkpoint that did not land is data loss."""
         self.writer.wait()
 
+    def abandon(self) -> None:
+        """Stop waiting for the write in flight, for a process about to exit (a second Ctrl-C
+        during a save): ``wait`` and ``close`` return at once after this. A save cut short
+        leaves ``<step>.orbax-checkpoint-tmp``, which the next run's first save cleans up."""
+        self.writer.abandon()
+
     def close(self) -> None:
         """Wait for pending writes, then release the manager and the writer thread."""
         try:

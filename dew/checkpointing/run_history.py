@@ -11,7 +11,10 @@ attempt (say ``learning_rate=1e9``) stays visible as history and never passes fo
 of the run. ``config`` at the top is the latest start's, for readers that want "the" config.
 The start that wrote checkpoint step S is the last one that resumed from a step below S
 (``writer_of``), which is how a resume learns the batch size and process count that the
-data position it restores was written with.
+data position it restores was written with. A resume that finds checkpoints but no ``run.json``
+says so and records ``"lost_history": [{"time", "before_step", "reason"}, ...]``: the starts
+before ``before_step`` are unknown. A damaged ``run.json`` is never replaced: reading it raises
+``RunMetadataError`` naming it.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import shutil
 from collections.abc import Mapping
 from typing import Any
 
-from dew.checkpointing.run_metadata import read_run_metadata, save_run_metadata
+from dew.checkpointing.run_metadata import RUN_METADATA, read_run_metadata, save_run_metadata
 
 #: What a run writes besides checkpoints: set aside together by ``set_aside_records``.
 RECORD_DIRS = ("tracking", "previews")
@@ -57,6 +60,7 @@ def record_start(
 ) -> dict[str, Any]:
     """Append this start to ``run.json`` (creating it); return the entry written. ``extra`` are
     run-level keys kept at the top beside ``config`` (e.g. the EMA record ``restore_ema`` reads)."""
+    previous = read_run_metadata(workdir)
     history = starts(workdir)
     entry = {
         "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -66,9 +70,23 @@ def record_start(
         "dew_version": _version(),
     }
     history.append(entry)
-    previous = read_run_metadata(workdir) or {}
+    lost = []
+    if previous is None and resumed_from > 0:  # checkpoints without the run.json that went with them
+        lost = [
+            {"time": entry["time"], "before_step": int(resumed_from), "reason": f"{RUN_METADATA} was missing"}
+        ]
+        print(
+            f"dew: {os.path.join(workdir, RUN_METADATA)} was missing while the run resumes from step "
+            f"{resumed_from}: the starts before it are not recorded (noted under 'lost_history' in a new "
+            f"{RUN_METADATA}); the data position carries over as if the batch size and process count "
+            "were unchanged",
+            flush=True,
+        )
+    previous = previous or {}
     label = previous.get("label") or os.path.basename(os.path.abspath(workdir))
     metadata = {**previous, **dict(extra or {}), "label": label, "config": entry["config"], "starts": history}
+    if lost or "lost_history" in previous:
+        metadata["lost_history"] = [*previous.get("lost_history", []), *lost]
     save_run_metadata(workdir, metadata)
     return entry
 

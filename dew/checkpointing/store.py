@@ -48,16 +48,27 @@ class Store:
     def __init__(self, directory: epath.Path, retention: Retention, *, read_only: bool = False):
         self.directory, self.retention, self.read_only = directory, retention, read_only
         self._manager: ocp.CheckpointManager | None = None
+        self._writing = False  # whether the open manager is a writer's (see ``manager``)
         self._metrics: dict[int, dict[str, float] | None] = {}
 
-    def manager(self) -> ocp.CheckpointManager:
+    def manager(self, *, writing: bool = False) -> ocp.CheckpointManager:
+        """The orbax manager; ``writing=True`` (a save) reopens a reading one as a writer.
+
+        Only a writer cleans up unfinished saves (``<step>.orbax-checkpoint-tmp``) or creates the
+        directory: a manager opened to list or read steps leaves every file alone, so reading a
+        live run's directory (``pipeline``, ``dew.sample``, a resume's first look) never removes
+        the save that run has in flight. A run's first save cleans up what a killed
+        predecessor left; the workdir lock makes that run the only writer."""
+        if writing and self._manager is not None and not self._writing:
+            self.close()
         if self._manager is None:
+            self._writing = writing and not self.read_only
             options = ocp.CheckpointManagerOptions(
                 enable_async_checkpointing=False,  # the Writer's thread keeps it off the loop
-                # A read-only view of another run's directory must not touch its in-flight writes.
-                cleanup_tmp_directories=not self.read_only,
-                create=not self.read_only,
-                read_only=self.read_only,
+                cleanup_tmp_directories=self._writing,
+                create=self._writing,
+                # Not orbax's read_only (it prints warnings on a reader's console): a reading
+                # manager is never asked to save or delete, and this store refuses to write.
             )
             registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
             for name in (*layout.STATE_ITEMS, layout.DATA_ITEM, layout.DATASET_ITEM):
@@ -121,14 +132,19 @@ class Store:
         }
         if ema is not None:
             custom["ema"] = dict(ema)
+        if self.read_only:
+            raise CheckpointWriteError(
+                f"checkpoint step {step} was not written: {self.directory} is read-only here"
+            )
         if step in self.steps():
             raise CheckpointWriteError(
                 f"checkpoint step {step} was not written: {self.directory} already holds steps "
                 f"{self.steps()}; a run saves each step once (a rollback moves newer steps aside first)"
             )
         try:
-            self.manager().save(step, args=ocp.args.Composite(**items), custom_metadata=custom, force=True)
-            self.manager().wait_until_finished()
+            manager = self.manager(writing=True)
+            manager.save(step, args=ocp.args.Composite(**items), custom_metadata=custom, force=True)
+            manager.wait_until_finished()
         except Exception as e:
             raise CheckpointWriteError(f"checkpoint step {step} did not land in {self.directory}: {e}") from e
         self._metrics[step] = metrics
@@ -196,6 +212,14 @@ class Store:
         """The state at ``step`` (onto ``template``'s placement, or as host arrays) and the
         position of ``share``."""
         present = self.present_items(step)
+        if share is not None and layout.DATA_ITEM in self.missing_items(step):
+            raise CheckpointDamagedError(
+                f"checkpoint step {step} in {self.directory} is damaged: item {layout.DATA_ITEM!r} (the "
+                "data position) was written but is missing",
+                step=step,
+                item=layout.DATA_ITEM,
+                path=str(self.path(step) / layout.DATA_ITEM),
+            )
         wants_pending = template is not None and template.pending is not None
         if wants_pending and "pending" not in present:
             raise CheckpointRestorationError(
@@ -270,7 +294,7 @@ class Store:
         (``restore_ema`` serves a step whose params and opt_state are gone)."""
         present = self.present_items(step)
         if items is None:
-            missing = sorted(set(layout.REQUIRED_ITEMS) - set(self.empty_items(step)) - set(present))
+            missing = self.missing_items(step)
             if missing:
                 raise CheckpointDamagedError(
                     f"checkpoint step {step} in {self.directory} is damaged: items {missing} are missing",
@@ -297,13 +321,13 @@ class Store:
         return trees
 
     def verify(self, step: int, items: list[str] | None = None) -> None:
-        """Check the checksums of the named items (default: every item present, and none of the
-        required ones missing), streaming each file on this host; raise
+        """Check the checksums of the named items (default: every item present, and none
+        missing that the step requires or was written with), streaming each file on this host; raise
         ``CheckpointDamagedError`` naming the step, the item and the file. Steps written before
         checksums were (no ``checksummed`` flag in their metadata) pass unverified."""
         present = self.present_items(step)
         if items is None:
-            missing = sorted(set(layout.REQUIRED_ITEMS) - set(self.empty_items(step)) - set(present))
+            missing = self.missing_items(step)
             if missing:
                 raise CheckpointDamagedError(
                     f"checkpoint step {step} in {self.directory} is damaged: items {missing} are missing",
@@ -320,6 +344,16 @@ class Store:
     def present_items(self, step: int) -> list[str]:
         names = (*layout.STATE_ITEMS, layout.DATA_ITEM, layout.DATASET_ITEM)
         return [n for n in names if (self.path(step) / n).is_dir()]
+
+    def missing_items(self, step: int) -> list[str]:
+        """The items ``step`` lacks: required ones that were not empty, and any its save wrote
+        (orbax's step metadata names each item written, ``item_handlers``) that is gone since,
+        e.g. a deleted ``data`` item, whose loss would silently restart the data stream."""
+        handlers = _step_metadata(self.path(step)).get("item_handlers")
+        written = set(handlers) if isinstance(handlers, dict) else set()
+        expected = (set(layout.REQUIRED_ITEMS) - set(self.empty_items(step))) | written
+        names = {*layout.STATE_ITEMS, layout.DATA_ITEM, layout.DATASET_ITEM}
+        return sorted((expected & names) - set(self.present_items(step)))
 
     def ema_record(self, step: int) -> dict[str, Any] | None:
         """The EMA record the save of ``step`` kept (None: written without one)."""

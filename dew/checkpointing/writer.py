@@ -26,6 +26,7 @@ class Writer:
         self.asynchronous = asynchronous
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._inflight: list[concurrent.futures.Future] = []
+        self._abandoned = False
 
     def submit(self, write: Callable[..., None], *args: Any) -> None:
         """Run ``write(*args)`` after every earlier write has landed (inline when synchronous)."""
@@ -47,13 +48,20 @@ class Writer:
         while self._inflight:
             self._inflight.pop(0).result()
 
+    def abandon(self) -> None:
+        """Stop waiting for the writes in flight: later waits return at once. Only for a process
+        about to exit (a second Ctrl-C): the write goes on in its thread until then, and one
+        that does not finish leaves an unfinished directory that the next writer cleans up."""
+        self._inflight.clear()
+        self._abandoned = True
+
     def close(self) -> None:
         """Wait, then stop the thread (also when a write failed: its error is raised)."""
         try:
             self.wait()
         finally:
             if self._pool is not None:
-                self._pool.shutdown(wait=True)
+                self._pool.shutdown(wait=not self._abandoned)
                 self._pool = None
 
 

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from dew.npz import open_npz
+
 ARCHITECTURES = {"songunet": None, "dhariwalunet": 64}
 """dew model name -> channels per attention head (None: one head per block, as SongUNet)."""
 
@@ -92,7 +94,8 @@ def count_parameters(params: Mapping[str, Mapping[str, np.ndarray]]) -> int:
     return sum(int(np.size(v)) for m in params.values() for k, v in m.items() if k not in BUFFERS)
 
 
-def load_npz_state_dict(path: str, prefix: str = "param/") -> dict[str, np.ndarray]:
-    """The ``param/<key>`` arrays of an .npz export, as float32 (no pickle is read)."""
-    with np.load(path, allow_pickle=False) as data:
+def load_npz_state_dict(path: str, prefix: str = "param/", what: str = "state dict") -> dict[str, np.ndarray]:
+    """The ``param/<key>`` arrays of an .npz export, as float32 (no pickle is read); a file that
+    is no .npz raises ``dew.npz.NotAnNpzError`` (a ``ValueError``) naming ``what`` and the file."""
+    with open_npz(path, what) as data:
         return {k[len(prefix) :]: data[k].astype(np.float32) for k in data.files if k.startswith(prefix)}

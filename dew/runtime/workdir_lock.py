@@ -25,6 +25,26 @@ class WorkdirBusyError(RuntimeError):
     """Another live run holds the workdir; the message names it (pid, host, since when)."""
 
 
+class WorkdirUnusableError(RuntimeError):
+    """The workdir (or its lock file) cannot be created or written: a read-only file system, a
+    directory such as ``/proc`` that takes no files, no permission, a full disk. The message
+    names the path, the reason and what to do."""
+
+
+#: What to do, by errno, when the lock file cannot be written.
+_ADVICE = {
+    errno.ENOSPC: "free space on that file system, or choose a --workdir on another one",
+    errno.EDQUOT: "free space within your quota, or choose a --workdir on another file system",
+    errno.EROFS: "it is on a read-only file system: choose a writable --workdir",
+}
+
+
+def _unusable(workdir: str, path: str, error: OSError, what: str = "used") -> WorkdirUnusableError:
+    reason = error.strerror or type(error).__name__
+    advice = _ADVICE.get(error.errno, "choose a directory you can write to as --workdir")
+    return WorkdirUnusableError(f"--workdir={workdir} cannot be {what}: {path}: {reason}; {advice}")
+
+
 class WorkdirLock:
     """``with WorkdirLock(workdir):`` holds the workdir for this process, or raises
     ``WorkdirBusyError``. ``stale`` is the holder a stale lock named when it was taken over."""
@@ -36,14 +56,22 @@ class WorkdirLock:
         self._fd: int | None = None
 
     def acquire(self) -> WorkdirLock:
-        os.makedirs(self.workdir, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        """Take the lock (creating the workdir); ``WorkdirBusyError`` when another live run holds
+        it, ``WorkdirUnusableError`` when the directory or the lock file cannot be written."""
+        try:
+            os.makedirs(self.workdir, exist_ok=True)
+        except OSError as e:
+            raise _unusable(self.workdir, e.filename or self.workdir, e, "created") from None
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise _unusable(self.workdir, self.path, e) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             os.close(fd)
             if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise
+                raise _unusable(self.workdir, self.path, e) from None
             raise WorkdirBusyError(self._busy_message(_read_holder(self.path))) from None
         self.stale = _read_holder(self.path)  # a holder left behind by a run that was killed
         me = {
@@ -51,9 +79,13 @@ class WorkdirLock:
             "host": socket.gethostname(),
             "since": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(me).encode(), 0)
-        os.fsync(fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(me).encode(), 0)
+            os.fsync(fd)
+        except OSError as e:  # a full disk: the holder cannot be named
+            os.close(fd)  # drops the flock
+            raise _unusable(self.workdir, self.path, e) from None
         self._fd = fd
         return self
 

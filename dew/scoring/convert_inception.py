@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from dew.npz import open_npz
+
 SOURCE_NAME = "pt_inception-2015-12-05-6726825d.pth"
 #: SHA-256 of pytorch-fid's FID Inception weights (prefix 6726825d as in the file's name).
 SOURCE_SHA256 = "6726825d0af5f729cebd5821db510b11b1cfad8faad88a03f1befd49fb9129b2"
@@ -90,7 +92,7 @@ def load_weights(path: str | None = None, *, pinned: bool = True):
     path = os.path.expanduser(path) if path else default_path()
     if not os.path.isfile(path):
         raise FileNotFoundError(f"FID Inception weights not found at {path}: {HOW_TO_GET}")
-    with np.load(path, allow_pickle=False) as data:
+    with open_npz(path, "FID Inception weights") as data:
         arrays = {k: data[k] for k in data.files if not k.startswith("__")}
         source = str(data["__source_sha256__"]) if "__source_sha256__" in data.files else None
         stored = str(data["__content_sha256__"]) if "__content_sha256__" in data.files else None

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from dew.npz import open_npz
+
 
 @functools.cache
 def _moments_fn(sharding: Any):
@@ -184,7 +186,7 @@ def load_statistics(path: str | os.PathLike) -> dict[str, np.ndarray]:
             f"reference statistics {str(path)!r} not found: expected an .npz with 'mu' [D] and "
             "'sigma' [D, D] (write one with `python -m dew.fid --save_stats=...` on a folder of real images)"
         )
-    with np.load(path, allow_pickle=False) as data:
+    with open_npz(path, "reference statistics") as data:
         missing = [k for k in ("mu", "sigma") if k not in data.files]
         if missing:
             raise ValueError(f"reference statistics {str(path)!r} lack {missing}; it holds {data.files}")

@@ -4,9 +4,10 @@ current step, wait for it to land, and stop with ``Preempted``, which says where
 ``PreemptionStage`` is a ``fit`` stage: its signal handler only records the signal, and the
 stage becomes due after the step that was running when it arrived, so the save sees a
 consistent state (and the data position of the batches consumed so far). A restart resumes from
-that step bit-identically. A second Ctrl-C while the save is in progress interrupts at once
-(``KeyboardInterrupt``, nothing more is written). Without a checkpointer the run stops without
-saving and says so.
+that step bit-identically. A second Ctrl-C while the save is in progress raises ``Interrupted``
+(a ``KeyboardInterrupt`` naming the step being saved) at once, abandoning the save; nothing more
+is written, and ``landed_steps`` says what a restart resumes from. Without a checkpointer the
+run stops without saving and says so.
 
 With several processes the signal may reach only some of them: there JAX's preemption service
 (on by default with ``jax.distributed.initialize``) catches SIGTERM itself and
@@ -43,6 +44,30 @@ class Preempted(Exception):
         else:
             what = f"checkpoint of step {step} saved in {path}; run the same command again to resume from it"
         super().__init__(f"preempted by {name} at step {step}: {what}")
+
+
+class Interrupted(KeyboardInterrupt):
+    """A second Ctrl-C arrived while the preemption save of ``step`` was landing: the run stops
+    at once, abandoning that save (``Checkpoints.abandon``: nothing on the way out waits for it),
+    and writes nothing more. A ``KeyboardInterrupt``, so that whatever catches one
+    (``python -m dew.main`` reports what had landed, exit status 130) catches it; ``step`` says
+    which save was under way."""
+
+    def __init__(self, step: int):
+        super().__init__(f"a second Ctrl-C while the checkpoint of step {step} was being saved")
+        self.step = step
+
+
+def landed_steps(directory: str) -> list[int]:
+    """The steps whose checkpoints have landed in ``directory`` (a path or URI), read as a
+    reader would (it touches no file): what a restart can resume from."""
+    from dew.checkpointing.checkpoints import Checkpoints
+
+    checkpoints = Checkpoints(directory, read_only=True)
+    try:
+        return checkpoints.all_steps()
+    finally:
+        checkpoints.close()
 
 
 class PreemptionStage(Stage):
@@ -91,11 +116,17 @@ class PreemptionStage(Stage):
         signum = self.received or signal.SIGTERM
         if self.checkpoints is None:
             raise Preempted(signum, ctx.step, None)
-        if ctx.step not in self.checkpoints.all_steps():  # the periodic save may have just made it
-            position = None if self.dataset is None else self.dataset.save_position()
-            share = None if self.dataset is None else self.dataset.share
-            self.checkpoints.save(ctx.step, ctx.state, position, share=share)
-        self.checkpoints.wait()
+        try:
+            if ctx.step not in self.checkpoints.all_steps():  # the periodic save may have just made it
+                position = None if self.dataset is None else self.dataset.save_position()
+                share = None if self.dataset is None else self.dataset.share
+                self.checkpoints.save(ctx.step, ctx.state, position, share=share)
+            self.checkpoints.wait()
+        except KeyboardInterrupt:  # a second Ctrl-C (the first one's handler is gone): stop now
+            abandon = getattr(self.checkpoints, "abandon", None)
+            if abandon is not None:
+                abandon()  # nothing on the way out waits for the save
+            raise Interrupted(ctx.step) from None
         raise Preempted(signum, ctx.step, self.checkpoints.path(ctx.step))
 
     def close(self) -> None:

@@ -153,7 +153,13 @@ def resolve_config(
 
 
 def check_workdir(workdir: str) -> str:
-    """The run's directory must be a directory (or not exist yet); nothing is created here."""
+    """The run's directory must be named (an empty ``--workdir=`` would train in the current
+    directory) and be a directory (or not exist yet); nothing is created here."""
+    if not str(workdir).strip():
+        raise ConfigError(
+            f"--workdir={workdir!r} is empty; name the run's directory (new or a previous run's), e.g. "
+            "--workdir=runs/edm"
+        )
     path = os.path.abspath(workdir)
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"--workdir={workdir!r} is a file; give a directory (new or a previous run's)")
