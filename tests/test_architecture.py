@@ -23,6 +23,7 @@ UNITS: dict[str, int] = {
     "dew.inputs": CORE,
     "dew.artifacts": CORE,
     "dew.kernels": CORE,
+    "dew.pytrees": CORE,
     "dew.training.state": CONTRACTS,
     "dew.training.objective": CONTRACTS,
     "dew.runtime": FOUNDATION,

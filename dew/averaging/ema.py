@@ -21,6 +21,7 @@ import jax.scipy.special
 import ml_collections
 import numpy as np
 
+from dew.pytrees import leaf_path
 from dew.schema import ConfigError, Key, Section, at_least
 
 Params = Any
@@ -109,19 +110,6 @@ class EMASpec:
 
 
 _EULER_GAMMA = 0.5772156649015329
-
-
-def leaf_path(path: tuple[Any, ...]) -> str:
-    """A pytree key path as ``"a/b/c"``: dict keys, attribute names and sequence indices."""
-    parts = []
-    for key in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(key, attr):
-                parts.append(str(getattr(key, attr)))
-                break
-        else:
-            parts.append(str(key))
-    return "/".join(parts)
 
 
 def zeros_like(params: Params, spec: EMASpec | None = None) -> Params:

@@ -288,19 +288,25 @@ class Store:
             raise self._damaged(step, args, e) from e
         return {item: templates[item] if item in empty else restored[item] for item in templates}
 
+    def _check_complete(self, step: int) -> None:
+        """Raise ``CheckpointDamagedError`` when ``step`` lacks an item it requires or was
+        written with (``missing_items``), naming the first."""
+        missing = self.missing_items(step)
+        if missing:
+            raise CheckpointDamagedError(
+                f"checkpoint step {step} in {self.directory} is damaged: items {missing} are missing",
+                step=step,
+                item=missing[0],
+                path=str(self.path(step) / missing[0]),
+            )
+
     def metadata(self, step: int, items: list[str] | None = None) -> dict[str, Any]:
         """The orbax metadata tree (shapes, dtypes; no values) of each named item, or of every
         item present; only those are opened. Items a caller does not ask for may be missing
         (``restore_ema`` serves a step whose params and opt_state are gone)."""
         present = self.present_items(step)
         if items is None:
-            missing = self.missing_items(step)
-            if missing:
-                raise CheckpointDamagedError(
-                    f"checkpoint step {step} in {self.directory} is damaged: items {missing} are missing",
-                    step=step,
-                    item=missing[0],
-                )
+            self._check_complete(step)
         trees = {}
         for item in present if items is None else items:
             if item not in present:
@@ -327,14 +333,7 @@ class Store:
         checksums were (no ``checksummed`` flag in their metadata) pass unverified."""
         present = self.present_items(step)
         if items is None:
-            missing = self.missing_items(step)
-            if missing:
-                raise CheckpointDamagedError(
-                    f"checkpoint step {step} in {self.directory} is damaged: items {missing} are missing",
-                    step=step,
-                    item=missing[0],
-                    path=str(self.path(step) / missing[0]),
-                )
+            self._check_complete(step)
             items = present
         if not (_step_metadata(self.path(step)).get("custom_metadata") or {}).get("checksummed"):
             return

@@ -5,7 +5,8 @@
 working.
 """
 
-from dew.averaging.ema import EMASpec, leaf_path
+from dew.averaging.ema import EMASpec
+from dew.pytrees import leaf_path
 from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
 
 __all__ = ["Aux", "Batch", "EMASpec", "Objective", "Params", "Stats", "Step", "leaf_path"]

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 import jax
 import numpy as np
 
+from dew.pytrees import leaf_path
 from dew.tracking.media import write_atomically
 
 #: The file under the run's directory that keeps the table.
@@ -26,19 +27,6 @@ PARAMETERS_FILE = "parameters.txt"
 CONSOLE_LINES = 40
 
 
-def _name(path: tuple[Any, ...]) -> str:
-    """A leaf's path as ``a/b/0``: haiku's ``{module: {name: array}}`` reads ``module/name``."""
-    parts = []
-    for key in path:
-        for attribute in ("key", "name", "idx"):  # DictKey, GetAttrKey, SequenceKey
-            if hasattr(key, attribute):
-                parts.append(str(getattr(key, attribute)))
-                break
-        else:
-            parts.append(str(key))
-    return "/".join(parts)
-
-
 def parameter_table(params: Any, max_lines: int | None = None) -> str:
     """``clu.parameter_overview``'s table of ``params`` (any pytree of arrays or
     ``jax.ShapeDtypeStruct``), rows sorted by path, ending ``Total: <count> -- <bytes> bytes``
@@ -46,7 +34,7 @@ def parameter_table(params: Any, max_lines: int | None = None) -> str:
     from clu import parameter_overview
 
     leaves, _ = jax.tree_util.tree_flatten_with_path(params)
-    named = {_name(path): leaf for path, leaf in leaves}
+    named = {leaf_path(path): leaf for path, leaf in leaves}
     if len(named) != len(leaves):
         raise ValueError("parameter_table: two parameters have the same path name")
     table = parameter_overview.get_parameter_overview(named, include_stats=False, max_lines=max_lines)

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from dew.averaging.ema import leaf_path
+from dew.pytrees import leaf_path
 from dew.schema import Key, Section, at_least
 
 Rule = Callable[[str, tuple[int, ...]], PartitionSpec]
