@@ -46,6 +46,9 @@ MIXTURE = {
     "preview.every": 0,
     "mesh.devices": 1,
 }
+# Kills aimed at a row land at most here, so the run is still training (not saving its last
+# checkpoint and exiting) when the kill arrives; later targets kill once the start is recorded.
+LAST_TARGET = NUM_STEPS - 9
 
 
 def command(workdir) -> list[str]:
@@ -59,11 +62,21 @@ def command(workdir) -> list[str]:
     ]
 
 
-def last_train_step(workdir) -> int:
-    """The newest train row's step in the history (0 when none can be read yet)."""
+def history_lines(workdir) -> int:
+    """How many lines the history holds so far (0 before it exists)."""
     try:
         with open(os.path.join(workdir, "tracking", "scalars.jsonl"), "rb") as f:
-            lines = f.read().splitlines()
+            return len(f.read().splitlines())
+    except FileNotFoundError:
+        return 0
+
+
+def newest_train_step(workdir, skip: int = 0) -> int:
+    """The newest train row's step among the history's lines after the first ``skip`` (0 when
+    none can be read yet)."""
+    try:
+        with open(os.path.join(workdir, "tracking", "scalars.jsonl"), "rb") as f:
+            lines = f.read().splitlines()[skip:]
     except FileNotFoundError:
         return 0
     steps = [0]
@@ -128,7 +141,7 @@ def test_twenty_kills_at_random_moments_then_resumes_end_bit_identical_to_a_stra
             stderr=straight_log,
         )
     rng = random.Random(14)
-    targets = sorted(rng.randint(3, NUM_STEPS - 9) for _ in range(KILLS))
+    targets = sorted(rng.randint(3, LAST_TARGET) for _ in range(KILLS))
     at_startup = set(rng.sample(range(KILLS), 4))
     tear_after = set(rng.sample(range(KILLS), 4))
     workdir = tmp_path / "killed"
@@ -153,16 +166,25 @@ def test_twenty_kills_at_random_moments_then_resumes_end_bit_identical_to_a_stra
                 n = len(recorded_starts(workdir))
                 wait_for(child, lambda n=n: len(recorded_starts(workdir)) > n, "a new start in run.json")
         else:
-            # Once the history reached the target step t (a train row, written with checkpoint t):
-            # right then, once checkpoint t has landed, or once the save of t + 3 is under way.
-            target = targets[i]
-            wait_for(child, lambda t=target: last_train_step(workdir) >= t, f"a train row at {target}")
-            t = last_train_step(workdir)
-            moment = rng.choice(["row written", "checkpoint landed", "next save begun"])
-            if moment == "checkpoint landed":
-                wait_for(child, lambda t=t: landed_from(workdir, t), f"checkpoint {t}")
-            elif moment == "next save begun":
-                wait_for(child, lambda t=t: save_begun_from(workdir, t + 3), f"the save of step {t + 3}")
+            # Once this run's part of the history reached the target step t (a train row, written
+            # with checkpoint t): right then, once checkpoint t has landed, or once the save of
+            # t + 3 is under way. Rows an earlier, killed run wrote past its last checkpoint are
+            # still in the file, so only rows appended after this run recorded its start count,
+            # and the target is never before the step it resumed from.
+            n = len(recorded_starts(workdir))
+            wait_for(child, lambda n=n: len(recorded_starts(workdir)) > n, "a new start in run.json")
+            resumed_from = recorded_starts(workdir)[-1]["resumed_from"]
+            seen = history_lines(workdir)
+            target = max(targets[i], resumed_from + 3)
+            if target <= LAST_TARGET:
+                reached = lambda seen=seen, target=target: newest_train_step(workdir, seen) >= target  # noqa: E731
+                wait_for(child, reached, f"a train row at {target}")
+                t = newest_train_step(workdir, seen)
+                moment = rng.choice(["row written", "checkpoint landed", "next save begun"])
+                if moment == "checkpoint landed":
+                    wait_for(child, lambda t=t: landed_from(workdir, t), f"checkpoint {t}")
+                elif moment == "next save begun" and t + 3 < NUM_STEPS:
+                    wait_for(child, lambda t=t: save_begun_from(workdir, t + 3), f"the save of step {t + 3}")
         assert child.poll() is None, (
             f"kill {i}: the run ended before it ({child.returncode}): {child.stderr.read()}"
         )
@@ -172,7 +194,7 @@ def test_twenty_kills_at_random_moments_then_resumes_end_bit_identical_to_a_stra
         kills += child.returncode == -signal.SIGKILL
         if i in tear_after and (workdir / "tracking" / "scalars.jsonl").exists():
             with open(workdir / "tracking" / "scalars.jsonl", "a") as f:
-                f.write(torn_row(rng, last_train_step(workdir) + 3))
+                f.write(torn_row(rng, newest_train_step(workdir) + 3))
     assert kills == KILLS
 
     final = subprocess.run(command(workdir), capture_output=True, text=True, cwd=ROOT, env=env())
