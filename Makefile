@@ -10,7 +10,9 @@ STAMP := $(VENV)/.dew-installed
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[test,tracking]"
+	@# setuptools prints a banner at every editable install ("Editable installation ... be careful
+	@# with folders ... named like your package"): a note for src-less layouts, not a problem here.
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet -c requirements.lock -e ".[test,tracking]"
 	@touch $(STAMP)
 
 # Class-conditional EDM on the embedded digits; run again to resume from the last checkpoint.
