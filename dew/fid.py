@@ -251,6 +251,8 @@ def _protocol_args(argv: Sequence[str]) -> argparse.Namespace:
         value = getattr(args, flag)
         if value is not None and value < low:
             raise FidError(f"--{flag}={value} is invalid: expected an int >= {low}")
+    if os.path.exists(args.outdir) and not os.path.isdir(args.outdir):
+        raise FidError(f"--outdir={args.outdir!r} is a file; expected a directory (made if missing)")
     if args.first_seed + args.num > 2**31:
         raise FidError(f"--first_seed + --num = {args.first_seed + args.num}: seeds must be < 2**31")
     return args
@@ -272,6 +274,7 @@ def protocol_main(argv: Sequence[str]) -> int:
         task = load_pipeline(argparse.Namespace(workdir=args.workdir, step=args.step, raw=args.raw))
         resolution = tuple(task.objective.input_spec.sample.shape[:2])
         fp.model_classes(task.objective)
+        check_reference(ref, args.ref, resolution, None)
         detector = _detector(args)
         check_reference(ref, args.ref, resolution, detector.dim)
         draw = fp.Draw(

@@ -203,8 +203,9 @@ def write_progress(outdir: str, settings: dict[str, Any], chunks_done: int, sums
 class Draw:
     """One protocol draw: ``num`` images from seeds ``first_seed`` … of ``objective`` with
     ``params`` at ``sampler``, embedded by ``detector``, ``batch`` images per device per step,
-    ``chunk`` images per progress record in ``outdir``, over ``devices`` (default: all). ``identity`` (the model's source, step,
-    weights) goes into the settings a progress file must match."""
+    ``chunk`` images per progress record in ``outdir`` (made when missing), over ``devices``
+    (default: all). ``identity`` (the model's source, step, weights) goes into the settings a
+    progress file must match."""
 
     objective: Any
     params: Any
@@ -243,6 +244,8 @@ class Draw:
 
         def draw_and_embed(params, detector_params, seeds):
             images = draw_images(self.objective, params, seeds, self.sampler)
+            if images.shape[-1] == 1:  # greyscale: repeated to three channels, as fid.py does
+                images = jax.numpy.repeat(images, 3, axis=-1)
             return self.detector.fn(detector_params, images)
 
         program = jax.jit(draw_and_embed, out_shardings=seeds_sharding)
@@ -265,6 +268,7 @@ class Draw:
 
         settings = self.settings()
         done, sums = read_progress(self.outdir, settings)
+        os.makedirs(self.outdir, exist_ok=True)
         num_chunks = math.ceil(self.num / self.chunk)
         if done:
             self.log(f"fid: resuming after {done}/{num_chunks} chunks ({sums.count}/{self.num} images)")

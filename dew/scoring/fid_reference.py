@@ -159,10 +159,10 @@ def load_reference(path: str, flag: str = "--ref") -> dict[str, Any]:
     return out
 
 
-def check_reference(ref: dict[str, Any], path: str, resolution: tuple[int, int], dim: int) -> None:
-    """Refuse reference statistics of another feature size, or (when recorded) computed at
-    another resolution than ``resolution`` (the samples' [H, W])."""
-    if ref["mu"].shape[0] != dim:
+def check_reference(ref: dict[str, Any], path: str, resolution: tuple[int, int], dim: int | None) -> None:
+    """Refuse reference statistics of another feature size (``dim``; None: not checked), or
+    (when recorded) computed at another resolution than ``resolution`` (the samples' [H, W])."""
+    if dim is not None and ref["mu"].shape[0] != dim:
         raise FidInputError(
             f"--ref={path!r} holds {ref['mu'].shape[0]}-d statistics; the detector gives {dim}-d features"
         )
