@@ -27,7 +27,15 @@ FEW_STEPS = {name: dataclasses.replace(p, steps=4) for name, p in fp.PRESETS.ite
 
 
 def mlp_config():
-    config = tiny_config(**{"train.num_steps": 2, "checkpoint.every": 2, "eval.every": 0, "preview.every": 0})
+    config = tiny_config(
+        **{
+            "train.num_steps": 2,
+            "checkpoint.every": 2,
+            "checkpoint.keep_best": False,
+            "eval.every": 0,
+            "preview.every": 0,
+        }
+    )
     config.model = ConfigDict({"name": "mlp", "width": 32, "blocks": 1, "residual": True})
     return config
 
