@@ -277,18 +277,9 @@ def protocol_main(argv: Sequence[str]) -> int:
         check_reference(ref, args.ref, resolution, None)
         detector = _detector(args)
         check_reference(ref, args.ref, resolution, detector.dim)
-        draw = fp.Draw(
-            task.objective,
-            task.params,
-            sampler,
-            detector,
-            args.num,
-            args.outdir,
-            args.first_seed,
-            args.batch,
-            args.chunk,
-            identity={"workdir": os.path.abspath(args.workdir), "step": task.step, "raw": bool(args.raw)},
-        )
+        flags = {k: getattr(args, k) for k in ("num", "outdir", "first_seed", "batch", "chunk")}
+        identity = {"workdir": os.path.abspath(args.workdir), "step": task.step, "raw": bool(args.raw)}
+        draw = fp.Draw(task.objective, task.params, sampler, detector, identity=identity, **flags)
         if os.path.isdir(args.outdir):
             fp.read_progress(args.outdir, draw.settings())  # refuse another draw's progress now
     except (FidError, FidInputError) as e:

@@ -24,7 +24,8 @@ back to every host (``process_allgather``), in seed order.
 **Resume.** The seeds are cut into chunks of ``chunk`` images (independent of the device
 count). After each chunk the float64 sums (``MomentSums``) and the chunk count are written to
 ``<outdir>/fid-progress.npz`` (a temporary file renamed over the old one, by process 0); a
-rerun with the same settings continues after the last completed chunk, and since every chunk's
+rerun with the same settings (with several processes, ``outdir`` on a file system they all
+read) continues after the last completed chunk, and since every chunk's
 features are summed in one fixed order, it ends with the same statistics, bit for bit, as a run
 never interrupted. A progress file made with other settings is refused.
 """
