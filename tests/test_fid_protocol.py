@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -40,8 +43,8 @@ def mlp_config():
     return config
 
 
-@pytest.fixture(scope="module")
-def model():
+def build_model():
+    """(objective, random params): the same in every process (PRNGKey(0))."""
     from dew.training.build import build_objective, open_split
 
     config = mlp_config()
@@ -50,6 +53,11 @@ def model():
     example = {k: jnp.zeros((2, *v.shape[1:]), v.dtype) for k, v in source.fields.items()}
     params = jax.jit(objective.init)(jax.random.PRNGKey(0), example)
     return objective, params
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model()
 
 
 def projection() -> Detector:
@@ -163,3 +171,48 @@ def test_an_interrupted_draw_resumed_ends_with_the_uninterrupted_statistics(mode
     # a progress file made with other settings is refused, naming what differs
     with pytest.raises(FidInputError, match=r"other settings \(first_seed=20; now first_seed=21\)"):
         _draw(model, tmp_path / "cut", jax.devices()[:1], first_seed=21).run()
+
+
+def test_two_processes_each_draw_their_seed_share_and_get_the_one_process_sums(model, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {
+        **os.environ,
+        "PYTHONPATH": root,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+        "JAX_PLATFORMS": "cpu",
+    }
+    outs = [tmp_path / f"process{i}.npz" for i in range(2)]
+    helper = os.path.join(root, "tests", "helpers_fid_multiprocess.py")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, helper, str(i), str(port), str(tmp_path / "draw"), str(outs[i])],
+            cwd=root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=900)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for i, p in enumerate(procs):
+        assert p.returncode == 0, f"process {i} failed:\n{logs[i][-3000:]}"
+    # the same per-device batch (2) on 4 devices of 2 processes as on 4 devices of this one
+    single = _draw(model, tmp_path / "single", jax.devices()[:4]).run()
+    for out in outs:
+        with np.load(out) as got:
+            assert int(got["count"]) == single.count == 11
+            np.testing.assert_array_equal(got["total"], single.total)
+            np.testing.assert_array_equal(got["outer"], single.outer)
+    with np.load(tmp_path / "draw" / fp.PROGRESS_FILE) as progress:  # written once, by process 0
+        assert int(progress["chunks_done"]) == 3

@@ -240,8 +240,9 @@ class Draw:
         seeds_sharding = NamedSharding(mesh, PartitionSpec("images"))
         replicated = NamedSharding(mesh, PartitionSpec())
         per_step = self.batch * mesh.devices.size
-        params = jax.device_put(self.params, replicated)
-        detector_params = jax.device_put(self.detector.params, replicated)
+        # host copies first: every process places the same values on the global mesh
+        params = jax.device_put(jax.tree.map(np.asarray, self.params), replicated)
+        detector_params = jax.device_put(jax.tree.map(np.asarray, self.detector.params), replicated)
 
         def draw_and_embed(params, detector_params, seeds):
             images = draw_images(self.objective, params, seeds, self.sampler)
