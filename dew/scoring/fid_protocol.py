@@ -1,0 +1,356 @@
+"""The EDM paper's FID protocol: N images (50,000) from seeds s₀ … s₀ + N − 1 at the paper's
+sampler settings, features streamed into resumable statistics, FID against reference statistics.
+
+**Seeds index images.** Image ``s`` is a function of ``s`` alone, as in NVlabs/edm's
+``generate.py`` (its ``StackedRandomGenerator`` keeps one torch generator per seed): with
+``key = jax.random.PRNGKey(s)``, its starting noise is ``normal(fold_in(key, 0), [H, W, C])``,
+its class (a class-conditional model; ``generate.py``'s ``randint(label_dim)``) is
+``randint(fold_in(key, 1), 0, classes)`` and a stochastic sampler's per-step noise comes from
+``fold_in(key, 2)``. Each image is sampled as a batch of one under ``vmap``, so how seeds are
+grouped into batches, devices and processes does not change which image a seed gives. Images
+are quantised as ``generate.py`` writes its PNGs: ``clip(x · 127.5 + 128, 0, 255)`` truncated
+to uint8, and the detector sees those uint8 images.
+
+**Presets** (``PRESETS``, the NVlabs/edm README's "Generating images" commands): ``cifar10``
+18 Heun steps (NFE 35), ``ffhq`` and ``afhqv2`` 40 Heun steps (NFE 79), ``imagenet64`` EDM's
+stochastic sampler (Algorithm 2) with S_churn 40, S_tmin 0.05, S_tmax 50, S_noise 1.003 over 256
+steps (NFE 511); all on the model's own σ schedule (EDM: Eq. 5, σ ∈ [0.002, 80], ρ 7).
+
+**Sharding.** One jitted program draws and embeds ``batch`` images per device over a 1-D mesh
+of every device of every process (``jax.devices()``); each process builds only its own
+devices' seeds (``jax.make_array_from_callback``), and the features [devices · batch, D] come
+back to every host (``process_allgather``), in seed order.
+
+**Resume.** The seeds are cut into chunks of ``chunk`` images (independent of the device
+count). After each chunk the float64 sums (``MomentSums``) and the chunk count are written to
+``<outdir>/fid-progress.npz`` (a temporary file renamed over the old one, by process 0); a
+rerun with the same settings (with several processes, ``outdir`` on a file system they all
+read) continues after the last completed chunk, and since every chunk's
+features are summed in one fixed order, it ends with the same statistics, bit for bit, as a run
+never interrupted. A progress file made with other settings is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from dew.scoring.fid_reference import Detector, FidInputError, MomentSums
+
+PROGRESS_FILE = "fid-progress.npz"
+REPORT_FILE = "fid.json"
+STATS_FILE = "fid-stats.npz"
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerPreset:
+    """A paper row's sampler: ``steps`` σ points and a solver (``heun`` or EDM Algorithm 2's
+    stochastic sampler with its S_churn, S_tmin, S_tmax, S_noise)."""
+
+    name: str
+    steps: int
+    solver: str = "heun"
+    s_churn: float = 0.0
+    s_tmin: float = 0.0
+    s_tmax: float = float("inf")
+    s_noise: float = 1.0
+
+    def solver_object(self) -> Any:
+        from dew.sampling import SOLVERS, EDMStochastic
+
+        if self.solver == "edm_stochastic":
+            return EDMStochastic(
+                s_churn=self.s_churn, s_tmin=self.s_tmin, s_tmax=self.s_tmax, s_noise=self.s_noise
+            )
+        return SOLVERS[self.solver]
+
+    @property
+    def nfe(self) -> int:
+        from dew.sampling import nfe
+
+        return nfe(self.solver_object(), self.steps)
+
+    def settings(self) -> dict[str, Any]:
+        out = {"preset": self.name, "steps": self.steps, "solver": self.solver, "nfe": self.nfe}
+        if self.solver == "edm_stochastic":
+            out.update(S_churn=self.s_churn, S_min=self.s_tmin, S_max=self.s_tmax, S_noise=self.s_noise)
+        return out
+
+
+PRESETS: dict[str, SamplerPreset] = {
+    # NVlabs/edm README: "For CIFAR-10 at 32x32, use deterministic sampling with 18 steps (NFE = 35)"
+    "cifar10": SamplerPreset("cifar10", 18),
+    # "For FFHQ and AFHQv2 at 64x64, use deterministic sampling with 40 steps (NFE = 79)"
+    "ffhq": SamplerPreset("ffhq", 40),
+    "afhqv2": SamplerPreset("afhqv2", 40),
+    # "For ImageNet at 64x64, use stochastic sampling with 256 steps (NFE = 511)":
+    # --steps=256 --S_churn=40 --S_min=0.05 --S_max=50 --S_noise=1.003
+    "imagenet64": SamplerPreset("imagenet64", 256, "edm_stochastic", 40.0, 0.05, 50.0, 1.003),
+}
+
+
+def preset(name: str) -> SamplerPreset:
+    if name not in PRESETS:
+        raise FidInputError(f"--preset={name!r} is not a sampler preset; expected one of {sorted(PRESETS)}")
+    return PRESETS[name]
+
+
+def quantize(x: Any) -> Any:
+    """[-1, 1] images -> uint8 as ``generate.py``: ``(x * 127.5 + 128).clip(0, 255).to(uint8)``."""
+    import jax.numpy as jnp
+
+    return jnp.clip(x * 127.5 + 128.0, 0.0, 255.0).astype(jnp.uint8)
+
+
+def model_classes(objective: Any) -> int:
+    """The class count a class-conditional objective draws from (0: unconditional); a
+    text-conditioned one is refused (the protocol draws classes, not prompts)."""
+    condition = objective.input_spec.conditions.get("label")
+    if condition is None:
+        return 0
+    if condition.encoder != "class_label":
+        raise FidInputError(
+            f"--workdir: the model is conditioned by {condition.encoder!r}; the FID protocol draws "
+            "unconditional or class-conditional images"
+        )
+    return int(objective.num_classes)
+
+
+def draw_images(objective: Any, params: Any, seeds: Any, sampler: SamplerPreset) -> Any:
+    """uint8 images [n, H, W, C] for int32 ``seeds`` [n], each from its own seed (module
+    docstring); pure and jittable, any sharding of ``seeds``."""
+    import jax
+
+    from dew.sampling import sample
+
+    shape = tuple(objective.input_spec.sample.shape)
+    classes = model_classes(objective)
+    solver = sampler.solver_object()
+    with jax.ensure_compile_time_eval():
+        sigmas = objective.process.sigmas(sampler.steps)
+
+    def one(seed: jax.Array) -> jax.Array:
+        key = jax.random.PRNGKey(seed)
+        noise = jax.random.normal(jax.random.fold_in(key, 0), (1, *shape))
+        conditions = {}
+        if classes:
+            conditions = {"label": jax.random.randint(jax.random.fold_in(key, 1), (1,), 0, classes)}
+        denoise = objective.denoiser(params, conditions)
+        return sample(denoise, noise, sigmas, solver, rng=jax.random.fold_in(key, 2))[0]
+
+    return quantize(jax.vmap(one)(seeds))
+
+
+def _fingerprint(settings: dict[str, Any]) -> str:
+    return json.dumps(settings, sort_keys=True, default=str)
+
+
+def read_progress(outdir: str, settings: dict[str, Any]) -> tuple[int, MomentSums]:
+    """(chunks done, their sums) from ``outdir``'s progress file, (0, empty) without one;
+    ``FidInputError`` when it was made with other settings."""
+    path = os.path.join(outdir, PROGRESS_FILE)
+    if not os.path.exists(path):
+        return 0, MomentSums()
+    from dew.npz import NotAnNpzError, open_npz
+
+    try:
+        with open_npz(path, "the FID progress file") as data:
+            stored = str(data["settings"])
+            chunks, count = int(data["chunks_done"]), int(data["count"])
+            total, outer = np.array(data["total"]), np.array(data["outer"])
+    except (NotAnNpzError, KeyError) as e:
+        raise FidInputError(
+            f"--outdir={outdir!r}: {PROGRESS_FILE} is unreadable ({e}); delete it to start over"
+        ) from None
+    if stored != _fingerprint(settings):
+        old, new = json.loads(stored), settings
+        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        was = ", ".join(f"{k}={old.get(k)!r}" for k in diff)
+        now = ", ".join(f"{k}={new.get(k)!r}" for k in diff)
+        raise FidInputError(
+            f"--outdir={outdir!r} holds a draw with other settings ({was}; now {now}); "
+            f"use another --outdir or delete {PROGRESS_FILE}"
+        )
+    return chunks, MomentSums(count, total, outer)
+
+
+def write_progress(outdir: str, settings: dict[str, Any], chunks_done: int, sums: MomentSums) -> None:
+    """The sums after ``chunks_done`` chunks, written atomically (temporary file, then rename)."""
+    path = os.path.join(outdir, PROGRESS_FILE)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.savez(
+            f,
+            settings=np.str_(_fingerprint(settings)),
+            chunks_done=np.int64(chunks_done),
+            count=np.int64(sums.count),
+            total=sums.total,
+            outer=sums.outer,
+        )
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@dataclasses.dataclass
+class Draw:
+    """One protocol draw: ``num`` images from seeds ``first_seed`` … of ``objective`` with
+    ``params`` at ``sampler``, embedded by ``detector``, ``batch`` images per device per step,
+    ``chunk`` images per progress record in ``outdir`` (made when missing), over ``devices``
+    (default: all). ``identity`` (the model's source, step, weights) goes into the settings a
+    progress file must match."""
+
+    objective: Any
+    params: Any
+    sampler: SamplerPreset
+    detector: Detector
+    num: int
+    outdir: str
+    first_seed: int = 0
+    batch: int = 64
+    chunk: int = 1000
+    identity: dict[str, Any] = dataclasses.field(default_factory=dict)
+    devices: Any = None  # default: jax.devices(), every device of every process
+    log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            **self.sampler.settings(),
+            **self.identity,
+            "num_images": self.num,
+            "first_seed": self.first_seed,
+            "chunk": self.chunk,
+            "detector": self.detector.description,
+        }
+
+    def _step_fn(self) -> tuple[Callable[[np.ndarray], np.ndarray], int]:
+        import jax
+        from jax.experimental import multihost_utils
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        mesh = Mesh(np.array(self.devices or jax.devices()), ("images",))
+        seeds_sharding = NamedSharding(mesh, PartitionSpec("images"))
+        replicated = NamedSharding(mesh, PartitionSpec())
+        per_step = self.batch * mesh.devices.size
+        # host copies first: every process places the same values on the global mesh
+        params = jax.device_put(jax.tree.map(np.asarray, self.params), replicated)
+        detector_params = jax.device_put(jax.tree.map(np.asarray, self.detector.params), replicated)
+
+        def draw_and_embed(params, detector_params, seeds):
+            images = draw_images(self.objective, params, seeds, self.sampler)
+            if images.shape[-1] == 1:  # greyscale: repeated to three channels, as fid.py does
+                images = jax.numpy.repeat(images, 3, axis=-1)
+            return self.detector.fn(detector_params, images)
+
+        program = jax.jit(draw_and_embed, out_shardings=seeds_sharding)
+
+        def step(seeds: np.ndarray) -> np.ndarray:
+            global_seeds = jax.make_array_from_callback(
+                (per_step,), seeds_sharding, lambda index: seeds[index]
+            )
+            features = program(params, detector_params, global_seeds)
+            if jax.process_count() > 1:
+                return np.asarray(multihost_utils.process_allgather(features, tiled=True))
+            return np.asarray(features)
+
+        return step, per_step
+
+    def run(self, max_chunks: int | None = None) -> MomentSums | None:
+        """Draw the chunks not yet in the progress file (at most ``max_chunks`` this call);
+        the complete sums, or None when stopped by ``max_chunks`` before the end."""
+        import jax
+
+        settings = self.settings()
+        done, sums = read_progress(self.outdir, settings)
+        os.makedirs(self.outdir, exist_ok=True)
+        num_chunks = math.ceil(self.num / self.chunk)
+        if done:
+            self.log(f"fid: resuming after {done}/{num_chunks} chunks ({sums.count}/{self.num} images)")
+        step, per_step = self._step_fn()
+        started = time.monotonic()
+        for ran, index in enumerate(range(done, num_chunks)):
+            if max_chunks is not None and ran >= max_chunks:
+                self.log(f"fid: stopped after {ran} chunks (--max_chunks); rerun to continue")
+                return None
+            lo = self.first_seed + index * self.chunk
+            hi = min(lo + self.chunk, self.first_seed + self.num)
+            seeds = np.arange(lo, hi, dtype=np.int64)
+            parts = []
+            for s in range(0, len(seeds), per_step):
+                part = seeds[s : s + per_step]
+                padded = np.concatenate([part, np.full(per_step - len(part), part[-1])]).astype(np.int32)
+                parts.append(step(padded)[: len(part)])
+            sums.add(np.concatenate(parts))
+            if jax.process_index() == 0:
+                write_progress(self.outdir, settings, index + 1, sums)
+            rate = (sums.count - done * self.chunk) / max(time.monotonic() - started, 1e-9)
+            remaining = (self.num - sums.count) / rate if rate > 0 else float("nan")
+            self.log(
+                f"fid: {sums.count}/{self.num} images (chunk {index + 1}/{num_chunks}, "
+                f"{rate:.1f} images/s, ~{remaining / 60:.1f} min left)"
+            )
+        return sums
+
+
+def fid_report(
+    sums: MomentSums, draw: Draw, ref: dict[str, Any], ref_path: str, ref_digest: str
+) -> dict[str, Any]:
+    """FID of the draw's statistics to ``ref`` (``dew.scoring.distances.frechet_distance``)
+    and every input it depends on."""
+    from dew.scoring.distances import frechet_distance
+
+    mu, sigma = sums.mu_sigma()
+    fid = float(frechet_distance(mu, sigma, ref["mu"], ref["sigma"]))
+    return {
+        "fid": fid,
+        "num_images": sums.count,
+        "seeds": [draw.first_seed, draw.first_seed + draw.num - 1],
+        "sampler": draw.sampler.settings(),
+        "model": draw.identity,
+        "detector": draw.detector.description,
+        "reference": {
+            "path": os.path.abspath(ref_path),
+            "sha256": ref_digest,
+            **{k: ref[k] for k in ("resolution", "num_images", "detector") if k in ref},
+        },
+    }
+
+
+def write_results(outdir: str, sums: MomentSums, report: dict[str, Any], resolution: tuple[int, int]) -> None:
+    """``<outdir>/fid-stats.npz`` (the samples' statistics in the reference format) and
+    ``<outdir>/fid.json`` (the report), each written atomically."""
+    from dew.scoring.fid_reference import save_reference
+
+    mu, sigma = sums.mu_sigma()
+    save_reference(
+        os.path.join(outdir, STATS_FILE),
+        mu,
+        sigma,
+        resolution=resolution,
+        num_images=sums.count,
+        detector=report["detector"],
+    )
+    path = os.path.join(outdir, REPORT_FILE)
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(f"{path}.tmp", path)
+
+
+__all__ = [
+    "PRESETS",
+    "Draw",
+    "SamplerPreset",
+    "draw_images",
+    "fid_report",
+    "preset",
+    "quantize",
+    "write_results",
+]

@@ -1,0 +1,247 @@
+"""FID statistics as NVlabs/edm's ``fid.py`` computes them, and reference files in its format.
+
+``MomentSums`` accumulates features exactly as the reference's ``calculate_inception_stats``:
+float64 running ``Σ f`` and ``Σ f fᵀ`` over every image, then (``fid.py`` lines ``mu /= n``,
+``sigma -= mu.ger(mu) * n``, ``sigma /= n - 1``)
+
+    μ = Σ f / n,    Σ = (Σ f fᵀ − n μ μᵀ) / (n − 1).
+
+Sums of float64 rows taken in a fixed order are reproducible, so a draw interrupted between
+chunks and resumed (``dew.scoring.fid_protocol``) ends on the same bits as one that never
+stopped.
+
+``reference_statistics(path, detector)`` is ``fid.py ref --data=PATH``: the images of an
+NVlabs/edm data set (a directory or ``.zip`` of same-size images as its ``dataset_tool.py``
+writes, read by ``dew.data.sources.image_folder.ImageFiles`` as its ``ImageFolderDataset`` reads
+them: sorted names, ``np.array(PIL.Image.open(f))``, uint8, a greyscale image one channel) fed at
+the data set's own resolution to the detector as uint8, one channel repeated to three.
+
+Reference files are the reference's own ``.npz`` (``np.savez(dest, mu=mu, sigma=sigma)``), so its
+published ``fid-refs/*.npz`` load here and dew's load in its ``fid.py calc`` (which reads only
+``mu`` and ``sigma``). dew adds provenance arrays beside them: ``resolution`` ([H, W] of the
+images), ``num_images`` and ``detector`` (a description with the weights' digest). A file
+without ``resolution`` (NVlabs's) is accepted at any resolution; one with it refuses samples
+of another (``check_resolution``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from dew.npz import NotAnNpzError, open_npz
+
+
+class FidInputError(ValueError):
+    """Input the FID protocol cannot use (one line naming the flag, the value and what would do)."""
+
+
+@dataclasses.dataclass
+class MomentSums:
+    """Running float64 ``count``, ``total`` (Σ f, [D]) and ``outer`` (Σ f fᵀ, [D, D]) of feature
+    rows, added a block of rows at a time (the reference's per-batch ``mu +=``/``sigma +=``)."""
+
+    count: int = 0
+    total: np.ndarray | None = None
+    outer: np.ndarray | None = None
+
+    def add(self, features: np.ndarray) -> None:
+        """Add rows [n, D] (any float dtype; summed in float64)."""
+        f = np.asarray(features)
+        if f.ndim != 2 or (self.total is not None and f.shape[1] != self.total.shape[0]):
+            raise ValueError(f"MomentSums.add: features must be [n, D={self.dim}], got {f.shape}")
+        f = f.astype(np.float64)
+        if self.total is None:
+            self.total = np.zeros(f.shape[1], np.float64)
+            self.outer = np.zeros((f.shape[1], f.shape[1]), np.float64)
+        self.total += f.sum(0)
+        self.outer += f.T @ f
+        self.count += len(f)
+
+    @property
+    def dim(self) -> int | None:
+        return None if self.total is None else int(self.total.shape[0])
+
+    def mu_sigma(self) -> tuple[np.ndarray, np.ndarray]:
+        """(μ, Σ) by ``calculate_inception_stats``'s formula; needs at least two rows."""
+        if self.count < 2:
+            raise ValueError(f"FID statistics need at least 2 images, have {self.count}")
+        mu = self.total / self.count
+        sigma = (self.outer - np.outer(mu, mu) * self.count) / (self.count - 1)
+        return mu, sigma
+
+
+@dataclasses.dataclass(frozen=True)
+class Detector:
+    """A feature network: ``fn(params, images)`` maps uint8 NHWC images (3 channels) to
+    float32 [n, ``dim``] features, pure and jittable; ``description`` names it and its weights."""
+
+    fn: Callable[[Any, Any], Any]
+    params: Any
+    dim: int
+    description: str
+
+
+def inception_detector(weights: str | None = None, *, pinned: bool = True) -> Detector:
+    """dew's FID Inception (``dew.scoring.inception``, the pytorch-fid port of the 2015-12-05
+    graph) on uint8 images: x / 255, bilinear resize to 299, 2x − 1. The weights are checked
+    against their digest (and, with ``pinned``, the standard file's)."""
+    from dew.scoring import inception
+    from dew.scoring.convert_inception import default_path, load_weights
+
+    path = os.path.expanduser(weights) if weights else default_path()
+    params = load_weights(path, pinned=pinned)  # checks the arrays against this digest
+    with open_npz(path, "the FID Inception weights") as data:
+        digest = str(data["__content_sha256__"])
+
+    def fn(p: Any, images: Any) -> Any:
+        import jax.numpy as jnp
+
+        return inception.features(p, images.astype(jnp.float32), value_range=(0.0, 255.0))
+
+    return Detector(
+        fn, params, inception.FEATURE_DIM, f"dew inception_fid 2015-12-05, weights sha256 {digest}"
+    )
+
+
+def file_digest(path: str) -> str:
+    from dew.scoring.convert_inception import file_sha256
+
+    return file_sha256(path)
+
+
+def save_reference(path: str, mu: np.ndarray, sigma: np.ndarray, *, resolution, num_images, detector) -> None:
+    """Write the reference's ``.npz`` (``mu``, ``sigma``) plus dew's provenance, atomically
+    (a temporary file renamed into place)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.savez(
+            f,
+            mu=np.asarray(mu, np.float64),
+            sigma=np.asarray(sigma, np.float64),
+            resolution=np.asarray(resolution, np.int64),
+            num_images=np.int64(num_images),
+            detector=np.str_(detector),
+        )
+    os.replace(tmp, path)
+
+
+def load_reference(path: str, flag: str = "--ref") -> dict[str, Any]:
+    """``{"mu", "sigma"}`` and, when the file records them, ``"resolution"`` ([H, W]),
+    ``"num_images"``, ``"detector"``; ``FidInputError`` naming ``flag`` when unusable."""
+    if not os.path.isfile(path):
+        raise FidInputError(f"{flag}={path!r} does not exist; expected an .npz with mu [D] and sigma [D, D]")
+    try:
+        with open_npz(path, flag) as data:
+            missing = [k for k in ("mu", "sigma") if k not in data.files]
+            if missing:
+                raise FidInputError(f"{flag}={path!r} lacks {missing}; it holds {data.files}")
+            out: dict[str, Any] = {k: np.asarray(data[k], np.float64) for k in ("mu", "sigma")}
+            if "resolution" in data.files:
+                out["resolution"] = tuple(int(v) for v in np.asarray(data["resolution"]).reshape(-1))
+            if "num_images" in data.files:
+                out["num_images"] = int(data["num_images"])
+            if "detector" in data.files:
+                out["detector"] = str(data["detector"])
+    except NotAnNpzError as e:
+        raise FidInputError(str(e)) from None
+    mu, sigma = out["mu"], out["sigma"]
+    if mu.ndim != 1 or sigma.shape != (mu.shape[0],) * 2:
+        raise FidInputError(
+            f"{flag}={path!r}: expected mu [D] and sigma [D, D], got {mu.shape} and {sigma.shape}"
+        )
+    return out
+
+
+def check_reference(ref: dict[str, Any], path: str, resolution: tuple[int, int], dim: int | None) -> None:
+    """Refuse reference statistics of another feature size (``dim``; None: not checked), or
+    (when recorded) computed at another resolution than ``resolution`` (the samples' [H, W])."""
+    if dim is not None and ref["mu"].shape[0] != dim:
+        raise FidInputError(
+            f"--ref={path!r} holds {ref['mu'].shape[0]}-d statistics; the detector gives {dim}-d features"
+        )
+    recorded = ref.get("resolution")
+    if recorded is not None and tuple(recorded) != tuple(resolution):
+        raise FidInputError(
+            f"--ref={path!r} was computed at resolution {recorded[0]}x{recorded[1]}, the samples are "
+            f"{resolution[0]}x{resolution[1]}; compute the reference from the data set at the samples' "
+            "resolution (python -m dew.fid ref --data=... --dest=...)"
+        )
+
+
+def dataset_files(path: str, flag: str = "--data") -> Any:
+    """The data set's image files (``ImageFiles``), at least two; ``FidInputError`` otherwise."""
+    from dew.data.sources.image_folder import ImageFiles, ImageFolderError
+
+    try:
+        files = ImageFiles(path)
+    except ImageFolderError as e:
+        raise FidInputError(f"{flag}={path!r}: {str(e).removeprefix('image_folder: ')}") from None
+    if len(files.images) < 2:
+        raise FidInputError(
+            f"{flag}={path!r} holds {len(files.images)} image; need at least 2 for statistics"
+        )
+    return files
+
+
+def dataset_batches(files: Any, batch: int, flag: str = "--data") -> Iterator[np.ndarray]:
+    """uint8 [n, H, W, 3] batches in the files' sorted order; a greyscale image's channel is
+    repeated to three (``calculate_inception_stats``'s ``images.repeat([1, 3, 1, 1])``). Every
+    image must have the first one's shape, with 1 or 3 channels."""
+    shape = None
+    for start in range(0, len(files.images), batch):
+        rows = []
+        for name in files.images[start : start + batch]:
+            image = files.decode(name)
+            if shape is None:
+                shape = image.shape
+                if shape[2] not in (1, 3):
+                    raise FidInputError(
+                        f"{flag}={files.path!r}: {name} has {shape[2]} channels; expected greyscale or RGB"
+                    )
+            elif image.shape != shape:
+                raise FidInputError(
+                    f"{flag}={files.path!r}: {name} is {image.shape[1]}x{image.shape[0]}x{image.shape[2]}, "
+                    f"the first image {shape[1]}x{shape[0]}x{shape[2]}; all images must share one size"
+                )
+            rows.append(image)
+        out = np.stack(rows)
+        yield np.repeat(out, 3, axis=-1) if out.shape[-1] == 1 else out
+
+
+def reference_statistics(
+    files: Any, detector: Detector, batch: int = 64
+) -> tuple[MomentSums, tuple[int, int]]:
+    """``fid.py ref``: the data set's feature sums (every image once) and its resolution [H, W].
+
+    Batches are padded to ``batch`` rows (one compiled program; the padding's features are
+    dropped) and features summed in float64 in file order."""
+    import jax
+
+    features = jax.jit(detector.fn)
+    sums, resolution = MomentSums(), None
+    for images in dataset_batches(files, batch):
+        resolution = tuple(int(v) for v in images.shape[1:3])
+        n = len(images)
+        padded = np.concatenate([images, np.repeat(images[-1:], batch - n, axis=0)]) if n < batch else images
+        sums.add(np.asarray(features(detector.params, padded))[:n])
+    return sums, resolution
+
+
+__all__ = [
+    "Detector",
+    "FidInputError",
+    "MomentSums",
+    "check_reference",
+    "dataset_batches",
+    "dataset_files",
+    "inception_detector",
+    "load_reference",
+    "reference_statistics",
+    "save_reference",
+]
