@@ -145,13 +145,17 @@ def test_a_pair_trains_stops_together_on_sigterm_resumes_bit_exactly_and_resumes
     pair[1].send_signal(signal.SIGTERM)
     stopped = finish(pair)
     ran = finish(reference)
-    for i, (code, out, err) in enumerate(ran):
+    for i, (code, _, err) in enumerate(ran):
         assert code == 0, f"straight process {i}: {err[-3000:]}"
     # Both stop at one step with the preemption code; the checkpoint of that step is the one saved.
     steps = []
     for i, (code, out, err) in enumerate(stopped):
         assert code == PREEMPTED, f"interrupted process {i} exited {code}:\n{err[-3000:]}"
-        said = [line for line in dew_stderr(subprocess.CompletedProcess([], code, out, err)) if "preempted" in line]
+        said = [
+            line
+            for line in dew_stderr(subprocess.CompletedProcess([], code, out, err))
+            if "preempted" in line
+        ]
         assert len(said) == 1 and "preempted by SIGTERM at step " in said[0], err[-2000:]
         steps.append(int(said[0].split("at step ")[1].split(":")[0]))
     saved = steps[0]
@@ -185,7 +189,9 @@ def test_a_pair_trains_stops_together_on_sigterm_resumes_bit_exactly_and_resumes
     print(f"two-process CLI test: {time.monotonic() - t0:.1f} s")
 
 
-def run_alone(workdir, *group: str, timeout: float = 120, **overrides) -> tuple[subprocess.CompletedProcess, float]:
+def run_alone(
+    workdir, *group: str, timeout: float = 120, **overrides
+) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.monotonic()
     result = subprocess.run(
         command(workdir, str(workdir) + "-cache", *group, **overrides),

@@ -87,7 +87,9 @@ class Store:
         return self.directory / str(step)
 
     def steps(self) -> list[int]:
-        if not self.directory.exists():
+        # With several processes every one must open its manager (orbax meets at a barrier
+        # there) whatever it sees: process 0 may create the directory while another looks.
+        if jax.process_count() == 1 and not self.directory.exists():
             return []
         return sorted(self.manager().all_steps())
 
