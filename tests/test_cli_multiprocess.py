@@ -1,7 +1,8 @@
 """``python -m dew.main`` as two processes on this machine (CPU, gloo collectives over localhost):
 the pair trains; a SIGTERM to one of them stops both at the same step with one checkpoint and
 the preemption exit code; the pair relaunched ends bit-identical to a pair that was never
-interrupted; and the interrupted pair's checkpoint resumes on a single process. Bad input for a
+interrupted; the interrupted pair's checkpoint resumes on a single process; and when one process
+of a pair is killed outright the other stops with an error instead of waiting. Bad input for a
 process group (a device count the processes do not divide, an unreachable coordinator, a
 partial set of flags) exits 2 with one line, having written nothing."""
 
@@ -168,8 +169,29 @@ def test_a_pair_trains_stops_together_on_sigterm_resumes_bit_exactly_and_resumes
     assert sorted(positions) == ["0/2", "1/2"] and positions["0/2"] == positions["1/2"], positions
     shutil.copytree(interrupted, single, ignore=shutil.ignore_patterns("cache"))
 
-    # The pair relaunched, and the saved checkpoint on one process, at once.
+    # The pair relaunched, and the saved checkpoint on one process, at once; beside them a third
+    # pair whose process 1 is killed outright once it trains: process 0 must stop with an error
+    # (at the latest when the heartbeat times out), not wait for it.
     resumed, alone = launch(interrupted, cache), launch(single, cache, processes=1)
+    doomed_dir = tmp_path / "doomed"
+    heartbeat = 10
+    doomed = launch(
+        doomed_dir,
+        cache,
+        **{"train.num_steps": 10**6, "checkpoint.every": 0, "runtime.heartbeat_timeout": heartbeat},
+    )
+    wait_for(
+        doomed[0],
+        lambda: any(r["category"] == "train" for r in complete_rows(doomed_dir)),
+        "a train row of the third pair",
+    )
+    doomed[1].kill()
+    killed = time.monotonic()
+    (survivor_code, _, survivor_err), _ = finish(doomed, timeout=heartbeat + 60)
+    survived = time.monotonic() - killed
+    survivor_lines = dew_stderr(subprocess.CompletedProcess([], survivor_code, "", survivor_err))
+    assert survivor_code == 1 and survivor_lines[0].startswith("error: "), survivor_err[-2000:]
+    assert survived < heartbeat + 30, survived  # the heartbeat bounds it; the rest is a loaded host
     done = finish(resumed) + finish(alone)
     for i, (code, out, err) in enumerate(done):
         assert code == 0, f"resumed process {i}: {err[-3000:]}"
