@@ -117,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if jax.default_backend() == "cpu":
             for line in platform.lines(trainer.layout.data_parallel_size):
                 print(f"dew: {line}", flush=True)
+        elif platform.processes is not None:
+            print(f"dew: {platform.lines()[0]}", flush=True)  # which process of the group this is
         state = trainer.run()
     except Exception as e:  # the CLI boundary: every failure becomes one short report
         if trainer is not None:

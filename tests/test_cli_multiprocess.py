@@ -198,6 +198,11 @@ def test_a_pair_trains_stops_together_on_sigterm_resumes_bit_exactly_and_resumes
         assert f"resuming from step {saved}" in out, out[-2000:]
     assert "number of processes changed from 2 to 1" in done[2][1], done[2][1][-2000:]
 
+    # Process 0 alone writes the history: one row per category and logged step.
+    history = [(r["category"], r["step"]) for r in rows(straight)]
+    assert len(history) == len(set(history)) and ("train", NUM_STEPS) in history, history
+    assert "process 1 of 2 (coordinator 127.0.0.1:" in ran[1][1], ran[1][1][-2000:]
+
     want, got = final_state(straight, NUM_STEPS), final_state(interrupted, NUM_STEPS)
     assert len(want) == len(got)
     for a, b in zip(want, got, strict=True):
