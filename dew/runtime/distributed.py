@@ -13,7 +13,8 @@ nothing is started. ``start_processes`` then calls ``jax.distributed.initialize`
 starts its backend, with ``config.runtime.coordinator_timeout`` (how long a process waits for
 the coordinator, process 0, to answer) and ``config.runtime.heartbeat_timeout`` (after how long
 without a heartbeat a process counts as dead; the coordination service then stops every other
-process with JAX's "another task died" error instead of leaving it waiting in a collective).
+process with JAX's "another task died" error instead of leaving it waiting in a collective; on
+CPU a gloo collective with the dead peer usually fails first, "Connection closed by peer").
 On CPU, cross-process collectives run over gloo (``jax_cpu_collectives_implementation``).
 
 JAX's client aborts the process without a Python exception when the coordinator never answers,
