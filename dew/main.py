@@ -7,6 +7,13 @@ anything is written: one line naming what is wrong, exit status 2. Any other fai
 short message and its cause, writes the full traceback under ``<workdir>/logs`` and exits 1.
 ``--help-config`` prints the resolved schema (every key with its value, default, kind and doc)
 and exits.
+
+One of several processes: ``--coordinator=HOST:PORT --num_processes=N --process_id=I`` (or the
+``DEW_COORDINATOR`` / ``DEW_NUM_PROCESSES`` / ``DEW_PROCESS_ID`` variables; under SLURM, Open MPI
+or a TPU pod JAX finds them itself) start JAX's distributed runtime first
+(``dew.runtime.distributed``). Each process reads its own share of every batch; process 0 holds
+the workdir lock and writes the trackers and previews; a SIGTERM to any of them saves one
+checkpoint at the same step in all, and all exit with the preemption code.
 """
 
 from __future__ import annotations
@@ -37,6 +44,12 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         action="store_true",
         help="print every config key (value, default, kind, doc) after overrides, and exit",
     )
+    group = parser.add_argument_group(
+        "several processes", "one run over several processes (dew.runtime.distributed); all three or none"
+    )
+    group.add_argument("--coordinator", help="HOST:PORT of process 0, which hosts JAX's coordination service")
+    group.add_argument("--num_processes", help="how many processes the run has")
+    group.add_argument("--process_id", help="this process's index, 0 .. num_processes - 1")
     args, rest = parser.parse_known_args(argv)
     overrides = []
     for item in rest:
@@ -67,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"# {args.config}: every key, as resolved (value, default if different, kind, doc)")
             print(describe(schema, config), end="")
             return 0
+        from dew.runtime import distributed
         from dew.runtime.platform import start
         from dew.training.trainer import Trainer
         from dew.training.trainer_config import check_workdir, resolve_config
@@ -76,8 +90,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from dew.checkpointing.run_history import starts
 
         starts(workdir)  # a damaged run.json stops here, named, before anything is written
-        try:  # before JAX starts: devices, convolution library, kernels, compilation cache
-            platform = start(config, workdir)
+        processes = distributed.requested(
+            args.coordinator,
+            args.num_processes,
+            args.process_id,
+            initialization_timeout=config.runtime.coordinator_timeout,
+        )
+        try:  # before JAX starts: processes, devices, convolution library, kernels, compilation cache
+            platform = start(config, workdir, processes=processes, detect_processes=False)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         trainer = Trainer(config, workdir, resolved=True)  # validates everything; touches no file
@@ -97,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if jax.default_backend() == "cpu":
             for line in platform.lines(trainer.layout.data_parallel_size):
                 print(f"dew: {line}", flush=True)
+        elif platform.processes is not None:
+            print(f"dew: {platform.lines()[0]}", flush=True)  # which process of the group this is
         state = trainer.run()
     except Exception as e:  # the CLI boundary: every failure becomes one short report
         if trainer is not None:
@@ -161,6 +183,10 @@ def _release(trainer) -> None:
 def run() -> None:
     with_huge_pages()  # restarts this process once with glibc's THP tunable (dew.runtime.host_memory)
     code = main()
+    if code in (0, 128 + signal.SIGTERM):  # every process of a run ends here alike: leave in step
+        from dew.runtime.distributed import stop_processes
+
+        stop_processes()
     if code not in (0, 2):
         end_process(code)  # reported, everything dew opened is closed: nothing may print after
     sys.exit(code)

@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         flags, options, texts = parse(argv)
         from dew.runtime.platform import start
 
-        start(present_devices=False)  # before JAX starts: convolution library, kernels, as dew.main
+        # before JAX starts: convolution library, kernels, as dew.main; sampling is one process
+        start(present_devices=False, detect_processes=False)
         from dew.inference import pipeline
 
         task = pipeline(str(flags["workdir"]), step=flags["step"], raw=bool(flags["raw"]))

@@ -44,7 +44,9 @@ class Checkpoints:
     wherever it is. A local checkpoint restores onto the placement it was written with; the
     persistent one restores onto any mesh.
 
-    Saves run on one background thread (``asynchronous=False``: each save returns once landed);
+    Saves run on one background thread (``asynchronous=False``: each save returns once landed;
+    always so in a multi-process run, whose orbax barriers are collectives that must not
+    interleave with the loop's);
     ``upload(path)`` is called after each persistent save lands. ``ema`` is the run's EMA as
     ``dew.averaging.ema.record`` describes it (β's law, tracked leaves, accumulation); every save
     records it, so ``restore_ema`` debiases on its own. ``read_only=True`` opens another
@@ -86,7 +88,10 @@ class Checkpoints:
         self.local_directory = None if local_directory is None else os.path.abspath(local_directory)
         self.local_every, self.upload, self.read_only = local_every, upload, read_only
         self.ema = None if ema is None else dict(ema)
-        self.writer = Writer(asynchronous)
+        # With several processes each save runs on the loop's thread: orbax's barriers are
+        # collectives, and a writer thread's would interleave with the step's own collectives
+        # in a different order on each process.
+        self.writer = Writer(asynchronous and not jax.distributed.is_initialized())
         self.tiers = Tiers(self.store, self.local_directory, self.writer.wait)
 
     @property

@@ -158,6 +158,7 @@ class RestorePolicy:
             None if written_by is None else written_by["config"],
             self.config,
         )
+        share = _share_written(share, written_by)
         if s.restore_optimizer_state and s.restore_rng_key:
             state, position = source.restore(wanted, step, share=share)
         else:
@@ -194,6 +195,17 @@ class RestorePolicy:
                 f"cannot resume from step {step}: its data position{was} does not fit "
                 f"config.dataset.batch_size={batch_size} on {processes} process(es): {e}"
             ) from None
+
+
+def _share_written(share: DataPartition, written_by: dict[str, Any] | None) -> DataPartition:
+    """The share whose stored position this process continues from: its own, or, when run.json
+    says the step was written by another number of processes, share 0 of those. The training
+    stream's position counts global batches (every share takes one batch per step, and all
+    shares have the same batches per epoch), so each stored share holds the same position."""
+    old = None if written_by is None else written_by.get("processes")
+    if old is None or int(old) == share.count:
+        return share
+    return DataPartition(0, int(old))
 
 
 __all__ = ["DataStream", "RestorePolicy"]

@@ -87,7 +87,9 @@ class Store:
         return self.directory / str(step)
 
     def steps(self) -> list[int]:
-        if not self.directory.exists():
+        # With several processes every one must open its manager (orbax meets at a barrier
+        # there) whatever it sees: process 0 may create the directory while another looks.
+        if jax.process_count() == 1 and not self.directory.exists():
             return []
         return sorted(self.manager().all_steps())
 
@@ -162,6 +164,8 @@ class Store:
         removed, so a kill mid-delete never leaves a half-deleted directory named by a step."""
         if not steps:
             return
+        if jax.process_count() > 1:  # every process has read what it needs of these steps
+            multihost_utils.sync_global_devices("dew-checkpoints-before-delete")
         if jax.process_index() == 0:
             for stale in self.directory.glob(f"{_DELETING}*"):
                 stale.rmtree()  # left by a run killed mid-delete

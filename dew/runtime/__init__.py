@@ -7,6 +7,8 @@ JAX starts, and nothing that a traced program computes.
 - ``compilation_cache``: JAX's persistent compilation cache;
 - ``precompile``: compiling a jitted program from abstract arguments in a background thread;
 - ``workdir_lock``: one live run per working directory;
+- ``distributed``: the process group of a multi-process run (flags, ``DEW_*`` variables or a
+  cluster JAX detects) and JAX's distributed runtime;
 - ``platform``: ``start``, the one call a command or a user's script makes before JAX starts,
   the ``Platform`` it returns and the ``config.runtime`` section it reads.
 

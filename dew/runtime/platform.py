@@ -8,7 +8,9 @@
 
 It presents the CPU host's devices (``host_devices``), routes XLA:CPU's convolutions
 (``cpu_convolutions``), hands the kernel choice that follows to the layers (``dew.kernels``) and
-turns on the persistent compilation cache (``compilation_cache``), each from ``config.runtime``.
+turns on the persistent compilation cache (``compilation_cache``), each from ``config.runtime``;
+launched as one of several processes (flags, ``DEW_*`` variables or a cluster JAX detects:
+``distributed``), it first starts JAX's distributed runtime.
 On an accelerator the CPU settings change nothing. Called after the backend has started, it
 changes no device setting (XLA read its flags already) and says so in ``Platform.lines``.
 """
@@ -19,7 +21,7 @@ import dataclasses
 from typing import Any
 
 from dew import kernels
-from dew.runtime import compilation_cache, cpu_convolutions, host_devices
+from dew.runtime import compilation_cache, cpu_convolutions, distributed, host_devices
 from dew.schema import Key, Section, at_least
 
 CONFIG = Section(
@@ -43,6 +45,18 @@ CONFIG = Section(
             "directory of JAX's persistent compilation cache ('': <workdir>/cache/jax; 'off': none; "
             "JAX_COMPILATION_CACHE_DIR wins)",
         ),
+        "coordinator_timeout": Key(
+            300,
+            "seconds a process of a multi-process run waits for the coordinator (process 0) to "
+            "answer before it stops, naming the address (dew.runtime.distributed)",
+            **at_least(1, "an int >= 1 (seconds)"),
+        ),
+        "heartbeat_timeout": Key(
+            100,
+            "seconds without a heartbeat after which a process of a multi-process run counts as dead "
+            "and the others stop with an error instead of waiting for it",
+            **at_least(1, "an int >= 1 (seconds)"),
+        ),
     },
 )
 
@@ -54,17 +68,24 @@ _DEFAULTS = {name: key.default for name, key in CONFIG.keys.items()}
 class Platform:
     """What ``start`` set up: the CPU devices it presented (None: left as they were), XLA:CPU's
     convolution library, the kernel choice the layers receive, the compilation cache directory
-    (None: off)."""
+    (None: off), the process group this process joined (None: a single-process run)."""
 
     host_devices: int | None
     convolutions: str
     kernels: kernels.KernelChoice
     compilation_cache: str | None
+    processes: distributed.ProcessGroup | None = None
 
     def lines(self, data_parallel: int | None = None) -> list[str]:
         """One line per choice, for a CPU run's log (``data_parallel``: the devices each batch is
         split over)."""
         out = []
+        if self.processes is not None:
+            group = self.processes
+            out.append(
+                f"process {group.process_id} of {group.num_processes} (coordinator {group.coordinator}, "
+                f"from {group.origin})"
+            )
         if data_parallel and data_parallel > 1:
             out.append(f"each batch is split over {data_parallel} CPU devices (config.runtime.host_devices)")
         out.append(f"XLA:CPU runs convolutions with {self.convolutions} (config.runtime.cpu_convolutions)")
@@ -81,17 +102,38 @@ def _batch_sizes(config: Any) -> list[int]:
     return sizes
 
 
-def start(config: Any = None, workdir: str | None = None, *, present_devices: bool = True) -> Platform:
+def start(
+    config: Any = None,
+    workdir: str | None = None,
+    *,
+    present_devices: bool = True,
+    processes: distributed.ProcessGroup | None = None,
+    detect_processes: bool = True,
+) -> Platform:
     """Set up this process from a resolved run config's ``runtime`` section (None: its defaults)
     and return what was chosen. ``workdir`` places the default compilation cache;
     ``present_devices=False`` leaves the CPU device count as it is (a reader that samples on
-    one device, as ``python -m dew.sample`` does). Raises
+    one device, as ``python -m dew.sample`` does). ``processes``: the process group to join
+    (``python -m dew.main``'s flags); None reads it from the environment or a cluster JAX
+    detects, unless ``detect_processes=False`` (``distributed.requested``). Raises
     ValueError for a setting this machine cannot honour (e.g. ``cpu_convolutions='eigen'`` on an
-    XLA without the flag), naming the key."""
+    XLA without the flag), naming the key; ``distributed.ProcessGroupError`` (a ValueError) for
+    a process group that cannot be formed, and ``ConfigError`` for ``config.mesh.devices`` that
+    the process count does not divide, before any peer is waited for."""
     section = config.runtime if config is not None and "runtime" in config else _DEFAULTS
+    if processes is None and detect_processes:
+        processes = distributed.requested(initialization_timeout=section["coordinator_timeout"])
+    if processes is not None and processes.num_processes > 1:
+        if config is not None and "mesh" in config:
+            distributed.check_devices(config.mesh.devices, processes.num_processes)
+        distributed.start_processes(processes, section["coordinator_timeout"], section["heartbeat_timeout"])
+    else:
+        processes = None
     presented = None
     if present_devices:
-        count = host_devices.host_device_count(section["host_devices"], _batch_sizes(config or {}))
+        count_of = processes.num_processes if processes is not None else 1
+        local = [size // count_of for size in _batch_sizes(config or {}) if size % count_of == 0]
+        count = host_devices.host_device_count(section["host_devices"], local)
         presented = host_devices.present_host_devices(count)
     convolutions = cpu_convolutions.route_convolutions(section["cpu_convolutions"])
     choice = cpu_convolutions.weight_gradient_choice()
@@ -99,7 +141,7 @@ def start(config: Any = None, workdir: str | None = None, *, present_devices: bo
     directory = compilation_cache.cache_directory(section["compilation_cache"], workdir)
     if directory is not None:
         compilation_cache.enable_compilation_cache(directory)
-    return Platform(presented, convolutions, choice, directory)
+    return Platform(presented, convolutions, choice, directory, processes)
 
 
 __all__ = ["CONFIG", "Platform", "start"]

@@ -12,6 +12,7 @@ from jax.sharding import Mesh
 
 from dew import registry
 from dew.data.dataset import DataPartition, Dataset
+from dew.runtime import distributed
 from dew.schema import ConfigError
 from dew.training import sharding
 from dew.training.objective import Objective
@@ -19,9 +20,11 @@ from dew.training.sharding import Layout
 
 
 def mesh_and_layout(config: ml_collections.ConfigDict) -> tuple[Mesh, Layout]:
-    """The mesh ``config.mesh`` asks for over this process's devices, and its layout."""
+    """The mesh ``config.mesh`` asks for, and its layout: over ``config.mesh.devices`` devices
+    (0: all), the same number from every process of a multi-process run."""
+    devices = distributed.mesh_devices(config.mesh.devices)  # a count the processes do not divide: named
     try:
-        mesh = sharding.spec_from_config(config.mesh).mesh()
+        mesh = sharding.spec_from_config(config.mesh).mesh(devices)
         return mesh, Layout.for_mesh(mesh)
     except ValueError as e:
         raise ConfigError(f"config.mesh / config.dataset.batch_size: {e}") from e

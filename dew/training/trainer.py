@@ -18,6 +18,7 @@ from dew.checkpointing.checkpoints import Checkpoints
 from dew.checkpointing.restore import RestorePolicy
 from dew.checkpointing.run_history import record_start
 from dew.checkpointing.settings import checkpoint_settings
+from dew.runtime import distributed
 from dew.runtime.precompile import BackgroundCompile
 from dew.schema import ConfigError
 from dew.tracking.console import Progress
@@ -296,6 +297,9 @@ class Trainer:
             self.train_data.set_placement(self.layout.place_batch)
         try:
             compiling.wait()
+            # Every process has its step compiled before the first collective, which gloo gives
+            # up on after 30 s: a peer still compiling on a loaded host would fail the run.
+            distributed.barrier(f"dew-compiled-{start}", self.config.runtime.coordinator_timeout)
             calls = self.programs.calls()
             state = fit(
                 state,
