@@ -11,8 +11,6 @@ nothing written or read is pickled.
 from __future__ import annotations
 
 import datetime
-import functools
-import json
 import logging
 import uuid
 from collections.abc import Mapping
@@ -25,7 +23,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from dew.checkpointing import dataset_state as saved_dataset
-from dew.checkpointing import integrity, layout, positions
+from dew.checkpointing import layout, positions
 from dew.checkpointing.checksummed_handler import ChecksummedPyTreeHandler
 from dew.checkpointing.errors import (
     CheckpointDamagedError,
@@ -34,10 +32,10 @@ from dew.checkpointing.errors import (
     first_line,
 )
 from dew.checkpointing.retention import Retention
+from dew.checkpointing.step_files import StepFiles
 from dew.data.dataset import DataPartition
 from dew.training.state import TrainState
 
-STEP_METADATA = "_CHECKPOINT_METADATA"  # orbax's per-step JSON file
 _DELETING = ".deleting-"  # a step being deleted: out of orbax's step namespace
 log = logging.getLogger("dew.checkpoints")
 
@@ -96,9 +94,7 @@ class Store:
     def metrics(self, step: int) -> dict[str, float] | None:
         """The metrics the save of ``step`` reported (None: saved without)."""
         if step not in self._metrics:
-            meta = _step_metadata(self.path(step))
-            custom = meta.get("custom_metadata") or {}
-            self._metrics[step] = custom.get("metrics", meta.get("metrics"))  # older dew: orbax's field
+            self._metrics[step] = self.files(step).metrics()
         return self._metrics[step]
 
     def all_metrics(self) -> dict[int, dict[str, float] | None]:
@@ -292,75 +288,30 @@ class Store:
             raise self._damaged(step, args, e) from e
         return {item: templates[item] if item in empty else restored[item] for item in templates}
 
-    def _check_complete(self, step: int) -> None:
-        """Raise ``CheckpointDamagedError`` when ``step`` lacks an item it requires or was
-        written with (``missing_items``), naming the first."""
-        missing = self.missing_items(step)
-        if missing:
-            raise CheckpointDamagedError(
-                f"checkpoint step {step} in {self.directory} is damaged: items {missing} are missing",
-                step=step,
-                item=missing[0],
-                path=str(self.path(step) / missing[0]),
-            )
+    def files(self, step: int) -> StepFiles:
+        """What ``step``'s directory holds, read from its files (no manager, no values)."""
+        return StepFiles(self.directory, step)
 
     def metadata(self, step: int, items: list[str] | None = None) -> dict[str, Any]:
-        """The orbax metadata tree (shapes, dtypes; no values) of each named item, or of every
-        item present; only those are opened. Items a caller does not ask for may be missing
-        (``restore_ema`` serves a step whose params and opt_state are gone)."""
-        present = self.present_items(step)
-        if items is None:
-            self._check_complete(step)
-        trees = {}
-        for item in present if items is None else items:
-            if item not in present:
-                raise CheckpointDamagedError(
-                    f"checkpoint step {step} in {self.directory} is damaged: item {item!r} is missing",
-                    step=step,
-                    item=item,
-                )
-            try:
-                trees[item] = _metadata_reader().metadata(self.path(step) / item).tree
-            except Exception as e:
-                raise CheckpointDamagedError(
-                    f"checkpoint step {step} in {self.directory} is damaged: item {item!r} has unreadable "
-                    f"metadata ({type(e).__name__}: {first_line(e)})",
-                    step=step,
-                    item=item,
-                ) from e
-        return trees
+        return self.files(step).metadata(items)
 
     def verify(self, step: int, items: list[str] | None = None) -> None:
-        """Check the checksums of the named items (default: every item present, and none
-        missing that the step requires or was written with), streaming each file on this host; raise
-        ``CheckpointDamagedError`` naming the step, the item and the file. Steps written before
-        checksums were (no ``checksummed`` flag in their metadata) pass unverified."""
-        present = self.present_items(step)
-        if items is None:
-            self._check_complete(step)
-            items = present
-        if not (_step_metadata(self.path(step)).get("custom_metadata") or {}).get("checksummed"):
-            return
-        for item in items:
-            integrity.verify_item(step, item, self.path(step) / item)
+        self.files(step).verify(items)
 
     def present_items(self, step: int) -> list[str]:
-        names = (*layout.STATE_ITEMS, layout.DATA_ITEM, layout.DATASET_ITEM)
-        return [n for n in names if (self.path(step) / n).is_dir()]
+        return self.files(step).present_items()
 
     def missing_items(self, step: int) -> list[str]:
-        """The items ``step`` lacks: required ones that were not empty, and any its save wrote
-        (orbax's step metadata names each item written, ``item_handlers``) that is gone since,
-        e.g. a deleted ``data`` item, whose loss would silently restart the data stream."""
-        handlers = _step_metadata(self.path(step)).get("item_handlers")
-        written = set(handlers) if isinstance(handlers, dict) else set()
-        expected = (set(layout.REQUIRED_ITEMS) - set(self.empty_items(step))) | written
-        names = {*layout.STATE_ITEMS, layout.DATA_ITEM, layout.DATASET_ITEM}
-        return sorted((expected & names) - set(self.present_items(step)))
+        return self.files(step).missing_items()
+
+    def empty_items(self, step: int) -> list[str]:
+        return self.files(step).empty_items()
 
     def ema_record(self, step: int) -> dict[str, Any] | None:
-        """The EMA record the save of ``step`` kept (None: written without one)."""
-        return (_step_metadata(self.path(step)).get("custom_metadata") or {}).get("ema")
+        return self.files(step).ema_record()
+
+    def check_step(self, step: int, count: int) -> None:
+        self.files(step).check_step(count)
 
     def dataset_state(self, step: int, template: Any) -> Any:
         """The saved ``dataset`` pytree in ``template``'s structure, each leaf of the type of the
@@ -379,18 +330,6 @@ class Store:
             ) from e
         return saved_dataset.like_template(restored[layout.DATASET_ITEM], template)
 
-    def empty_items(self, step: int) -> list[str]:
-        return list((_step_metadata(self.path(step)).get("custom_metadata") or {}).get("empty_items", []))
-
-    def check_step(self, step: int, count: int) -> None:
-        """The restored step count must agree with the step the checkpoint was saved under."""
-        recorded = (_step_metadata(self.path(step)).get("custom_metadata") or {}).get("step")
-        if recorded is None or int(recorded) != count or count != step:
-            raise CheckpointRestorationError(
-                f"checkpoint step {step} in {self.directory}: the restored state is at step {count}, "
-                f"its metadata records step {recorded}"
-            )
-
     def _damaged(self, step: int, args: Mapping[str, Any], error: Exception) -> CheckpointDamagedError:
         """Name the item a failed read came from by reading each on its own."""
         for item, arg in args.items():
@@ -408,29 +347,6 @@ class Store:
             f"({type(error).__name__}: {first_line(error)})",
             step=step,
         )
-
-
-@functools.cache
-def _metadata_reader() -> ocp.PyTreeCheckpointHandler:
-    """Reads an item's tree metadata on its own (built on first use: it queries the backend)."""
-    return ocp.PyTreeCheckpointHandler()
-
-
-def _step_metadata(step_dir: epath.Path) -> dict[str, Any]:
-    """Orbax's step metadata, read as the JSON file it is (no manager, no item opened)."""
-    try:
-        meta = json.loads((step_dir / STEP_METADATA).read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointDamagedError(
-            f"checkpoint {step_dir} is damaged: its step metadata {STEP_METADATA} cannot be read ({e})",
-            path=str(step_dir / STEP_METADATA),
-        ) from e
-    if not isinstance(meta, dict) or not isinstance(meta.get("custom_metadata") or {}, dict):
-        raise CheckpointDamagedError(
-            f"checkpoint {step_dir} is damaged: step metadata {meta!r:.100}",
-            path=str(step_dir / STEP_METADATA),
-        )
-    return meta
 
 
 def _restore_args(template: Any, stored_tree: Any) -> ocp.args.PyTreeRestore:

@@ -1,0 +1,142 @@
+"""One checkpoint step's directory, read from its files alone: which items it holds, which its
+save wrote or left empty, what its orbax step metadata records (the step count, the EMA record,
+the metrics, whether items carry checksums), each item's tree metadata, and the checksum check.
+
+Nothing here opens an orbax manager or reads an array's values, so a reader can look at a live
+run's steps without touching them (``store.Store`` does the reading and writing of values).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import orbax.checkpoint as ocp
+from etils import epath
+
+from dew.checkpointing import integrity, layout
+from dew.checkpointing.errors import CheckpointDamagedError, CheckpointRestorationError, first_line
+
+STEP_METADATA = "_CHECKPOINT_METADATA"  # orbax's per-step JSON file
+_ITEMS = (*layout.STATE_ITEMS, layout.DATA_ITEM, layout.DATASET_ITEM)
+
+
+class StepFiles:
+    """The files of step ``step`` in the checkpoint directory ``directory``."""
+
+    def __init__(self, directory: epath.Path, step: int):
+        self.directory, self.step = directory, step
+        self.path = directory / str(step)
+
+    def step_metadata(self) -> dict[str, Any]:
+        """Orbax's step metadata, read as the JSON file it is (no manager, no item opened)."""
+        try:
+            meta = json.loads((self.path / STEP_METADATA).read_text())
+        except (OSError, ValueError) as e:
+            raise CheckpointDamagedError(
+                f"checkpoint {self.path} is damaged: its step metadata {STEP_METADATA} cannot be read ({e})",
+                path=str(self.path / STEP_METADATA),
+            ) from e
+        if not isinstance(meta, dict) or not isinstance(meta.get("custom_metadata") or {}, dict):
+            raise CheckpointDamagedError(
+                f"checkpoint {self.path} is damaged: step metadata {meta!r:.100}",
+                path=str(self.path / STEP_METADATA),
+            )
+        return meta
+
+    def custom(self) -> dict[str, Any]:
+        """dew's part of the step metadata (what ``Store.write`` recorded)."""
+        return self.step_metadata().get("custom_metadata") or {}
+
+    def metrics(self) -> dict[str, float] | None:
+        """The metrics the save reported (None: saved without)."""
+        meta = self.step_metadata()
+        return (meta.get("custom_metadata") or {}).get("metrics", meta.get("metrics"))  # older dew: orbax's
+
+    def ema_record(self) -> dict[str, Any] | None:
+        """The EMA record the save kept (None: written without one)."""
+        return self.custom().get("ema")
+
+    def present_items(self) -> list[str]:
+        return [n for n in _ITEMS if (self.path / n).is_dir()]
+
+    def empty_items(self) -> list[str]:
+        """The items the save had nothing to write for (orbax writes no tree without arrays)."""
+        return list(self.custom().get("empty_items", []))
+
+    def missing_items(self) -> list[str]:
+        """The items the step lacks: required ones that were not empty, and any its save wrote
+        (orbax's step metadata names each item written, ``item_handlers``) that is gone since,
+        e.g. a deleted ``data`` item, whose loss would silently restart the data stream."""
+        handlers = self.step_metadata().get("item_handlers")
+        written = set(handlers) if isinstance(handlers, dict) else set()
+        expected = (set(layout.REQUIRED_ITEMS) - set(self.empty_items())) | written
+        return sorted((expected & set(_ITEMS)) - set(self.present_items()))
+
+    def check_complete(self) -> None:
+        """Raise ``CheckpointDamagedError`` when the step lacks an item it requires or was written
+        with (``missing_items``), naming the first."""
+        missing = self.missing_items()
+        if missing:
+            raise CheckpointDamagedError(
+                f"checkpoint step {self.step} in {self.directory} is damaged: items {missing} are missing",
+                step=self.step,
+                item=missing[0],
+                path=str(self.path / missing[0]),
+            )
+
+    def check_step(self, count: int) -> None:
+        """The restored step count must agree with the step the checkpoint was saved under."""
+        recorded = self.custom().get("step")
+        if recorded is None or int(recorded) != count or count != self.step:
+            raise CheckpointRestorationError(
+                f"checkpoint step {self.step} in {self.directory}: the restored state is at step {count}, "
+                f"its metadata records step {recorded}"
+            )
+
+    def metadata(self, items: list[str] | None = None) -> dict[str, Any]:
+        """The orbax metadata tree (shapes, dtypes; no values) of each named item, or of every
+        item present; only those are opened. Items a caller does not ask for may be missing
+        (``restore_ema`` serves a step whose params and opt_state are gone)."""
+        present = self.present_items()
+        if items is None:
+            self.check_complete()
+        trees = {}
+        for item in present if items is None else items:
+            if item not in present:
+                raise CheckpointDamagedError(
+                    f"checkpoint step {self.step} in {self.directory} is damaged: item {item!r} is missing",
+                    step=self.step,
+                    item=item,
+                )
+            try:
+                trees[item] = _metadata_reader().metadata(self.path / item).tree
+            except Exception as e:
+                raise CheckpointDamagedError(
+                    f"checkpoint step {self.step} in {self.directory} is damaged: item {item!r} has "
+                    f"unreadable metadata ({type(e).__name__}: {first_line(e)})",
+                    step=self.step,
+                    item=item,
+                ) from e
+        return trees
+
+    def verify(self, items: list[str] | None = None) -> None:
+        """Check the checksums of the named items (default: every item present, and none
+        missing that the step requires or was written with), streaming each file on this host; raise
+        ``CheckpointDamagedError`` naming the step, the item and the file. Steps written before
+        checksums were (no ``checksummed`` flag in their metadata) pass unverified."""
+        present = self.present_items()
+        if items is None:
+            self.check_complete()
+            items = present
+        if not self.custom().get("checksummed"):
+            return
+        for item in items:
+            integrity.verify_item(self.step, item, self.path / item)
+
+
+@functools.cache
+def _metadata_reader() -> ocp.PyTreeCheckpointHandler:
+    """Reads an item's tree metadata on its own (built on first use: it queries the backend)."""
+    return ocp.PyTreeCheckpointHandler()
