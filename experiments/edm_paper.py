@@ -35,8 +35,10 @@ Conversions (the reference counts images, dew counts optimizer updates of B imag
   weights), where dew's ``dew.averaging.ema`` uses 0.05·n and a zero start with debiasing. The two
   averages differ in the weight they give the first updates; both spans equal H after
   H/0.05 = 20·H updates (19,531 for CIFAR-10), and everything before that point weighs
-  2^-(updates after it / H) in the final average: 2^-380 for CIFAR-10 and the 64x64 sets, 2^-30
-  for ImageNet-64;
+  2^-(updates after it / H) in the final average: at most 2^-380 for CIFAR-10 and the 64x64
+  sets, 2^-30 for ImageNet-64. The total-variation distance between the two final averages'
+  weights is 2^-396 (CIFAR-10), 2^-397 (64x64), 2^-49 (ImageNet-64); after 2,000 updates it is
+  1.9·10⁻⁴ (``tests/test_paper_configs.py``, the EMA test, computes both laws in float64);
 * loss scale and Adam ε: the reference's loss is the per-image *sum* over C·H·W pixels times
   ``--ls`` (``loss.sum().mul(loss_scaling / batch_gpu_total)``), dew's the per-pixel mean; Adam's
   update is unchanged by a constant gradient scale K except through ε, so the reference's

@@ -22,6 +22,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 
 from dew import registry
@@ -409,3 +410,41 @@ def test_learning_rate_ramp_is_the_reference_formula():
         got = float(fn(np.int32(n)))
         # float32: the quotient and the product each round once (2⁻²⁴ relative), lr itself once.
         assert math.isclose(got, reference, rel_tol=3 * 2.0**-24, abs_tol=0.0), (n, got, reference)
+
+
+def ema_weights(half_life: float, ramp_up: float, n: int, offset: int) -> np.ndarray:
+    """The weight each of n updates' parameters has in the final EMA, float64: β_i =
+    0.5^(1/min(H, r·(i − offset))) (a span of 0 gives β = 0, the reference's
+    ``max(..., 1e-8)``), w_i = (1 − β_i) Π_{j>i} β_j, divided by 1 − Π β (dew's debiasing; 1 for
+    the reference, whose β_1 = 0)."""
+    i = np.arange(1, n + 1, dtype=np.float64)
+    span = np.minimum(half_life, ramp_up * (i - offset))
+    log2_beta = np.where(span > 0, -1.0 / np.maximum(span, 1e-300), -np.inf)
+    after = np.concatenate([np.cumsum(log2_beta[::-1])[::-1][1:], [0.0]])  # Σ_{j>i} log2 β_j
+    weights = -np.expm1(log2_beta * np.log(2.0)) * np.exp2(after)
+    return weights / -np.expm1(np.sum(log2_beta) * np.log(2.0))
+
+
+@pytest.mark.parametrize("row", ["cifar10-cond-ddpmpp", "ffhq-ddpmpp", "imagenet64-cond-adm"])
+def test_ema_differs_from_the_reference_only_in_the_documented_first_updates(row):
+    """dew's β_n = 0.5^(1/min(H, r·n)) (``dew.averaging.ema``), the reference's uses r·(n−1)
+    (``training_loop.py``: ``cur_nimg`` before the update). The final averages' weights differ
+    only through the updates before both spans reach H (n ≤ H/r + 1), whose total weight is
+    2^-(updates after them / H); the total-variation distance is bounded by that."""
+    from dew.averaging.ema import spec_from_config
+
+    config = resolve_config(load_config(f"{EXPERIMENT}:{row}"))
+    h, r, n = config.ema.half_life, config.ema.ramp_up, config.train.num_steps
+    spec = spec_from_config(config.ema)
+    for k in (1, 2, 100, int(h / r), int(h / r) + 1, n):  # the law dew runs, in float32
+        want = 0.5 ** (1 / min(h, r * k))
+        assert math.isclose(float(spec.decay_at(k)), want, rel_tol=2 * 2.0**-24), (k, want)
+    dew, reference = ema_weights(h, r, n, offset=0), ema_weights(h, r, n, offset=1)
+    # Both are averages: the reference's because β_1 = 0 (its first update copies the weights),
+    # dew's by the debiasing; n terms of float64 roundings, each relative 2⁻⁵³, bound the sums.
+    for weights in (dew, reference):
+        assert abs(weights.sum() - 1) <= 2 * n * 2.0**-53
+    distance = 0.5 * np.abs(dew - reference).sum()
+    ramp_end = math.floor(h / r) + 1
+    bound = 2.0 ** (-(n - ramp_end) / h)
+    assert 0 < distance <= bound, (distance, bound)
