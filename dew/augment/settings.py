@@ -152,3 +152,30 @@ def check_settings(settings: AugmentSettings, where: str = "objective.augment") 
         if not isinstance(value, int | float) or isinstance(value, bool):
             raise ConfigError(f"config.{where}.{name}={value!r} is invalid: expected {key.accepted}")
         key.validate(float(value), f"{where}.{name}")
+
+
+def check_images(settings: AugmentSettings, shape: tuple[int, ...], where: str = "objective.augment") -> None:
+    """That the pipeline can run on samples of ``shape`` (one sample, [H, W, C]): images with
+    at least 2 pixels a side; 90° rotations need square images, colour transforms 1 or 3
+    channels (the reference's own limits). A ``ConfigError`` naming the setting otherwise."""
+    if not settings.enabled:
+        return
+    if len(shape) != 3:
+        raise ConfigError(
+            f"config.{where}.p={settings.p!r} is invalid for samples of shape {tuple(shape)}: "
+            "augmentation needs images [H, W, C]; expected p=0"
+        )
+    h, w, c = shape
+    if min(h, w) < 2:
+        raise ConfigError(f"config.{where}.p={settings.p!r} is invalid for {h}x{w} images: expected p=0")
+    if settings.rotate_int > 0 and h != w:
+        raise ConfigError(
+            f"config.{where}.rotate_int={settings.rotate_int!r} is invalid for {h}x{w} images: "
+            "90° rotations need square images; expected 0"
+        )
+    colour = [name for name in COLOUR if getattr(settings, name) > 0]
+    if colour and c not in (1, 3):
+        raise ConfigError(
+            f"config.{where}.{colour[0]}={getattr(settings, colour[0])!r} is invalid for {c}-channel "
+            "images: colour transforms need 3 (RGB) or 1 (L) channels; expected 0"
+        )
