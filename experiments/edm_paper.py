@@ -227,7 +227,7 @@ def get_config(row: str = "cifar10-cond-ddpmpp") -> ConfigDict:
             "sampling": {
                 "steps": sampler_steps,
                 "solver": "heun",
-                "per_class": 1000 // classes if r.cond else 64,
+                "per_class": max(1, 100 // classes) if r.cond else 64,
             },
         }
     )
