@@ -16,10 +16,11 @@ import numpy as np
 
 from dew import registry
 from dew.artifacts import ImageGrid, VideoGrid
+from dew.augment.settings import AugmentSettings
 from dew.diffusion.process import Process
 from dew.encoding.class_label import UNCONDITIONAL
 from dew.inputs import Condition, Field, InputSpec
-from dew.objectives import scatter
+from dew.objectives import diffusion_augment, scatter
 from dew.objectives.diffusion_config import CONFIG, Sampling, check_sampling
 from dew.sampling import CFG, Solver, sample
 from dew.schema import ConfigError, Section
@@ -46,6 +47,8 @@ class Diffusion(Objective):
         condition_dropout: float = 0.0,
         *,
         sampling: Sampling | None = None,
+        augment: AugmentSettings | None = None,
+        augment_labels: bool = False,
     ):
         if not 0.0 <= condition_dropout < 1.0:
             raise ValueError(f"condition_dropout must be in [0, 1), got {condition_dropout}")
@@ -56,6 +59,8 @@ class Diffusion(Objective):
         self.process = process
         self.condition_dropout = condition_dropout
         self.sampling = sampling or Sampling()
+        # EDM's AugmentPipe on training batches (None: off); augment_labels: the net takes them.
+        self.augment, self.feeds_augment_labels = augment, augment_labels
         # Jitted draws by their static settings (the preview's among them), so repeated previews
         # and pipeline calls compile once each.
         self._jitted: dict[tuple, Callable[..., Any]] = {}
@@ -67,9 +72,15 @@ class Diffusion(Objective):
         }
 
         def forward(
-            x: jax.Array, noise_level: jax.Array, conditions: Mapping[str, jax.Array], is_training: bool
+            x: jax.Array,
+            noise_level: jax.Array,
+            conditions: Mapping[str, jax.Array],
+            is_training: bool,
+            augment_labels: jax.Array | None = None,
         ):
             encoded = {k: encoders[k]()(v) for k, v in conditions.items()}
+            if augment_labels is not None:
+                encoded["augment_labels"] = augment_labels
             return model()(x, noise_level, is_training=is_training, **encoded)
 
         self._net = hk.transform(forward)
@@ -84,14 +95,16 @@ class Diffusion(Objective):
         conditions: Mapping[str, jax.Array],
         rng: jax.Array | None = None,
         is_training: bool = False,
+        augment_labels: jax.Array | None = None,
     ) -> Callable[[jax.Array, jax.Array], jax.Array]:
-        """D(x, σ) for fixed conditions; σ may be a scalar or per-example [B]."""
+        """D(x, σ) for fixed conditions; σ may be a scalar or per-example [B]. Without
+        ``augment_labels`` an EDM network sees zeros (not augmented), as the reference samples."""
 
         def denoise(x: jax.Array, sigma: jax.Array) -> jax.Array:
             sigma = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32), (x.shape[0],))
 
             def network(x_in: jax.Array, c_noise: jax.Array) -> jax.Array:
-                return self._net.apply(params, rng, x_in, c_noise, conditions, is_training)
+                return self._net.apply(params, rng, x_in, c_noise, conditions, is_training, augment_labels)
 
             return self.process.denoise(network, x, sigma)
 
@@ -107,13 +120,16 @@ class Diffusion(Objective):
         y = batch[self.input_spec.sample.name]
         chex.assert_shape(y, (None, *self.input_spec.sample.shape))
         sigma_rng, noise_rng, drop_rng, net_rng = jax.random.split(rng, 4)
+        augment_labels = None
+        if step.is_training:  # EDM's loss.py: y, augment_labels = augment_pipe(images)
+            y, augment_labels = diffusion_augment.augmented(self.augment, self.feeds_augment_labels, rng, y)
         sigma = self.process.sample_training_sigma(sigma_rng, y.shape[0])
         per_row = sigma.reshape((-1,) + (1,) * (y.ndim - 1))
         noisy = y + jax.random.normal(noise_rng, y.shape, y.dtype) * per_row
         conditions = self._conditions(batch)
         if step.is_training and self.condition_dropout > 0:
             conditions = self._drop(drop_rng, conditions)
-        denoised = self.denoiser(params, conditions, net_rng, step.is_training)(noisy, sigma)
+        denoised = self.denoiser(params, conditions, net_rng, step.is_training, augment_labels)(noisy, sigma)
         per_example = jnp.mean((denoised - y) ** 2, axis=tuple(range(1, y.ndim)))
         weighted = self.process.loss_weight(sigma) * per_example
         # mse_ is reported at σ-weights of 1: the plain denoising error, comparable across runs.
@@ -202,6 +218,7 @@ class Diffusion(Objective):
             length = int(source.fields["text"].shape[1])
             conditions["label"] = Condition("byte_text", Field("text", (length,), "int32"), "")
             encoders["label"] = functools.partial(registry.encoders["byte_text"], max_length=length)
+        augment, augment_labels = diffusion_augment.from_config(config, sample_field.shape)
         model_cfg = {k: v for k, v in config.model.items() if k != "name"}
         model = functools.partial(registry.models[config.model.name], **model_cfg)
         objective = cls(
@@ -211,6 +228,8 @@ class Diffusion(Objective):
             encoders,
             o.condition_dropout,
             sampling=Sampling(**o.sampling.to_dict()),
+            augment=augment,
+            augment_labels=augment_labels,
         )
         objective.num_classes = source.num_classes if conditions else None
         if choice == "text":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from dew import registry
+from dew.augment.settings import CONFIG as AUGMENT
 from dew.schema import Key, Section, at_least
 
 
@@ -56,6 +57,7 @@ CONFIG = Section(
             check=lambda v: 0.0 <= v < 1.0,
             accepted="a float in [0, 1)",
         ),
+        "augment": AUGMENT,
         "sampling": Section(
             "how previews are sampled",
             {

@@ -9,6 +9,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import jax.numpy as jnp
 import ml_collections
 import optax
 
@@ -70,9 +71,23 @@ OPTIMIZER_CONFIG = Section(
         "learning_rate": Key(
             1e-3, "peak learning rate", check=lambda v: _finite(v) and v > 0, accepted="a finite float > 0"
         ),
-        "warmup_steps": Key(0, "optimizer updates of linear warm-up from 0", **at_least(0, "an int >= 0")),
+        "warmup_steps": Key(
+            0,
+            "optimizer updates W of linear warm-up from 0: the n-th update (n = 0, 1, ...) takes "
+            "learning_rate·min(n/W, 1); W may be fractional (EDM's lr_rampup_kimg·1000 / images per "
+            "update), 0: off",
+            kind=float,
+            check=lambda v: _finite(v) and v >= 0,
+            accepted="a finite number >= 0 (0: off)",
+        ),
         "b1": Key(0.9, "Adam β1", check=lambda v: 0 <= v < 1, accepted="a float in [0, 1)"),
         "b2": Key(0.999, "Adam β2", check=lambda v: 0 <= v < 1, accepted="a float in [0, 1)"),
+        "eps": Key(
+            1e-8,
+            "Adam ε, added to √v̂ in the update's denominator (torch.optim.Adam's eps, optax's eps)",
+            check=lambda v: _finite(v) and v > 0,
+            accepted="a finite float > 0",
+        ),
         "grad_clip": Key(
             0.0,
             "clip gradients to this global norm (0: off)",
@@ -171,11 +186,22 @@ def check_workdir(workdir: str) -> str:
     return path
 
 
+def warmup_schedule(learning_rate: float, warmup_steps: float) -> optax.Schedule | float:
+    """The learning rate of the n-th optimizer update (n = 0, 1, ...): lr·min(n/W, 1), W =
+    ``warmup_steps`` (fractional allowed), or the constant lr for W = 0.
+
+    NVlabs/edm's ramp-up (``training_loop.py``: ``lr * min(cur_nimg / (lr_rampup_kimg * 1000), 1)``
+    with ``cur_nimg`` the images seen before the update) is this with W = lr_rampup_kimg·1000 /
+    images per update, since optax's count n is the updates before this one.
+    """
+    if not warmup_steps:
+        return learning_rate
+    return lambda count: learning_rate * jnp.minimum(count / warmup_steps, 1.0)
+
+
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
     """Adam with linear warm-up (EDM's lr ramp-up) and optional global-norm clipping."""
     o = config.optimizer
-    schedule = (
-        optax.linear_schedule(0.0, o.learning_rate, o.warmup_steps) if o.warmup_steps else o.learning_rate
-    )
-    adam = optax.adam(schedule, b1=o.b1, b2=o.b2)
+    schedule = warmup_schedule(o.learning_rate, o.warmup_steps)
+    adam = optax.adam(schedule, b1=o.b1, b2=o.b2, eps=o.eps)
     return optax.chain(optax.clip_by_global_norm(o.grad_clip), adam) if o.grad_clip > 0 else adam
