@@ -51,7 +51,9 @@ def _converted():
     net = _transformed(config)
     x = jnp.asarray(ref["x"].transpose(0, 2, 3, 1))
     sigma, labels = jnp.asarray(ref["sigma"]), jnp.asarray(ref["class_labels"])
-    abstract = jax.eval_shape(functools.partial(net.init, is_training=True), jax.random.key(0), x, sigma, labels)
+    abstract = jax.eval_shape(
+        functools.partial(net.init, is_training=True), jax.random.key(0), x, sigma, labels
+    )
     state = {k[len("param/") :]: ref[k] for k in ref.files if k.startswith("param/")}
     params = edm2_weights.convert_state_dict(state)
     edm2_weights.check_against(params, _shapes(abstract))  # names and shapes map one to one
@@ -120,11 +122,15 @@ def test_parameter_names_shapes_and_counts_equal_the_reference(preset):
     x = jax.ShapeDtypeStruct((1, res, res, channels), jnp.float32)
     sigma = jax.ShapeDtypeStruct((1,), jnp.float32)
     labels = jax.ShapeDtypeStruct((1, interface["label_dim"]), jnp.float32)
-    abstract = jax.eval_shape(functools.partial(net.init, is_training=True), jax.random.key(0), x, sigma, labels)
+    abstract = jax.eval_shape(
+        functools.partial(net.init, is_training=True), jax.random.key(0), x, sigma, labels
+    )
     expected = {}
     for key, shape in entry["shapes"].items():
         module, name = edm2_weights.dew_name(key)
-        expected.setdefault(module, {})[name] = tuple(edm2_weights.to_dew_layout(np.empty(shape, np.bool_)).shape)
+        expected.setdefault(module, {})[name] = tuple(
+            edm2_weights.to_dew_layout(np.empty(shape, np.bool_)).shape
+        )
     dew_shapes = _shapes(abstract)
     fake = {m: {k: np.empty(s, np.bool_) for k, s in leaves.items()} for m, leaves in dew_shapes.items()}
     edm2_weights.check_against(fake, expected)

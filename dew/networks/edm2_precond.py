@@ -101,7 +101,9 @@ class EDM2Precond(hk.Module):
         d_x = c_skip * x + c_out * f_x.astype(jnp.float32)
         if not return_logvar:
             return d_x
-        logvar = MPConv(1, (), name="logvar_linear")(MPFourier(self.logvar_channels, name="logvar_fourier")(c_noise))
+        logvar = MPConv(1, (), name="logvar_linear")(
+            MPFourier(self.logvar_channels, name="logvar_fourier")(c_noise)
+        )
         return d_x, logvar.reshape(-1, 1, 1, 1)
 
 

@@ -131,7 +131,9 @@ class EDM2UNet(hk.Module):
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"EDM2UNet: dropout must be in [0, 1), got {dropout}")
         self.cblock = [model_channels * m for m in channel_mult]
-        self.cnoise = model_channels * channel_mult_noise if channel_mult_noise is not None else self.cblock[0]
+        self.cnoise = (
+            model_channels * channel_mult_noise if channel_mult_noise is not None else self.cblock[0]
+        )
         self.cemb = model_channels * channel_mult_emb if channel_mult_emb is not None else max(self.cblock)
         self.num_blocks, self.attn_resolutions = num_blocks, tuple(attn_resolutions)
         self.label_balance, self.concat_balance, self.label_dim = label_balance, concat_balance, label_dim

@@ -3,15 +3,16 @@ no JAX needed).
 
 The mapping is one to one, by name, and a transposition per weight:
 
-| reference state_dict key | dew module, parameter | layout |
-|---|---|---|
-| ``unet.enc.<R>x<R>_<block>.<layer>.weight`` | ``<top>/unet/enc_<R>x<R>_<block>/<layer>``, ``weight`` | OIHW -> HWIO |
-| ``unet.dec.<R>x<R>_<block>.<layer>.weight`` | ``<top>/unet/dec_<R>x<R>_<block>/<layer>``, ``weight`` | OIHW -> HWIO |
-| ``unet.enc.<R>x<R>_<block>.emb_gain`` (and ``dec``) | ``<top>/unet/enc_<R>x<R>_<block>``, ``emb_gain`` | scalar |
-| ``unet.enc.<R>x<R>_conv.weight``, ``unet.out_conv.weight`` | ``<top>/unet/enc_<R>x<R>_conv``, ``<top>/unet/out_conv`` | OIHW -> HWIO |
-| ``unet.emb_noise.weight``, ``unet.emb_label.weight``, ``*.emb_linear.weight``, ``logvar_linear.weight`` | same path with ``/``, ``weight`` | [out, in] -> [in, out] |
-| ``unet.out_gain`` | ``<top>/unet``, ``out_gain`` | scalar |
-| ``unet.emb_fourier.freqs``/``phases``, ``logvar_fourier.freqs``/``phases`` (buffers) | ``<top>/unet/emb_fourier``, ``<top>/logvar_fourier`` | [C] |
+* ``unet.enc.<R>x<R>_<block>.<layer>.weight`` (and ``dec``) -> module
+  ``<top>/unet/enc_<R>x<R>_<block>/<layer>``, parameter ``weight``; convolutions OIHW -> HWIO;
+* ``unet.enc.<R>x<R>_conv.weight``, ``unet.out_conv.weight`` -> ``<top>/unet/enc_<R>x<R>_conv``,
+  ``<top>/unet/out_conv``: OIHW -> HWIO;
+* ``unet.emb_noise.weight``, ``unet.emb_label.weight``, ``*.emb_linear.weight``,
+  ``logvar_linear.weight`` -> the same path with ``/``: [out, in] -> [in, out];
+* ``unet.enc.<R>x<R>_<block>.emb_gain`` -> ``<top>/unet/enc_<R>x<R>_<block>``, ``emb_gain``;
+  ``unet.out_gain`` -> ``<top>/unet``, ``out_gain`` (scalars);
+* buffers ``unet.emb_fourier.freqs``/``phases``, ``logvar_fourier.freqs``/``phases`` ->
+  ``<top>/unet/emb_fourier``, ``<top>/logvar_fourier`` ([C], gradient stopped in dew).
 
 ``<top>`` is ``edm2`` (``dew.models["edm2"]``, the ``Precond``). For a bare ``UNet`` state dict
 (no ``unet.`` prefix) pass ``top="edm2unet"`` and ``prefix=""``. The attention ``qkv`` channel
@@ -85,5 +86,6 @@ def check_against(params: Params, expected: Mapping[str, Mapping[str, tuple]]) -
                 raise ValueError(f"{module}/{name} exists only in {side}")
             if tuple(got[name].shape) != tuple(want[name]):
                 raise ValueError(
-                    f"{module}/{name}: reference shape {tuple(got[name].shape)} (dew layout), dew {want[name]}"
+                    f"{module}/{name}: reference shape {tuple(got[name].shape)} (dew layout), "
+                    f"dew {want[name]}"
                 )

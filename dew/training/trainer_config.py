@@ -18,7 +18,7 @@ from dew.data import config as data_config
 from dew.runtime import platform as runtime_platform
 from dew.schema import ConfigError, Key, Section, at_least, resolve
 from dew.tracking import trackers as trackers_lib
-from dew.training import sharding
+from dew.training import learning_rate, sharding
 from dew.training.nonfinite import POLICIES as NONFINITE_POLICIES
 from dew.training.objective import MODEL_CONFIG, OBJECTIVE_CONFIG
 from dew.training.profile import CONFIG as PROFILE_CONFIG
@@ -64,8 +64,17 @@ TRAIN_CONFIG = Section(
         ),
     },
 )
+def _check_schedule(section: ml_collections.ConfigDict, path: str) -> None:
+    if section.schedule == "inverse_sqrt" and section.warmup_steps:
+        raise ConfigError(
+            f"config.{path}.warmup_steps={section.warmup_steps} is invalid with schedule='inverse_sqrt' "
+            "(its ramp-up is rampup_Mimg); expected 0"
+        )
+
+
 OPTIMIZER_CONFIG = Section(
-    "Adam with a linear learning-rate warm-up and optional global-norm clipping",
+    "Adam with a learning-rate schedule (linear warm-up or EDM2's inverse square root) and "
+    "optional global-norm clipping",
     {
         "learning_rate": Key(
             1e-3, "peak learning rate", check=lambda v: _finite(v) and v > 0, accepted="a finite float > 0"
@@ -79,7 +88,26 @@ OPTIMIZER_CONFIG = Section(
             check=lambda v: _finite(v) and v >= 0,
             accepted="a finite float >= 0 (0: off)",
         ),
+        "schedule": Key(
+            "linear_warmup",
+            "learning-rate schedule: linear_warmup (warmup_steps, then constant) or inverse_sqrt "
+            "(EDM2: learning_rate / sqrt(max(updates / ref_batches, 1)), ramped up over rampup_Mimg)",
+            choices=learning_rate.SCHEDULES,
+        ),
+        "ref_batches": Key(
+            70000.0,
+            "inverse_sqrt: t_ref, the updates after which the rate decays as 1/sqrt (0: no decay)",
+            check=lambda v: _finite(v) and v >= 0,
+            accepted="a finite float >= 0 (0: no decay)",
+        ),
+        "rampup_Mimg": Key(
+            10.0,
+            "inverse_sqrt: millions of training images of linear ramp-up from 0 (0: none)",
+            check=lambda v: _finite(v) and v >= 0,
+            accepted="a finite float >= 0 (0: no ramp-up)",
+        ),
     },
+    validate=_check_schedule,
 )
 EVAL_CONFIG = Section(
     "the objective's held-out statistics on a fixed prefix of the validation split (debiased EMA)",
@@ -172,10 +200,18 @@ def check_workdir(workdir: str) -> str:
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    """Adam with linear warm-up (EDM's lr ramp-up) and optional global-norm clipping."""
+    """Adam with linear warm-up (EDM's lr ramp-up) or EDM2's inverse-square-root schedule
+    (``dew.training.learning_rate``; images per update = ``dataset.batch_size`` ×
+    ``train.accumulation``), and optional global-norm clipping."""
     o = config.optimizer
-    schedule = (
-        optax.linear_schedule(0.0, o.learning_rate, o.warmup_steps) if o.warmup_steps else o.learning_rate
-    )
+    if o.schedule == "inverse_sqrt":
+        images_per_update = config.dataset.batch_size * config.train.accumulation
+        schedule = learning_rate.inverse_sqrt(
+            o.learning_rate, o.ref_batches, o.rampup_Mimg, images_per_update
+        )
+    elif o.warmup_steps:
+        schedule = optax.linear_schedule(0.0, o.learning_rate, o.warmup_steps)
+    else:
+        schedule = o.learning_rate
     adam = optax.adam(schedule, b1=o.b1, b2=o.b2)
     return optax.chain(optax.clip_by_global_norm(o.grad_clip), adam) if o.grad_clip > 0 else adam

@@ -52,7 +52,6 @@ def main() -> None:
     sys.dont_write_bytecode = True
     sys.path.insert(0, os.path.abspath(args.edm2))
     import torch
-
     from training.networks_edm2 import Precond
 
     torch.manual_seed(0)
@@ -65,7 +64,10 @@ def main() -> None:
             else:
                 p.copy_(torch.randn(p.shape, generator=gen))
             p.copy_(p.half().float())
-    out = {f"param/{k}": (v.half() if k.endswith(("weight", "gain")) else v).numpy() for k, v in net.state_dict().items()}
+    out = {
+        f"param/{k}": (v.half() if k.endswith(("weight", "gain")) else v).numpy()
+        for k, v in net.state_dict().items()
+    }
     rng = np.random.default_rng(2)
     batch = 4
     x = rng.standard_normal((batch, 3, 16, 16)).astype(np.float16).astype(np.float32)

@@ -34,7 +34,6 @@ def main() -> None:
     sys.dont_write_bytecode = True
     sys.path.insert(0, os.path.abspath(args.edm2))
     import torch
-
     import train_edm2
     from training.networks_edm2 import Precond
 
