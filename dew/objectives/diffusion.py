@@ -134,6 +134,25 @@ class Diffusion(Objective):
         """The unconditional datum's tokens, one row per row of ``like``."""
         return jnp.broadcast_to(jnp.asarray(self._unconditional_tokens[key], like.dtype), like.shape)
 
+    def guided_denoiser(
+        self,
+        params: Params,
+        conditions: Mapping[str, jax.Array],
+        guidance: CFG | None = None,
+        guide: Diffusion | None = None,
+        guide_params: Params | None = None,
+    ) -> Callable[[jax.Array, jax.Array], jax.Array]:
+        """The denoiser ``generate`` samples with: this network's D(x, σ) for ``conditions``,
+        guided (``guidance``) against its unconditional prediction, or against ``guide``'s
+        prediction for the same conditions when a guide is given (autoguidance)."""
+        denoise = self.denoiser(params, conditions)
+        if guidance is None:
+            return denoise
+        if guide is not None:
+            return guidance(denoise, guide.denoiser(guide_params, conditions))
+        uncond = {k: self._unconditional(k, v) for k, v in conditions.items()}
+        return guidance(denoise, self.denoiser(params, uncond))
+
     def generate(
         self,
         params: Params,
@@ -144,18 +163,22 @@ class Diffusion(Objective):
         solver: str | Solver = "heun",
         guidance: CFG | None = None,
         num_samples: int | None = None,
+        guide: Diffusion | None = None,
+        guide_params: Params | None = None,
     ) -> jax.Array:
         """Samples for the given conditions (one per row), pure and jittable.
 
         Without conditions, ``num_samples`` says how many. The initial noise is drawn from
         ``rng`` itself; a stochastic solver's per-step noise from ``fold_in(rng, 1)``.
+
+        ``guidance`` guides against this network's unconditional prediction (CFG), or, with a
+        ``guide`` objective and its ``guide_params``, against the guide's prediction for the same
+        conditions (autoguidance, Karras et al. 2024, "Guiding a diffusion model with a bad
+        version of itself": D = D_guide + w (D − D_guide), inside the guidance interval).
         """
         n = next(iter(conditions.values())).shape[0] if conditions else (num_samples or 1)
         shape = (n, *self.input_spec.sample.shape)
-        denoise = self.denoiser(params, conditions)
-        if guidance is not None:
-            uncond = {k: self._unconditional(k, v) for k, v in conditions.items()}
-            denoise = guidance(denoise, self.denoiser(params, uncond))
+        denoise = self.guided_denoiser(params, conditions, guidance, guide, guide_params)
         noise = jax.random.normal(rng, shape, jnp.float32)
         with jax.ensure_compile_time_eval():  # a schedule sample can check, even under jit
             sigmas = self.process.sigmas(steps)
