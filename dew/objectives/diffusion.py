@@ -258,6 +258,8 @@ class Diffusion(Objective):
         solver: str,
         guidance: float = 1.0,
         guidance_interval: tuple[float, float] | tuple[()] = (),
+        guide: Diffusion | None = None,
+        guide_params: Params | None = None,
     ) -> tuple[jax.Array, jax.Array]:
         """``per_class`` samples of every class, class-major, and their labels; pure and jittable.
 
@@ -277,7 +279,15 @@ class Diffusion(Objective):
         lo, hi = guidance_interval or (0.0, float("inf"))
         cfg = CFG(weight=guidance, sigma_lo=lo, sigma_hi=hi) if guidance != 1.0 else None
         samples = self.generate(
-            params, rng, conditions, steps=steps, solver=solver, guidance=cfg, num_samples=per_class
+            params,
+            rng,
+            conditions,
+            steps=steps,
+            solver=solver,
+            guidance=cfg,
+            num_samples=per_class,
+            guide=guide,
+            guide_params=guide_params,
         )
         return samples, labels
 
@@ -331,13 +341,17 @@ class Diffusion(Objective):
         guidance: float,
         guidance_interval: tuple[float, ...],
         seed: int,
+        guide: Diffusion | None = None,
+        guide_params: Params | None = None,
     ) -> Any:
         """Samples as an artifact. Without ``classes`` or ``prompts``: ``per_class`` of every
         class, drawn exactly as ``preview`` draws them (``seed`` = the run's seed with the
         defaults reproduces its previews bit for bit). ``classes`` (class labels) or ``prompts``
         (captions, for a text-conditioned model): one sample per entry. ``guidance`` is the CFG
         weight (1: none), applied to the condition only for σ in ``guidance_interval`` =
-        (σ_lo, σ_hi] when one is given; ``solver`` a registered sampler, ``steps`` its σ points."""
+        (σ_lo, σ_hi] when one is given; ``solver`` a registered sampler, ``steps`` its σ points.
+        ``guide``/``guide_params`` (``dew.pipeline(..., guide=...)``): guide against that
+        network's prediction for the same conditions instead (autoguidance)."""
         settings = Sampling(
             steps=steps,
             solver=solver,
@@ -348,10 +362,11 @@ class Diffusion(Objective):
         check_sampling(settings)
         rng = jax.random.PRNGKey(seed)
         if classes is None and prompts is None:
-            if settings == self.sampling:
+            if settings == self.sampling and guide is None:
                 return self.preview(params, rng)
-            draw = self._jitted_once(("draw", settings), self.draw, **dataclasses.asdict(settings))
-            samples, _ = jax.device_get(draw(params, rng))
+            key = ("draw", settings, id(guide))
+            draw = self._jitted_once(key, self.draw, **dataclasses.asdict(settings), guide=guide)
+            samples, _ = jax.device_get(draw(params, rng, guide_params=guide_params))
             captions = None
             if self.class_prompts is not None:
                 captions = tuple(p for p in self.class_prompts for _ in range(per_class))
@@ -360,9 +375,14 @@ class Diffusion(Objective):
         lo, hi = settings.guidance_interval or (0.0, float("inf"))
         cfg = CFG(weight=guidance, sigma_lo=lo, sigma_hi=hi) if guidance != 1.0 else None
         draw = self._jitted_once(
-            ("generate", steps, solver, cfg), self.generate, steps=steps, solver=solver, guidance=cfg
+            ("generate", steps, solver, cfg, id(guide)),
+            self.generate,
+            steps=steps,
+            solver=solver,
+            guidance=cfg,
+            guide=guide,
         )
-        samples = jax.device_get(draw(params, rng, conditions))
+        samples = jax.device_get(draw(params, rng, conditions, guide_params=guide_params))
         return self._artifact(samples, captions, min(len(samples), 10))
 
     def _jitted_once(self, key: tuple, fn: Callable[..., Any], **static: Any) -> Callable[..., Any]:
