@@ -64,6 +64,8 @@ TRAIN_CONFIG = Section(
         ),
     },
 )
+
+
 def _check_schedule(section: ml_collections.ConfigDict, path: str) -> None:
     if section.schedule == "inverse_sqrt" and section.warmup_steps:
         raise ConfigError(
