@@ -68,9 +68,18 @@ class Pipeline:
     ``options`` (accepted keyword arguments and their defaults) are attributes.
     """
 
-    def __init__(self, objective: Any, config: Any, step: int, params: Any, raw: bool, workdir: str):
+    def __init__(
+        self,
+        objective: Any,
+        config: Any,
+        step: int,
+        params: Any,
+        raw: bool,
+        workdir: str,
+        guide: Pipeline | None = None,
+    ):
         self.objective, self.config, self.step, self.params, self.raw = objective, config, step, params, raw
-        self.workdir = workdir
+        self.workdir, self.guide = workdir, guide
         self.options: dict[str, Any] = dict(objective.inference_options())
         if "seed" in self.options:  # the run's previews draw with PRNGKey(config.seed)
             self.options["seed"] = int(config.seed)
@@ -113,7 +122,12 @@ class Pipeline:
     def __call__(self, **options: Any) -> Any:
         self.check(options)
         try:
-            return self.objective.infer(self.params, **{**self.options, **options})
+            extra = (
+                {}
+                if self.guide is None
+                else {"guide": self.guide.objective, "guide_params": self.guide.params}
+            )
+            return self.objective.infer(self.params, **{**self.options, **options}, **extra)
         except (ValueError, TypeError) as e:
             if isinstance(e, PipelineError):
                 raise
@@ -126,12 +140,39 @@ class Pipeline:
         )
 
 
-def pipeline(source: str, *, step: int | None = None, raw: bool = False) -> Pipeline:
+def check_guide(main: Pipeline, guide: Pipeline) -> None:
+    """A guide network must draw what the main one draws: the same sample shape (resolution,
+    channels) and the same conditioning (condition fields, encoders, classes); else one
+    ``PipelineError`` line naming what differs."""
+    a, b = main.objective, guide.objective
+    if not hasattr(b, "denoiser"):
+        raise PipelineError(
+            f"pipeline: guide {guide.workdir} ({type(b).__name__}) has no denoiser to guide with"
+        )
+    pairs = {
+        "sample shape": (a.input_spec.sample.shape, b.input_spec.sample.shape),
+        "conditions": (dict(a.input_spec.conditions), dict(b.input_spec.conditions)),
+        "classes": (getattr(a, "num_classes", None), getattr(b, "num_classes", None)),
+    }
+    for what, (mine, theirs) in pairs.items():
+        if mine != theirs:
+            raise PipelineError(
+                f"pipeline: guide {guide.workdir} has {what} {theirs!r}, the main run {main.workdir} has "
+                f"{mine!r}; expected a guide trained on the same data and conditioning"
+            )
+
+
+def pipeline(
+    source: str, *, step: int | None = None, raw: bool = False, guide: str | Pipeline | None = None
+) -> Pipeline:
     """Load the inference task for source, its weights placed once.
 
     ``source``: a run's workdir, its ``checkpoints/`` directory or one step directory in it.
     ``step``: the checkpoint to read (default: the step the path names, else the latest).
     ``raw``: the live parameters instead of the debiased EMA. See the module docstring.
+    ``guide``: a second run (a source as above, or its ``Pipeline``) whose network guides the
+    samples (autoguidance: the ``guidance`` weight and ``guidance_interval`` options apply to
+    it instead of to the unconditional branch); ``check_guide`` says what must match.
     """
     import dew  # the registry fill: every objective, model and data set resolvable by name
     from dew.checkpointing.checkpoints import Checkpoints
@@ -184,4 +225,8 @@ def pipeline(source: str, *, step: int | None = None, raw: bool = False) -> Pipe
 
     replicated = sharding.Layout.for_mesh(sharding.spec_from_config(config.mesh).mesh()).replicated
     params = jax.device_put(jax.tree.map(np.asarray, params), replicated)
-    return Pipeline(objective, config, step, params, raw, workdir)
+    main = Pipeline(objective, config, step, params, raw, workdir)
+    if guide is not None:
+        main.guide = guide if isinstance(guide, Pipeline) else pipeline(guide, raw=raw)
+        check_guide(main, main.guide)
+    return main

@@ -7,7 +7,10 @@ read as a Python literal where it is one, e.g. ``--seed=3 --guidance=2.0
 --guidance_interval=(0.3,5.0) --prompts=("a seven","a two")``, else as a string), and writes
 the artifact under ``--out`` (default ``RUN/samples``) in the local tracker's layout
 (``images/sample_<step>.png``, ``videos/...gif``, ``text/...txt`` + ``.html``,
-``representations/...png`` + ``.npz``). ``--list`` prints the options the task takes and their
+``representations/...png`` + ``.npz``). ``--guide=WORKDIR`` guides with a second run's network (autoguidance,
+``D = D_guide + w (D − D_guide)`` with ``w`` = ``--guidance``, inside ``--guidance_interval``; the
+guide's debiased EMA of its latest checkpoint, or its live weights with ``--raw``); its samples
+and conditioning must be the main run's. ``--list`` prints the options the task takes and their
 defaults; ``--help`` prints this text. Bad input (not a run, no such step, an option the task
 does not take, a bad value): one line on stderr, exit status 2, nothing written.
 """
@@ -22,7 +25,14 @@ import sys
 def parse(argv: list[str]) -> tuple[dict[str, object], dict[str, object], dict[str, str]]:
     """(flags: workdir/out/step/raw/list, task options, each option's argument as typed) from
     ``--name=value`` arguments."""
-    flags: dict[str, object] = {"workdir": None, "out": None, "step": None, "raw": False, "list": False}
+    flags: dict[str, object] = {
+        "workdir": None,
+        "out": None,
+        "step": None,
+        "raw": False,
+        "list": False,
+        "guide": None,
+    }
     options: dict[str, object] = {}
     texts: dict[str, str] = {}  # each option as typed, for the error that names it
     for arg in argv:
@@ -39,7 +49,7 @@ def parse(argv: list[str]) -> tuple[dict[str, object], dict[str, object], dict[s
         except (ValueError, SyntaxError):
             value = text
         if name in flags:
-            flags[name] = value if name != "workdir" and name != "out" else text
+            flags[name] = value if name not in ("workdir", "out", "guide") else text
         else:
             options[name.replace("-", "_")] = value
             texts[name.replace("-", "_")] = arg
@@ -61,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         start(present_devices=False, detect_processes=False)
         from dew.inference import pipeline
 
-        task = pipeline(str(flags["workdir"]), step=flags["step"], raw=bool(flags["raw"]))
+        guide = str(flags["guide"]) if flags["guide"] else None
+        task = pipeline(str(flags["workdir"]), step=flags["step"], raw=bool(flags["raw"]), guide=guide)
         if flags["list"]:
             for name, default in task.options.items():
                 print(f"--{name}={default!r}")

@@ -396,7 +396,7 @@ def test_learning_rate_ramp_is_the_reference_formula():
     """dew's schedule at update n is lr·min(n·B / (lr_rampup_kimg·1000), 1), the reference's."""
     import numpy as np
 
-    from dew.training.trainer_config import warmup_schedule
+    from dew.training.learning_rate import linear_warmup
 
     config = resolve_config(load_config(f"{EXPERIMENT}:imagenet64-cond-adm"))
     lr, w, batch_size = (
@@ -404,7 +404,7 @@ def test_learning_rate_ramp_is_the_reference_formula():
         config.optimizer.warmup_steps,
         config.dataset.batch_size,
     )
-    fn = warmup_schedule(lr, w)
+    fn = linear_warmup(lr, w)
     for n in (0, 1, 2, 1000, 2441, 2442, 5000):
         reference = lr * min(n * batch_size / (edm_paper.LR_RAMPUP_KIMG * 1000), 1)
         got = float(fn(np.int32(n)))

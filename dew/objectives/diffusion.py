@@ -150,6 +150,25 @@ class Diffusion(Objective):
         """The unconditional datum's tokens, one row per row of ``like``."""
         return jnp.broadcast_to(jnp.asarray(self._unconditional_tokens[key], like.dtype), like.shape)
 
+    def guided_denoiser(
+        self,
+        params: Params,
+        conditions: Mapping[str, jax.Array],
+        guidance: CFG | None = None,
+        guide: Diffusion | None = None,
+        guide_params: Params | None = None,
+    ) -> Callable[[jax.Array, jax.Array], jax.Array]:
+        """The denoiser ``generate`` samples with: this network's D(x, σ) for ``conditions``,
+        guided (``guidance``) against its unconditional prediction, or against ``guide``'s
+        prediction for the same conditions when a guide is given (autoguidance)."""
+        denoise = self.denoiser(params, conditions)
+        if guidance is None:
+            return denoise
+        if guide is not None:
+            return guidance(denoise, guide.denoiser(guide_params, conditions))
+        uncond = {k: self._unconditional(k, v) for k, v in conditions.items()}
+        return guidance(denoise, self.denoiser(params, uncond))
+
     def generate(
         self,
         params: Params,
@@ -160,18 +179,22 @@ class Diffusion(Objective):
         solver: str | Solver = "heun",
         guidance: CFG | None = None,
         num_samples: int | None = None,
+        guide: Diffusion | None = None,
+        guide_params: Params | None = None,
     ) -> jax.Array:
         """Samples for the given conditions (one per row), pure and jittable.
 
         Without conditions, ``num_samples`` says how many. The initial noise is drawn from
         ``rng`` itself; a stochastic solver's per-step noise from ``fold_in(rng, 1)``.
+
+        ``guidance`` guides against this network's unconditional prediction (CFG), or, with a
+        ``guide`` objective and its ``guide_params``, against the guide's prediction for the same
+        conditions (autoguidance, Karras et al. 2024, "Guiding a diffusion model with a bad
+        version of itself": D = D_guide + w (D − D_guide), inside the guidance interval).
         """
         n = next(iter(conditions.values())).shape[0] if conditions else (num_samples or 1)
         shape = (n, *self.input_spec.sample.shape)
-        denoise = self.denoiser(params, conditions)
-        if guidance is not None:
-            uncond = {k: self._unconditional(k, v) for k, v in conditions.items()}
-            denoise = guidance(denoise, self.denoiser(params, uncond))
+        denoise = self.guided_denoiser(params, conditions, guidance, guide, guide_params)
         noise = jax.random.normal(rng, shape, jnp.float32)
         with jax.ensure_compile_time_eval():  # a schedule sample can check, even under jit
             sigmas = self.process.sigmas(steps)
@@ -254,6 +277,8 @@ class Diffusion(Objective):
         solver: str,
         guidance: float = 1.0,
         guidance_interval: tuple[float, float] | tuple[()] = (),
+        guide: Diffusion | None = None,
+        guide_params: Params | None = None,
     ) -> tuple[jax.Array, jax.Array]:
         """``per_class`` samples of every class, class-major, and their labels; pure and jittable.
 
@@ -273,7 +298,15 @@ class Diffusion(Objective):
         lo, hi = guidance_interval or (0.0, float("inf"))
         cfg = CFG(weight=guidance, sigma_lo=lo, sigma_hi=hi) if guidance != 1.0 else None
         samples = self.generate(
-            params, rng, conditions, steps=steps, solver=solver, guidance=cfg, num_samples=per_class
+            params,
+            rng,
+            conditions,
+            steps=steps,
+            solver=solver,
+            guidance=cfg,
+            num_samples=per_class,
+            guide=guide,
+            guide_params=guide_params,
         )
         return samples, labels
 
@@ -327,13 +360,17 @@ class Diffusion(Objective):
         guidance: float,
         guidance_interval: tuple[float, ...],
         seed: int,
+        guide: Diffusion | None = None,
+        guide_params: Params | None = None,
     ) -> Any:
         """Samples as an artifact. Without ``classes`` or ``prompts``: ``per_class`` of every
         class, drawn exactly as ``preview`` draws them (``seed`` = the run's seed with the
         defaults reproduces its previews bit for bit). ``classes`` (class labels) or ``prompts``
         (captions, for a text-conditioned model): one sample per entry. ``guidance`` is the CFG
         weight (1: none), applied to the condition only for σ in ``guidance_interval`` =
-        (σ_lo, σ_hi] when one is given; ``solver`` a registered sampler, ``steps`` its σ points."""
+        (σ_lo, σ_hi] when one is given; ``solver`` a registered sampler, ``steps`` its σ points.
+        ``guide``/``guide_params`` (``dew.pipeline(..., guide=...)``): guide against that
+        network's prediction for the same conditions instead (autoguidance)."""
         settings = Sampling(
             steps=steps,
             solver=solver,
@@ -344,10 +381,11 @@ class Diffusion(Objective):
         check_sampling(settings)
         rng = jax.random.PRNGKey(seed)
         if classes is None and prompts is None:
-            if settings == self.sampling:
+            if settings == self.sampling and guide is None:
                 return self.preview(params, rng)
-            draw = self._jitted_once(("draw", settings), self.draw, **dataclasses.asdict(settings))
-            samples, _ = jax.device_get(draw(params, rng))
+            key = ("draw", settings, id(guide))
+            draw = self._jitted_once(key, self.draw, **dataclasses.asdict(settings), guide=guide)
+            samples, _ = jax.device_get(draw(params, rng, guide_params=guide_params))
             captions = None
             if self.class_prompts is not None:
                 captions = tuple(p for p in self.class_prompts for _ in range(per_class))
@@ -356,9 +394,14 @@ class Diffusion(Objective):
         lo, hi = settings.guidance_interval or (0.0, float("inf"))
         cfg = CFG(weight=guidance, sigma_lo=lo, sigma_hi=hi) if guidance != 1.0 else None
         draw = self._jitted_once(
-            ("generate", steps, solver, cfg), self.generate, steps=steps, solver=solver, guidance=cfg
+            ("generate", steps, solver, cfg, id(guide)),
+            self.generate,
+            steps=steps,
+            solver=solver,
+            guidance=cfg,
+            guide=guide,
         )
-        samples = jax.device_get(draw(params, rng, conditions))
+        samples = jax.device_get(draw(params, rng, conditions, guide_params=guide_params))
         return self._artifact(samples, captions, min(len(samples), 10))
 
     def _jitted_once(self, key: tuple, fn: Callable[..., Any], **static: Any) -> Callable[..., Any]:

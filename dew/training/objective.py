@@ -65,7 +65,8 @@ class Objective(abc.ABC):
     * ``from_config(config, dataset)`` (classmethod): build from the resolved config and the
       training split's ``Source``. Default: ``cls()``.
     * ``init(rng, batch)``, ``loss(params, rng, batch, step)``, ``evaluate(params, rng, batch)``:
-      pure and jittable.
+      pure and jittable; ``project(params)`` (default identity): the point each step's loss is
+      differentiated at and its update applied to (a constraint such as weight normalisation).
     * ``preview(params, rng)``: one artifact (``ARTIFACTS``), or a mapping name -> artifact
       (each logged under its name; a single one is logged as ``samples``), for a person to look at, from the
       debiased EMA parameters (replicated on every device). Called on every process (it may run
@@ -103,6 +104,16 @@ class Objective(abc.ABC):
         self, params: Params, rng: jax.Array, batch: Batch, step: Step
     ) -> tuple[jax.Array, tuple[Stats, Aux]]:
         """Scalar loss to minimise, with scalar statistics and auxiliary outputs."""
+
+    def project(self, params: Params) -> Params:
+        """The parameters the loss is differentiated at, from the stored ones; pure, jittable.
+
+        The step computes ``params = project(state.params)`` before each loss and applies the
+        optimizer's update to that, so stored weights are re-projected after every update (once
+        per update, before the next forward); the EMA, like a reference that re-normalises inside
+        its training forward, averages the updated weights. Default: the identity. EDM2's forced
+        weight normalisation (``dew.objectives.edm2``) is the use."""
+        return params
 
     def evaluate(self, params: Params, rng: jax.Array, batch: Batch) -> Stats:
         """Scalar statistics on a held-out batch; by default the loss's own statistics."""

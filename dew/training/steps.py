@@ -98,20 +98,23 @@ def make_step(
         rng, step_rng = jax.random.split(state.rng)
         grad_fn = jax.value_and_grad(objective.loss, has_aux=True)
         index = num_updates(state.step, k)
-        (loss, (stats, _aux)), grads = grad_fn(state.params, step_rng, batch, Step(index=index))
+        # The objective's constraint (identity by default): the loss is differentiated at, and
+        # the update applied to, the projected parameters (EDM2's forced weight normalisation).
+        current = objective.project(state.params)
+        (loss, (stats, _aux)), grads = grad_fn(current, step_rng, batch, Step(index=index))
         grad_norm = global_norm(grads)
         # The one check: a NaN or inf anywhere in the gradients makes their norm non-finite.
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
         def apply(grads: Any) -> tuple[Any, Any]:
-            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-            return optax.apply_updates(state.params, updates), opt_state
+            updates, opt_state = optimizer.update(grads, state.opt_state, current)
+            return optax.apply_updates(current, updates), opt_state
 
         if k == 1:
             # One branch on the one flag: the common (finite) path updates the donated buffers in
             # place; a per-leaf select of new vs old would read every old buffer twice and make
             # XLA copy all of them on every step.
-            params, opt_state = jax.lax.cond(finite, apply, lambda _: (state.params, state.opt_state), grads)
+            params, opt_state = jax.lax.cond(finite, apply, lambda _: (current, state.opt_state), grads)
             new_ema = ema_lib.update(state.ema, params, ema, index + 1)
             power = update_power(state.power_ema, params, index + 1)
             pending = state.pending

@@ -9,7 +9,6 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-import jax.numpy as jnp
 import ml_collections
 import optax
 
@@ -19,7 +18,7 @@ from dew.data import config as data_config
 from dew.runtime import platform as runtime_platform
 from dew.schema import ConfigError, Key, Section, at_least, resolve
 from dew.tracking import trackers as trackers_lib
-from dew.training import sharding
+from dew.training import learning_rate, sharding
 from dew.training.nonfinite import POLICIES as NONFINITE_POLICIES
 from dew.training.objective import MODEL_CONFIG, OBJECTIVE_CONFIG
 from dew.training.profile import CONFIG as PROFILE_CONFIG
@@ -65,8 +64,19 @@ TRAIN_CONFIG = Section(
         ),
     },
 )
+
+
+def _check_schedule(section: ml_collections.ConfigDict, path: str) -> None:
+    if section.schedule == "inverse_sqrt" and section.warmup_steps:
+        raise ConfigError(
+            f"config.{path}.warmup_steps={section.warmup_steps} is invalid with schedule='inverse_sqrt' "
+            "(its ramp-up is rampup_Mimg); expected 0"
+        )
+
+
 OPTIMIZER_CONFIG = Section(
-    "Adam with a linear learning-rate warm-up and optional global-norm clipping",
+    "Adam with a learning-rate schedule (linear warm-up or EDM2's inverse square root) and "
+    "optional global-norm clipping",
     {
         "learning_rate": Key(
             1e-3, "peak learning rate", check=lambda v: _finite(v) and v > 0, accepted="a finite float > 0"
@@ -94,7 +104,26 @@ OPTIMIZER_CONFIG = Section(
             check=lambda v: _finite(v) and v >= 0,
             accepted="a finite float >= 0 (0: off)",
         ),
+        "schedule": Key(
+            "linear_warmup",
+            "learning-rate schedule: linear_warmup (warmup_steps, then constant) or inverse_sqrt "
+            "(EDM2: learning_rate / sqrt(max(updates / ref_batches, 1)), ramped up over rampup_Mimg)",
+            choices=learning_rate.SCHEDULES,
+        ),
+        "ref_batches": Key(
+            70000.0,
+            "inverse_sqrt: t_ref, the updates after which the rate decays as 1/sqrt (0: no decay)",
+            check=lambda v: _finite(v) and v >= 0,
+            accepted="a finite float >= 0 (0: no decay)",
+        ),
+        "rampup_Mimg": Key(
+            10.0,
+            "inverse_sqrt: millions of training images of linear ramp-up from 0 (0: none)",
+            check=lambda v: _finite(v) and v >= 0,
+            accepted="a finite float >= 0 (0: no ramp-up)",
+        ),
     },
+    validate=_check_schedule,
 )
 EVAL_CONFIG = Section(
     "the objective's held-out statistics on a fixed prefix of the validation split (debiased EMA)",
@@ -186,22 +215,17 @@ def check_workdir(workdir: str) -> str:
     return path
 
 
-def warmup_schedule(learning_rate: float, warmup_steps: float) -> optax.Schedule | float:
-    """The learning rate of the n-th optimizer update (n = 0, 1, ...): lr·min(n/W, 1), W =
-    ``warmup_steps`` (fractional allowed), or the constant lr for W = 0.
-
-    NVlabs/edm's ramp-up (``training_loop.py``: ``lr * min(cur_nimg / (lr_rampup_kimg * 1000), 1)``
-    with ``cur_nimg`` the images seen before the update) is this with W = lr_rampup_kimg·1000 /
-    images per update, since optax's count n is the updates before this one.
-    """
-    if not warmup_steps:
-        return learning_rate
-    return lambda count: learning_rate * jnp.minimum(count / warmup_steps, 1.0)
-
-
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    """Adam with linear warm-up (EDM's lr ramp-up) and optional global-norm clipping."""
+    """Adam with linear warm-up (EDM's lr ramp-up) or EDM2's inverse-square-root schedule
+    (``dew.training.learning_rate``; images per update = ``dataset.batch_size`` ×
+    ``train.accumulation``), and optional global-norm clipping."""
     o = config.optimizer
-    schedule = warmup_schedule(o.learning_rate, o.warmup_steps)
+    if o.schedule == "inverse_sqrt":
+        images_per_update = config.dataset.batch_size * config.train.accumulation
+        schedule = learning_rate.inverse_sqrt(
+            o.learning_rate, o.ref_batches, o.rampup_Mimg, images_per_update
+        )
+    else:
+        schedule = learning_rate.linear_warmup(o.learning_rate, o.warmup_steps)
     adam = optax.adam(schedule, b1=o.b1, b2=o.b2, eps=o.eps)
     return optax.chain(optax.clip_by_global_norm(o.grad_clip), adam) if o.grad_clip > 0 else adam

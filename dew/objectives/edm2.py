@@ -1,0 +1,157 @@
+"""EDM2's training objective (Karras et al. 2024, Eq. 14-16 and 21), NVlabs/edm2
+``training/training_loop.py`` ``EDM2Loss``, for the ``edm2`` network (``dew.models["edm2"]``,
+its ``Precond``). Registered as ``dew.registry.objectives["edm2"]``.
+
+Per training image y, with ln σ ~ N(P_mean, P_std²) and n ~ N(0, σ² I):
+
+    L = Σ_elements [ λ(σ) / e^{u(σ)} · (D(y + n; σ) − y)² + u(σ) ],   λ(σ) = (σ² + σ_d²) / (σ σ_d)²
+
+(the reference's per-element loss, summed per image: its ``loss.sum() / batch``); the step's loss
+is the mean of L over the batch. u(σ) is the network's learned log-variance head. Forced weight
+normalisation (Eq. 66) is ``project``: every MPConv weight is re-normalised before each forward
+that is differentiated, so the optimizer updates the normalised weights, as the reference's
+in-place ``copy_`` does. Sampling, previews, conditioning and condition dropout (EDM's
+``label_dropout``; EDM2's recipe trains without it: 0) are the ``diffusion`` objective's; the σ
+schedule used for sampling is the preset's (``EDM``: EDM2's generator uses the same).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import chex
+import haiku as hk
+import jax
+import jax.numpy as jnp
+
+from dew import registry
+from dew.diffusion.process import Process
+from dew.inputs import InputSpec
+from dew.networks.edm2_layers import project_weights
+from dew.objectives.diffusion import Diffusion, ModuleFactory
+from dew.objectives.diffusion_config import CONFIG as DIFFUSION_CONFIG
+from dew.objectives.diffusion_config import Sampling
+from dew.schema import ConfigError, Key, Section
+from dew.training.objective import Aux, Batch, Params, Stats, Step
+
+NETWORK = "edm2"
+"""The model (and its haiku module name) this objective trains."""
+
+CONFIG = Section(
+    "EDM2's uncertainty-weighted denoising loss (Karras et al. 2024), sampled as the diffusion objective",
+    {
+        **DIFFUSION_CONFIG.keys,
+        "P_mean": Key(-0.4, "mean of ln σ during training (EDM2Loss P_mean)"),
+        "P_std": Key(
+            1.0, "std of ln σ during training (EDM2Loss P_std)", check=lambda v: v > 0, accepted="a float > 0"
+        ),
+        "sigma_data": Key(
+            0.5,
+            "σ_data of the loss weight; must equal config.model.sigma_data",
+            check=lambda v: v > 0,
+            accepted="a float > 0",
+        ),
+    },
+    validate=DIFFUSION_CONFIG.validate,
+)
+
+
+def _is_network_module(module: str) -> bool:
+    return module == NETWORK or module.startswith(NETWORK + "/")
+
+
+class EDM2(Diffusion):
+    """The ``diffusion`` objective with EDM2's network interface, loss and weight projection."""
+
+    P_mean: float = -0.4
+    P_std: float = 1.0
+    sigma_data: float = 0.5
+
+    def __init__(
+        self,
+        input_spec: InputSpec,
+        process: Process,
+        model: ModuleFactory,
+        encoders: Mapping[str, ModuleFactory],
+        condition_dropout: float = 0.0,
+        *,
+        sampling: Sampling | None = None,
+    ):
+        super().__init__(input_spec, process, model, encoders, condition_dropout, sampling=sampling)
+
+        def forward(x: jax.Array, sigma: jax.Array, conditions: Mapping[str, jax.Array], is_training: bool):
+            encoded = {k: encoders[k]()(v) for k, v in conditions.items()}
+            return model()(x, sigma, is_training=is_training, return_logvar=True, **encoded)
+
+        self._net = hk.transform(forward)
+
+    def denoiser(
+        self, params: Params, conditions: Mapping[str, jax.Array], rng=None, is_training: bool = False
+    ):
+        """D(x, σ) for fixed conditions: the network's own preconditioning (``Precond``)."""
+
+        def denoise(x: jax.Array, sigma: jax.Array) -> jax.Array:
+            sigma = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32), (x.shape[0],))
+            return self._net.apply(params, rng, x, sigma, conditions, is_training)[0]
+
+        return denoise
+
+    def init(self, rng: jax.Array, batch: Batch) -> Params:
+        x = batch[self.input_spec.sample.name]
+        return self._net.init(rng, x, jnp.ones(x.shape[:1]), self._conditions(batch), True)
+
+    def project(self, params: Params) -> Params:
+        """Forced weight normalisation (Eq. 66) of the network's MPConv weights."""
+        return project_weights(params, _is_network_module)
+
+    def loss(
+        self, params: Params, rng: jax.Array, batch: Batch, step: Step
+    ) -> tuple[jax.Array, tuple[Stats, Aux]]:
+        y = batch[self.input_spec.sample.name]
+        chex.assert_shape(y, (None, *self.input_spec.sample.shape))
+        sigma_rng, noise_rng, drop_rng, net_rng = jax.random.split(rng, 4)
+        sigma = jnp.exp(jax.random.normal(sigma_rng, y.shape[:1]) * self.P_std + self.P_mean)
+        per_row = sigma.reshape((-1,) + (1,) * (y.ndim - 1))
+        weight = (per_row**2 + self.sigma_data**2) / (per_row * self.sigma_data) ** 2
+        noisy = y + jax.random.normal(noise_rng, y.shape, y.dtype) * per_row
+        conditions = self._conditions(batch)
+        if step.is_training and self.condition_dropout > 0:
+            conditions = self._drop(drop_rng, conditions)
+        denoised, logvar = self._net.apply(params, net_rng, noisy, sigma, conditions, step.is_training)
+        chex.assert_shape(logvar, (y.shape[0], 1, 1, 1))
+        squared = (denoised - y) ** 2
+        per_element = weight / jnp.exp(logvar) * squared + logvar
+        per_image = jnp.sum(per_element, axis=tuple(range(1, y.ndim)))
+        stats = {"mse_denoised": jnp.mean(squared), "logvar": jnp.mean(logvar)}
+        return jnp.mean(per_image), (stats, Aux())
+
+    @classmethod
+    def config_section(cls) -> Section:
+        """The diffusion objective's keys plus EDM2Loss's ``P_mean``, ``P_std``, ``sigma_data``."""
+        return CONFIG
+
+    @classmethod
+    def from_config(cls, config: Any, source: Any) -> EDM2:
+        """As ``Diffusion.from_config``; the model must be ``edm2`` with the loss's σ_data."""
+        o, m = config.objective, config.model
+        if m.name != NETWORK:
+            raise ConfigError(
+                f"config.model.name={m.name!r} is invalid for the edm2 objective: expected {NETWORK!r} "
+                "(EDM2's Precond, with the log-variance head its loss needs)"
+            )
+        if m.sigma_data != o.sigma_data:
+            raise ConfigError(
+                f"config.objective.sigma_data={o.sigma_data} differs from config.model.sigma_data="
+                f"{m.sigma_data}; expected them equal (the loss weight and the preconditioning share it)"
+            )
+        objective = super().from_config(config, source)
+        objective.P_mean, objective.P_std, objective.sigma_data = (
+            float(o.P_mean),
+            float(o.P_std),
+            float(o.sigma_data),
+        )
+        return objective
+
+
+registry.objectives.register("edm2", EDM2)
