@@ -12,7 +12,7 @@ import numpy as np
 import PIL.Image
 import pytest
 
-from dew.encoding import latent_dataset
+from dew.data.sources import latent_dataset
 from dew.encoding.stability_vae import StabilityVAECodec
 from dew.networks import sd_vae
 

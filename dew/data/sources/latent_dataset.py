@@ -1,6 +1,6 @@
 """Pre-encode an image data set into EDM2's latent data set, once: ``dataset_tool.py encode``.
 
-    python -m dew.encoding.latent_dataset --source=<images: directory or .zip> --dest=<directory> \
+    python -m dew.data.sources.latent_dataset --source=<images: directory or .zip> --dest=<directory> \
         [--weights=<diffusion_pytorch_model.safetensors>] [--allow_unpinned_weights] \
         [--batch_size=8] [--max_images=N]
 
@@ -197,7 +197,7 @@ def read_latent_dataset(path: str) -> tuple[np.ndarray, np.ndarray | None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dew.encoding.latent_dataset", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m dew.data.sources.latent_dataset", description=__doc__)
     parser.add_argument("--source", required=True, help="image data set: directory or .zip (NVlabs format)")
     parser.add_argument("--dest", required=True, help="output directory")
     parser.add_argument("--weights", default=None, help="sd-vae-ft-mse's diffusion_pytorch_model.safetensors")
