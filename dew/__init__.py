@@ -87,6 +87,7 @@ _REGISTERING_MODULES = (
     "dew.scoring.digits_features",
     "dew.scoring.linear_probe",
     "dew.scoring.inception_metrics",
+    "dew.scoring.dinov2_metrics",
 )
 
 

@@ -1,0 +1,236 @@
+"""Pre-encode an image data set into EDM2's latent data set, once: ``dataset_tool.py encode``.
+
+    python -m dew.data.sources.latent_dataset --source=<images: directory or .zip> --dest=<directory> \
+        [--weights=<diffusion_pytorch_model.safetensors>] [--allow_unpinned_weights] \
+        [--batch_size=8] [--max_images=N]
+
+The source is an NVlabs/edm / edm2 image data set (``dew.data.sources.image_folder``: same-size
+8-bit RGB files, optional ``dataset.json`` labels). Each image is encoded by the VAE exactly as
+edm2's ``StabilityVAEEncoder.encode_pixels`` does (``dew.encoding.stability_vae``: pixels / 255,
+the posterior's mean and std concatenated), and stored as edm2's ``dataset_tool.py encode``
+stores it, so edm2 and dew read the result alike:
+
+- ``<dest>/<first 5 digits>/img-mean-std-<8-digit index>.npy``: float32 [8, H/8, W/8] (CHW:
+  4 mean channels, then 4 std channels);
+- ``<dest>/dataset.json``: ``{"labels": [[file, class], ...]}`` or ``{"labels": null}``, written
+  last: its presence marks a finished data set.
+
+Training then draws final latents from the stored mean and std (``LatentScaling.encode_latents``)
+without running the encoder. Batches are sharded over all local devices (the batch is rounded up
+to a multiple of the device count; the last one is padded and the padding dropped).
+
+**Resumable**: every file is written to a temporary name and renamed into place, so a file that
+exists is complete; ``encode.json`` (written first) records the source, its image count and
+shape, and the VAE's shape, and a rerun with the same arguments encodes only the files that are
+missing. A rerun against a ``--dest`` made from something else stops with one line. Progress
+goes to stderr every ``PROGRESS_SECONDS`` and at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import json
+import os
+import sys
+import time
+import weakref
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+MANIFEST = "encode.json"
+LABELS_FILE = "dataset.json"
+PROGRESS_SECONDS = 10.0
+
+
+class LatentDatasetError(ValueError):
+    """Bad arguments or a ``--dest`` that belongs to another encoding (one line)."""
+
+
+def latent_name(index: int) -> str:
+    """edm2's archive name of image ``index``: ``00001/img-mean-std-00001234.npy``."""
+    s = f"{index:08d}"
+    return f"{s[:5]}/img-mean-std-{s}.npy"
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _npy_bytes(a: np.ndarray) -> bytes:
+    f = io.BytesIO()
+    np.save(f, a, allow_pickle=False)
+    return f.getvalue()
+
+
+#: One jitted, batch-sharded ``encode_pixels`` per codec (its compilations are reused across calls).
+_ENCODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _sharded_encoder(codec):
+    import jax
+
+    fn = _ENCODERS.get(codec)
+    if fn is None:
+        mesh = jax.sharding.Mesh(np.asarray(jax.devices()), ("batch",))
+        sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("batch"))
+        fn = _ENCODERS[codec] = jax.jit(codec.encode_pixels, in_shardings=sharding, out_shardings=sharding)
+    return fn
+
+
+@dataclasses.dataclass
+class EncodeReport:
+    """What one call did: images in the set, encoded now, and already present."""
+
+    total: int
+    encoded: int
+    skipped: int
+
+
+def encode_dataset(
+    source: str,
+    dest: str,
+    codec,
+    *,
+    batch_size: int = 8,
+    max_images: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> EncodeReport:
+    """Encode the image data set at ``source`` into ``dest`` with ``codec`` (a
+    ``StabilityVAECodec``); see the module docstring for the format and the resume rule."""
+    import jax
+    import jax.numpy as jnp
+
+    from dew.data.sources.image_folder import ImageFiles, read_labels
+
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise LatentDatasetError(f"--batch_size={batch_size!r}: expected an int >= 1")
+    if max_images is not None and (not isinstance(max_images, int) or max_images < 1):
+        raise LatentDatasetError(f"--max_images={max_images!r}: expected an int >= 1 (or none for all)")
+    files = ImageFiles(source)
+    names = files.images[:max_images] if max_images else files.images
+    labels = read_labels(files)
+    shape = files.header_shape(names[0])
+    f = codec.config.downsampling
+    if shape[2] != codec.config.in_channels or shape[0] % f or shape[1] % f:
+        raise LatentDatasetError(
+            f"--source={source!r}: images are {shape[0]}x{shape[1]}x{shape[2]}; the VAE takes "
+            f"{codec.config.in_channels}-channel images whose sides are multiples of {f}"
+        )
+    manifest = {
+        "source": os.path.abspath(source),
+        "num_images": len(names),
+        "image_shape": list(shape),
+        "vae": dataclasses.asdict(codec.config),
+        "format": "edm2 dataset_tool.py encode: float32 [2*latent, H/f, W/f] mean||std per image",
+    }
+    manifest_path = os.path.join(dest, MANIFEST)
+    if os.path.isfile(manifest_path):
+        with open(manifest_path) as fh:
+            existing = json.load(fh)
+        if existing != json.loads(json.dumps(manifest)):
+            differ = sorted(k for k in manifest if existing.get(k) != json.loads(json.dumps(manifest[k])))
+            raise LatentDatasetError(
+                f"--dest={dest!r} holds an encoding of something else ({', '.join(differ)} differ from "
+                f"{MANIFEST}); choose another --dest or delete it"
+            )
+    elif os.path.exists(dest) and os.listdir(dest):
+        raise LatentDatasetError(
+            f"--dest={dest!r} exists, is not empty and holds no {MANIFEST}; choose another"
+        )
+    else:
+        _write_atomic(manifest_path, json.dumps(manifest, indent=1).encode())
+
+    for root, _dirs, found in os.walk(dest):  # a killed run's partial files: never renamed into place
+        for name in found:
+            if ".tmp-" in name:
+                os.remove(os.path.join(root, name))
+    todo = [i for i in range(len(names)) if not os.path.isfile(os.path.join(dest, latent_name(i)))]
+    devices = jax.devices()
+    per_call = -(-batch_size // len(devices)) * len(devices)
+    encode = _sharded_encoder(codec)
+    say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    done, last = 0, time.monotonic()
+    for start in range(0, len(todo), per_call):
+        chunk = todo[start : start + per_call]
+        batch = np.stack([files.decode(names[i]) for i in chunk])
+        if len(chunk) < per_call:  # pad to the sharded size; the padding is dropped
+            batch = np.concatenate([batch, np.repeat(batch[-1:], per_call - len(chunk), axis=0)])
+        raw = np.asarray(encode(jnp.asarray(batch)))[: len(chunk)]
+        for i, mean_std in zip(chunk, raw, strict=True):
+            _write_atomic(os.path.join(dest, latent_name(i)), _npy_bytes(mean_std.transpose(2, 0, 1)))
+        done += len(chunk)
+        if time.monotonic() - last >= PROGRESS_SECONDS or start + per_call >= len(todo):
+            say(f"encode: {len(names) - len(todo) + done}/{len(names)} images")
+            last = time.monotonic()
+    entries = None if labels is None else [[latent_name(i), int(labels[i])] for i in range(len(names))]
+    _write_atomic(os.path.join(dest, LABELS_FILE), json.dumps({"labels": entries}).encode())
+    return EncodeReport(total=len(names), encoded=len(todo), skipped=len(names) - len(todo))
+
+
+def read_latent_dataset(path: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """A finished latent data set: raw latents [N, h, w, 2C] (NHWC, float32: mean ‖ std) in index
+    order and the class labels [N] (int64) or None."""
+    labels_path = os.path.join(path, LABELS_FILE)
+    if not os.path.isfile(labels_path):
+        raise LatentDatasetError(f"{path!r} is not a finished latent data set (no {LABELS_FILE})")
+    with open(labels_path) as fh:
+        entries = json.load(fh).get("labels")
+    with open(os.path.join(path, MANIFEST)) as fh:
+        count = json.load(fh)["num_images"]
+    raw = np.stack(
+        [
+            np.load(os.path.join(path, latent_name(i)), allow_pickle=False).transpose(1, 2, 0)
+            for i in range(count)
+        ]
+    )
+    labels = None if entries is None else np.asarray([c for _, c in entries], np.int64)
+    return raw, labels
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dew.data.sources.latent_dataset", description=__doc__)
+    parser.add_argument("--source", required=True, help="image data set: directory or .zip (NVlabs format)")
+    parser.add_argument("--dest", required=True, help="output directory")
+    parser.add_argument("--weights", default=None, help="sd-vae-ft-mse's diffusion_pytorch_model.safetensors")
+    parser.add_argument(
+        "--allow_unpinned_weights", action="store_true", help="use weights whose SHA-256 is not pinned"
+    )
+    parser.add_argument("--batch_size", type=int, default=8)
+    parser.add_argument("--max_images", type=int, default=None)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    from dew.data.sources.image_folder import ImageFolderError
+    from dew.encoding.stability_vae import StabilityVAECodec
+    from dew.networks.sd_vae_weights import load_weights
+
+    try:
+        if args.batch_size < 1:
+            raise LatentDatasetError(f"--batch_size={args.batch_size}: expected an int >= 1")
+        if args.max_images is not None and args.max_images < 1:
+            raise LatentDatasetError(f"--max_images={args.max_images}: expected an int >= 1")
+        from dew.data.sources.image_folder import ImageFiles
+
+        ImageFiles(args.source)  # a bad --source stops before the weights are read
+        codec = StabilityVAECodec(load_weights(args.weights, allow_unpinned=args.allow_unpinned_weights))
+        report = encode_dataset(
+            args.source, args.dest, codec, batch_size=args.batch_size, max_images=args.max_images
+        )
+    except (LatentDatasetError, ImageFolderError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"{args.dest}: {report.total} images ({report.encoded} encoded now, {report.skipped} already there)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

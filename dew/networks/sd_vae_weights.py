@@ -1,0 +1,129 @@
+"""Load sd-vae-ft-mse's published safetensors file into the haiku VAE, digest-checked, no PyTorch.
+
+The weights EDM2 uses are ``stabilityai/sd-vae-ft-mse`` (``training/encoders.py``:
+``AutoencoderKL.from_pretrained('stabilityai/sd-vae-ft-mse')``), whose model repository
+publishes ``diffusion_pytorch_model.safetensors`` (float32) and ``config.json``. A safetensors
+file is an 8-byte little-endian header length, a JSON header (``dtype``, ``shape``,
+``data_offsets`` per tensor) and the raw little-endian bytes: ``read_safetensors`` parses it with
+NumPy (F32, F16, BF16, F64), so dew reads the published file itself, without conversion, without
+PyTorch and without unpickling.
+
+**Digest.** Neither NVlabs/edm2 nor diffusers pins a SHA-256 for this file, and no digest was
+found published in the sources reachable here, so ``PINNED_SHA256`` is empty:
+``load_weights`` computes the file's SHA-256 and refuses it unless it is pinned or
+``allow_unpinned=True``. Add the model repository's published digest (its file listing shows the
+SHA-256 of each stored file) to ``PINNED_SHA256`` to pin it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+
+import numpy as np
+
+SOURCE_NAME = "diffusion_pytorch_model.safetensors"
+SOURCE_REPOSITORY = "stabilityai/sd-vae-ft-mse"
+#: SHA-256 digests of ``SOURCE_NAME`` vouched for by a publisher: none found published (see above).
+PINNED_SHA256: frozenset[str] = frozenset()
+DEFAULT_PATH = os.path.join("~", ".cache", "dew", "sd-vae-ft-mse", SOURCE_NAME)
+ENV_VAR = "DEW_SD_VAE_WEIGHTS"
+ALLOW_UNPINNED_ENV = "DEW_SD_VAE_ALLOW_UNPINNED"
+
+HOW_TO_GET = (
+    f"download {SOURCE_NAME} from the model repository {SOURCE_REPOSITORY} (the VAE NVlabs/edm2 "
+    f"uses; no SHA-256 is pinned for it, so load it with allow_unpinned=True or "
+    f"{ALLOW_UNPINNED_ENV}=1) and put it at {DEFAULT_PATH} (or set {ENV_VAR} to its path)"
+)
+
+_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"), "BF16": np.dtype("<u2")}
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def default_path() -> str:
+    return os.path.expanduser(os.environ.get(ENV_VAR) or DEFAULT_PATH)
+
+
+def parse_safetensors(blob: bytes | memoryview, what: str = "safetensors data") -> dict[str, np.ndarray]:
+    """Every tensor of a safetensors byte string as a float32 NumPy array (BF16 widened exactly).
+    Raises ``ValueError`` naming ``what`` on a malformed header or an unsupported dtype."""
+    blob = memoryview(blob)
+    if len(blob) < 8:
+        raise ValueError(f"{what} is not a safetensors file (shorter than its 8-byte header length)")
+    (header_len,) = struct.unpack("<Q", blob[:8])
+    if header_len > len(blob) - 8:
+        raise ValueError(f"{what} is not a safetensors file (header length {header_len} exceeds the file)")
+    try:
+        header = json.loads(bytes(blob[8 : 8 + header_len]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{what} is not a safetensors file (header is not JSON: {e})") from None
+    data = blob[8 + header_len :]
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _DTYPES.get(entry.get("dtype"))
+        if dtype is None:
+            raise ValueError(
+                f"{what}: tensor {name!r} has dtype {entry.get('dtype')!r}; expected one of {sorted(_DTYPES)}"
+            )
+        start, end = entry["data_offsets"]
+        shape = tuple(entry["shape"])
+        if end - start != int(np.prod(shape)) * dtype.itemsize or end > len(data):
+            raise ValueError(
+                f"{what}: tensor {name!r} has {end - start} bytes for shape {shape} {entry['dtype']}"
+            )
+        a = np.frombuffer(data[start:end], dtype).reshape(shape)
+        if entry["dtype"] == "BF16":
+            a = (a.astype(np.uint32) << 16).view(np.float32)
+        out[name] = a.astype(np.float32)
+    return out
+
+
+def read_safetensors(path: str) -> dict[str, np.ndarray]:
+    """``parse_safetensors`` of a file."""
+    with open(path, "rb") as f:
+        return parse_safetensors(f.read(), what=path)
+
+
+def load_weights(path: str | None = None, *, allow_unpinned: bool = False, config=None):
+    """Haiku params of ``dew.networks.sd_vae`` (both halves; sd-vae-ft-mse's shape unless
+    ``config``) from the published safetensors file (default ``$DEW_SD_VAE_WEIGHTS`` or
+    ``~/.cache/dew/sd-vae-ft-mse/diffusion_pytorch_model.safetensors``).
+
+    ``FileNotFoundError`` (one line: the file, the digest situation and how to get it) when
+    missing; ``ValueError`` when the file's SHA-256 is not pinned and ``allow_unpinned`` is false,
+    or when it is not an ``AutoencoderKL`` of that shape."""
+    from dew.networks.sd_vae import SD_VAE, params_from_torch_names
+
+    path = os.path.expanduser(path) if path else default_path()
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"sd-vae-ft-mse weights not found at {path}: {HOW_TO_GET}")
+    digest = file_sha256(path)
+    if digest not in PINNED_SHA256 and not allow_unpinned:
+        pinned = ", ".join(sorted(PINNED_SHA256)) or "none is pinned"
+        raise ValueError(
+            f"VAE weights {path} have SHA-256 {digest}, which is not pinned ({pinned}); pass "
+            f"allow_unpinned=True (or set {ALLOW_UNPINNED_ENV}=1) to use them anyway"
+        )
+    return params_from_torch_names(read_safetensors(path), config or SD_VAE)
+
+
+__all__ = [
+    "HOW_TO_GET",
+    "PINNED_SHA256",
+    "SOURCE_NAME",
+    "default_path",
+    "load_weights",
+    "parse_safetensors",
+    "read_safetensors",
+]

@@ -1,0 +1,142 @@
+"""The latent data set encoder (edm2 ``dataset_tool.py encode``'s format) on images the test makes:
+values equal to the codec's, edm2's layout and labels, resume, sharding, and one-line refusals."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import jax
+import numpy as np
+import PIL.Image
+import pytest
+
+from dew.data.sources import latent_dataset
+from dew.encoding.stability_vae import StabilityVAECodec
+from dew.networks import sd_vae
+
+TINY = sd_vae.VAEConfig(block_out_channels=(32, 64), layers_per_block=1, latent_channels=4, norm_num_groups=8)
+U32 = float(np.finfo(np.float32).eps) / 2
+
+
+@pytest.fixture(scope="module")
+def codec():
+    rng = np.random.default_rng(3)
+    params = {
+        module: {
+            k: (1.0 if k == "scale" else 0.0)
+            + rng.standard_normal(s).astype(np.float32) / np.sqrt(np.prod(s[:-1]) or 1)
+            for k, s in leaves.items()
+        }
+        for module, leaves in sd_vae.expected_shapes(TINY).items()
+    }
+    return StabilityVAECodec(params, TINY)
+
+
+def _make_images(path, count=5, labels=True):
+    rng = np.random.default_rng(7)
+    os.makedirs(path)
+    images, entries = [], []
+    for i in range(count):
+        image = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+        name = f"img{i:03d}.png"
+        PIL.Image.fromarray(image).save(os.path.join(path, name))
+        images.append(image)
+        entries.append([name, i % 3])
+    if labels:
+        with open(os.path.join(path, "dataset.json"), "w") as f:
+            json.dump({"labels": entries}, f)
+    return np.stack(images)
+
+
+def test_encodes_to_edm2s_layout_with_the_codecs_values(tmp_path, codec):
+    """Every image's file holds encode_pixels' mean ‖ std as float32 [8, 8, 8] (CHW, as edm2's
+    np.save of the NCHW tensor row), at edm2's name; labels follow dataset.json. The batches here
+    are sharded over the 8 test devices (batch 2 rounds up to 8; the 5 images are one padded call),
+    while the expected values come from one unsharded call on all 5: the same float32 function of
+    each image, so equal to XLA's roundoff, bounded by 2·γ_n·max|v| with n ≤ 20,000 accumulated
+    terms on this path (see tests/test_sd_vae.py's path length)."""
+    images = _make_images(tmp_path / "src")
+    dest = tmp_path / "latents"
+    lines = []
+    report = latent_dataset.encode_dataset(
+        str(tmp_path / "src"), str(dest), codec, batch_size=2, progress=lines.append
+    )
+    assert (report.total, report.encoded, report.skipped) == (5, 5, 0)
+    assert lines[-1] == "encode: 5/5 images"
+    want = np.asarray(jax.jit(codec.encode_pixels)(images))
+    n = 20_000
+    bound = 2 * n * U32 / (1 - n * U32) * np.abs(want).max()
+    for i in range(5):
+        got = np.load(dest / latent_dataset.latent_name(i), allow_pickle=False)
+        assert got.dtype == np.float32 and got.shape == (8, 8, 8)
+        assert np.abs(got.transpose(1, 2, 0) - want[i]).max() <= bound
+    assert latent_dataset.latent_name(1234) == "00001/img-mean-std-00001234.npy"
+    with open(dest / "dataset.json") as f:
+        labels = json.load(f)["labels"]
+    assert labels == [[latent_dataset.latent_name(i), i % 3] for i in range(5)]
+    raw, read_labels = latent_dataset.read_latent_dataset(str(dest))
+    assert raw.shape == (5, 8, 8, 8) and list(read_labels) == [i % 3 for i in range(5)]
+    assert np.all(raw[..., 4:] > 0)  # the std half
+
+
+def test_resume_encodes_only_what_is_missing(tmp_path, codec):
+    """An interrupted run (files of images 1 and 3 and dataset.json missing, a stray temporary
+    file left) resumes: only those two are encoded, the others keep their bytes, and the result
+    equals an uninterrupted run's."""
+    _make_images(tmp_path / "src", labels=False)
+    dest = tmp_path / "latents"
+    latent_dataset.encode_dataset(
+        str(tmp_path / "src"), str(dest), codec, batch_size=2, progress=lambda _: None
+    )
+    before = {i: (dest / latent_dataset.latent_name(i)).read_bytes() for i in range(5)}
+    for i in (1, 3):
+        os.remove(dest / latent_dataset.latent_name(i))
+    os.remove(dest / "dataset.json")
+    (dest / (latent_dataset.latent_name(3) + ".tmp-1")).write_bytes(b"partial")
+    mtime0 = os.stat(dest / latent_dataset.latent_name(0)).st_mtime_ns
+    report = latent_dataset.encode_dataset(
+        str(tmp_path / "src"), str(dest), codec, batch_size=2, progress=lambda _: None
+    )
+    assert (report.encoded, report.skipped) == (2, 3)
+    assert os.stat(dest / latent_dataset.latent_name(0)).st_mtime_ns == mtime0
+    for i in range(5):
+        got = np.load(dest / latent_dataset.latent_name(i))
+        np.testing.assert_allclose(got, np.load(io.BytesIO(before[i])), rtol=0, atol=1e-5)
+    with open(dest / "dataset.json") as f:
+        assert json.load(f) == {"labels": None}
+    assert not (dest / (latent_dataset.latent_name(3) + ".tmp-1")).exists()  # a dead run's leftover
+
+
+def test_refuses_a_dest_made_from_something_else(tmp_path, codec):
+    _make_images(tmp_path / "src")
+    dest = tmp_path / "latents"
+    latent_dataset.encode_dataset(
+        str(tmp_path / "src"), str(dest), codec, batch_size=8, max_images=3, progress=lambda _: None
+    )
+    with pytest.raises(latent_dataset.LatentDatasetError, match="num_images") as e:
+        latent_dataset.encode_dataset(str(tmp_path / "src"), str(dest), codec, progress=lambda _: None)
+    assert "\n" not in str(e.value)
+    other = tmp_path / "occupied"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(latent_dataset.LatentDatasetError, match="not empty"):
+        latent_dataset.encode_dataset(str(tmp_path / "src"), str(other), codec, progress=lambda _: None)
+
+
+def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
+    _make_images(tmp_path / "src")
+    dest = tmp_path / "latents"
+    assert latent_dataset.main([f"--source={tmp_path / 'src'}", f"--dest={dest}", "--batch_size=0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--batch_size=0" in err
+    missing = tmp_path / "absent.safetensors"
+    assert (
+        latent_dataset.main([f"--source={tmp_path / 'src'}", f"--dest={dest}", f"--weights={missing}"]) == 2
+    )
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(missing) in err and "stabilityai/sd-vae-ft-mse" in err
+    assert latent_dataset.main([f"--source={tmp_path / 'nowhere'}", f"--dest={dest}"]) == 2
+    assert "nowhere" in capsys.readouterr().err
+    assert not dest.exists()
