@@ -49,6 +49,7 @@ UNITS: dict[str, int] = {
     "dew.sample": ENTRY,
     "dew.fid": ENTRY,
     "dew.phema": ENTRY,
+    "dew.sweep": ENTRY,
     "dew.convert_edm": ENTRY,
 }
 
