@@ -14,6 +14,12 @@ import pytest
 from dew.sweep import grid as sweep_grid
 from dew.sweep.grid import Point
 
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
 # --- the search on a score we control ---------------------------------------------------------
 
 SIGMA_STAR, W_STAR = 0.07, 1.7  # the score's minimum: between grid values on both axes
@@ -159,14 +165,14 @@ def test_the_sweep_scores_the_phema_reconstruction_resumes_and_writes_the_table(
             cli.main(argv)
     finally:
         cli.make_scorer = real
-    lines = open(os.path.join(out, "points.jsonl")).read().splitlines()
+    lines = _read(os.path.join(out, "points.jsonl")).splitlines()
     assert len(lines) == 3 and not os.path.exists(os.path.join(out, "sweep.json"))
     capsys.readouterr()
 
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
     assert "resuming" in printed and printed.count("(done before)") == 3, printed
-    first = json.load(open(os.path.join(out, "sweep.json")))
+    first = json.loads(_read(os.path.join(out, "sweep.json")))
     records = first["records"]
     # 3 σ × (1 + 1 × 2) = 9 grid points; then the best and its neighbours.
     coarse = [r for r in records if r["pass"] == "coarse"]
@@ -194,19 +200,19 @@ def test_the_sweep_scores_the_phema_reconstruction_resumes_and_writes_the_table(
     again = capsys.readouterr().out
     assert again.count("(done before)") == len(records)
     assert again[again.index("| pass") :] == table
-    assert json.load(open(os.path.join(out, "sweep.json"))) == first
-    csv_lines = open(os.path.join(out, "sweep.csv")).read().splitlines()
+    assert json.loads(_read(os.path.join(out, "sweep.json"))) == first
+    csv_lines = _read(os.path.join(out, "sweep.csv")).splitlines()
     assert csv_lines[0].startswith("pass,sigma_rel") and len(csv_lines) == 1 + len(records)
     from PIL import Image
 
     assert Image.open(os.path.join(out, "sweep.png")).size == (760, 480)
 
     # Other settings in the same --out: refused, naming each difference, nothing written.
-    before = open(os.path.join(out, "points.jsonl")).read()
+    before = _read(os.path.join(out, "points.jsonl"))
     assert cli.main([*argv, "--seed=1", "--top=2"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "seed=1 (it was 0)" in err and "top=2 (it was 1)" in err, err
-    assert open(os.path.join(out, "points.jsonl")).read() == before
+    assert _read(os.path.join(out, "points.jsonl")) == before
 
 
 @pytest.mark.parametrize(
