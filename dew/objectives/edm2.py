@@ -77,7 +77,17 @@ class EDM2(Diffusion):
         condition_dropout: float = 0.0,
         *,
         sampling: Sampling | None = None,
+        augment: Any = None,
+        augment_labels: bool = False,
     ):
+        # EDM2 trains without EDM's AugmentPipe (its loss below draws no augmentation): refuse one
+        # rather than ignore it. Diffusion.from_config hands every diffusion objective these two.
+        if augment is not None:
+            raise ConfigError(
+                "config.objective.augment is enabled, which is invalid for the edm2 objective: EDM2 "
+                "trains without augmentation; expected config.objective.augment.p=0"
+            )
+        del augment_labels
         super().__init__(input_spec, process, model, encoders, condition_dropout, sampling=sampling)
 
         def forward(x: jax.Array, sigma: jax.Array, conditions: Mapping[str, jax.Array], is_training: bool):
