@@ -248,3 +248,30 @@ def test_a_run_without_power_ema_snapshots_is_refused(run_dir, tmp_path, capsys)
     err = capsys.readouterr().err.strip()
     assert "has no power-EMA snapshots" in err and "power_std_rels" in err and "\n" not in err, err
     assert not (bare / "sweep").exists()
+
+
+def test_autoguidance_sweeps_the_guides_ema_length(run_dir, tmp_path, capsys):
+    from dew.sweep import cli
+
+    out = tmp_path / "sweep"
+    argv = [
+        f"--workdir={run_dir}",
+        f"--out={out}",
+        f"--guide={run_dir}",  # the run guides itself: same data and conditioning
+        "--guide_sigma_rels=(0.05, 0.16)",
+        "--metric=test_mean_brightness",
+        "--sigma_rels=(0.08,)",
+        "--guidance=(3.0,)",
+        "--coarse_per_class=1",
+        "--fine_per_class=1",
+        "--top=1",
+        "--steps=3",
+    ]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    result = json.loads(_read(str(out / "sweep.json")))
+    coarse = {r["guide_sigma_rel"]: r["score"] for r in result["records"] if r["pass"] == "coarse"}
+    fine = {r["guide_sigma_rel"] for r in result["records"] if r["pass"] == "fine"}
+    assert set(coarse) == {0.05, 0.16} and coarse[0.05] != coarse[0.16]  # the guide's EMA matters
+    best = max(coarse, key=coarse.get)
+    assert fine == {best, round(math.sqrt(0.05 * 0.16), 6)}
+    assert result["settings"]["guide"] == os.path.abspath(run_dir)
