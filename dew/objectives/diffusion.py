@@ -24,6 +24,7 @@ from dew.objectives.diffusion_config import CONFIG, Sampling, check_sampling
 from dew.sampling import CFG, Solver, sample
 from dew.schema import ConfigError, Section
 from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
+from dew.training.precision import cast_floats
 
 ModuleFactory = Callable[[], hk.Module]
 
@@ -35,7 +36,10 @@ class Diffusion(Objective):
     sample's elements (pixels, or coordinates of a vector). Each condition is dropped (replaced by
     its encoder's tokens for the condition's unconditional datum) with probability
     ``condition_dropout`` so the same network also serves as the unconditional branch of CFG.
+    ``compute_dtype`` is the dtype the network computes in (``config.precision.compute``).
     """
+
+    precisions = ("float32", "bfloat16", "float16")
 
     def __init__(
         self,
@@ -46,6 +50,7 @@ class Diffusion(Objective):
         condition_dropout: float = 0.0,
         *,
         sampling: Sampling | None = None,
+        compute_dtype: str = "float32",
     ):
         if not 0.0 <= condition_dropout < 1.0:
             raise ValueError(f"condition_dropout must be in [0, 1), got {condition_dropout}")
@@ -55,6 +60,7 @@ class Diffusion(Objective):
         self.input_spec = input_spec
         self.process = process
         self.condition_dropout = condition_dropout
+        self.compute_dtype = jnp.dtype(compute_dtype)
         self.sampling = sampling or Sampling()
         # Jitted draws by their static settings (the preview's among them), so repeated previews
         # and pipeline calls compile once each.
@@ -91,7 +97,16 @@ class Diffusion(Objective):
             sigma = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32), (x.shape[0],))
 
             def network(x_in: jax.Array, c_noise: jax.Array) -> jax.Array:
-                return self._net.apply(params, rng, x_in, c_noise, conditions, is_training)
+                if self.compute_dtype == jnp.float32:
+                    return self._net.apply(params, rng, x_in, c_noise, conditions, is_training)
+                # The precision policy (docs/precision.md): F runs in the compute dtype on
+                # float32 parameters cast at use; c_noise, the σ arithmetic around F (c_in,
+                # c_skip, c_out) and the loss stay float32, as EDMPrecond computes them.
+                dt = self.compute_dtype
+                out = self._net.apply(
+                    cast_floats(params, dt), rng, x_in.astype(dt), c_noise, conditions, is_training
+                )
+                return out.astype(jnp.float32)
 
             return self.process.denoise(network, x, sigma)
 
@@ -211,6 +226,7 @@ class Diffusion(Objective):
             encoders,
             o.condition_dropout,
             sampling=Sampling(**o.sampling.to_dict()),
+            compute_dtype=config.precision.compute if "precision" in config else "float32",
         )
         objective.num_classes = source.num_classes if conditions else None
         if choice == "text":
