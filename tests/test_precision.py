@@ -150,7 +150,8 @@ def test_dynamic_scale_backs_off_on_overflow_and_never_applies_it():
     """A scale of 2^40 overflows float16's cotangents (max 65504): the update is skipped, counted
     as an overflow (not as a non-finite step for the policy), the parameters are untouched and
     the scale halves, step after step, until the gradients fit; then updates apply and, after
-    growth_interval finite steps, the scale doubles."""
+    growth_interval finite steps, the scale doubles. (Broken on purpose by making an overflow
+    keep the scale instead of halving it: fails at the second step's scale.)"""
     objective, _ = objective_for("float16")
     batch, params = batch_and_params(objective)
     precision = Precision("float16", "dynamic", scale=2.0**40, growth_interval=3)
