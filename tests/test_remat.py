@@ -10,6 +10,8 @@ forward, n = 292 with the backward pass: counted in tests/test_precision.py for 
 independent roundings give a norm-wise relative difference with standard deviation √(n/3)·u;
 the test allows twice it, 2·√(n/3)·u ≈ 1.2e-6, and the loss 2·√(n_f/3)·u. Bit-identical
 results are not required (XLA does not guarantee them across a restructured program).
+Broken on purpose by scaling each rematerialised block's input by 1 + 2^-12: the gradients then
+differ by 6e-4 and the test fails.
 """
 
 from __future__ import annotations
