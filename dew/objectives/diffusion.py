@@ -25,6 +25,7 @@ from dew.objectives.diffusion_config import CONFIG, Sampling, check_sampling
 from dew.sampling import CFG, Solver, sample
 from dew.schema import ConfigError, Section
 from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
+from dew.training.precision import cast_floats
 
 ModuleFactory = Callable[[], hk.Module]
 
@@ -36,7 +37,10 @@ class Diffusion(Objective):
     sample's elements (pixels, or coordinates of a vector). Each condition is dropped (replaced by
     its encoder's tokens for the condition's unconditional datum) with probability
     ``condition_dropout`` so the same network also serves as the unconditional branch of CFG.
+    ``compute_dtype`` is the dtype the network computes in (``config.precision.compute``).
     """
+
+    precisions = ("float32", "bfloat16", "float16")
 
     def __init__(
         self,
@@ -49,6 +53,7 @@ class Diffusion(Objective):
         sampling: Sampling | None = None,
         augment: AugmentSettings | None = None,
         augment_labels: bool = False,
+        compute_dtype: str = "float32",
     ):
         if not 0.0 <= condition_dropout < 1.0:
             raise ValueError(f"condition_dropout must be in [0, 1), got {condition_dropout}")
@@ -58,6 +63,7 @@ class Diffusion(Objective):
         self.input_spec = input_spec
         self.process = process
         self.condition_dropout = condition_dropout
+        self.compute_dtype = jnp.dtype(compute_dtype)
         self.sampling = sampling or Sampling()
         # EDM's AugmentPipe on training batches (None: off); augment_labels: the net takes them.
         self.augment, self.feeds_augment_labels = augment, augment_labels
@@ -104,7 +110,19 @@ class Diffusion(Objective):
             sigma = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32), (x.shape[0],))
 
             def network(x_in: jax.Array, c_noise: jax.Array) -> jax.Array:
-                return self._net.apply(params, rng, x_in, c_noise, conditions, is_training, augment_labels)
+                if self.compute_dtype == jnp.float32:
+                    return self._net.apply(
+                        params, rng, x_in, c_noise, conditions, is_training, augment_labels
+                    )
+                # The precision policy (docs/precision.md): F runs in the compute dtype on
+                # float32 parameters cast at use; c_noise, the σ arithmetic around F (c_in,
+                # c_skip, c_out) and the loss stay float32, as EDMPrecond computes them.
+                dt = self.compute_dtype
+                labels = None if augment_labels is None else augment_labels.astype(dt)
+                out = self._net.apply(
+                    cast_floats(params, dt), rng, x_in.astype(dt), c_noise, conditions, is_training, labels
+                )
+                return out.astype(jnp.float32)
 
             return self.process.denoise(network, x, sigma)
 
@@ -253,6 +271,7 @@ class Diffusion(Objective):
             sampling=Sampling(**o.sampling.to_dict()),
             augment=augment,
             augment_labels=augment_labels,
+            compute_dtype=config.precision.compute if "precision" in config else "float32",
         )
         objective.num_classes = source.num_classes if conditions else None
         if choice == "text":
