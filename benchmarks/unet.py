@@ -132,8 +132,9 @@ def torch_worker(args) -> int:
 
 
 # --- dew's side ------------------------------------------------------------------------------------
-def dew_setup(net_name: str, batch: int):
-    """(jitted step, state, batch, jitted forward) for dew's songunet, via the trainer's pure stages."""
+def dew_setup(net_name: str, batch: int, initialize: bool = True):
+    """(jitted step, state, batch, jitted forward) for dew's songunet, via the trainer's pure stages
+    (``initialize=False``: the init function itself instead of its jitted form, nothing placed)."""
     import functools
 
     import jax
@@ -166,8 +167,10 @@ def dew_setup(net_name: str, batch: int):
     layout = Layout.for_mesh(MeshSpec().mesh())
     layout.check_batch(batch)
     host_batch = {"image": images, "label": labels}
-    data = layout.place_batch(host_batch)
     init_fn = make_init(objective, optimizer, ema)
+    if not initialize:
+        return init_fn, None, host_batch, None
+    data = layout.place_batch(host_batch)
     abstract_state = jax.eval_shape(init_fn, jax.random.PRNGKey(0), host_batch)
     jitted_init = layout.jit_init(init_fn, abstract_state)
 
@@ -181,6 +184,47 @@ def dew_setup(net_name: str, batch: int):
         return objective.denoiser(params, {"label": labels})(x, jnp.ones((x.shape[0],)))
 
     return init, step, data, forward
+
+
+def traced_convolutions(net: str, batch: int) -> dict:
+    """The convolution shape classes of ``--net``'s network and their uses (``dew.kernels``
+    records them while the state's shapes are traced): the kernel choice's shape source, run in
+    its measurement child (``dew.kernel_probe``)."""
+    import jax
+
+    from dew import kernels
+
+    init, _, data, _ = dew_setup(net, batch, initialize=False)
+    with kernels.record_convolutions() as seen:
+        jax.eval_shape(init, jax.random.PRNGKey(0), data)
+    return {"batch": batch, "convolutions": [[*shape, uses] for shape, uses in sorted(seen.items())]}
+
+
+def choose_kernels(args):
+    """As ``dew.runtime.start`` chooses them for a run: the library and the weight gradients from
+    ``--cpu_convolutions``/``--cpu_weight_gradient`` (``auto``: measured once, cached in
+    ``--kernel_cache``), before JAX starts; returns the decision."""
+    from dew import kernels
+    from dew.runtime import cpu_convolutions, host_devices, kernel_choice
+
+    devices = host_devices.flagged_count(os.environ.get("XLA_FLAGS", "")) or 1
+    shapes = kernel_choice.ShapeSource(
+        "benchmarks.unet:traced_convolutions",
+        {"net": args.net, "batch": args.batch},
+        {"benchmark": "unet", "net": NETS[args.net], "batch": args.batch},
+    )
+    decision = kernel_choice.choose(
+        args.cpu_convolutions,
+        args.cpu_weight_gradient,
+        shapes=shapes,
+        devices=devices,
+        cache=args.kernel_cache or None,
+        environ={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
+        log=lambda line: print(f"dew: {line}", flush=True),
+    )
+    cpu_convolutions.route_convolutions(decision.library)
+    kernels.set_choice(decision.kernel_choice())
+    return decision
 
 
 def dew_startup(args) -> dict:
@@ -378,6 +422,14 @@ def main() -> int:
         help="XLA:CPU's convolution library on dew's side (as config.runtime.cpu_convolutions)",
     )  # fmt: skip
     parser.add_argument(
+        "--cpu_weight_gradient", default="auto", choices=("auto", "xla", "per_tap"),
+        help="convolution weight gradients on dew's side (as config.runtime.cpu_weight_gradient)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--kernel_cache", default=str(ROOT / ".cache" / "kernel_choice.json"),
+        help="the kernel choice's cache file ('': none, measure every time)",
+    )  # fmt: skip
+    parser.add_argument(
         "--settle", type=int, default=1,
         help="untimed steps (and forward calls) each side runs at the start of its turn in a round",
     )  # fmt: skip
@@ -392,7 +444,6 @@ def main() -> int:
     args = parser.parse_args()
     if args.worker:
         return torch_worker(args)
-    from dew.runtime.cpu_convolutions import route_convolutions
     from dew.runtime.host_devices import flagged_count, host_device_count, present_host_devices
     from dew.runtime.host_memory import with_huge_pages
 
@@ -400,12 +451,17 @@ def main() -> int:
         with_huge_pages()  # as python -m dew.main does: restarts this process once, with the tunable
     # Before JAX starts (dew.main does the same from config.runtime.host_devices); XLA_FLAGS wins.
     present_host_devices(host_device_count(args.devices, [args.batch]))
-    args.convolutions = route_convolutions(args.cpu_convolutions)
+    chose = time.perf_counter()
+    decision = choose_kernels(args)
+    args.kernel_choice_s = time.perf_counter() - chose
+    args.convolutions = decision.library
     args.devices = flagged_count(os.environ.get("XLA_FLAGS", "")) or 1
+    if not (args.worker or args.startup):
+        print(f"dew: kernel choice ({args.kernel_choice_s:.1f} s): {decision.line()}", flush=True)
     if args.gpu:
         return run_gpu(args)
     if args.startup:
-        print(json.dumps(dew_startup(args)))
+        print(json.dumps({"kernel_choice_s": args.kernel_choice_s, **dew_startup(args)}))
         return 0
     if args.profile:
         return profile(args)
@@ -414,6 +470,11 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     cmd = [sys.executable, __file__, "--startup", f"--net={args.net}", f"--batch={args.batch}"]
+    cmd += [
+        f"--cpu_convolutions={args.cpu_convolutions}",
+        f"--cpu_weight_gradient={args.cpu_weight_gradient}",
+    ]
+    cmd += [f"--kernel_cache={args.kernel_cache}"]
     cmd += ["--no_huge_pages"] if args.no_huge_pages else []
     startup = json.loads(
         subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
@@ -446,6 +507,7 @@ def main() -> int:
         print(line)
     record = {"net": args.net, "batch": args.batch, "devices": args.devices, "startup": startup}
     record["convolutions"] = args.convolutions
+    record["kernel_choice"] = {"seconds": args.kernel_choice_s, **decision.record(), "how": decision.how}
     print(json.dumps({**record, "results": results}))
     return 0
 

@@ -76,8 +76,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from dew.checkpointing.run_history import starts
 
         starts(workdir)  # a damaged run.json stops here, named, before anything is written
+        from dew.checkpointing.run_metadata import RUN_METADATA, read_run_metadata
+
+        # A resumed run keeps the kernels it was trained with (for settings left at 'auto').
+        recorded = (read_run_metadata(workdir) or {}).get("kernels") if os.path.isdir(workdir) else None
         try:  # before JAX starts: devices, convolution library, kernels, compilation cache
-            platform = start(config, workdir)
+            platform = start(
+                config, workdir, recorded=recorded, recorded_in=os.path.join(workdir, RUN_METADATA)
+            )
         except ValueError as e:
             raise ConfigError(str(e)) from None
         trainer = Trainer(config, workdir, resolved=True)  # validates everything; touches no file
