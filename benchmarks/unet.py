@@ -366,7 +366,8 @@ def run_gpu(args) -> int:
 
 
 def profile(args) -> int:
-    """Trace 3 warm steps (perfetto) and print XLA's thunk time by kind (fusion name sans number)."""
+    """Trace 3 warm steps (or forward calls, ``--profile_forward``; perfetto) and print XLA's thunk
+    time by kind (fusion name sans number)."""
     import collections
     import glob
     import gzip
@@ -374,14 +375,18 @@ def profile(args) -> int:
 
     import jax
 
-    init, step, data, _ = dew_setup(args.net, args.batch)
+    init, step, data, forward = dew_setup(args.net, args.batch)
     state = init(jax.random.PRNGKey(0), data)
     for _ in range(2):
         state, stats = step(state, data)
     jax.block_until_ready(stats)
+    jax.block_until_ready(forward(state.params, data["image"], data["label"]))
     with jax.profiler.trace(args.profile, create_perfetto_trace=True):
         for _ in range(3):
-            state, stats = step(state, data)
+            if args.profile_forward:
+                stats = forward(state.params, data["image"], data["label"])
+            else:
+                state, stats = step(state, data)
         jax.block_until_ready(stats)
     path = sorted(glob.glob(f"{args.profile}/**/*perfetto_trace.json.gz", recursive=True))[-1]
     with gzip.open(path) as f:
@@ -399,6 +404,23 @@ def profile(args) -> int:
     return 0
 
 
+def measure_startup(args) -> dict:
+    """dew's start-up in a fresh process without the compilation cache (``--startup``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+    cmd = [sys.executable, __file__, "--startup", f"--net={args.net}", f"--batch={args.batch}"]
+    cmd += [
+        f"--cpu_convolutions={args.cpu_convolutions}",
+        f"--cpu_weight_gradient={args.cpu_weight_gradient}",
+    ]
+    cmd += [f"--kernel_cache={args.kernel_cache}"]
+    cmd += ["--no_huge_pages"] if args.no_huge_pages else []
+    startup = json.loads(
+        subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
+    )
+    return startup
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--net", choices=sorted(NETS), default="16")
@@ -410,9 +432,11 @@ def main() -> int:
     parser.add_argument("--torch_python", default="/work/venv-torch/bin/python")
     parser.add_argument("--startup", action="store_true", help="time dew's init/compile in this process")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--skip_startup", action="store_true", help="no fresh-process start-up timing")
     parser.add_argument("--gpu", action="store_true", help="dew alone on an accelerator, bf16 and f32")
     parser.add_argument("--peak_tflops", type=float, default=0.0, help="the chip's peak, for --gpu")
     parser.add_argument("--profile", default="", help="trace 3 dew steps into this directory, print shares")
+    parser.add_argument("--profile_forward", action="store_true", help="--profile the forward pass instead")
     parser.add_argument(
         "--devices", type=int, default=0,
         help="CPU devices dew's batch is split over (0: as python -m dew.main picks, one per core)",
@@ -467,21 +491,11 @@ def main() -> int:
         return profile(args)
 
     # Start-up in a fresh process without the compilation cache, before the rounds.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
-    env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
-    cmd = [sys.executable, __file__, "--startup", f"--net={args.net}", f"--batch={args.batch}"]
-    cmd += [
-        f"--cpu_convolutions={args.cpu_convolutions}",
-        f"--cpu_weight_gradient={args.cpu_weight_gradient}",
-    ]
-    cmd += [f"--kernel_cache={args.kernel_cache}"]
-    cmd += ["--no_huge_pages"] if args.no_huge_pages else []
-    startup = json.loads(
-        subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
-    )
-    rounded = json.dumps({k: round(v, 2) for k, v in startup.items()})
+    startup = {}
+    if not args.skip_startup:
+        startup = measure_startup(args)
     where = f"{args.devices} CPU device(s), {args.convolutions} convolutions"
-    print(f"dew on {where}; start-up: {rounded}", flush=True)
+    print(f"dew on {where}; start-up: {json.dumps({k: round(v, 2) for k, v in startup.items()})}", flush=True)
 
     worker = None
     if args.edm:
