@@ -326,15 +326,15 @@ def choose(
         return dataclasses.replace(chosen, library=library)
     if not cpu_backend_expected(environ):
         return Decision(libraries[0], frozenset(), "not measured: the backend is not the CPU")
-    if shapes is None:  # no run to trace (a reader such as dew.sample): the CPU-flag rule
+    if shapes is None:  # nothing to trace (another model; a reader such as dew.sample): the rule
         library = libraries[0]
         if len(libraries) > 1 and cpu_convolutions.eigen_measured_faster():
             library = "eigen"
         if len(gradients) == 1:
-            return forced(library, "config; no run config to measure")
+            return forced(library, "config; no convolutions of a measured model to time")
         flags = library_environment(library, environ)["XLA_FLAGS"]
         rule = cpu_convolutions.weight_gradient_choice(xla_flags=flags).per_tap_weight_gradient_from
-        return Decision(library, None, "CPU-flag rule: no run config to measure", rule)
+        return Decision(library, None, "CPU-flag rule: no convolutions of a measured model to time", rule)
 
     data = read_cache(cache)
     cpu, jaxlib = cpu_model(), jaxlib_version()
