@@ -160,7 +160,8 @@ def conv(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
     """
     if w.shape[0] == 1 and w.shape[1] == 1 and pad == 0:
         return jnp.dot(x, w[0, 0])
-    if kernels.per_tap_weight_gradient(x.shape[1] * x.shape[2]):
+    shape_class = (x.shape[1], x.shape[2], w.shape[2], w.shape[3], w.shape[0], pad)
+    if kernels.per_tap_weight_gradient(x.shape[1] * x.shape[2], shape_class):
         convolve = _conv_tap_weight_grad
     else:
         convolve = _xla_conv

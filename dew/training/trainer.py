@@ -18,7 +18,7 @@ from dew.checkpointing.checkpoints import Checkpoints
 from dew.checkpointing.restore import RestorePolicy
 from dew.checkpointing.run_history import record_start
 from dew.checkpointing.settings import checkpoint_settings
-from dew.runtime import distributed
+from dew.runtime import distributed, kernel_choice
 from dew.runtime.precompile import BackgroundCompile
 from dew.schema import ConfigError
 from dew.tracking.console import Progress
@@ -305,6 +305,9 @@ class Trainer:
             store.close()
         if jax.process_index() == 0:
             extra = {"ema": self.ema_record}
+            recorded_kernels = kernel_choice.applied_record()
+            if recorded_kernels is not None:  # what a resume keeps (dew.runtime.kernel_choice)
+                extra["kernels"] = recorded_kernels
             record_start(
                 self.workdir, self.config.to_dict(), start, processes=jax.process_count(), extra=extra
             )
