@@ -49,6 +49,7 @@ UNITS: dict[str, int] = {
     "dew.sample": ENTRY,
     "dew.fid": ENTRY,
     "dew.phema": ENTRY,
+    "dew.sweep": ENTRY,
     "dew.convert_edm": ENTRY,
     "dew.kernel_probe": ENTRY,  # the kernel choice's measurement child (a process, not an import)
 }

@@ -77,7 +77,24 @@ class EDM2(Diffusion):
         condition_dropout: float = 0.0,
         *,
         sampling: Sampling | None = None,
+        augment: Any = None,
+        augment_labels: bool = False,
+        compute_dtype: str = "float32",
     ):
+        # EDM2 trains without EDM's AugmentPipe (its loss below draws no augmentation): refuse one
+        # rather than ignore it. Diffusion.from_config hands every diffusion objective these two.
+        if augment is not None:
+            raise ConfigError(
+                "config.objective.augment is enabled, which is invalid for the edm2 objective: EDM2 "
+                "trains without augmentation; expected config.objective.augment.p=0"
+            )
+        # EDM2's network casts itself (config.model.use_fp16, as the reference's Precond does).
+        if jnp.dtype(compute_dtype) != jnp.float32:
+            raise ConfigError(
+                f"config.precision.compute={compute_dtype!r} is invalid for the edm2 objective: its network "
+                "sets its own precision; expected 'float32' and config.model.use_fp16 for float16"
+            )
+        del augment_labels
         super().__init__(input_spec, process, model, encoders, condition_dropout, sampling=sampling)
 
         def forward(x: jax.Array, sigma: jax.Array, conditions: Mapping[str, jax.Array], is_training: bool):
