@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 Array = jax.Array
 
+
 def _ramp(steps: int) -> Array:
     if steps < 2:
         raise ValueError(f"sigmas: steps must be >= 2 (T and the last point), got {steps}")

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 Array = jax.Array
 
+
 def _edm_skip(sigma: Array, sigma_data: float) -> Array:
     return sigma_data**2 / (sigma**2 + sigma_data**2)
 
