@@ -191,6 +191,7 @@ def load_pipeline(args: argparse.Namespace) -> Any:
     except PipelineError as e:
         raise FidError(f"{flags}: {str(e).removeprefix('pipeline: ').splitlines()[0]}") from None
     shape = getattr(getattr(getattr(task.objective, "input_spec", None), "sample", None), "shape", ())
+    shape = getattr(task.objective, "image_shape", None) or shape  # a latent run: decoded images
     if not {"per_class", "seed"} <= set(task.options) or len(shape) != 3 or shape[-1] not in (1, 3):
         raise FidError(
             f"--workdir={args.workdir!r} is a {type(task.objective).__name__} run drawing {shape or 'no'} "
@@ -312,7 +313,9 @@ def protocol_main(argv: Sequence[str]) -> int:
 
             jax.distributed.initialize()
         task = load_pipeline(argparse.Namespace(workdir=args.workdir, step=args.step, raw=args.raw))
-        resolution = tuple(task.objective.input_spec.sample.shape[:2])
+        resolution = tuple(
+            (getattr(task.objective, "image_shape", None) or task.objective.input_spec.sample.shape)[:2]
+        )
         fp.model_classes(task.objective)
         check_reference(ref, args.ref, resolution, None)
         detector = _detector(args)
