@@ -6,8 +6,9 @@ A checkpoint holds separately restorable items:
     params/      the live parameters
     opt_state/   the optimizer state
     ema_params/  the raw (not debiased) EMA, so ``restore_ema`` needs neither of the above
-    extra/       the small scalars: step, rng key, and the EMA's law (``ema``: β's law, the
-                 micro-batches per update, the tracked leaves; ``dew.averaging.ema.law``)
+    extra/       the small scalars: step, rng key, the EMA's law (``ema``: β's law, the
+                 micro-batches per update, the tracked leaves; ``dew.averaging.ema.law``) and,
+                 under a dynamic loss scale, its state (``loss_scale``: scale, good steps)
     pending/     gradient sums of an unfinished accumulation (only when the state has them)
     data/        data positions (``positions``)
     dataset/     a caller's own pytree (the stix ``dataset_state``), when one was saved
@@ -49,6 +50,8 @@ def items_from_state(state: Any) -> dict[str, Any]:
     }
     if state.ema_law is not None:  # what restore_ema needs besides ema_params (``ema.law``)
         items["extra"]["ema"] = state.ema_law
+    if getattr(state, "loss_scale", None) is not None:  # a dynamic loss scale (dew.training.precision)
+        items["extra"]["loss_scale"] = state.loss_scale
     if state.pending is not None:
         items["pending"] = state.pending
     if state.power_ema is not None:  # post-hoc EMA slots, only when the run tracks them
@@ -68,6 +71,7 @@ def state_from_items(items: Mapping[str, Any]) -> TrainState:
         pending=items.get("pending"),
         power_ema=None if items.get("power_ema") is None else tuple(items["power_ema"]),
         ema_law=extra.get("ema"),
+        loss_scale=extra.get("loss_scale"),
     )
 
 

@@ -20,6 +20,7 @@ from dew.averaging.power_ema import PowerEMA
 from dew.runtime.precompile import BackgroundCompile, abstract_like
 from dew.training.calls import MultiStep, SingleStep
 from dew.training.objective import Objective
+from dew.training.precision import Precision
 from dew.training.sharding import Layout
 from dew.training.state import TrainState, num_updates
 from dew.training.steps import abstract_state, make_eval, make_init, make_multi_step, make_step
@@ -47,9 +48,10 @@ class Programs:
         power_ema: PowerEMA | None = None,
         steps_per_call: int = 1,
         places_ahead: bool = False,
+        precision: Precision | None = None,
     ):
         self.layout, self.example_batch, self.places_ahead = layout, example_batch, places_ahead
-        pieces = dict(accumulation=accumulation, power_ema=power_ema)
+        pieces = dict(accumulation=accumulation, power_ema=power_ema, precision=precision)
         init = make_init(objective, optimizer, ema, **pieces)
         self.abstract = abstract_state(init, example_batch)
         self.state_shardings = layout.state_shardings(self.abstract)
