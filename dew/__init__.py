@@ -80,6 +80,7 @@ _REGISTERING_MODULES = (
     "dew.data.sources.tfds_source",
     "dew.data.sources.cifar10",
     "dew.data.sources.image_folder",
+    "dew.data.sources.latent_source",
     "dew.data.sources.python_bytes",
     "dew.data.sources.moving_digits",
     "dew.scoring.digits_classifier",

@@ -9,6 +9,12 @@ Inception feature space.
     python -m dew.fid --workdir=runs/edm --preset=cifar10 --ref=cifar10-32x32.npz --outdir=fid/
         [--num=50000] [--first_seed=0] [--batch=64] [--chunk=1000] [--max_chunks=K] [--distributed]
     python -m dew.fid ref --data=datasets/cifar10-32x32.zip --dest=fid-refs/cifar10-32x32.npz
+    python -m dew.fid --images=samples/ --metrics=fid,fd_dinov2 --ref=real/   (or --ref=fid.npz
+        --dinov2_ref=dinov2.npz) [--dinov2_weights=dinov2_vitl14.npz] [--save_dinov2_stats=out.npz]
+
+``--metrics`` (default ``fid``) names what to report from one pass over the same batches
+(``dew.scoring.feature_metrics``): ``fid`` and ``fd_dinov2`` (FD_DINOv2, DINOv2 ViT-L/14 features
+as NVlabs/edm2 computes them; weights converted by ``python -m dew.scoring.dinov2_weights``).
 
 Images are PNG/JPEG files of one size (as pytorch-fid, which batches them), read as RGB in [0, 1],
 resized to 299×299 and embedded by the FID Inception (``dew.scoring.inception``) with weights
@@ -117,6 +123,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--weights", default=None, help="converted Inception .npz (default: see convert_inception)"
     )
     parser.add_argument("--batch_size", type=int, default=50)
+    parser.add_argument("--metrics", default="fid", help="comma-separated: fid, fd_dinov2 (default fid)")
+    parser.add_argument("--dinov2_weights", default=None, help="converted DINOv2 .npz (see dinov2_weights)")
+    parser.add_argument("--dinov2_ref", help="FD_DINOv2 reference .npz; a folder --ref serves both")
+    parser.add_argument("--save_dinov2_stats", help="write the images' DINOv2 statistics to this .npz")
     parser.add_argument(
         "--allow_unpinned_weights",
         action="store_true",
@@ -181,6 +191,7 @@ def load_pipeline(args: argparse.Namespace) -> Any:
     except PipelineError as e:
         raise FidError(f"{flags}: {str(e).removeprefix('pipeline: ').splitlines()[0]}") from None
     shape = getattr(getattr(getattr(task.objective, "input_spec", None), "sample", None), "shape", ())
+    shape = getattr(task.objective, "image_shape", None) or shape  # a latent run: decoded images
     if not {"per_class", "seed"} <= set(task.options) or len(shape) != 3 or shape[-1] not in (1, 3):
         raise FidError(
             f"--workdir={args.workdir!r} is a {type(task.objective).__name__} run drawing {shape or 'no'} "
@@ -194,14 +205,44 @@ def _check(args: argparse.Namespace) -> list[str] | Any:
     """Validate everything before any work; returns the image files, or the run's pipeline."""
     if not args.images and not args.workdir:
         raise FidError("give --images=<folder> or --workdir=<run>")
-    if not args.ref and not args.save_stats:
-        raise FidError("give --ref=<stats.npz or folder> to score against, or --save_stats=<out.npz>")
+    from dew.scoring.feature_metrics import parse_metrics
+
+    try:
+        args.metrics = parse_metrics(args.metrics)
+    except ValueError as e:
+        raise FidError(str(e)) from None
+    if not args.ref and not args.dinov2_ref and not args.save_stats and not args.save_dinov2_stats:
+        raise FidError(
+            "give --ref=<stats.npz or folder> (or --dinov2_ref) to score against, or --save_stats=<out.npz>"
+        )
+    _check_dinov2_flags(args)
     if args.batch_size < 1 or args.keep_features < 0:
         raise FidError(f"--batch_size={args.batch_size} must be >= 1 and --keep_features >= 0")
     _check_run_flags(args)
     files = list_images(args.images, "--images") if args.images else []
-    _check_reference_and_weights(args)
+    if "fid" in args.metrics:
+        _check_reference_and_weights(args)
+    elif args.ref and os.path.isdir(args.ref):
+        list_images(args.ref, "--ref")
     return files if args.images else load_pipeline(args)
+
+
+def _check_dinov2_flags(args: argparse.Namespace) -> None:
+    from dew.scoring.feature_metrics import check_flags
+
+    try:
+        check_flags(args)
+    except ValueError as e:
+        raise FidError(str(e)) from None
+
+
+def _scorers(args: argparse.Namespace) -> dict[str, Any]:
+    from dew.scoring.feature_metrics import scorers
+
+    try:
+        return scorers(args)
+    except (OSError, ValueError) as e:
+        raise FidError(str(e)) from None
 
 
 def draw_batches(task: Any, num_samples: int, seed: int, batch_size: int) -> Iterator[np.ndarray]:
@@ -272,7 +313,9 @@ def protocol_main(argv: Sequence[str]) -> int:
 
             jax.distributed.initialize()
         task = load_pipeline(argparse.Namespace(workdir=args.workdir, step=args.step, raw=args.raw))
-        resolution = tuple(task.objective.input_spec.sample.shape[:2])
+        resolution = tuple(
+            (getattr(task.objective, "image_shape", None) or task.objective.input_spec.sample.shape)[:2]
+        )
         fp.model_classes(task.objective)
         check_reference(ref, args.ref, resolution, None)
         detector = _detector(args)
@@ -353,14 +396,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parse_args(argv)
         source = _check(args)
+        scorers = _scorers(args)
     except FidError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from dew.scoring import distances
-    from dew.scoring.inception_metrics import InceptionScorer
+    from dew.scoring.feature_metrics import LABELS, frechet_distances, statistics_over
     from dew.scoring.statistics import load_statistics
 
-    scorer = InceptionScorer(weights_path=args.weights, pinned=not args.allow_unpinned_weights)
     if args.images:
         count, what = len(source), f"images in {args.images}"
         batches, value_range = read_batches(source, args.batch_size), (0.0, 1.0)
@@ -368,36 +411,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed = source.options["seed"] if args.seed is None else args.seed
         count, what = args.num_samples, f"samples from {source!r}, seed {seed}"
         batches, value_range = draw_batches(source, count, seed, args.batch_size), (-1.0, 1.0)
-    keep = max(args.keep_features, count if args.kid else 0)
+    keep = {"fid": max(args.keep_features, count if args.kid else 0)}
+    refs: dict[str, Any] = {}
     try:
-        stats = scorer.statistics(batches, value_range, keep_features=keep)
+        all_stats = statistics_over(scorers, batches, value_range, keep)
         if args.ref and os.path.isdir(args.ref):
             ref_files = list_images(args.ref, "--ref")
-            ref_stats = scorer.statistics(
-                read_batches(ref_files, args.batch_size),
-                (0.0, 1.0),
-                keep_features=len(ref_files) if args.kid else 0,
-            )
-            ref = {"mu": ref_stats.mu, "sigma": ref_stats.sigma}
-            if args.kid:
-                ref["features"] = ref_stats.features
-        elif args.ref:
-            ref = load_statistics(args.ref)
-    except FidError as e:
+            ref_keep = {"fid": len(ref_files) if args.kid else 0}
+            for name, s in statistics_over(
+                scorers, read_batches(ref_files, args.batch_size), (0.0, 1.0), ref_keep
+            ).items():
+                refs[name] = {"mu": s.mu, "sigma": s.sigma}
+                if name == "fid" and args.kid:
+                    refs[name]["features"] = s.features
+        elif args.ref and "fid" in scorers:
+            refs["fid"] = load_statistics(args.ref)
+        if args.dinov2_ref:
+            refs["fd_dinov2"] = load_statistics(args.dinov2_ref)
+        distances_by_metric = frechet_distances({k: v for k, v in all_stats.items() if k in refs}, refs)
+    except (FidError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"{count} {what}")
-    if args.save_stats:
-        from dew.scoring.statistics import save_statistics
+    from dew.scoring.statistics import save_statistics
 
-        kept = stats.features[: args.keep_features] if args.keep_features else None
-        save_statistics(args.save_stats, stats.mu, stats.sigma, kept)
-        print(f"statistics -> {args.save_stats}")
-    if args.ref:
-        fid = distances.frechet_distance(stats.mu, stats.sigma, ref["mu"], ref["sigma"])
-        print(f"FID {float(fid)!r}")  # in full, as pytorch-fid prints it
-        if args.kid:
-            mean, std = distances.kernel_distance(stats.features, ref["features"])
+    for name, path, kept_rows in (
+        ("fid", args.save_stats, args.keep_features),
+        ("fd_dinov2", args.save_dinov2_stats, 0),
+    ):
+        if path and name in all_stats:
+            s = all_stats[name]
+            save_statistics(path, s.mu, s.sigma, s.features[:kept_rows] if kept_rows else None)
+            print(f"{'' if name == 'fid' else LABELS[name] + ' '}statistics -> {path}")
+    for name, value in distances_by_metric.items():
+        print(f"{LABELS[name]} {value!r}")  # in full, as pytorch-fid prints FID
+        if name == "fid" and args.kid:
+            mean, std = distances.kernel_distance(all_stats["fid"].features, refs["fid"]["features"])
             print(f"KID {mean:.6f} ± {std:.6f}")
     return 0
 

@@ -95,6 +95,47 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
         return parse_safetensors(f.read(), what=path)
 
 
+_TORCH_LEAF = {"w": "weight", "b": "bias", "scale": "weight", "offset": "bias"}
+
+
+def torch_state_dict(params) -> dict[str, np.ndarray]:
+    """The inverse of ``sd_vae.params_from_torch_names``: haiku params of both halves under
+    diffusers' ``AutoencoderKL`` state_dict names and layouts (HWIO kernels → OIHW, [in, out]
+    Linear → [out, in]), float32."""
+    from dew.networks.sd_vae import torch_name
+
+    out = {}
+    for module, leaves in params.items():
+        for leaf, value in leaves.items():
+            a = np.asarray(value, np.float32)
+            if leaf == "w":
+                a = a.transpose(3, 2, 0, 1) if a.ndim == 4 else a.T
+            out[f"{torch_name(module)}.{_TORCH_LEAF[leaf]}"] = a
+    return out
+
+
+def save_safetensors(path: str, arrays: dict[str, np.ndarray]) -> None:
+    """Write float32 ``arrays`` as a safetensors file (8-byte header length, JSON header with
+    ``dtype``/``shape``/``data_offsets``, then the little-endian bytes), to a temporary name
+    renamed into place."""
+    header, offset, blobs = {}, 0, []
+    for name in sorted(arrays):
+        blob = np.ascontiguousarray(arrays[name], "<f4").tobytes()
+        header[name] = {
+            "dtype": "F32",
+            "shape": list(np.shape(arrays[name])),
+            "data_offsets": [offset, offset + len(blob)],
+        }
+        offset += len(blob)
+        blobs.append(blob)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)  # the format aligns the data to 8 bytes
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    os.replace(tmp, path)
+
+
 def load_weights(path: str | None = None, *, allow_unpinned: bool = False, config=None):
     """Haiku params of ``dew.networks.sd_vae`` (both halves; sd-vae-ft-mse's shape unless
     ``config``) from the published safetensors file (default ``$DEW_SD_VAE_WEIGHTS`` or
@@ -126,4 +167,6 @@ __all__ = [
     "load_weights",
     "parse_safetensors",
     "read_safetensors",
+    "save_safetensors",
+    "torch_state_dict",
 ]

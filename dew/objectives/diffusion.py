@@ -18,7 +18,7 @@ from dew.augment.settings import AugmentSettings
 from dew.diffusion.process import Process
 from dew.encoding.class_label import UNCONDITIONAL
 from dew.inputs import Condition, Field, InputSpec
-from dew.objectives import diffusion_augment, scatter
+from dew.objectives import diffusion_augment, latent_space, scatter
 from dew.objectives.diffusion_config import CONFIG, Sampling
 from dew.objectives.diffusion_sampling import DiffusionSampling
 from dew.objectives.diffusion_scoring import DiffusionScoring
@@ -127,14 +127,25 @@ class Diffusion(DiffusionSampling, DiffusionScoring, Objective):
 
         return denoise
 
+    def training_sample(self, batch: Batch, rng: jax.Array) -> jax.Array:
+        """The batch's sample field as the model learns it: the field itself, or in a latent space
+        (``config.objective.latent``) final latents drawn from its raw mean ‖ std with ``rng``."""
+        y = batch[self.input_spec.sample.name]
+        return y if self.latent is None else self.latent.draw(y, rng)
+
+    def init_sample(self, batch: Batch) -> jax.Array:
+        """A batch of the model's input shape (the latents' posterior mean in a latent space)."""
+        y = batch[self.input_spec.sample.name]
+        return y if self.latent is None else self.latent.mean(y)
+
     def init(self, rng: jax.Array, batch: Batch) -> Params:
-        x = batch[self.input_spec.sample.name]
+        x = self.init_sample(batch)
         return self._net.init(rng, x, jnp.zeros(x.shape[:1]), self._conditions(batch), True)
 
     def loss(
         self, params: Params, rng: jax.Array, batch: Batch, step: Step
     ) -> tuple[jax.Array, tuple[Stats, Aux]]:
-        y = batch[self.input_spec.sample.name]
+        y = self.training_sample(batch, rng)
         chex.assert_shape(y, (None, *self.input_spec.sample.shape))
         sigma_rng, noise_rng, drop_rng, net_rng = jax.random.split(rng, 4)
         augment_labels = None
@@ -191,7 +202,14 @@ class Diffusion(DiffusionSampling, DiffusionScoring, Objective):
                 f"{registry.models.names()}"
             )
         column = source.fields[source.sample_field]
-        sample_field = Field(source.sample_field, tuple(column.shape[1:]))
+        latent = latent_space.from_config(o.get("latent"))
+        shape = tuple(column.shape[1:])
+        sample_field = Field(source.sample_field, shape if latent is None else latent.sample_shape(shape))
+        if latent is not None and o.augment.p > 0:
+            raise ConfigError(
+                f"config.objective.augment.p={o.augment.p} is invalid with config.objective.latent: "
+                "EDM's AugmentPipe acts on pixels; expected 0"
+            )
         choice = o.condition
         if choice == "auto":
             choice = "text" if "text" in source.fields else ("class_label" if source.num_classes else "none")
@@ -223,6 +241,9 @@ class Diffusion(DiffusionSampling, DiffusionScoring, Objective):
             compute_dtype=config.precision.compute if "precision" in config else "float32",
         )
         objective.num_classes = source.num_classes if conditions else None
+        if latent is not None:
+            objective.latent = latent
+            objective.image_shape = latent.image_shape(sample_field.shape)
         if choice == "text":
             prompts = source.class_prompts or tuple(str(c) for c in range(source.num_classes or 0))
             objective.class_prompts = prompts
@@ -232,6 +253,8 @@ class Diffusion(DiffusionSampling, DiffusionScoring, Objective):
 
     class_prompts: tuple[str, ...] | None = None
     num_classes: int | None = None
+    latent: latent_space.LatentSpace | None = None  # config.objective.latent: previews decode
+    image_shape: tuple[int, ...] | None = None  # what previews show when it differs from samples
     extent: float | None = None
 
 

@@ -7,6 +7,7 @@ import dataclasses
 
 from dew import registry
 from dew.augment.settings import CONFIG as AUGMENT
+from dew.objectives.latent_space import CONFIG as LATENT
 from dew.schema import Key, Section, at_least
 
 
@@ -58,6 +59,7 @@ CONFIG = Section(
             accepted="a float in [0, 1)",
         ),
         "augment": AUGMENT,
+        "latent": LATENT,
         "sampling": Section(
             "how previews are sampled",
             {

@@ -139,6 +139,8 @@ class DiffusionSampling:
         return self._artifact(samples, captions, self.sampling.per_class)
 
     def _artifact(self, samples: np.ndarray, captions: tuple[str, ...] | None, columns: int) -> Any:
+        if getattr(self, "latent", None) is not None:  # sampled latents -> the VAE's images in [-1, 1]
+            samples = self.latent.to_images(samples)
         if samples.ndim == 2:
             return scatter.scatter_grid(samples, self.extent or scatter.extent_of(samples))
         if samples.ndim == 5:

@@ -115,7 +115,7 @@ class EDM2(Diffusion):
         return denoise
 
     def init(self, rng: jax.Array, batch: Batch) -> Params:
-        x = batch[self.input_spec.sample.name]
+        x = self.init_sample(batch)
         return self._net.init(rng, x, jnp.ones(x.shape[:1]), self._conditions(batch), True)
 
     def project(self, params: Params) -> Params:
@@ -125,7 +125,7 @@ class EDM2(Diffusion):
     def loss(
         self, params: Params, rng: jax.Array, batch: Batch, step: Step
     ) -> tuple[jax.Array, tuple[Stats, Aux]]:
-        y = batch[self.input_spec.sample.name]
+        y = self.training_sample(batch, rng)
         chex.assert_shape(y, (None, *self.input_spec.sample.shape))
         sigma_rng, noise_rng, drop_rng, net_rng = jax.random.split(rng, 4)
         sigma = jnp.exp(jax.random.normal(sigma_rng, y.shape[:1]) * self.P_std + self.P_mean)

@@ -126,7 +126,8 @@ def model_classes(objective: Any) -> int:
 
 def draw_images(objective: Any, params: Any, seeds: Any, sampler: SamplerPreset) -> Any:
     """uint8 images [n, H, W, C] for int32 ``seeds`` [n], each from its own seed (module
-    docstring); pure and jittable, any sharding of ``seeds``."""
+    docstring); pure and jittable, any sharding of ``seeds``. A latent run's samples are
+    decoded by its VAE (``config.objective.latent``)."""
     import jax
 
     from dew.sampling import sample
@@ -146,7 +147,11 @@ def draw_images(objective: Any, params: Any, seeds: Any, sampler: SamplerPreset)
         denoise = objective.denoiser(params, conditions)
         return sample(denoise, noise, sigmas, solver, rng=jax.random.fold_in(key, 2))[0]
 
-    return quantize(jax.vmap(one)(seeds))
+    latents_or_pixels = jax.vmap(one)(seeds)
+    latent = getattr(objective, "latent", None)
+    if latent is not None:  # a latent run: edm2's generate_images.py decodes to uint8 (encoder.decode)
+        return latent.codec.decode(latents_or_pixels)
+    return quantize(latents_or_pixels)
 
 
 def _fingerprint(settings: dict[str, Any]) -> str:

@@ -1,0 +1,129 @@
+"""Diffusion in a VAE's latent space: ``config.objective.latent`` (EDM2's ImageNet-512 setting).
+
+With ``config.objective.latent.encoder = "stability_vae"`` the data source's sample field holds
+*raw* latents, as a pre-encoded data set stores them (``python -m dew.data.sources.latent_dataset``,
+read by the ``latent_dataset`` source): the VAE posterior's mean ‖ std, [N, h, w, 2C]. Then
+
+- **training** draws the model's input per step as NVlabs/edm2's ``training_loop.py`` does
+  (``images = encoder.encode_latents(images)``, ``StabilityVAEEncoder.encode_latents``): final
+  latents = (mean + ε·std)·scale + bias, with ε standard normal from the step's own key
+  (``jax.random.fold_in(rng, LATENT_NOISE_STREAM)``; edm2 draws it from torch's global RNG, here
+  it is a function of the step's key, so a resumed run draws the same ε as one never
+  interrupted); the model learns [h, w, C];
+- **previews, ``dew.pipeline`` and ``python -m dew.sample``** decode the sampled latents through
+  the VAE decoder exactly as edm2's ``generate_images.py`` (``encoder.decode``: unscale, decode,
+  ``clamp(0, 1)·255`` truncated to uint8) and hand on those images mapped to [−1, 1]
+  (u / 127.5 − 1), so metrics (FID, FD_DINOv2) and ``dew.fid --workdir`` score decoded images.
+
+The VAE is built when the objective is (``from_config``): its weights are the published
+sd-vae-ft-mse safetensors file (``dew.networks.sd_vae_weights.load_weights``, digest-checked;
+``weights`` empty means its default path) and its shape the ``vae_*`` keys (sd-vae-ft-mse's by
+default; a smaller VAE for tests and CPU runs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dew.schema import ConfigError, Key, Section
+
+LATENT_NOISE_STREAM = 0x1A7E17  # fold_in constant: ε of the latents, apart from the loss's own draws
+ENCODERS = ("stability_vae",)
+
+CONFIG = Section(
+    "train and sample in a VAE's latent space (the data holds raw latents: mean || std)",
+    {
+        "encoder": Key(None, "None (pixels) or stability_vae (EDM2's sd-vae-ft-mse codec)", kind=str),
+        "weights": Key("", "the VAE's diffusion_pytorch_model.safetensors ('': its default path)"),
+        "allow_unpinned": Key(False, "accept VAE weights whose SHA-256 is not pinned"),
+        "vae_channels": Key((128, 256, 512, 512), "the VAE's block_out_channels", item=int),
+        "vae_layers_per_block": Key(2, "the VAE's layers_per_block"),
+        "vae_groups": Key(32, "the VAE's norm_num_groups"),
+        "vae_latent_channels": Key(4, "the VAE's latent_channels"),
+    },
+)
+
+
+class LatentSpace:
+    """A codec (``StabilityVAECodec``) seen from a diffusion objective: raw latents in, the
+    model's latents for training, decoded images out. ``draw`` is pure (jittable);
+    ``to_images`` runs the jitted decoder on the host's samples."""
+
+    def __init__(self, codec: Any):
+        self.codec = codec
+        self._decode = jax.jit(codec.decode)
+
+    @property
+    def channels(self) -> int:
+        return self.codec.config.latent_channels
+
+    def sample_shape(self, raw_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """[h, w, 2C] raw → [h, w, C] model latents; ``ConfigError`` for another channel count."""
+        if len(raw_shape) != 3 or raw_shape[-1] != 2 * self.channels:
+            raise ConfigError(
+                f"config.objective.latent.encoder='stability_vae': the data's samples are {raw_shape}; "
+                f"expected raw latents [h, w, {2 * self.channels}] (mean || std, as "
+                "python -m dew.data.sources.latent_dataset writes them; source latent_dataset)"
+            )
+        return (*raw_shape[:-1], self.channels)
+
+    def image_shape(self, sample_shape: tuple[int, ...]) -> tuple[int, int, int]:
+        f = self.codec.config.downsampling
+        return (sample_shape[0] * f, sample_shape[1] * f, self.codec.config.out_channels)
+
+    def draw(self, raw: jax.Array, rng: jax.Array) -> jax.Array:
+        """Final latents from raw ones, ε from ``fold_in(rng, LATENT_NOISE_STREAM)`` (edm2's
+        ``encode_latents``)."""
+        chex.assert_rank(raw, 4)
+        key = jax.random.fold_in(rng, LATENT_NOISE_STREAM)
+        noise = jax.random.normal(key, (*raw.shape[:-1], raw.shape[-1] // 2), jnp.float32)
+        return self.codec.encode_latents(raw, noise)
+
+    def mean(self, raw: jax.Array) -> jax.Array:
+        """The posterior mean's final latents (ε = 0): the shape ``init`` needs."""
+        return self.codec.encode_latents(raw, jnp.zeros((*raw.shape[:-1], raw.shape[-1] // 2)))
+
+    def to_images(self, samples: np.ndarray) -> np.ndarray:
+        """Sampled latents [n, h, w, C] → decoded images [n, H, W, 3] in [−1, 1] (float32): edm2's
+        uint8 decode, then u / 127.5 − 1."""
+        if len(samples) == 0:
+            return np.zeros((0, *self.image_shape(samples.shape[1:])), np.float32)
+        pixels = np.asarray(jax.device_get(self._decode(jnp.asarray(samples, jnp.float32))))
+        return pixels.astype(np.float32) / 127.5 - 1.0
+
+
+def from_config(section: Any) -> LatentSpace | None:
+    """``config.objective.latent`` → a ``LatentSpace`` (its VAE loaded now), or None for pixels."""
+    if section is None or section.encoder is None:
+        return None
+    if section.encoder not in ENCODERS:
+        raise ConfigError(
+            f"config.objective.latent.encoder={section.encoder!r} is invalid: expected None or "
+            f"one of {ENCODERS}"
+        )
+    from dew.encoding.stability_vae import StabilityVAECodec
+    from dew.networks import sd_vae
+    from dew.networks.sd_vae_weights import load_weights
+
+    try:
+        config = sd_vae.VAEConfig(
+            block_out_channels=tuple(int(c) for c in section.vae_channels),
+            layers_per_block=int(section.vae_layers_per_block),
+            latent_channels=int(section.vae_latent_channels),
+            norm_num_groups=int(section.vae_groups),
+        )
+    except ValueError as e:
+        raise ConfigError(f"config.objective.latent: {e}") from None
+    try:
+        params = load_weights(section.weights or None, allow_unpinned=section.allow_unpinned, config=config)
+    except (OSError, KeyError, ValueError) as e:
+        raise ConfigError(f"config.objective.latent.weights={section.weights!r}: {e}") from None
+    return LatentSpace(StabilityVAECodec(params, config))
+
+
+__all__ = ["CONFIG", "LATENT_NOISE_STREAM", "LatentSpace", "from_config"]

@@ -1,0 +1,143 @@
+"""Several feature-space metrics over the same image batches: ``python -m dew.fid --metrics=...``.
+
+``METRICS`` names what ``dew.fid`` can report from one pass over the images: ``fid`` (Fréchet
+distance in the FID Inception's pool features, ``inception_metrics.InceptionScorer``) and
+``fd_dinov2`` (Fréchet distance in DINOv2 ViT-L/14 CLS features as NVlabs/edm2's
+``calculate_metrics.py`` computes them, ``dinov2_metrics.DINOv2Scorer``). ``statistics_over``
+draws each batch once and hands it to every scorer, so both metrics see exactly the same images
+(a run's samples are drawn once, not once per metric).
+
+The DINOv2 weights are a converted ``.npz`` (``dinov2_weights``); its shape (width, depth, patch,
+grid) is read from the arrays (``dinov2.config_from_torch_names``: 64 channels per head, as every
+DINOv2 backbone has), so the command takes any DINOv2 backbone's file, ViT-L/14 being the one
+edm2 scores with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+METRICS = ("fid", "fd_dinov2")
+DEFAULT_METRICS = ("fid",)
+LABELS = {"fid": "FID", "fd_dinov2": "FD_DINOv2"}
+
+
+def parse_metrics(text: str) -> tuple[str, ...]:
+    """``"fid,fd_dinov2"`` → ``("fid", "fd_dinov2")`` in the order given; ``ValueError`` (one line
+    naming the value and what is accepted) for an unknown, repeated or empty name."""
+    names = tuple(n.strip() for n in text.split(","))
+    unknown = [n for n in names if n not in METRICS]
+    if unknown or not names or len(set(names)) != len(names):
+        raise ValueError(
+            f"--metrics={text!r}: expected a comma-separated subset of {','.join(METRICS)} "
+            "without repeats (e.g. --metrics=fid,fd_dinov2)"
+        )
+    return names
+
+
+def dinov2_scorer(weights_path: str | None, *, allow_unpinned: bool) -> Any:
+    """A ``DINOv2Scorer`` on the converted weights at ``weights_path`` (default: ``dinov2_weights``'
+    default path), its ``ViTConfig`` read from the arrays' shapes. Raises ``FileNotFoundError`` /
+    ``ValueError`` (one line) as ``dinov2_weights.read_arrays`` does."""
+    from dew.scoring import dinov2
+    from dew.scoring.dinov2_metrics import DINOv2Scorer
+    from dew.scoring.dinov2_weights import read_arrays
+
+    arrays = read_arrays(weights_path, allow_unpinned=allow_unpinned)
+    config = dinov2.config_from_torch_names(arrays)
+    return DINOv2Scorer(params=dinov2.params_from_torch_names(arrays, config), config=config)
+
+
+def check_flags(args: Any) -> None:
+    """``dew.fid``'s FD_DINOv2 flags agree with ``args.metrics`` (parsed) and its reference is
+    readable; ``ValueError`` (one line naming the flag) otherwise. The weights are checked when
+    the scorers are built."""
+    import os
+
+    wants = "fd_dinov2" in args.metrics
+    given = [f for f in ("dinov2_weights", "dinov2_ref", "save_dinov2_stats") if getattr(args, f)]
+    if given and not wants:
+        raise ValueError(f"{', '.join('--' + f for f in given)} only apply with --metrics=...,fd_dinov2")
+    if not wants:
+        return
+    if args.kid and "fid" not in args.metrics:
+        raise ValueError("--kid is computed in FID Inception features: add fid to --metrics")
+    if args.dinov2_ref:
+        from dew.scoring.statistics import load_statistics
+
+        try:
+            load_statistics(args.dinov2_ref)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"--dinov2_ref: {e}") from None
+    elif not (args.ref and os.path.isdir(args.ref)) and not args.save_dinov2_stats:
+        raise ValueError(
+            "--metrics=...,fd_dinov2 needs --dinov2_ref=<DINOv2 stats .npz>, a folder --ref, or "
+            "--save_dinov2_stats=<out.npz>"
+        )
+
+
+def scorers(args: Any) -> dict[str, Any]:
+    """The scorers of ``args.metrics`` by name (``--weights``/``--dinov2_weights``,
+    ``--allow_unpinned_weights`` for both); missing or refused weights raise one line."""
+    from dew.scoring.inception_metrics import InceptionScorer
+
+    out: dict[str, Any] = {}
+    for name in args.metrics:
+        if name == "fid":
+            out[name] = InceptionScorer(weights_path=args.weights, pinned=not args.allow_unpinned_weights)
+            continue
+        try:
+            out[name] = dinov2_scorer(args.dinov2_weights, allow_unpinned=args.allow_unpinned_weights)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{'--dinov2_weights' if args.dinov2_weights else 'FD_DINOv2'}: {e}") from None
+    return out
+
+
+def statistics_over(
+    scorers: Mapping[str, Any],
+    batches: Iterable[Any],
+    value_range: tuple[float, float],
+    keep_features: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """One pass over ``batches``: every batch goes to every scorer's ``features`` and into that
+    scorer's ``FeatureStatistics`` (``keep_features[name]`` rows kept). Returns the statistics
+    by metric name, in ``scorers``' order."""
+    from dew.scoring.statistics import FeatureStatistics
+
+    keep = keep_features or {}
+    stats = {name: FeatureStatistics(keep_features=keep.get(name, 0)) for name in scorers}
+    for images in batches:
+        for name, scorer in scorers.items():
+            stats[name].update(scorer.features(images, value_range))
+    return stats
+
+
+def frechet_distances(stats: Mapping[str, Any], refs: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """Each metric's Fréchet distance of ``stats[name]`` to ``refs[name]`` (``mu``, ``sigma``);
+    a reference of another feature width is a ``ValueError`` naming the metric."""
+    from dew.scoring import distances
+
+    out = {}
+    for name, s in stats.items():
+        ref = refs[name]
+        if ref["mu"].shape != s.mu.shape:
+            raise ValueError(
+                f"{LABELS[name]} reference statistics have {ref['mu'].shape[-1]} features, the "
+                f"{LABELS[name]} network gives {s.mu.shape[-1]}: they come from another network"
+            )
+        out[name] = float(distances.frechet_distance(s.mu, s.sigma, ref["mu"], ref["sigma"]))
+    return out
+
+
+__all__ = [
+    "DEFAULT_METRICS",
+    "LABELS",
+    "METRICS",
+    "check_flags",
+    "dinov2_scorer",
+    "frechet_distances",
+    "parse_metrics",
+    "scorers",
+    "statistics_over",
+]

@@ -1,0 +1,55 @@
+"""Latent diffusion (EDM2's ImageNet-512 pipeline, in miniature) on scikit-learn's digits.
+
+The digits are upsampled 4x (nearest) to 32x32 RGB, encoded once into a latent data set by the
+Stable Diffusion VAE codec (``python -m dew.data.sources.latent_dataset``), and EDM is trained on
+the latents; previews, ``dew.pipeline`` and ``python -m dew.sample`` decode through the VAE.
+
+    python experiments/latent_digits_data.py --dest=runs/latent_digits_data
+    python -m dew.main --config=experiments/latent_digits.py --workdir=runs/latent_digits
+
+``latent_digits_data.py`` encodes with the VAE at ``--weights`` when given, and otherwise (the
+published sd-vae-ft-mse weights are not on this machine) with a **random-weight VAE at reduced
+width** (block_out_channels (32, 32, 64): 32x32 pixels -> 8x8x4 latents), saved in the published
+safetensors layout at ``<dest>/random_vae.safetensors``: that exercises the whole path, encoder to
+decoded previews, but its decoded images are not digits. With the real weights set
+``config.objective.latent.weights`` and the ``vae_*`` keys to sd-vae-ft-mse's (the section's
+defaults; 32x32 pixels are then 4x4 latents, and ``config.model`` must shrink to match).
+"""
+
+import importlib.util
+import pathlib
+
+from ml_collections import ConfigDict
+
+DATA = "runs/latent_digits_data"
+
+
+def _edm_config() -> ConfigDict:
+    """experiments/edm.py's config (network, optimizer, EMA, cadences), read beside this file."""
+    spec = importlib.util.spec_from_file_location(
+        "_dew_latent_digits_edm", pathlib.Path(__file__).with_name("edm.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def get_config() -> ConfigDict:
+    config = _edm_config()
+    config.dataset = ConfigDict(
+        {"name": "latent_dataset", "batch_size": 64, "path": f"{DATA}/latents", "use_labels": True}
+    )
+    config.objective.latent = ConfigDict(
+        {
+            "encoder": "stability_vae",
+            "weights": f"{DATA}/random_vae.safetensors",
+            "allow_unpinned": True,  # the random VAE has no published digest
+            "vae_channels": (32, 32, 64),
+            "vae_layers_per_block": 1,
+            "vae_groups": 8,
+            "vae_latent_channels": 4,
+        }
+    )
+    # FID/FD need reference statistics; the digits classifier reads 8x8 grey digits, not these.
+    config.preview.metrics = ()
+    return config
