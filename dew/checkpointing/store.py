@@ -254,10 +254,12 @@ class Store:
                 raise CheckpointRestorationError(f"checkpoint step {step}: {e.args[0]}") from None
         return state, position
 
-    def stored_law(self, step: int) -> Any:
-        """The shapes of the EMA law ``step``'s ``extra`` item stores, or None (no values read)."""
+    def stored_extra(self, step: int, key: str) -> Any:
+        """The shapes of what ``step``'s ``extra`` item stores under ``key`` (the EMA law ``ema``,
+        the loss scale ``loss_scale``), or None; only ``extra``'s metadata is opened, no values
+        read, so a step whose other items are unreadable can still be fitted and restored."""
         extra = self.metadata(step, ["extra"])["extra"]
-        return None if extra.get("ema") is None else layout.shape_dtype_tree(extra["ema"])
+        return None if extra.get(key) is None else layout.shape_dtype_tree(extra[key])
 
     def stored(self, step: int) -> TrainState:
         trees = {item: layout.shape_dtype_tree(tree) for item, tree in self.metadata(step).items()}

@@ -116,7 +116,7 @@ class Tiers:
         comes back as it was saved; a caller running with another one replaces it."""
         if template is None:
             return None
-        stored = self.stored(step).ema_law if self.only_local(step) else self.store.stored_law(step)
+        stored = self.stored(step).ema_law if self.only_local(step) else self.store.stored_extra(step, "ema")
         if stored is None:
             return template.replace(ema_law=None)
         same = template.ema_law is not None and jax.tree.structure(template.ema_law) == jax.tree.structure(
@@ -138,7 +138,10 @@ class Tiers:
         policy reads the checkpoint as written; the caller creates or drops the state."""
         if template is None:
             return None
-        stored = self.stored(step).loss_scale
+        if self.only_local(step):
+            stored = self.stored(step).loss_scale
+        else:
+            stored = self.store.stored_extra(step, "loss_scale")
         if stored is None:
             return template.replace(loss_scale=None)
         sharding = getattr(template.step, "sharding", None)
