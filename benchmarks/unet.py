@@ -132,8 +132,9 @@ def torch_worker(args) -> int:
 
 
 # --- dew's side ------------------------------------------------------------------------------------
-def dew_setup(net_name: str, batch: int):
-    """(jitted step, state, batch, jitted forward) for dew's songunet, via the trainer's pure stages."""
+def dew_setup(net_name: str, batch: int, initialize: bool = True):
+    """(jitted step, state, batch, jitted forward) for dew's songunet, via the trainer's pure stages
+    (``initialize=False``: the init function itself instead of its jitted form, nothing placed)."""
     import functools
 
     import jax
@@ -166,8 +167,10 @@ def dew_setup(net_name: str, batch: int):
     layout = Layout.for_mesh(MeshSpec().mesh())
     layout.check_batch(batch)
     host_batch = {"image": images, "label": labels}
-    data = layout.place_batch(host_batch)
     init_fn = make_init(objective, optimizer, ema)
+    if not initialize:
+        return init_fn, None, host_batch, None
+    data = layout.place_batch(host_batch)
     abstract_state = jax.eval_shape(init_fn, jax.random.PRNGKey(0), host_batch)
     jitted_init = layout.jit_init(init_fn, abstract_state)
 
@@ -181,6 +184,47 @@ def dew_setup(net_name: str, batch: int):
         return objective.denoiser(params, {"label": labels})(x, jnp.ones((x.shape[0],)))
 
     return init, step, data, forward
+
+
+def traced_convolutions(net: str, batch: int) -> dict:
+    """The convolution shape classes of ``--net``'s network and their uses (``dew.kernels``
+    records them while the state's shapes are traced): the kernel choice's shape source, run in
+    its measurement child (``dew.kernel_probe``)."""
+    import jax
+
+    from dew import kernels
+
+    init, _, data, _ = dew_setup(net, batch, initialize=False)
+    with kernels.record_convolutions() as seen:
+        jax.eval_shape(init, jax.random.PRNGKey(0), data)
+    return {"batch": batch, "convolutions": [[*shape, uses] for shape, uses in sorted(seen.items())]}
+
+
+def choose_kernels(args):
+    """As ``dew.runtime.start`` chooses them for a run: the library and the weight gradients from
+    ``--cpu_convolutions``/``--cpu_weight_gradient`` (``auto``: measured once, cached in
+    ``--kernel_cache``), before JAX starts; returns the decision."""
+    from dew import kernels
+    from dew.runtime import cpu_convolutions, host_devices, kernel_choice
+
+    devices = host_devices.flagged_count(os.environ.get("XLA_FLAGS", "")) or 1
+    shapes = kernel_choice.ShapeSource(
+        "benchmarks.unet:traced_convolutions",
+        {"net": args.net, "batch": args.batch},
+        {"benchmark": "unet", "net": NETS[args.net], "batch": args.batch},
+    )
+    decision = kernel_choice.choose(
+        args.cpu_convolutions,
+        args.cpu_weight_gradient,
+        shapes=shapes,
+        devices=devices,
+        cache=args.kernel_cache or None,
+        environ={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
+        log=lambda line: print(f"dew: {line}", flush=True),
+    )
+    cpu_convolutions.route_convolutions(decision.library)
+    kernels.set_choice(decision.kernel_choice())
+    return decision
 
 
 def dew_startup(args) -> dict:
@@ -322,7 +366,8 @@ def run_gpu(args) -> int:
 
 
 def profile(args) -> int:
-    """Trace 3 warm steps (perfetto) and print XLA's thunk time by kind (fusion name sans number)."""
+    """Trace 3 warm steps (or forward calls, ``--profile_forward``; perfetto) and print XLA's thunk
+    time by kind (fusion name sans number)."""
     import collections
     import glob
     import gzip
@@ -330,14 +375,18 @@ def profile(args) -> int:
 
     import jax
 
-    init, step, data, _ = dew_setup(args.net, args.batch)
+    init, step, data, forward = dew_setup(args.net, args.batch)
     state = init(jax.random.PRNGKey(0), data)
     for _ in range(2):
         state, stats = step(state, data)
     jax.block_until_ready(stats)
+    jax.block_until_ready(forward(state.params, data["image"], data["label"]))
     with jax.profiler.trace(args.profile, create_perfetto_trace=True):
         for _ in range(3):
-            state, stats = step(state, data)
+            if args.profile_forward:
+                stats = forward(state.params, data["image"], data["label"])
+            else:
+                state, stats = step(state, data)
         jax.block_until_ready(stats)
     path = sorted(glob.glob(f"{args.profile}/**/*perfetto_trace.json.gz", recursive=True))[-1]
     with gzip.open(path) as f:
@@ -355,6 +404,23 @@ def profile(args) -> int:
     return 0
 
 
+def measure_startup(args) -> dict:
+    """dew's start-up in a fresh process without the compilation cache (``--startup``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+    cmd = [sys.executable, __file__, "--startup", f"--net={args.net}", f"--batch={args.batch}"]
+    cmd += [
+        f"--cpu_convolutions={args.cpu_convolutions}",
+        f"--cpu_weight_gradient={args.cpu_weight_gradient}",
+    ]
+    cmd += [f"--kernel_cache={args.kernel_cache}"]
+    cmd += ["--no_huge_pages"] if args.no_huge_pages else []
+    startup = json.loads(
+        subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
+    )
+    return startup
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--net", choices=sorted(NETS), default="16")
@@ -366,9 +432,11 @@ def main() -> int:
     parser.add_argument("--torch_python", default="/work/venv-torch/bin/python")
     parser.add_argument("--startup", action="store_true", help="time dew's init/compile in this process")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--skip_startup", action="store_true", help="no fresh-process start-up timing")
     parser.add_argument("--gpu", action="store_true", help="dew alone on an accelerator, bf16 and f32")
     parser.add_argument("--peak_tflops", type=float, default=0.0, help="the chip's peak, for --gpu")
     parser.add_argument("--profile", default="", help="trace 3 dew steps into this directory, print shares")
+    parser.add_argument("--profile_forward", action="store_true", help="--profile the forward pass instead")
     parser.add_argument(
         "--devices", type=int, default=0,
         help="CPU devices dew's batch is split over (0: as python -m dew.main picks, one per core)",
@@ -376,6 +444,14 @@ def main() -> int:
     parser.add_argument(
         "--cpu_convolutions", default="auto", choices=("auto", "eigen", "ynnpack"),
         help="XLA:CPU's convolution library on dew's side (as config.runtime.cpu_convolutions)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cpu_weight_gradient", default="auto", choices=("auto", "xla", "per_tap"),
+        help="convolution weight gradients on dew's side (as config.runtime.cpu_weight_gradient)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--kernel_cache", default=str(ROOT / ".cache" / "kernel_choice.json"),
+        help="the kernel choice's cache file ('': none, measure every time)",
     )  # fmt: skip
     parser.add_argument(
         "--settle", type=int, default=1,
@@ -392,7 +468,6 @@ def main() -> int:
     args = parser.parse_args()
     if args.worker:
         return torch_worker(args)
-    from dew.runtime.cpu_convolutions import route_convolutions
     from dew.runtime.host_devices import flagged_count, host_device_count, present_host_devices
     from dew.runtime.host_memory import with_huge_pages
 
@@ -400,27 +475,27 @@ def main() -> int:
         with_huge_pages()  # as python -m dew.main does: restarts this process once, with the tunable
     # Before JAX starts (dew.main does the same from config.runtime.host_devices); XLA_FLAGS wins.
     present_host_devices(host_device_count(args.devices, [args.batch]))
-    args.convolutions = route_convolutions(args.cpu_convolutions)
+    chose = time.perf_counter()
+    decision = choose_kernels(args)
+    args.kernel_choice_s = time.perf_counter() - chose
+    args.convolutions = decision.library
     args.devices = flagged_count(os.environ.get("XLA_FLAGS", "")) or 1
+    if not (args.worker or args.startup):
+        print(f"dew: kernel choice ({args.kernel_choice_s:.1f} s): {decision.line()}", flush=True)
     if args.gpu:
         return run_gpu(args)
     if args.startup:
-        print(json.dumps(dew_startup(args)))
+        print(json.dumps({"kernel_choice_s": args.kernel_choice_s, **dew_startup(args)}))
         return 0
     if args.profile:
         return profile(args)
 
     # Start-up in a fresh process without the compilation cache, before the rounds.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
-    env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
-    cmd = [sys.executable, __file__, "--startup", f"--net={args.net}", f"--batch={args.batch}"]
-    cmd += ["--no_huge_pages"] if args.no_huge_pages else []
-    startup = json.loads(
-        subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
-    )
-    rounded = json.dumps({k: round(v, 2) for k, v in startup.items()})
+    startup = {}
+    if not args.skip_startup:
+        startup = measure_startup(args)
     where = f"{args.devices} CPU device(s), {args.convolutions} convolutions"
-    print(f"dew on {where}; start-up: {rounded}", flush=True)
+    print(f"dew on {where}; start-up: {json.dumps({k: round(v, 2) for k, v in startup.items()})}", flush=True)
 
     worker = None
     if args.edm:
@@ -446,6 +521,7 @@ def main() -> int:
         print(line)
     record = {"net": args.net, "batch": args.batch, "devices": args.devices, "startup": startup}
     record["convolutions"] = args.convolutions
+    record["kernel_choice"] = {"seconds": args.kernel_choice_s, **decision.record(), "how": decision.how}
     print(json.dumps({**record, "results": results}))
     return 0
 

@@ -90,14 +90,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         from dew.checkpointing.run_history import starts
 
         starts(workdir)  # a damaged run.json stops here, named, before anything is written
+        from dew.checkpointing.run_metadata import RUN_METADATA, read_run_metadata
+
         processes = distributed.requested(
             args.coordinator,
             args.num_processes,
             args.process_id,
             initialization_timeout=config.runtime.coordinator_timeout,
         )
+        # A resumed run keeps the kernels it was trained with (for settings left at 'auto').
+        recorded = (read_run_metadata(workdir) or {}).get("kernels") if os.path.isdir(workdir) else None
         try:  # before JAX starts: processes, devices, convolution library, kernels, compilation cache
-            platform = start(config, workdir, processes=processes, detect_processes=False)
+            platform = start(
+                config,
+                workdir,
+                processes=processes,
+                detect_processes=False,
+                recorded=recorded,
+                recorded_in=os.path.join(workdir, RUN_METADATA),
+            )
         except ValueError as e:
             raise ConfigError(str(e)) from None
         trainer = Trainer(config, workdir, resolved=True)  # validates everything; touches no file

@@ -44,15 +44,15 @@ Conversions (the reference counts images, dew counts optimizer updates of B imag
   update is unchanged by a constant gradient scale K except through ε, so the reference's
   ε = 10⁻⁸ is dew's ``optimizer.eps`` = 10⁻⁸ / (C·H·W·ls) (the same update in real arithmetic;
   in float32 ε itself rounds by at most 2⁻²⁴ relative). This is how ``--ls`` acts in float32; in
-  float16 it also moves gradients away from underflow, which needs the mixed-precision policy
-  (issue 32);
+  float16 it also moves gradients away from underflow, which is ``config.precision``'s static
+  loss scale (below);
 * augmentation: ``config.objective.augment`` carries ``AugmentPipe``'s keywords as ``train.py``
   sets them (``p`` = --augment, ``xflip=1e8, yflip=1, scale=1, rotate_frac=1, aniso=1,
   translate_frac=1``), and the network's ``augment_dim`` = 9; --augment=0 builds no pipe and no
   augmentation labels (``p`` = 0, ``augment_dim`` = 0);
-* mixed precision: ``--fp16`` (ImageNet-64 only) is ``ROWS[...].fp16``; dew has no
-  mixed-precision policy on this branch (issue 32), so that row trains in float32 and its
-  parity test is a strict expected failure until ``config.precision`` exists.
+* mixed precision: ``--fp16`` (ImageNet-64 only) is ``config.precision`` float16 compute with
+  ``--ls`` as its static loss scale (``docs/precision.md``: the loss times ``scale`` is
+  differentiated, the gradients divided by it in float32, so ε still carries ``--ls``).
 
 What the reference does that is not a config setting here: it replaces non-finite gradient
 entries by 0 / ±10⁵ and still steps (dew's ``train.nonfinite="skip"`` drops that update instead),
@@ -83,7 +83,7 @@ class Row(NamedTuple):
     augment: float = 0.12  # --augment (AugmentPipe p)
     cres: tuple[int, ...] | None = None  # --cres (channel_mult)
     xflip: bool = False  # --xflip
-    fp16: bool = False  # --fp16 (issue 32: not applied on this branch)
+    fp16: bool = False  # --fp16: config.precision float16 with --ls as its static loss scale
     loss_scaling: float = 1.0  # --ls
     tick_kimg: int = 50  # --tick (logging and checkpoint cadence only)
 
@@ -268,6 +268,10 @@ def get_config(row: str = "cifar10-cond-ddpmpp") -> ConfigDict:
             "nonfinite": "skip",
         }
     )
+    if r.fp16:  # --fp16 --ls: float16 compute, --ls the static loss scale
+        config.precision = ConfigDict(
+            {"compute": "float16", "loss_scale": "static", "scale": float(r.loss_scaling)}
+        )
     config.mesh = ConfigDict({"model": 1, "fsdp": 1, "devices": 0})
     # The reference evaluates nothing while training (FID afterwards: python -m dew.fid); a
     # checkpoint and a preview every --snap ticks, the latest two kept.

@@ -11,6 +11,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 CACHE = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".cache" / "jax-tests"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Every run the suite starts takes the CPU-flag kernel rule instead of timing its convolutions
+# (hundreds of short runs of many shapes; tests/test_kernel_choice.py covers the measurement).
+os.environ.setdefault("DEW_KERNELS_BY_RULE", "1")
 # Eight CPU devices in every test process, so sharding tests need no process of their own.
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (

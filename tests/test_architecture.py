@@ -50,6 +50,7 @@ UNITS: dict[str, int] = {
     "dew.fid": ENTRY,
     "dew.phema": ENTRY,
     "dew.convert_edm": ENTRY,
+    "dew.kernel_probe": ENTRY,  # the kernel choice's measurement child (a process, not an import)
 }
 
 # Layers whose packages stand apart: one of them imports another of the same layer only along an

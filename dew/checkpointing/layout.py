@@ -6,8 +6,9 @@ A checkpoint holds separately restorable items:
     params/      the live parameters
     opt_state/   the optimizer state
     ema_params/  the raw (not debiased) EMA, so ``restore_ema`` needs neither of the above
-    extra/       the small scalars: step, rng key, and the EMA's law (``ema``: β's law, the
-                 micro-batches per update, the tracked leaves; ``dew.averaging.ema.law``)
+    extra/       the small scalars: step, rng key, the EMA's law (``ema``: β's law, the
+                 micro-batches per update, the tracked leaves; ``dew.averaging.ema.law``) and,
+                 under a dynamic loss scale, its state (``loss_scale``: scale, good steps)
     pending/     gradient sums of an unfinished accumulation (only when the state has them)
     data/        data positions (``positions``)
     dataset/     a caller's own pytree (the stix ``dataset_state``), when one was saved
@@ -59,6 +60,8 @@ def items_from_state(state: Any) -> dict[str, Any]:
             items[item] = tree
     if getattr(state, LAW_FIELD) is not None:
         items["extra"][LAW_EXTRA_KEY] = getattr(state, LAW_FIELD)
+    if getattr(state, "loss_scale", None) is not None:  # a dynamic loss scale (dew.training.precision)
+        items["extra"]["loss_scale"] = state.loss_scale
     if state.pending is not None:
         items["pending"] = state.pending
     return {name: items[name] for name in STATE_ITEMS if name in items}
@@ -76,6 +79,7 @@ def state_from_items(items: Mapping[str, Any]) -> TrainState:
         opt_state=items.get("opt_state"),
         rng=extra.get("rng"),
         pending=items.get("pending"),
+        loss_scale=extra.get("loss_scale"),
         **averages,
         **{LAW_FIELD: extra.get(LAW_EXTRA_KEY)},
     )

@@ -95,7 +95,7 @@ class Tiers:
     def restore(
         self, template: TrainState | None, step: int, share: DataPartition | None, read_opt_state: bool
     ) -> tuple[TrainState, bytes | None]:
-        template = self._fit_law(template, step)
+        template = self._fit_loss_scale(self._fit_law(template, step), step)
         if self.is_local(step):
             meta = local.read_meta(self.local_path, step)
             problem = local.placement_problem(meta, template)
@@ -130,6 +130,22 @@ class Tiers:
         sharding = getattr(template.step, "sharding", None)
         return template.replace(
             ema_law=jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), stored)
+        )
+
+    def _fit_loss_scale(self, template: TrainState | None, step: int) -> TrainState | None:
+        """``template`` whose dynamic loss-scale state is what ``step`` stores (its shapes, placed
+        like the step count; unset when it stores none), so a run resumed under another precision
+        policy reads the checkpoint as written; the caller creates or drops the state."""
+        if template is None:
+            return None
+        stored = self.stored(step).loss_scale
+        if stored is None:
+            return template.replace(loss_scale=None)
+        sharding = getattr(template.step, "sharding", None)
+        return template.replace(
+            loss_scale=jax.tree.map(
+                lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), stored
+            )
         )
 
     def ema_record(self, step: int) -> dict[str, Any] | None:

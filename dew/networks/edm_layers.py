@@ -160,7 +160,8 @@ def conv(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
     """
     if w.shape[0] == 1 and w.shape[1] == 1 and pad == 0:
         return jnp.dot(x, w[0, 0])
-    if kernels.per_tap_weight_gradient(x.shape[1] * x.shape[2]):
+    shape_class = (x.shape[1], x.shape[2], w.shape[2], w.shape[3], w.shape[0], pad)
+    if kernels.per_tap_weight_gradient(x.shape[1] * x.shape[2], shape_class):
         convolve = _conv_tap_weight_grad
     else:
         convolve = _xla_conv
@@ -308,12 +309,14 @@ class GroupNorm(hk.Module):
         bias = hk.get_parameter("bias", [c], x.dtype, jnp.zeros)
 
         def normalise(x: jax.Array) -> jax.Array:
-            xg = x.reshape(b, h * w, g, c // g)
+            # In float32 whatever the compute dtype (docs/precision.md): the statistics of a
+            # bfloat16 / float16 group would lose the mean's digits; the result is cast back.
+            xg = x.astype(jnp.float32).reshape(b, h * w, g, c // g)
             mean = jnp.mean(xg, axis=(1, 3), keepdims=True)
             centred = xg - mean
             var = jnp.mean(jnp.square(centred), axis=(1, 3), keepdims=True)
             y = (centred * jax.lax.rsqrt(var + self.eps)).reshape(b, h, w, c)
-            return y * weight + bias
+            return (y * weight.astype(jnp.float32) + bias.astype(jnp.float32)).astype(x.dtype)
 
         # The input feeds two reductions and the normalisation, the output's gradient as many
         # uses again: computed once each on XLA:CPU instead of re-fused into every one (the

@@ -52,7 +52,11 @@ class MLP(hk.Module):
         h = hk.Linear(self.width, name="proj_in")(flat)
         for i in range(self.blocks):
             scale, shift = jnp.split(hk.Linear(2 * self.width, name=f"affine{i}")(emb), 2, axis=-1)
-            r = hk.LayerNorm(-1, False, False, name=f"norm{i}")(h) * (1 + scale) + shift
+            r = (
+                hk.LayerNorm(-1, False, False, name=f"norm{i}")(h.astype(jnp.float32)).astype(h.dtype)
+                * (1 + scale)
+                + shift
+            )
             r = hk.Linear(self.width, name=f"fc{i}_0")(jax.nn.silu(r))
             r = hk.Linear(self.width, w_init=_zeros, name=f"fc{i}_1")(jax.nn.silu(r))
             h = h + r

@@ -47,6 +47,17 @@ NCSNPP = {
 """EDM ``train.py --arch=ncsnpp``."""
 
 
+REMAT_POLICIES = {
+    "none": None,
+    "blocks": jax.checkpoint_policies.nothing_saveable,
+    "blocks_save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+"""``remat``: per-``UNetBlock`` rematerialisation. ``blocks`` keeps only each block's inputs
+(``jax.checkpoint_policies.nothing_saveable``: least memory, one more forward); ``blocks_save_dots``
+also keeps the outputs of matmuls without batch dimensions (``dots_with_no_batch_dims_saveable``:
+the 1×1 convolutions and linear layers; on XLA a k×k convolution is not a dot and is recomputed)."""
+
+
 class SongUNet(hk.Module):
     """F_θ(x, c_noise; label, augment_labels) -> [B, H, W, out_channels], the reference's forward.
 
@@ -55,7 +66,8 @@ class SongUNet(hk.Module):
     ``label_dim`` None takes the width of the label passed; 0 builds no label map. Without a
     label, a conditional network sees the zero vector (``EDMPrecond``'s behaviour).
     ``augment_labels`` [B, augment_dim] feed ``map_augment`` when ``augment_dim`` > 0 and they
-    are given (sampling passes none, as EDM's generator does).
+    are given (sampling passes none, as EDM's generator does). ``remat`` (``REMAT_POLICIES``)
+    rematerialises each block in the backward pass; it changes memory and time, not the function.
     """
 
     def __init__(
@@ -74,9 +86,11 @@ class SongUNet(hk.Module):
         decoder_type: str = "standard",
         resample_filter: Sequence[int] = (1, 1),
         out_channels: int | None = None,
+        remat: str = "none",
         name: str | None = "songunet",
     ):
         super().__init__(name=name)
+        check_choice("SongUNet", "remat", remat, tuple(REMAT_POLICIES))
         check_choice("SongUNet", "embedding_type", embedding_type, ("fourier", "positional"))
         check_choice("SongUNet", "encoder_type", encoder_type, ("standard", "skip", "residual"))
         check_choice("SongUNet", "decoder_type", decoder_type, ("standard", "skip"))
@@ -94,6 +108,7 @@ class SongUNet(hk.Module):
         self.dropout, self.label_dim, self.augment_dim = dropout, label_dim, augment_dim
         self.embedding_type, self.encoder_type, self.decoder_type = embedding_type, encoder_type, decoder_type
         self.resample_filter, self.out_channels = tuple(resample_filter), out_channels
+        self.remat = remat
         self.init = {"init_mode": "xavier_uniform"}
         self.init_zero = {"init_mode": "xavier_uniform", "init_weight": 1e-5}
         self.init_attn = {"init_mode": "xavier_uniform", "init_weight": float(np.sqrt(0.2))}
@@ -113,6 +128,14 @@ class SongUNet(hk.Module):
             init_zero=self.init_zero,
             init_attn=self.init_attn,
         )
+
+    def _run(self, block: UNetBlock, x: jax.Array, emb: jax.Array, is_training: bool) -> jax.Array:
+        """``block(x, emb)``; with ``remat``, under ``hk.remat`` (jax.checkpoint) with its named
+        policy: the block's activations are recomputed in the backward pass instead of kept."""
+        if self.remat == "none":
+            return block(x, emb, is_training)
+        policy = REMAT_POLICIES[self.remat]
+        return hk.remat(lambda x_, emb_: block(x_, emb_, is_training), policy=policy)(x, emb)
 
     def __call__(
         self,
@@ -154,7 +177,9 @@ class SongUNet(hk.Module):
             if level == 0:
                 x = Conv2d(mc, 3, init=self.init, name=f"enc_{res}x{res}_conv")(x)
             else:
-                x = UNetBlock(x.shape[-1], name=f"enc_{res}x{res}_down", **kw, down=True)(x, emb, is_training)
+                x = self._run(
+                    UNetBlock(x.shape[-1], name=f"enc_{res}x{res}_down", **kw, down=True), x, emb, is_training
+                )
                 if self.encoder_type == "skip":
                     aux = Conv2d(
                         aux.shape[-1],
@@ -178,9 +203,8 @@ class SongUNet(hk.Module):
             skips.append(x)
             for idx in range(self.num_blocks):
                 attn = res in self.attn_resolutions
-                x = UNetBlock(mc * mult, name=f"enc_{res}x{res}_block{idx}", **kw, attention=attn)(
-                    x, emb, is_training
-                )
+                block = UNetBlock(mc * mult, name=f"enc_{res}x{res}_block{idx}", **kw, attention=attn)
+                x = self._run(block, x, emb, is_training)
                 skips.append(x)
 
         # Decoder.
@@ -188,18 +212,17 @@ class SongUNet(hk.Module):
         for level, mult in reversed(list(enumerate(self.channel_mult))):
             res = img_resolution >> level
             if level == last:
-                x = UNetBlock(x.shape[-1], name=f"dec_{res}x{res}_in0", **kw, attention=True)(
-                    x, emb, is_training
-                )
-                x = UNetBlock(x.shape[-1], name=f"dec_{res}x{res}_in1", **kw)(x, emb, is_training)
+                block = UNetBlock(x.shape[-1], name=f"dec_{res}x{res}_in0", **kw, attention=True)
+                x = self._run(block, x, emb, is_training)
+                x = self._run(UNetBlock(x.shape[-1], name=f"dec_{res}x{res}_in1", **kw), x, emb, is_training)
             else:
-                x = UNetBlock(x.shape[-1], name=f"dec_{res}x{res}_up", **kw, up=True)(x, emb, is_training)
+                block = UNetBlock(x.shape[-1], name=f"dec_{res}x{res}_up", **kw, up=True)
+                x = self._run(block, x, emb, is_training)
             for idx in range(self.num_blocks + 1):
                 x = jnp.concatenate([x, skips.pop()], axis=-1)
                 attn = idx == self.num_blocks and res in self.attn_resolutions
-                x = UNetBlock(mc * mult, name=f"dec_{res}x{res}_block{idx}", **kw, attention=attn)(
-                    x, emb, is_training
-                )
+                block = UNetBlock(mc * mult, name=f"dec_{res}x{res}_block{idx}", **kw, attention=attn)
+                x = self._run(block, x, emb, is_training)
             if self.decoder_type == "skip" or level == 0:
                 if self.decoder_type == "skip" and level < last:
                     aux = Conv2d(

@@ -15,6 +15,11 @@ against 122 ms, the 32×32×3 one 3.47 against 3.38 s, compiles equal. So
 leaves XLA's default everywhere else (AVX-512 CPUs, where it makes no difference; AVX-only CPUs and
 ARM, not measured with Eigen; accelerators, where the flag does nothing).
 
+These rules are the fallback: for the EDM U-Nets ``dew.runtime.kernel_choice`` times both
+libraries and both weight gradients on the machine at hand instead (issue 35: on an Intel
+AVX-512 CPU the rules left the train step at 0.61-0.78× NVlabs/edm's), and passes the library
+it chose to ``route_convolutions``; other models and readers without a run config keep the rules.
+
 The flag is read once, when JAX starts its CPU backend, so the choice is made before anything
 touches a device: ``dew.runtime.platform`` routes from ``config.runtime.cpu_convolutions``
 (``python -m dew.main`` and ``python -m dew.sample`` call it, and so does a script that builds its

@@ -6,11 +6,12 @@
     platform = start(config, workdir)   # before anything touches a device
     trainer = Trainer(config, workdir)
 
-It presents the CPU host's devices (``host_devices``), routes XLA:CPU's convolutions
-(``cpu_convolutions``), hands the kernel choice that follows to the layers (``dew.kernels``) and
-turns on the persistent compilation cache (``compilation_cache``), each from ``config.runtime``;
-launched as one of several processes (flags, ``DEW_*`` variables or a cluster JAX detects:
-``distributed``), it first starts JAX's distributed runtime.
+It presents the CPU host's devices (``host_devices``), chooses XLA:CPU's convolution library and
+the convolutions' weight gradients by timing them on this machine (``kernel_choice``; cached),
+routes the library (``cpu_convolutions``), hands the kernel choice to the layers
+(``dew.kernels``) and turns on the persistent compilation cache (``compilation_cache``), each
+from ``config.runtime``; launched as one of several processes (flags, ``DEW_*`` variables or a
+cluster JAX detects: ``distributed``), it first starts JAX's distributed runtime.
 On an accelerator the CPU settings change nothing. Called after the backend has started, it
 changes no device setting (XLA read its flags already) and says so in ``Platform.lines``.
 """
@@ -18,10 +19,12 @@ changes no device setting (XLA read its flags already) and says so in ``Platform
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from typing import Any
 
 from dew import kernels
-from dew.runtime import compilation_cache, cpu_convolutions, distributed, host_devices
+from dew.runtime import compilation_cache, cpu_convolutions, distributed, host_devices, kernel_choice
 from dew.schema import Key, Section, at_least
 
 CONFIG = Section(
@@ -35,10 +38,17 @@ CONFIG = Section(
         ),
         "cpu_convolutions": Key(
             "auto",
-            "XLA:CPU's convolution library: 'eigen', 'ynnpack' (XLA's default) or 'auto' (Eigen on x86 "
-            "CPUs with AVX2 and without AVX-512, where it was measured faster; "
-            "dew.runtime.cpu_convolutions). XLA_FLAGS setting it wins",
-            choices=cpu_convolutions.CHOICES,
+            "XLA:CPU's convolution library: 'eigen', 'ynnpack' (XLA's default) or 'auto' (the faster "
+            "for this run's convolutions, timed once on this machine and cached; a resumed run keeps "
+            "the one it recorded; dew.runtime.kernel_choice). XLA_FLAGS setting it wins",
+            choices=kernel_choice.LIBRARY_CHOICES,
+        ),
+        "cpu_weight_gradient": Key(
+            "auto",
+            "convolution weight gradients on the CPU: 'xla', 'per_tap' (a sum over kernel taps, every "
+            "convolution) or 'auto' (per shape class, the faster one, timed with the library; "
+            "dew.runtime.kernel_choice)",
+            choices=kernel_choice.WEIGHT_GRADIENT_CHOICES,
         ),
         "compilation_cache": Key(
             "",
@@ -75,6 +85,7 @@ class Platform:
     kernels: kernels.KernelChoice
     compilation_cache: str | None
     processes: distributed.ProcessGroup | None = None
+    decision: kernel_choice.Decision | None = None
 
     def lines(self, data_parallel: int | None = None) -> list[str]:
         """One line per choice, for a CPU run's log (``data_parallel``: the devices each batch is
@@ -89,7 +100,10 @@ class Platform:
         if data_parallel and data_parallel > 1:
             out.append(f"each batch is split over {data_parallel} CPU devices (config.runtime.host_devices)")
         out.append(f"XLA:CPU runs convolutions with {self.convolutions} (config.runtime.cpu_convolutions)")
-        out.append(f"convolution weight gradients: {self.kernels.reason}")
+        if self.decision is not None:
+            out.append(f"kernel choice: {self.decision.line()}")
+        else:
+            out.append(f"convolution weight gradients: {self.kernels.reason}")
         return out
 
 
@@ -102,6 +116,28 @@ def _batch_sizes(config: Any) -> list[int]:
     return sizes
 
 
+#: Models built from ``dew.networks.edm_layers``, whose convolutions report their shape classes
+#: (``dew.kernels.record_convolutions``), so their kernels can be measured. Other models keep the
+#: CPU-flag rule (``dew.runtime.cpu_convolutions``).
+MEASURED_MODELS = ("songunet", "dhariwalunet")
+#: The config sections that shape a run's convolutions (the key of its traced shape classes).
+SHAPING_SECTIONS = ("dataset", "model", "objective", "mesh")
+
+
+def run_shapes(config: Any, workdir: str | None) -> kernel_choice.ShapeSource | None:
+    """Where ``choose`` finds a run's convolution shape classes: traced from its config by the
+    measurement child (``dew.kernel_probe.trainer_convolutions``); None for a model that is not
+    one of ``MEASURED_MODELS`` or no run config."""
+    if config is None or "model" not in config or config.model.get("name") not in MEASURED_MODELS:
+        return None
+    as_dict = json.loads(json.dumps(config.to_dict(), default=str))
+    key = {name: as_dict.get(name) for name in SHAPING_SECTIONS}
+    key["accumulation"] = as_dict.get("train", {}).get("accumulation")
+    return kernel_choice.ShapeSource(
+        "dew.kernel_probe:trainer_convolutions", {"config": as_dict, "workdir": workdir or ""}, key
+    )
+
+
 def start(
     config: Any = None,
     workdir: str | None = None,
@@ -109,13 +145,20 @@ def start(
     present_devices: bool = True,
     processes: distributed.ProcessGroup | None = None,
     detect_processes: bool = True,
+    shapes: kernel_choice.ShapeSource | None = None,
+    recorded: dict | None = None,
+    recorded_in: str = "run.json",
 ) -> Platform:
     """Set up this process from a resolved run config's ``runtime`` section (None: its defaults)
-    and return what was chosen. ``workdir`` places the default compilation cache;
-    ``present_devices=False`` leaves the CPU device count as it is (a reader that samples on
-    one device, as ``python -m dew.sample`` does). ``processes``: the process group to join
-    (``python -m dew.main``'s flags); None reads it from the environment or a cluster JAX
-    detects, unless ``detect_processes=False`` (``distributed.requested``). Raises
+    and return what was chosen. ``workdir`` places the default compilation cache and the kernel
+    choice's cache; ``present_devices=False`` leaves the CPU device count as it is (a reader that
+    samples on one device, as ``python -m dew.sample`` does). ``processes``: the process group to
+    join (``python -m dew.main``'s flags); None reads it from the environment or a cluster JAX
+    detects, unless ``detect_processes=False`` (``distributed.requested``). ``shapes``: where the
+    run's convolution shapes come from (default: ``run_shapes``); ``recorded``: the kernel decision
+    a resumed run recorded (``run.json``'s ``kernels``), kept for settings left at ``auto``. In a
+    process group nothing is measured (each process would time its own machine and might choose
+    differently): the recorded decision, a forced one, or the CPU-flag rule. Raises
     ValueError for a setting this machine cannot honour (e.g. ``cpu_convolutions='eigen'`` on an
     XLA without the flag), naming the key; ``distributed.ProcessGroupError`` (a ValueError) for
     a process group that cannot be formed, and ``ConfigError`` for ``config.mesh.devices`` that
@@ -135,13 +178,30 @@ def start(
         local = [size // count_of for size in _batch_sizes(config or {}) if size % count_of == 0]
         count = host_devices.host_device_count(section["host_devices"], local)
         presented = host_devices.present_host_devices(count)
-    convolutions = cpu_convolutions.route_convolutions(section["cpu_convolutions"])
-    choice = cpu_convolutions.weight_gradient_choice()
-    kernels.set_choice(choice)
     directory = compilation_cache.cache_directory(section["compilation_cache"], workdir)
+    decision = None
+    if host_devices.backend_started():  # XLA read its flags already: nothing can change now
+        convolutions = cpu_convolutions.route_convolutions(section["cpu_convolutions"])
+        choice = cpu_convolutions.weight_gradient_choice()
+    else:
+        devices = host_devices.flagged_count(os.environ.get("XLA_FLAGS", "")) or 1
+        decision = kernel_choice.choose(
+            section["cpu_convolutions"],
+            section.get("cpu_weight_gradient", "auto"),
+            shapes=None if processes is not None else shapes or run_shapes(config, workdir),
+            devices=devices,
+            cache=kernel_choice.cache_path(directory, workdir),
+            recorded=recorded,
+            recorded_in=recorded_in,
+            log=lambda line: print(f"dew: {line}", flush=True),
+        )
+        convolutions = cpu_convolutions.route_convolutions(decision.library)
+        choice = decision.kernel_choice()
+    kernels.set_choice(choice)
+    kernel_choice.set_applied(decision)
     if directory is not None:
         compilation_cache.enable_compilation_cache(directory)
-    return Platform(presented, convolutions, choice, directory, processes)
+    return Platform(presented, convolutions, choice, directory, processes=processes, decision=decision)
 
 
 __all__ = ["CONFIG", "Platform", "start"]

@@ -81,6 +81,9 @@ class Objective(abc.ABC):
     """
 
     input_spec: InputSpec
+    #: The compute dtypes (``config.precision.compute``) the objective applies its network in;
+    #: the Trainer refuses any other before building anything.
+    precisions: tuple[str, ...] = ("float32",)
 
     # --- config ---------------------------------------------------------------------------------
     @classmethod

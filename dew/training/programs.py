@@ -20,6 +20,7 @@ from dew.averaging.ema import EMASpec
 from dew.runtime.precompile import BackgroundCompile, abstract_like
 from dew.training.calls import MultiStep, SingleStep
 from dew.training.objective import Objective
+from dew.training.precision import Precision
 from dew.training.sharding import Layout
 from dew.training.state import TrainState, num_updates
 from dew.training.steps import abstract_state, make_eval, make_init, make_multi_step, make_step
@@ -46,14 +47,16 @@ class Programs:
         accumulation: int = 1,
         steps_per_call: int = 1,
         places_ahead: bool = False,
+        precision: Precision | None = None,
     ):
         self.layout, self.example_batch, self.places_ahead = layout, example_batch, places_ahead
         averages = as_averages(averages)
-        init = make_init(objective, optimizer, averages, accumulation=accumulation)
+        pieces = dict(accumulation=accumulation, precision=precision)
+        init = make_init(objective, optimizer, averages, **pieces)
         self.abstract = abstract_state(init, example_batch)
         self.state_shardings = layout.state_shardings(self.abstract)
         self.init = layout.jit_init(init, self.abstract)
-        step = make_step(objective, optimizer, averages, accumulation=accumulation)
+        step = make_step(objective, optimizer, averages, **pieces)
         self.step = layout.jit_step(step, self.abstract)
         self.multi_step = None
         if steps_per_call > 1:

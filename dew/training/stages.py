@@ -23,13 +23,13 @@ from dew.tracking.media import artifact_files, write_atomically
 from dew.tracking.trackers import LoggingCategory, Tracker
 from dew.training.evaluation import Evaluation, evaluate
 from dew.training.metrics import DeviceSums
-from dew.training.names import EVAL_LOSS, LOSS, NONFINITE_FLAG
+from dew.training.names import EVAL_LOSS, LOSS, LOSS_SCALE_OVERFLOWS, NONFINITE_FLAG
 from dew.training.objective import Objective, check_artifact
 from dew.training.stage import Stage, StepContext, next_multiple
 from dew.training.state import TrainState, num_updates
 
 #: Step statistics that are counts: summed over a logging window, not averaged.
-COUNTED = frozenset({NONFINITE_FLAG})
+COUNTED = frozenset({NONFINITE_FLAG, LOSS_SCALE_OVERFLOWS})
 
 
 class MetricsStage(Stage):

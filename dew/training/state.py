@@ -32,6 +32,8 @@ class TrainState:
                the micro-batches per update, the tracked leaves). ``make_init`` sets it from the
                run's ``EMASpec``; the step passes it through; a checkpoint stores it in its
                ``extra`` item, so ``restore_ema`` debiases from ``ema_params`` + ``extra`` alone.
+    loss_scale: ``None``, or under a dynamic loss scale (``dew.training.precision``) its state
+               ``{"scale": f32[], "good_steps": i32[]}``, checkpointed in ``extra`` beside the step.
     """
 
     step: jax.Array
@@ -42,6 +44,7 @@ class TrainState:
     pending: Params | None = None
     power_ema: tuple[Params, ...] | None = None
     ema_law: dict[str, jax.Array] | None = None
+    loss_scale: dict[str, jax.Array] | None = None
 
     def check(self) -> None:
         """Stage-boundary assertions: cheap, shape/dtype only, safe outside jit."""
@@ -57,6 +60,11 @@ class TrainState:
         if self.ema_law is not None:
             chex.assert_shape([self.ema_law[k] for k in ("decay", "half_life", "ramp_up")], (2,))
             chex.assert_shape(self.ema_law["accumulation"], ())
+        if self.loss_scale is not None:
+            chex.assert_shape([self.loss_scale["scale"], self.loss_scale["good_steps"]], ())
+            chex.assert_type(
+                [self.loss_scale["scale"], self.loss_scale["good_steps"]], [jnp.float32, jnp.int32]
+            )
 
 
 def num_updates(step: jax.Array | int, accumulation: int = 1) -> jax.Array | int:

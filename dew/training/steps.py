@@ -17,8 +17,9 @@ import optax
 from dew.averaging.averager import Averages, as_averages
 from dew.averaging.ema import EMASpec
 from dew.averaging.power_ema import PowerEMA
-from dew.training.names import GRAD_NORM, LOSS, NONFINITE_FLAG
+from dew.training.names import GRAD_NORM, LOSS, LOSS_SCALE, LOSS_SCALE_OVERFLOWS, NONFINITE_FLAG
 from dew.training.objective import Objective, Step
+from dew.training.precision import Precision
 from dew.training.state import TrainState, num_updates
 
 Batch = Mapping[str, jax.Array]
@@ -44,11 +45,12 @@ def make_init(
     *,
     accumulation: int = 1,
     power_ema: PowerEMA | None = None,
+    precision: Precision | None = None,
 ) -> Callable[[jax.Array, Batch], TrainState]:
     """``init(rng, batch) -> TrainState``: fresh params, optimizer state, every average's initial
     tree (``ema``: the run's ``Averages``, or an ``EMASpec`` with ``power_ema`` beside it; the
-    classic EMA zero, its law in ``ema_law``, the power-EMA slots zero) and (with
-    ``accumulation`` > 1) zero pending gradient sums."""
+    classic EMA zero, its law in ``ema_law``, the power-EMA slots zero), (with ``accumulation``
+    > 1) zero pending gradient sums and (with a dynamic loss scale) its starting state."""
     _check_accumulation(accumulation)
     averages = as_averages(ema, power_ema)
 
@@ -64,6 +66,7 @@ def make_init(
             rng=run_rng,
             pending=pending,
             **averages.init(params, accumulation),
+            loss_scale=None if precision is None else precision.init_state(),
         )
 
     return init
@@ -76,6 +79,7 @@ def make_step(
     *,
     accumulation: int = 1,
     power_ema: PowerEMA | None = None,
+    precision: Precision | None = None,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Stats]]:
     """``step(state, batch) -> (state, stats)``: one batch of gradients, and when it completes
     ``accumulation`` micro-batches, one optimizer update and one EMA update.
@@ -88,19 +92,30 @@ def make_step(
     parameters as they stand, so ``state.step // accumulation`` stays the EMA's update count.
     Every average of ``ema`` (``Averages``; or an ``EMASpec`` with ``power_ema`` beside it)
     updates at once.
+
+    With a loss scale (``precision``, float16) the loss is differentiated times the scale and the
+    gradients divided by it, in float32. Under a dynamic scale an update whose loss is finite but
+    whose gradients overflowed is skipped like a non-finite one but flagged in
+    ``stats["loss_scale_overflows"]`` instead (the scale backs off; the non-finite policy is not
+    asked); ``stats["loss_scale"]`` is the scale the step used.
     """
     _check_accumulation(accumulation)
     k = accumulation
     averages = as_averages(ema, power_ema)
+    scaled = precision is not None and precision.loss_scale != "none"
 
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, Stats]:
         rng, step_rng = jax.random.split(state.rng)
-        grad_fn = jax.value_and_grad(objective.loss, has_aux=True)
         index = num_updates(state.step, k)
         # The objective's constraint (identity by default): the loss is differentiated at, and
         # the update applied to, the projected parameters (EDM2's forced weight normalisation).
         current = objective.project(state.params)
-        (loss, (stats, _aux)), grads = grad_fn(current, step_rng, batch, Step(index=index))
+        if scaled:
+            scale = precision.current_scale(state.loss_scale)
+            loss, stats, grads = _scaled_gradients(objective, scale, current, step_rng, batch, index)
+        else:
+            grad_fn = jax.value_and_grad(objective.loss, has_aux=True)
+            (loss, (stats, _aux)), grads = grad_fn(current, step_rng, batch, Step(index=index))
         grad_norm = global_norm(grads)
         # The one check: a NaN or inf anywhere in the gradients makes their norm non-finite.
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
@@ -142,9 +157,31 @@ def make_step(
             **averaged,
         )
         skipped = jnp.logical_not(finite).astype(jnp.int32)
-        return new_state, {**stats, LOSS: loss, GRAD_NORM: grad_norm, NONFINITE_FLAG: skipped}
+        if not scaled:
+            return new_state, {**stats, LOSS: loss, GRAD_NORM: grad_norm, NONFINITE_FLAG: skipped}
+        stats = {**stats, LOSS: loss, GRAD_NORM: grad_norm, LOSS_SCALE: scale}
+        if precision.dynamic:  # an overflow at a finite loss is the scale's business, not a failure
+            overflow = jnp.isfinite(loss) & jnp.logical_not(finite)
+            new_state = new_state.replace(loss_scale=precision.next_state(state.loss_scale, finite))
+            stats[LOSS_SCALE_OVERFLOWS] = overflow.astype(jnp.int32)
+            skipped = jnp.logical_not(jnp.isfinite(loss)).astype(jnp.int32)
+        return new_state, {**stats, NONFINITE_FLAG: skipped}
 
     return step
+
+
+def _scaled_gradients(
+    objective: Objective, scale: jax.Array, params: Any, rng: jax.Array, batch: Batch, index: jax.Array
+) -> tuple[jax.Array, Stats, Any]:
+    """The loss, its statistics and d(loss)/d(params), differentiated as scale × loss (so float16
+    gradients inside the network stay above its subnormals) and divided by the scale in float32."""
+
+    def scaled_loss(p: Any) -> tuple[jax.Array, tuple[jax.Array, Stats]]:
+        loss, (stats, _aux) = objective.loss(p, rng, batch, Step(index=index))
+        return loss * scale, (loss, stats)
+
+    (_, (loss, stats)), grads = jax.value_and_grad(scaled_loss, has_aux=True)(params)
+    return loss, stats, jax.tree.map(lambda g: g / scale, grads)
 
 
 def make_multi_step(

@@ -18,7 +18,7 @@ from dew.checkpointing.checkpoints import Checkpoints
 from dew.checkpointing.restore import RestorePolicy
 from dew.checkpointing.run_history import record_start
 from dew.checkpointing.settings import checkpoint_settings
-from dew.runtime import distributed
+from dew.runtime import distributed, kernel_choice
 from dew.runtime.precompile import BackgroundCompile
 from dew.schema import ConfigError
 from dew.tracking.console import Progress
@@ -28,6 +28,7 @@ from dew.training.loop import Stage, fit
 from dew.training.nonfinite import NonFiniteGuard
 from dew.training.objective import Objective
 from dew.training.parameter_table import report_parameters
+from dew.training.precision import from_config as precision_from_config
 from dew.training.preemption import PreemptionStage
 from dew.training.profile import ProfileWindow
 from dew.training.programs import Programs, debiased_ema
@@ -63,6 +64,13 @@ class Trainer:
         )
         self.train_data, self.val_data = datasets(c, self.layout, self.train_source, self.val_source)
         self.objective: Objective = build_objective(c, self.train_source)
+        self.precision = precision_from_config(c.precision)
+        if c.precision.compute not in self.objective.precisions:
+            raise ConfigError(
+                f"config.precision.compute={c.precision.compute!r} is invalid for config.objective.name="
+                f"{c.objective.name!r}: {type(self.objective).__name__} computes in "
+                f"{self.objective.precisions}"
+            )
         self.optimizer = make_optimizer(c)
         self.averages = Averages.from_config(c)  # the classic EMA and, when configured, the power EMA
         self.ema, self.power_ema = self.averages.spec, self.averages.power
@@ -89,6 +97,7 @@ class Trainer:
                 accumulation=self.accumulation,
                 steps_per_call=c.train.steps_per_call,
                 places_ahead=bool(self.train_data.prefetch) or jax.process_count() > 1,
+                precision=self.precision,
             )
         except (ValueError, TypeError) as e:  # e.g. a convolutional model given 2D points
             raise ConfigError(
@@ -168,7 +177,15 @@ class Trainer:
         # The EMA law this run's step applies (the checkpoint's, or none for one written before
         # states carried it): what its own saves then store beside the EMA.
         law = self.averages.ema.law(self.programs.abstract.params, self.accumulation)
-        return state.replace(ema_law=jax.device_put(law, self.programs.state_shardings.ema_law))
+        state = state.replace(ema_law=jax.device_put(law, self.programs.state_shardings.ema_law))
+        # A checkpoint written under another precision policy: this run's dynamic loss scale
+        # starts afresh where the checkpoint has none, and one this run does not use is dropped.
+        if self.programs.abstract.loss_scale is None:
+            return state.replace(loss_scale=None)
+        if state.loss_scale is None:
+            scale = jax.device_put(self.precision.init_state(), self.programs.state_shardings.loss_scale)
+            state = state.replace(loss_scale=scale)
+        return state
 
     @property
     def restored_step(self) -> int | None:
@@ -288,6 +305,9 @@ class Trainer:
             store.close()
         if jax.process_index() == 0:
             extra = {"ema": self.ema_record}
+            recorded_kernels = kernel_choice.applied_record()
+            if recorded_kernels is not None:  # what a resume keeps (dew.runtime.kernel_choice)
+                extra["kernels"] = recorded_kernels
             record_start(
                 self.workdir, self.config.to_dict(), start, processes=jax.process_count(), extra=extra
             )

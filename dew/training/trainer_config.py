@@ -19,6 +19,7 @@ from dew.runtime import platform as runtime_platform
 from dew.schema import ConfigError, Key, Section, at_least, resolve
 from dew.tracking import trackers as trackers_lib
 from dew.training import learning_rate, sharding
+from dew.training import precision as precision_lib
 from dew.training.nonfinite import POLICIES as NONFINITE_POLICIES
 from dew.training.objective import MODEL_CONFIG, OBJECTIVE_CONFIG
 from dew.training.profile import CONFIG as PROFILE_CONFIG
@@ -176,6 +177,7 @@ def config_schema() -> Section:
             "optimizer": OPTIMIZER_CONFIG,
             "ema": ema_lib.CONFIG,
             "train": TRAIN_CONFIG,
+            "precision": precision_lib.CONFIG,
             "mesh": sharding.CONFIG,
             "runtime": runtime_platform.CONFIG,
             "checkpoint": checkpoint_config.CONFIG,

@@ -1,0 +1,301 @@
+"""The measured kernel choice (``dew.runtime.kernel_choice``): the fastest candidate is kept, the
+decision is cached and reused (a second start measures nothing), the cache key follows the CPU,
+jaxlib and the shapes, a forced setting overrides the cache, a resumed run keeps what it recorded,
+an accelerator measures nothing; and one real measurement child on a tiny convolution."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from conftest import ROOT
+
+from dew import kernels
+from dew.runtime import cpu_convolutions, host_devices, kernel_choice
+from dew.runtime.kernel_choice import Decision, ShapeSource, choose
+
+CPU = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+BIG, SMALL = [32, 32, 64, 64, 3, 1], [8, 8, 32, 32, 3, 1]
+SHAPES = {"batch": 64, "convolutions": [[*BIG, 4], [*SMALL, 10]]}
+# Seconds per call of forward + gradients, by library (what the child reads off XLA_FLAGS).
+TIMES = {
+    "ynnpack": {
+        json.dumps(BIG): {"xla": 0.90, "per_tap": 0.20},
+        json.dumps(SMALL): {"xla": 0.010, "per_tap": 0.012},
+    },
+    "eigen": {
+        json.dumps(BIG): {"xla": 0.10, "per_tap": 0.16},
+        json.dumps(SMALL): {"xla": 0.004, "per_tap": 0.006},
+    },
+}
+SOURCE = ShapeSource("tests.nowhere:shapes", {}, {"model": "songunet", "batch": 64})
+
+
+class Children:
+    """A stand-in for the measurement children: answers from SHAPES and TIMES, counts the calls."""
+
+    def __init__(self, times=TIMES, shapes=SHAPES):
+        self.calls: list[tuple[str, str]] = []
+        self.times, self.shapes = times, shapes
+
+    def __call__(self, mode, payload, environment):
+        library = cpu_convolutions.library_in_flags(environment.get("XLA_FLAGS", "")) or "ynnpack"
+        self.calls.append((mode, library))
+        if mode == "shapes":
+            return self.shapes
+        assert payload["batch"] == self.shapes["batch"]
+        return {"times": {c: self.times[library][c] for c in map(json.dumps, payload["convolutions"])}}
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """This jaxlib knows the Eigen route; the CPU and jaxlib are named as the test says."""
+    monkeypatch.setattr(cpu_convolutions, "xla_knows_the_flag", lambda: True)
+    monkeypatch.setattr(kernel_choice, "cpu_model", lambda: "Test CPU (family 1, model 1, 2 cores)")
+    monkeypatch.setattr(kernel_choice, "jaxlib_version", lambda: "0.10.2")
+    return monkeypatch
+
+
+def auto(cache, children, **kw):
+    return choose(
+        "auto", "auto", shapes=SOURCE, devices=2, cache=str(cache), runner=children, environ=CPU, **kw
+    )
+
+
+def test_the_fastest_is_kept_and_handed_to_the_layers(machine, tmp_path):
+    children = Children()
+    decision = auto(tmp_path / "k.json", children)
+    # eigen: 4·0.10 + 10·0.004 = 0.44 s against ynnpack's 4·0.20 + 10·0.010 = 0.90 s; under eigen
+    # XLA's gradient is the faster for both classes, so none is per-tap.
+    assert decision.library == "eigen" and decision.per_tap == frozenset()
+    assert "measured" in decision.how and "eigen 440 ms" in decision.how and "ynnpack 900 ms" in decision.how
+    assert children.calls == [("shapes", "ynnpack"), ("time", "ynnpack"), ("time", "eigen")]
+    # With YNNPACK faster overall, its per-tap class is kept where it won (BIG: 0.20 < 0.90).
+    slow_eigen = {
+        "ynnpack": TIMES["ynnpack"],
+        "eigen": {c: {g: 10 * t for g, t in r.items()} for c, r in TIMES["eigen"].items()},
+    }
+    decision = auto(tmp_path / "other.json", Children(slow_eigen))
+    assert decision.library == "ynnpack" and decision.per_tap == frozenset({tuple(BIG)})
+    previous = kernels.current()
+    try:
+        kernels.set_choice(decision.kernel_choice())
+        assert kernels.per_tap_weight_gradient(32 * 32, tuple(BIG))
+        assert not kernels.per_tap_weight_gradient(8 * 8, tuple(SMALL))
+        assert not kernels.per_tap_weight_gradient(32 * 32, (32, 32, 64, 32, 3, 1))  # not measured: XLA's
+    finally:
+        kernels.set_choice(previous)
+
+
+def test_within_the_margin_the_default_stays():
+    counts = {json.dumps(SMALL): 1}
+    near = {
+        "ynnpack": {json.dumps(SMALL): {"xla": 1.0, "per_tap": 0.99}},
+        "eigen": {json.dumps(SMALL): {"xla": 0.99, "per_tap": 1.0}},
+    }
+    assert kernel_choice.decide(near, counts, ("ynnpack", "eigen"), ("xla", "per_tap"))[:2] == (
+        "ynnpack",
+        frozenset(),
+    )
+
+
+def test_the_decision_is_cached_and_a_second_start_measures_nothing(machine, tmp_path):
+    cache = tmp_path / "cache" / "kernel_choice.json"
+    first = auto(cache, Children())
+    children = Children()
+    second = auto(cache, children)
+    assert children.calls == []
+    assert (second.library, second.per_tap) == (first.library, first.per_tap)
+    assert second.how.startswith(f"cached from {cache}")
+    stored = json.loads(cache.read_text())
+    (entry,) = stored["decisions"].values()
+    assert entry["cpu"].startswith("Test CPU") and entry["jaxlib"] == "0.10.2" and entry["devices"] == 2
+    assert entry["counts"] == {json.dumps(BIG): 4, json.dumps(SMALL): 10}
+
+
+@pytest.mark.parametrize("change", ["cpu", "jaxlib", "shapes", "devices"])
+def test_the_cache_key_follows_cpu_jaxlib_and_shapes(machine, tmp_path, change):
+    cache = tmp_path / "k.json"
+    auto(cache, Children())
+    children, devices, source = Children(), 2, SOURCE
+    if change == "cpu":
+        machine.setattr(kernel_choice, "cpu_model", lambda: "Other CPU (family 2, model 9, 2 cores)")
+    elif change == "jaxlib":
+        machine.setattr(kernel_choice, "jaxlib_version", lambda: "0.10.3")
+    elif change == "shapes":  # another batch: the network traces to other shapes
+        source = ShapeSource(SOURCE.function, {}, {"model": "songunet", "batch": 32})
+        children = Children(shapes={**SHAPES, "batch": 32})
+    else:
+        devices = 1
+    choose("auto", "auto", shapes=source, devices=devices, cache=str(cache), runner=children, environ=CPU)
+    measured = [mode for mode, _ in children.calls]
+    # A new CPU or jaxlib measures again with the same traced shapes (jaxlib also re-traces them);
+    # a new shape source traces and measures.
+    assert measured.count("time") == 2, children.calls
+    assert ("shapes" in measured) == (change in ("jaxlib", "shapes", "devices"))
+    assert len(json.loads(cache.read_text())["decisions"]) == 2
+    key = kernel_choice.decision_key
+    assert key("a", "1", 2, 64, [BIG]) != key("b", "1", 2, 64, [BIG]) != key("a", "2", 2, 64, [BIG])
+    assert key("a", "1", 2, 64, [BIG]) != key("a", "1", 2, 64, [SMALL]) != key("a", "1", 2, 32, [SMALL])
+
+
+def test_a_forced_choice_overrides_the_cache(machine, tmp_path):
+    cache = tmp_path / "k.json"
+    assert auto(cache, Children()).library == "eigen"
+    children = Children()
+    forced = choose(
+        "ynnpack", "xla", shapes=SOURCE, devices=2, cache=str(cache), runner=children, environ=CPU
+    )
+    assert (forced.library, forced.per_tap, forced.how) == ("ynnpack", frozenset(), "forced by config")
+    # The library forced, the gradient measured: YNNPACK's cached times decide the classes.
+    half = choose("ynnpack", "auto", shapes=SOURCE, devices=2, cache=str(cache), runner=children, environ=CPU)
+    assert (half.library, half.per_tap) == ("ynnpack", frozenset({tuple(BIG)})) and "cached" in half.how
+    every = choose(
+        "auto", "per_tap", shapes=SOURCE, devices=2, cache=str(cache), runner=children, environ=CPU
+    )
+    assert every.library == "eigen" and every.kernel_choice().per_tap_weight_gradient_from == 1
+    assert children.calls == []
+    # XLA_FLAGS naming the library wins over the config.
+    flagged = {**CPU, "XLA_FLAGS": f"{CPU['XLA_FLAGS']} {cpu_convolutions.EIGEN_ROUTE}"}
+    assert (
+        choose(
+            "ynnpack", "xla", shapes=SOURCE, devices=2, cache=None, runner=children, environ=flagged
+        ).library
+        == "eigen"
+    )
+
+
+def test_a_resumed_run_keeps_its_recorded_choice(machine, tmp_path):
+    cache = tmp_path / "k.json"
+    auto(cache, Children())  # the cache now says eigen, no per-tap class
+    recorded = Decision("ynnpack", frozenset({tuple(SMALL)}), "measured").record()
+    children = Children()
+    resumed = auto(cache, children, recorded=json.loads(json.dumps(recorded)), recorded_in="/w/run.json")
+    assert (resumed.library, resumed.per_tap) == ("ynnpack", frozenset({tuple(SMALL)}))
+    assert resumed.how == "recorded with the run's checkpoints in /w/run.json" and children.calls == []
+    told = choose(
+        "eigen",
+        "xla",
+        shapes=SOURCE,
+        devices=2,
+        cache=str(cache),
+        recorded=recorded,
+        runner=children,
+        environ=CPU,
+    )
+    assert (told.library, told.per_tap) == ("eigen", frozenset())  # told otherwise: the config wins
+
+
+def test_an_accelerator_measures_nothing(machine, tmp_path):
+    children = Children()
+    decision = choose(
+        "auto",
+        "auto",
+        shapes=SOURCE,
+        devices=1,
+        cache=str(tmp_path / "k.json"),
+        runner=children,
+        environ={"JAX_PLATFORMS": "cuda"},
+    )
+    assert children.calls == [] and decision.library == "ynnpack" and "not the CPU" in decision.how
+    assert not (tmp_path / "k.json").exists()
+    assert not kernel_choice.cpu_backend_expected({"JAX_PLATFORMS": "tpu,cpu"})
+    assert kernel_choice.cpu_backend_expected({"JAX_PLATFORMS": "cpu"})
+
+
+def test_start_measures_once_records_and_resumes(machine, tmp_path):
+    """``dew.runtime.start`` with a SongUNet run config: the choice is applied to the layers and
+    ready for run.json; the second start in the workdir reads the cache; the record resumes."""
+    from ml_collections import ConfigDict
+
+    from dew.runtime import platform
+
+    children = Children()
+    machine.setattr(kernel_choice, "run_probe", children)
+    machine.setattr(host_devices, "backend_started", lambda: False)
+    machine.setattr(cpu_convolutions, "_backend_started", lambda: False)
+    machine.setenv("XLA_FLAGS", CPU["XLA_FLAGS"])
+    machine.setenv("JAX_PLATFORMS", "cpu")
+    machine.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    machine.delenv(kernel_choice.BY_RULE_VARIABLE, raising=False)  # the suite's own setting
+    config = ConfigDict(
+        {
+            "runtime": {
+                "host_devices": 0,
+                "cpu_convolutions": "auto",
+                "cpu_weight_gradient": "auto",
+                "compilation_cache": "off",
+            },
+            "model": {"name": "songunet", "model_channels": 32},
+            "dataset": {"name": "digits", "batch_size": 64},
+            "train": {"accumulation": 1},
+        }
+    )
+    previous, applied = kernels.current(), kernel_choice._applied
+    try:
+        first = platform.start(config, str(tmp_path))
+        assert first.convolutions == "eigen" and first.decision.library == "eigen"
+        assert os.environ["XLA_FLAGS"].endswith(cpu_convolutions.EIGEN_ROUTE)
+        assert kernels.current().per_tap_convolutions == frozenset()
+        assert any(line.startswith("kernel choice: convolutions on eigen") for line in first.lines())
+        record = kernel_choice.applied_record()
+        assert (
+            record["library"] == "eigen" and record["per_tap"] == [] and record["cpu"].startswith("Test CPU")
+        )
+        assert (tmp_path / "cache" / kernel_choice.CACHE_FILE).exists()
+        calls = len(children.calls)
+        machine.setenv("XLA_FLAGS", CPU["XLA_FLAGS"])
+        second = platform.start(config, str(tmp_path))
+        assert len(children.calls) == calls and second.decision.how.startswith("cached from")
+        machine.setenv("XLA_FLAGS", CPU["XLA_FLAGS"])
+        resumed = platform.start(config, str(tmp_path), recorded={"library": "ynnpack", "per_tap": [BIG]})
+        assert resumed.convolutions == "ynnpack" and "recorded" in resumed.decision.how
+        assert kernels.current().per_tap_convolutions == frozenset({tuple(BIG)})
+        assert len(children.calls) == calls
+    finally:
+        kernels.set_choice(previous)
+        kernel_choice.set_applied(applied)
+
+
+def test_asked_not_to_measure_the_cpu_flag_rule_is_taken_and_named(machine, tmp_path):
+    """``DEW_KERNELS_BY_RULE=1`` (this suite sets it for every run it starts): no child runs, the
+    rule decides, and the line says why; a forced setting still wins."""
+    children = Children()
+    environ = {**CPU, kernel_choice.BY_RULE_VARIABLE: "1"}
+    cache = tmp_path / "cache.json"
+    ruled = choose(
+        "auto", "auto", shapes=SOURCE, devices=2, cache=str(cache), runner=children, environ=environ
+    )
+    assert children.calls == [] and not cache.exists()
+    assert ruled.how == f"CPU-flag rule: {kernel_choice.BY_RULE_VARIABLE}=1 asks for no measurement"
+    forced = choose("eigen", "xla", shapes=SOURCE, devices=2, cache=None, runner=children, environ=environ)
+    assert (forced.library, forced.how) == ("eigen", "forced by config") and children.calls == []
+
+
+def test_one_real_measurement_child(tmp_path):
+    """A real child: both weight gradients of a tiny convolution are timed, on 2 CPU devices."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    answer = kernel_choice.run_probe("time", {"batch": 4, "convolutions": [[6, 6, 3, 5, 3, 1]]}, env)
+    (row,) = answer["times"].values()
+    assert set(row) == {"xla", "per_tap"} and all(0 < t < 10 for t in row.values())
+    assert list(answer["times"]) == [json.dumps([6, 6, 3, 5, 3, 1])]
+
+
+def test_the_layers_report_their_shape_classes():
+    """``record_convolutions`` sees every k×k convolution the EDM layers trace, with its uses."""
+    import haiku as hk
+    import jax
+    import jax.numpy as jnp
+
+    from dew.networks import edm_layers
+
+    def net(x):
+        x = edm_layers.Conv2d(4, 3, name="a")(x)
+        x = edm_layers.Conv2d(4, 3, name="b")(x)
+        return edm_layers.Conv2d(2, 1, name="c")(x)  # 1×1: a matmul, no convolution
+
+    with kernels.record_convolutions() as seen:
+        jax.eval_shape(hk.transform(net).init, jax.random.PRNGKey(0), jnp.zeros((2, 5, 5, 3)))
+    assert dict(seen) == {(5, 5, 3, 4, 3, 1): 1, (5, 5, 4, 4, 3, 1): 1}
