@@ -24,7 +24,7 @@ import json
 import os
 import shutil
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +44,10 @@ class PowerEMA:
 
     std_rels: tuple[float, ...]
     snapshot_every: int
+    #: Where its slots live (``dew.averaging.averager.FIELDS``): ``TrainState.power_ema``, item ``power_ema``.
+    field: ClassVar[str] = "power_ema"
+    item: ClassVar[str] = "power_ema"
+    name: ClassVar[str] = "power_ema"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "std_rels", posthoc_ema.parse_std_rels(self.std_rels, "std_rels"))
@@ -68,6 +72,15 @@ class PowerEMA:
             posthoc_ema.power_update(slot, params, gamma, n)
             for slot, gamma in zip(slots, self.gammas, strict=True)
         )
+
+    def read(self, slots: tuple[Params, ...], n: jax.Array | int = 1) -> list[tuple[Params, str]]:
+        """Every profile's slot as it stands (a power EMA needs no debiasing: β_γ(1) = 0), named
+        by its snapshot item (``std_rel_0.050``)."""
+        return [(slot, item_name(s)) for slot, s in zip(slots, self.std_rels, strict=True)]
+
+    def record(self, params: Params = None, accumulation: int = 1) -> dict[str, Any]:
+        """The profiles and snapshot cadence, as JSON."""
+        return {"std_rels": list(self.std_rels), "snapshot_every": int(self.snapshot_every)}
 
 
 def power_ema_from_config(c: Any) -> PowerEMA | None:

@@ -26,6 +26,8 @@ import jax
 import numpy as np
 from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
+from dew.averaging.averager import FIELDS as AVERAGE_FIELDS
+from dew.averaging.averager import LAW_EXTRA_KEY, LAW_FIELD
 from dew.training.state import TrainState
 
 #: The state items, in the order they are written.
@@ -41,37 +43,45 @@ FORMAT = "dew-checkpoint/1"
 
 def items_from_state(state: Any) -> dict[str, Any]:
     """``state``'s fields as checkpoint items (``pending`` only when set). ``state`` may be a
-    TrainState of arrays, of ``ShapeDtypeStruct`` (a template) or of None fields."""
+    TrainState of arrays, of ``ShapeDtypeStruct`` (a template) or of None fields.
+
+    The averages follow one rule (``dew.averaging.averager.FIELDS``): each averager's tree is
+    the item it names (the classic EMA's, ``ema_params``, always written; the power EMA's,
+    ``power_ema``, only when the run tracks one), and the classic EMA's law goes in
+    ``extra["ema"]`` (what restore_ema needs besides ema_params, ``ema.law``)."""
     items = {
         "params": state.params,
         "opt_state": state.opt_state,
-        "ema_params": state.ema,
         "extra": {"step": state.step, "rng": state.rng},
     }
-    if state.ema_law is not None:  # what restore_ema needs besides ema_params (``ema.law``)
-        items["extra"]["ema"] = state.ema_law
+    for field, item in AVERAGE_FIELDS:
+        tree = getattr(state, field)
+        if tree is not None or item == "ema_params":
+            items[item] = tree
+    if getattr(state, LAW_FIELD) is not None:
+        items["extra"][LAW_EXTRA_KEY] = getattr(state, LAW_FIELD)
     if getattr(state, "loss_scale", None) is not None:  # a dynamic loss scale (dew.training.precision)
         items["extra"]["loss_scale"] = state.loss_scale
     if state.pending is not None:
         items["pending"] = state.pending
-    if state.power_ema is not None:  # post-hoc EMA slots, only when the run tracks them
-        items["power_ema"] = state.power_ema
-    return items
+    return {name: items[name] for name in STATE_ITEMS if name in items}
 
 
 def state_from_items(items: Mapping[str, Any]) -> TrainState:
     """The TrainState the items describe; an absent item is an unset (None) field."""
     extra = items.get("extra") or {}
+    averages = {field: items.get(item) for field, item in AVERAGE_FIELDS}
+    if averages["power_ema"] is not None:  # orbax gives a tuple back as a list
+        averages["power_ema"] = tuple(averages["power_ema"])
     return TrainState(
         step=extra.get("step"),
         params=items.get("params"),
         opt_state=items.get("opt_state"),
-        ema=items.get("ema_params"),
         rng=extra.get("rng"),
         pending=items.get("pending"),
-        power_ema=None if items.get("power_ema") is None else tuple(items["power_ema"]),
-        ema_law=extra.get("ema"),
         loss_scale=extra.get("loss_scale"),
+        **averages,
+        **{LAW_FIELD: extra.get(LAW_EXTRA_KEY)},
     )
 
 

@@ -15,8 +15,8 @@ import jax
 import optax
 
 from dew.averaging import ema as ema_lib
+from dew.averaging.averager import Averages, as_averages
 from dew.averaging.ema import EMASpec
-from dew.averaging.power_ema import PowerEMA
 from dew.runtime.precompile import BackgroundCompile, abstract_like
 from dew.training.calls import MultiStep, SingleStep
 from dew.training.objective import Objective
@@ -40,23 +40,23 @@ class Programs:
         self,
         objective: Objective,
         optimizer: optax.GradientTransformation,
-        ema: EMASpec,
+        averages: Averages | EMASpec,
         layout: Layout,
         example_batch: dict[str, Any],
         *,
         accumulation: int = 1,
-        power_ema: PowerEMA | None = None,
         steps_per_call: int = 1,
         places_ahead: bool = False,
         precision: Precision | None = None,
     ):
         self.layout, self.example_batch, self.places_ahead = layout, example_batch, places_ahead
-        pieces = dict(accumulation=accumulation, power_ema=power_ema, precision=precision)
-        init = make_init(objective, optimizer, ema, **pieces)
+        averages = as_averages(averages)
+        pieces = dict(accumulation=accumulation, precision=precision)
+        init = make_init(objective, optimizer, averages, **pieces)
         self.abstract = abstract_state(init, example_batch)
         self.state_shardings = layout.state_shardings(self.abstract)
         self.init = layout.jit_init(init, self.abstract)
-        step = make_step(objective, optimizer, ema, **pieces)
+        step = make_step(objective, optimizer, averages, **pieces)
         self.step = layout.jit_step(step, self.abstract)
         self.multi_step = None
         if steps_per_call > 1:
@@ -64,12 +64,12 @@ class Programs:
             self.multi_step = layout.jit_multi_step(multi, self.abstract, steps_per_call)
         self.steps_per_call = steps_per_call
         self.eval = jax.jit(
-            make_eval(objective, ema, accumulation=accumulation),
+            make_eval(objective, averages, accumulation=accumulation),
             in_shardings=(self.state_shardings, layout.batch_sharding, layout.replicated),
             out_shardings=layout.replicated,
         )
         self.debiased = jax.jit(
-            functools.partial(_debias, spec=ema, accumulation=accumulation),
+            functools.partial(_debias, spec=averages.spec, accumulation=accumulation),
             in_shardings=(self.state_shardings.ema, layout.replicated),
             out_shardings=layout.replicated,
         )

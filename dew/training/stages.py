@@ -14,7 +14,8 @@ from typing import Any
 
 import jax
 
-from dew.averaging.power_ema import PowerEMA, PowerEMASnapshots
+from dew.averaging.averager import Averages
+from dew.averaging.power_ema import PowerEMASnapshots
 from dew.checkpointing.checkpoints import Checkpoints
 from dew.data.dataset import Dataset
 from dew.tracking.console import Progress
@@ -253,17 +254,24 @@ class CheckpointStage(Stage):
 
 
 class SnapshotStage(Stage):
-    """Saves ``state.power_ema`` every ``power.snapshot_every`` train steps (and at the end)."""
+    """Saves the averages that keep snapshots (``Averages.power``, EDM2's post-hoc EMA) every
+    ``snapshot_every`` train steps (and at the end): what ``read`` gives of each, by name."""
 
-    def __init__(self, store: PowerEMASnapshots, power: PowerEMA, accumulation: int = 1):
-        self.store, self.power, self.accumulation = store, power, accumulation
-        self.every = power.snapshot_every
+    def __init__(self, store: PowerEMASnapshots, averages: Averages, accumulation: int = 1):
+        if averages.power is None:
+            raise ValueError(
+                "SnapshotStage: the averages keep no power EMA (config.ema.power_std_rels is ())"
+            )
+        self.store, self.averages, self.accumulation = store, averages, accumulation
+        self.every = averages.power.snapshot_every
 
     def run(self, ctx: StepContext) -> None:
         updates = int(num_updates(ctx.step, self.accumulation))
         if updates < 1 or ctx.step in self.store.steps():
             return
-        self.store.save(ctx.step, updates, self.power, ctx.state.power_ema)
+        power = self.averages.power
+        slots = [tree for tree, _ in power.read(getattr(ctx.state, power.field), updates)]
+        self.store.save(ctx.step, updates, power, slots)
 
     def close(self) -> None:
         self.store.close()

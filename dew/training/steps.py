@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dew.averaging import ema as ema_lib
+from dew.averaging.averager import Averages, as_averages
 from dew.averaging.ema import EMASpec
 from dew.averaging.power_ema import PowerEMA
 from dew.training.names import GRAD_NORM, LOSS, LOSS_SCALE, LOSS_SCALE_OVERFLOWS, NONFINITE_FLAG
@@ -41,16 +41,18 @@ def global_norm(tree: Any) -> jax.Array:
 def make_init(
     objective: Objective,
     optimizer: optax.GradientTransformation,
-    ema: EMASpec | None = None,
+    ema: Averages | EMASpec | None = None,
     *,
     accumulation: int = 1,
     power_ema: PowerEMA | None = None,
     precision: Precision | None = None,
 ) -> Callable[[jax.Array, Batch], TrainState]:
-    """``init(rng, batch) -> TrainState``: fresh params, optimizer state, zero EMA (with ``ema``,
-    its law in ``ema_law``), (with ``accumulation`` > 1) zero pending gradient sums, (with
-    ``power_ema``) zero power-EMA slots and (with a dynamic loss scale) its starting state."""
+    """``init(rng, batch) -> TrainState``: fresh params, optimizer state, every average's initial
+    tree (``ema``: the run's ``Averages``, or an ``EMASpec`` with ``power_ema`` beside it; the
+    classic EMA zero, its law in ``ema_law``, the power-EMA slots zero), (with ``accumulation``
+    > 1) zero pending gradient sums and (with a dynamic loss scale) its starting state."""
     _check_accumulation(accumulation)
+    averages = as_averages(ema, power_ema)
 
     def init(rng: jax.Array, batch: Batch) -> TrainState:
         rng = jax.random.key_data(rng) if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) else rng
@@ -61,11 +63,9 @@ def make_init(
             step=jnp.zeros((), jnp.int32),
             params=params,
             opt_state=optimizer.init(params),
-            ema=ema_lib.zeros_like(params, ema),
             rng=run_rng,
             pending=pending,
-            power_ema=None if power_ema is None else power_ema.init(params),
-            ema_law=None if ema is None else ema_lib.law(ema, params, accumulation),
+            **averages.init(params, accumulation),
             loss_scale=None if precision is None else precision.init_state(),
         )
 
@@ -75,7 +75,7 @@ def make_init(
 def make_step(
     objective: Objective,
     optimizer: optax.GradientTransformation,
-    ema: EMASpec,
+    ema: Averages | EMASpec,
     *,
     accumulation: int = 1,
     power_ema: PowerEMA | None = None,
@@ -90,7 +90,8 @@ def make_step(
     ``stats["skipped_updates"]`` (0 or 1); ``fit`` decides whether that stops the run. Skipped or
     not, the step count advances (the batch was consumed) and the EMA takes its update with the
     parameters as they stand, so ``state.step // accumulation`` stays the EMA's update count.
-    The power-EMA slots (``power_ema``, post-hoc EMA) update alongside the EMA.
+    Every average of ``ema`` (``Averages``; or an ``EMASpec`` with ``power_ema`` beside it)
+    updates at once.
 
     With a loss scale (``precision``, float16) the loss is differentiated times the scale and the
     gradients divided by it, in float32. Under a dynamic scale an update whose loss is finite but
@@ -100,10 +101,8 @@ def make_step(
     """
     _check_accumulation(accumulation)
     k = accumulation
+    averages = as_averages(ema, power_ema)
     scaled = precision is not None and precision.loss_scale != "none"
-
-    def update_power(slots: Any, params: Any, n: jax.Array) -> Any:
-        return slots if power_ema is None else power_ema.update(slots, params, n)
 
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, Stats]:
         rng, step_rng = jax.random.split(state.rng)
@@ -130,24 +129,22 @@ def make_step(
             # place; a per-leaf select of new vs old would read every old buffer twice and make
             # XLA copy all of them on every step.
             params, opt_state = jax.lax.cond(finite, apply, lambda _: (current, state.opt_state), grads)
-            new_ema = ema_lib.update(state.ema, params, ema, index + 1)
-            power = update_power(state.power_ema, params, index + 1)
+            averaged = averages.update(state, params, index + 1)
             pending = state.pending
         else:
             total = jax.tree.map(
                 lambda s, g: s + jnp.where(finite, g, jnp.zeros_like(g)), state.pending["grads"], grads
             )
 
-            def update_now() -> tuple[Any, Any, Any, Any, Any]:
+            def update_now() -> tuple[Any, Any, Any, Any]:
                 params, opt_state = apply(jax.tree.map(lambda g: g / k, total))
-                new_ema = ema_lib.update(state.ema, params, ema, index + 1)
-                power = update_power(state.power_ema, params, index + 1)
-                return params, opt_state, new_ema, power, jax.tree.map(jnp.zeros_like, total)
+                averaged = averages.update(state, params, index + 1)
+                return params, opt_state, averaged, jax.tree.map(jnp.zeros_like, total)
 
-            def accumulate() -> tuple[Any, Any, Any, Any, Any]:
-                return state.params, state.opt_state, state.ema, state.power_ema, total
+            def accumulate() -> tuple[Any, Any, Any, Any]:
+                return state.params, state.opt_state, averages.current(state), total
 
-            params, opt_state, new_ema, power, total = jax.lax.cond(
+            params, opt_state, averaged, total = jax.lax.cond(
                 (state.step + 1) % k == 0, update_now, accumulate
             )
             pending = {"grads": total}
@@ -155,10 +152,9 @@ def make_step(
             step=state.step + 1,
             params=params,
             opt_state=opt_state,
-            ema=new_ema,
             rng=rng,
             pending=pending,
-            power_ema=power,
+            **averaged,
         )
         skipped = jnp.logical_not(finite).astype(jnp.int32)
         if not scaled:
@@ -212,16 +208,17 @@ def make_multi_step(
 
 
 def make_eval(
-    objective: Objective, ema: EMASpec, *, accumulation: int = 1
+    objective: Objective, ema: Averages | EMASpec, *, accumulation: int = 1
 ) -> Callable[[TrainState, Batch, jax.Array], Stats]:
     """``eval(state, batch, rng) -> stats`` on the debiased EMA parameters.
 
     The rng is the caller's (a fixed key gives comparable numbers across evaluations); the
     state's own key is not consumed, so evaluating never changes the training trajectory.
     """
+    averages = as_averages(ema)
 
     def evaluate(state: TrainState, batch: Batch, rng: jax.Array) -> Stats:
-        params = ema_lib.debias(state.ema, ema, num_updates(state.step, accumulation))
+        params = averages.evaluated(state, num_updates(state.step, accumulation))
         return objective.evaluate(params, rng, batch)
 
     return evaluate

@@ -12,8 +12,8 @@ import ml_collections
 import numpy as np
 
 from dew import registry
-from dew.averaging import ema as ema_lib
-from dew.averaging.power_ema import SNAPSHOT_DIR, PowerEMASnapshots, power_ema_from_config
+from dew.averaging.averager import Averages
+from dew.averaging.power_ema import SNAPSHOT_DIR, PowerEMASnapshots
 from dew.checkpointing.checkpoints import Checkpoints
 from dew.checkpointing.restore import RestorePolicy
 from dew.checkpointing.run_history import record_start
@@ -72,13 +72,14 @@ class Trainer:
                 f"{self.objective.precisions}"
             )
         self.optimizer = make_optimizer(c)
-        self.ema, self.power_ema = ema_lib.spec_from_config(c.ema), power_ema_from_config(c)
+        self.averages = Averages.from_config(c)  # the classic EMA and, when configured, the power EMA
+        self.ema, self.power_ema = self.averages.spec, self.averages.power
         self.accumulation = c.train.accumulation
         self.programs = self._programs()
         self.init, self.eval = self.programs.init, self.programs.eval
         self.checkpoint_settings = cs = checkpoint_settings(c.checkpoint)
         # Every checkpoint records the EMA it holds, so restore_ema debiases it on its own.
-        self.ema_record = ema_lib.record(self.ema, self.programs.abstract.params, self.accumulation)
+        self.ema_record = self.averages.ema.record(self.programs.abstract.params, self.accumulation)
         self.checkpoints: Checkpoints | None = cs.checkpoints(self.workdir, ema=self.ema_record)  # None: off
         self.restore = RestorePolicy(self.checkpoints, cs, self.workdir, c.to_dict(), c.dataset.batch_size)
         self.extra_trackers = trackers or []
@@ -90,11 +91,10 @@ class Trainer:
             programs = Programs(
                 self.objective,
                 self.optimizer,
-                self.ema,
+                self.averages,
                 self.layout,
                 self.example_batch(),
                 accumulation=self.accumulation,
-                power_ema=self.power_ema,
                 steps_per_call=c.train.steps_per_call,
                 places_ahead=bool(self.train_data.prefetch) or jax.process_count() > 1,
                 precision=self.precision,
@@ -176,7 +176,7 @@ class Trainer:
             return state
         # The EMA law this run's step applies (the checkpoint's, or none for one written before
         # states carried it): what its own saves then store beside the EMA.
-        law = ema_lib.law(self.ema, self.programs.abstract.params, self.accumulation)
+        law = self.averages.ema.law(self.programs.abstract.params, self.accumulation)
         state = state.replace(ema_law=jax.device_put(law, self.programs.state_shardings.ema_law))
         # A checkpoint written under another precision policy: this run's dynamic loss scale
         # starts afresh where the checkpoint has none, and one this run does not use is dropped.
@@ -254,7 +254,7 @@ class Trainer:
                 CheckpointStage(self.checkpoints, self.train_data, c.checkpoint.every, tracker, progress)
             )
         if self.power_ema is not None:
-            stages.append(SnapshotStage(self.power_ema_snapshots(), self.power_ema, self.accumulation))
+            stages.append(SnapshotStage(self.power_ema_snapshots(), self.averages, self.accumulation))
         if c.profile.steps:
             directory = c.profile.directory or os.path.join(self.workdir, "profile")
             stages.append(ProfileWindow(c.profile.steps, directory, warmup=c.profile.warmup))
