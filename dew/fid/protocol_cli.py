@@ -1,0 +1,132 @@
+"""``python -m dew.fid --preset=...`` (the EDM paper's protocol: ``dew.scoring.fid_protocol``) and
+``python -m dew.fid ref`` (reference statistics as NVlabs/edm's ``fid.py ref``:
+``dew.scoring.fid_reference``); see ``dew.fid.cli`` for every mode's flags."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from dew.fid.inputs import FidError, Parser, load_pipeline
+
+
+def _protocol_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The ``--preset`` protocol's flags; a malformed or missing one raises ``FidError``."""
+    from dew.scoring.fid_protocol import PRESETS
+
+    parser = Parser(prog="python -m dew.fid --preset=...", description="the EDM paper's FID protocol")
+    parser.add_argument("--workdir", required=True, help="a dew run (or one converted from NVlabs/edm)")
+    parser.add_argument("--preset", required=True, help=f"the paper's sampler: {', '.join(PRESETS)}")
+    parser.add_argument("--ref", required=True, help="reference statistics .npz (mu, sigma)")
+    parser.add_argument("--outdir", required=True, help="progress, statistics and report go here")
+    parser.add_argument("--num", type=int, default=50_000, help="images to draw (default 50000)")
+    parser.add_argument("--first_seed", type=int, default=0, help="seed of the first image (default 0)")
+    parser.add_argument("--batch", type=int, default=64, help="images per device per step")
+    parser.add_argument("--chunk", type=int, default=1000, help="images per progress record")
+    parser.add_argument("--max_chunks", type=int, help="stop after this many chunks (rerun to continue)")
+    parser.add_argument("--step", type=int, help="the checkpoint (default: the latest)")
+    parser.add_argument("--raw", action="store_true", help="live weights, not the EMA")
+    parser.add_argument("--distributed", action="store_true", help="jax.distributed.initialize() first")
+    parser.add_argument("--weights", default=None, help="converted Inception .npz")
+    parser.add_argument("--allow_unpinned_weights", action="store_true", help="tests only")
+    args = parser.parse_args(argv)
+    for flag, low in (("num", 2), ("first_seed", 0), ("batch", 1), ("chunk", 1), ("max_chunks", 1)):
+        value = getattr(args, flag)
+        if value is not None and value < low:
+            raise FidError(f"--{flag}={value} is invalid: expected an int >= {low}")
+    if os.path.exists(args.outdir) and not os.path.isdir(args.outdir):
+        raise FidError(f"--outdir={args.outdir!r} is a file; expected a directory (made if missing)")
+    if args.first_seed + args.num > 2**31:
+        raise FidError(f"--first_seed + --num = {args.first_seed + args.num}: seeds must be < 2**31")
+    return args
+
+
+def protocol_main(argv: Sequence[str]) -> int:
+    """``--preset``: draw, resume, report (``dew.scoring.fid_protocol``); exit 2 on bad input."""
+    from dew.scoring import fid_protocol as fp
+    from dew.scoring.fid_reference import FidInputError, check_reference, file_digest, load_reference
+
+    try:
+        args = _protocol_args(argv)
+        sampler = fp.preset(args.preset)
+        ref = load_reference(args.ref)
+        if args.distributed:
+            import jax
+
+            jax.distributed.initialize()
+        task = load_pipeline(argparse.Namespace(workdir=args.workdir, step=args.step, raw=args.raw))
+        resolution = tuple(
+            (getattr(task.objective, "image_shape", None) or task.objective.input_spec.sample.shape)[:2]
+        )
+        fp.model_classes(task.objective)
+        check_reference(ref, args.ref, resolution, None)
+        detector = _detector(args)
+        check_reference(ref, args.ref, resolution, detector.dim)
+        flags = {k: getattr(args, k) for k in ("num", "outdir", "first_seed", "batch", "chunk")}
+        identity = {"workdir": os.path.abspath(args.workdir), "step": task.step, "raw": bool(args.raw)}
+        draw = fp.Draw(task.objective, task.params, sampler, detector, identity=identity, **flags)
+        if os.path.isdir(args.outdir):
+            fp.read_progress(args.outdir, draw.settings())  # refuse another draw's progress now
+    except (FidError, FidInputError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    os.makedirs(args.outdir, exist_ok=True)
+    sums = draw.run(max_chunks=args.max_chunks)
+    if sums is None:
+        return 0
+    report = fp.fid_report(sums, draw, ref, args.ref, file_digest(args.ref))
+    import jax
+
+    if jax.process_index() == 0:
+        fp.write_results(args.outdir, sums, report, resolution)
+    print(json.dumps(report, indent=1))
+    print(f"FID {report['fid']!r}")
+    return 0
+
+
+def _detector(args: argparse.Namespace):
+    from dew.scoring.fid_reference import inception_detector
+
+    try:
+        return inception_detector(args.weights, pinned=not args.allow_unpinned_weights)
+    except (OSError, ValueError) as e:
+        raise FidError(f"--weights: {e}") from None
+
+
+def ref_main(argv: Sequence[str]) -> int:
+    """``ref --data=DIR|ZIP --dest=FILE.npz``: a data set's reference statistics, as NVlabs/edm's
+    ``fid.py ref`` computes them (``dew.scoring.fid_reference``); exit 2 on bad input."""
+    from dew.scoring.fid_reference import (
+        FidInputError,
+        dataset_files,
+        reference_statistics,
+        save_reference,
+    )
+
+    parser = Parser(prog="python -m dew.fid ref", description="reference statistics of a data set")
+    parser.add_argument("--data", required=True, help="NVlabs/edm data set: a directory or .zip of images")
+    parser.add_argument("--dest", required=True, help="the .npz to write (mu, sigma, resolution)")
+    parser.add_argument("--batch", type=int, default=64, help="images per step")
+    parser.add_argument("--weights", default=None, help="converted Inception .npz")
+    parser.add_argument("--allow_unpinned_weights", action="store_true", help="tests only")
+    try:
+        args = parser.parse_args(argv)
+        if args.batch < 1:
+            raise FidError(f"--batch={args.batch} is invalid: expected an int >= 1")
+        if not args.dest.endswith(".npz") or os.path.isdir(args.dest):
+            raise FidError(f"--dest={args.dest!r} is invalid: expected a path ending in .npz")
+        files = dataset_files(args.data)
+        detector = _detector(args)
+        sums, resolution = reference_statistics(files, detector, args.batch)
+    except (FidError, FidInputError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    mu, sigma = sums.mu_sigma()
+    save_reference(
+        args.dest, mu, sigma, resolution=resolution, num_images=sums.count, detector=detector.description
+    )
+    print(f"{sums.count} images at {resolution[0]}x{resolution[1]} -> {args.dest}")
+    return 0
