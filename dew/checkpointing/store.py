@@ -259,6 +259,12 @@ class Store:
         extra = self.metadata(step, ["extra"])["extra"]
         return None if extra.get("ema") is None else layout.shape_dtype_tree(extra["ema"])
 
+    def stored_loss_scale(self, step: int) -> Any:
+        """The shapes of the dynamic loss-scale state ``step``'s ``extra`` item stores, or None
+        (only ``extra``'s metadata is read, so a caller skipping the optimizer state never opens it)."""
+        extra = self.metadata(step, ["extra"])["extra"]
+        return None if extra.get("loss_scale") is None else layout.shape_dtype_tree(extra["loss_scale"])
+
     def stored(self, step: int) -> TrainState:
         trees = {item: layout.shape_dtype_tree(tree) for item, tree in self.metadata(step).items()}
         trees.update({item: None for item in self.empty_items(step)})

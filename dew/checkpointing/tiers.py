@@ -138,7 +138,7 @@ class Tiers:
         policy reads the checkpoint as written; the caller creates or drops the state."""
         if template is None:
             return None
-        stored = self.stored(step).loss_scale
+        stored = self.stored(step).loss_scale if self.only_local(step) else self.store.stored_loss_scale(step)
         if stored is None:
             return template.replace(loss_scale=None)
         sharding = getattr(template.step, "sharding", None)
