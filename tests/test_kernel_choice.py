@@ -226,6 +226,8 @@ def test_start_measures_once_records_and_resumes(machine, tmp_path):
                 "cpu_convolutions": "auto",
                 "cpu_weight_gradient": "auto",
                 "compilation_cache": "off",
+                "coordinator_timeout": 300,
+                "heartbeat_timeout": 100,
             },
             "model": {"name": "songunet", "model_channels": 32},
             "dataset": {"name": "digits", "batch_size": 64},
