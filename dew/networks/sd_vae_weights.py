@@ -17,12 +17,14 @@ SHA-256 of each stored file) to ``PINNED_SHA256`` to pin it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import struct
 
 import numpy as np
+
+from dew import pinned_weights
+from dew.pinned_weights import file_sha256 as file_sha256
 
 SOURCE_NAME = "diffusion_pytorch_model.safetensors"
 SOURCE_REPOSITORY = "stabilityai/sd-vae-ft-mse"
@@ -41,16 +43,8 @@ HOW_TO_GET = (
 _DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"), "BF16": np.dtype("<u2")}
 
 
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def default_path() -> str:
-    return os.path.expanduser(os.environ.get(ENV_VAR) or DEFAULT_PATH)
+    return pinned_weights.default_path(ENV_VAR, DEFAULT_PATH)
 
 
 def parse_safetensors(blob: bytes | memoryview, what: str = "safetensors data") -> dict[str, np.ndarray]:
@@ -146,9 +140,7 @@ def load_weights(path: str | None = None, *, allow_unpinned: bool = False, confi
     or when it is not an ``AutoencoderKL`` of that shape."""
     from dew.networks.sd_vae import SD_VAE, params_from_torch_names
 
-    path = os.path.expanduser(path) if path else default_path()
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"sd-vae-ft-mse weights not found at {path}: {HOW_TO_GET}")
+    path = pinned_weights.existing_file(path, default_path, "sd-vae-ft-mse weights", HOW_TO_GET)
     digest = file_sha256(path)
     if digest not in PINNED_SHA256 and not allow_unpinned:
         pinned = ", ".join(sorted(PINNED_SHA256)) or "none is pinned"

@@ -16,15 +16,15 @@ dtype, shape and byte); ``load_weights`` checks both before building the haiku p
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from dew.npz import open_npz
+from dew import pinned_weights
+from dew.pinned_weights import content_sha256 as content_sha256
+from dew.pinned_weights import file_sha256 as file_sha256
 
 SOURCE_NAME = "pt_inception-2015-12-05-6726825d.pth"
 #: SHA-256 of pytorch-fid's FID Inception weights (prefix 6726825d as in the file's name).
@@ -40,24 +40,6 @@ HOW_TO_GET = (
 )
 
 
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def content_sha256(arrays: Mapping[str, np.ndarray]) -> str:
-    """A digest of every array's name, dtype, shape and bytes (in name order)."""
-    digest = hashlib.sha256()
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        digest.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
-        digest.update(a.tobytes())
-    return digest.hexdigest()
-
-
 def convert(state_dict: Mapping[str, np.ndarray], output: str, source_sha256: str) -> str:
     """Write the FID network's arrays (float32, PyTorch names; the classifier head and batch
     counters dropped) with their digests; returns the content digest."""
@@ -69,15 +51,17 @@ def convert(state_dict: Mapping[str, np.ndarray], output: str, source_sha256: st
     from dew.scoring.inception import params_from_torch_names
 
     params_from_torch_names(arrays)  # every layer present, every shape right
-    digest = content_sha256(arrays)
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    with open(output, "wb") as f:
-        np.savez(f, __source_sha256__=np.str_(source_sha256), __content_sha256__=np.str_(digest), **arrays)
-    return digest
+    return pinned_weights.write_npz(output, arrays, source_sha256)
 
 
 def default_path() -> str:
-    return os.path.expanduser(os.environ.get(ENV_VAR) or DEFAULT_PATH)
+    return pinned_weights.default_path(ENV_VAR, DEFAULT_PATH)
+
+
+def weights_file(path: str | None = None) -> str:
+    """``path`` (default ``default_path()``; ``~`` expanded) when the file exists, else
+    ``FileNotFoundError`` in one line naming it and saying how to get and convert the weights."""
+    return pinned_weights.existing_file(path, default_path, "FID Inception weights", HOW_TO_GET)
 
 
 def load_weights(path: str | None = None, *, pinned: bool = True):
@@ -89,15 +73,8 @@ def load_weights(path: str | None = None, *, pinned: bool = True):
     ``pinned``) it was not made from the pinned source file."""
     from dew.scoring.inception import params_from_torch_names
 
-    path = os.path.expanduser(path) if path else default_path()
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"FID Inception weights not found at {path}: {HOW_TO_GET}")
-    with open_npz(path, "FID Inception weights") as data:
-        arrays = {k: data[k] for k in data.files if not k.startswith("__")}
-        source = str(data["__source_sha256__"]) if "__source_sha256__" in data.files else None
-        stored = str(data["__content_sha256__"]) if "__content_sha256__" in data.files else None
-    if stored is None or content_sha256(arrays) != stored:
-        raise ValueError(f"FID Inception weights {path} are damaged (content digest mismatch); convert again")
+    path = weights_file(path)
+    arrays, source = pinned_weights.read_npz(path, "FID Inception weights")
     if pinned and source != SOURCE_SHA256:
         raise ValueError(
             f"FID Inception weights {path} were converted from a file with SHA-256 {source}, not the "
@@ -106,31 +83,22 @@ def load_weights(path: str | None = None, *, pinned: bool = True):
     return params_from_torch_names(arrays)
 
 
+def _refuse(digest: str, args) -> str | None:
+    return None if digest == SOURCE_SHA256 else f"expected {SOURCE_SHA256} ({SOURCE_NAME})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dew.scoring.convert_inception", description=__doc__)
-    parser.add_argument("--input", required=True, help=f"the downloaded {SOURCE_NAME}")
-    parser.add_argument("--output", default=None, help=f"where to write the .npz (default {DEFAULT_PATH})")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    output = os.path.expanduser(args.output) if args.output else default_path()
-    if not os.path.isfile(args.input):
-        print(f"error: --input={args.input!r} does not exist; {HOW_TO_GET}", file=sys.stderr)
-        return 2
-    digest = file_sha256(args.input)
-    if digest != SOURCE_SHA256:
-        print(
-            f"error: --input={args.input!r} has SHA-256 {digest}, expected {SOURCE_SHA256} ({SOURCE_NAME})",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        import torch
-    except ImportError:
-        print("error: converting needs PyTorch once (install torch); dew itself does not", file=sys.stderr)
-        return 2
-    state = torch.load(args.input, map_location="cpu", weights_only=True)
-    content = convert({k: v.numpy() for k, v in state.items()}, output, digest)
-    print(f"wrote {output} (content sha256 {content})")
-    return 0
+    parser = pinned_weights.converter_parser(
+        "python -m dew.scoring.convert_inception", __doc__, SOURCE_NAME, DEFAULT_PATH
+    )
+    return pinned_weights.run_converter(
+        parser,
+        argv,
+        fallback=default_path,
+        how_to_get=HOW_TO_GET,
+        refuse=_refuse,
+        convert=convert,
+    )
 
 
 if __name__ == "__main__":

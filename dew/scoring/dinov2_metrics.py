@@ -21,19 +21,17 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from dew import registry
-from dew.scoring import distances
-from dew.scoring.statistics import FeatureStatistics, load_statistics
+from dew.scoring.feature_scorer import FeatureScorer, frechet_to, reference_from_env
 
 REFERENCE_ENV = "DEW_FD_DINOV2_REFERENCE"
 
 
-class DINOv2Scorer:
+class DINOv2Scorer(FeatureScorer):
     """FD_DINOv2 features for NHWC image batches in ``value_range``, streamed into statistics."""
 
     def __init__(
@@ -61,14 +59,6 @@ class DINOv2Scorer:
             self.params, images, value_range=tuple(map(float, value_range)), config=self.config
         )
 
-    def statistics(
-        self, batches: Iterable[Any], value_range: tuple[float, float] = (-1.0, 1.0), keep_features: int = 0
-    ) -> FeatureStatistics:
-        stats = FeatureStatistics(keep_features=keep_features)
-        for images in batches:
-            stats.update(self.features(images, value_range))
-        return stats
-
 
 def _allow_unpinned() -> bool:
     from dew.scoring.dinov2_weights import ALLOW_UNPINNED_ENV
@@ -83,25 +73,20 @@ def _scorer() -> DINOv2Scorer:
 
 @functools.cache
 def _reference() -> dict[str, np.ndarray]:
-    path = os.environ.get(REFERENCE_ENV)
-    if not path:
-        raise FileNotFoundError(
-            f"the fd_dinov2 metric needs reference statistics: set {REFERENCE_ENV} to an .npz with mu "
-            "[1024] and sigma [1024, 1024] of real images' DINOv2 features"
-        )
-    return load_statistics(path)
+    return reference_from_env(
+        REFERENCE_ENV,
+        f"the fd_dinov2 metric needs reference statistics: set {REFERENCE_ENV} to an .npz with mu "
+        "[1024] and sigma [1024, 1024] of real images' DINOv2 features",
+    )
 
 
-def _batches(images: np.ndarray, size: int = 64):
-    for i in range(0, len(images), size):
-        yield images[i : i + size]
+_BATCH_SIZE = 64  # images per call of the ViT when scoring a preview
 
 
 def fd_dinov2(images: np.ndarray, labels: np.ndarray | None = None) -> float:
     """FD_DINOv2 of images in [−1, 1] (NHWC) to ``$DEW_FD_DINOV2_REFERENCE``."""
     ref = _reference()
-    stats = _scorer().statistics(_batches(np.asarray(images)))
-    return distances.frechet_distance(stats.mu, stats.sigma, ref["mu"], ref["sigma"])
+    return frechet_to(_scorer(), images, ref, _BATCH_SIZE)
 
 
 def check_ready() -> None:

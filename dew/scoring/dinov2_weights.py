@@ -22,15 +22,15 @@ metric: ``$DEW_DINOV2_ALLOW_UNPINNED=1``). When a digest is published, add it to
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from dew.npz import open_npz
-from dew.scoring.convert_inception import content_sha256, file_sha256
+from dew import pinned_weights
+from dew.pinned_weights import content_sha256 as content_sha256
+from dew.pinned_weights import file_sha256 as file_sha256
 
 SOURCE_NAME = "dinov2_vitl14_pretrain.pth"
 #: SHA-256 digests of ``SOURCE_NAME`` vouched for by a publisher: none is published (see above).
@@ -49,7 +49,7 @@ HOW_TO_GET = (
 
 
 def default_path() -> str:
-    return os.path.expanduser(os.environ.get(ENV_VAR) or DEFAULT_PATH)
+    return pinned_weights.default_path(ENV_VAR, DEFAULT_PATH)
 
 
 def convert(state_dict: Mapping[str, np.ndarray], output: str, source_sha256: str, config=None) -> str:
@@ -60,11 +60,7 @@ def convert(state_dict: Mapping[str, np.ndarray], output: str, source_sha256: st
 
     arrays = {k: np.asarray(v, np.float32) for k, v in state_dict.items() if k != "mask_token"}
     params_from_torch_names(arrays, config or VIT_L14)
-    digest = content_sha256(arrays)
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    with open(output, "wb") as f:
-        np.savez(f, __source_sha256__=np.str_(source_sha256), __content_sha256__=np.str_(digest), **arrays)
-    return digest
+    return pinned_weights.write_npz(output, arrays, source_sha256)
 
 
 def read_arrays(path: str | None = None, *, allow_unpinned: bool = False) -> dict[str, np.ndarray]:
@@ -73,15 +69,8 @@ def read_arrays(path: str | None = None, *, allow_unpinned: bool = False) -> dic
     ``FileNotFoundError`` (one line: the file, the source digest situation and how to get it)
     when missing; ``ValueError`` when the arrays do not match their stored digest, or when the
     source file's digest is not pinned and ``allow_unpinned`` is false."""
-    path = os.path.expanduser(path) if path else default_path()
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"DINOv2 ViT-L/14 weights not found at {path}: {HOW_TO_GET}")
-    with open_npz(path, "DINOv2 weights") as data:
-        arrays = {k: data[k] for k in data.files if not k.startswith("__")}
-        source = str(data["__source_sha256__"]) if "__source_sha256__" in data.files else None
-        stored = str(data["__content_sha256__"]) if "__content_sha256__" in data.files else None
-    if stored is None or content_sha256(arrays) != stored:
-        raise ValueError(f"DINOv2 weights {path} are damaged (content digest mismatch); convert again")
+    path = pinned_weights.existing_file(path, default_path, "DINOv2 ViT-L/14 weights", HOW_TO_GET)
+    arrays, source = pinned_weights.read_npz(path, "DINOv2 weights")
     if source not in PINNED_SHA256 and not allow_unpinned:
         pinned = ", ".join(sorted(PINNED_SHA256)) or "none is published"
         raise ValueError(
@@ -101,39 +90,32 @@ def load_weights(path: str | None = None, *, allow_unpinned: bool = False, confi
     return params_from_torch_names(read_arrays(path, allow_unpinned=allow_unpinned), config or VIT_L14)
 
 
+def _refuse(digest: str, args) -> str | None:
+    if digest in PINNED_SHA256 or args.allow_unpinned:
+        return None
+    return (
+        f"which is not pinned (no digest of {SOURCE_NAME} is published); pass --allow_unpinned to "
+        "convert it anyway"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dew.scoring.dinov2_weights", description=__doc__)
-    parser.add_argument("--input", required=True, help=f"the downloaded {SOURCE_NAME}")
-    parser.add_argument("--output", default=None, help=f"where to write the .npz (default {DEFAULT_PATH})")
+    parser = pinned_weights.converter_parser(
+        "python -m dew.scoring.dinov2_weights", __doc__, SOURCE_NAME, DEFAULT_PATH
+    )
     parser.add_argument(
         "--allow_unpinned", action="store_true", help="convert a file whose SHA-256 is not pinned"
     )
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    output = os.path.expanduser(args.output) if args.output else default_path()
-    if not os.path.isfile(args.input):
-        print(f"error: --input={args.input!r} does not exist; {HOW_TO_GET}", file=sys.stderr)
-        return 2
-    digest = file_sha256(args.input)
-    if digest not in PINNED_SHA256 and not args.allow_unpinned:
-        print(
-            f"error: --input={args.input!r} has SHA-256 {digest}, which is not pinned (no digest of "
-            f"{SOURCE_NAME} is published); pass --allow_unpinned to convert it anyway",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        import torch
-    except ImportError:
-        print("error: converting needs PyTorch once (install torch); dew itself does not", file=sys.stderr)
-        return 2
-    state = torch.load(args.input, map_location="cpu", weights_only=True)
-    try:
-        content = convert({k: v.numpy() for k, v in state.items()}, output, digest)
-    except (KeyError, ValueError) as e:
-        print(f"error: --input={args.input!r} is not a DINOv2 ViT-L/14 state_dict: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {output} (source sha256 {digest}, content sha256 {content})")
-    return 0
+    return pinned_weights.run_converter(
+        parser,
+        argv,
+        fallback=default_path,
+        how_to_get=HOW_TO_GET,
+        refuse=_refuse,
+        convert=convert,
+        network="DINOv2 ViT-L/14",
+        report_source=True,
+    )
 
 
 if __name__ == "__main__":

@@ -15,19 +15,18 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from dew import registry
 from dew.scoring import distances
-from dew.scoring.statistics import FeatureStatistics, load_statistics
+from dew.scoring.feature_scorer import FeatureScorer, batches, frechet_to, reference_from_env
 
 REFERENCE_ENV = "DEW_FID_REFERENCE"
 
 
-class InceptionScorer:
+class InceptionScorer(FeatureScorer):
     """FID Inception features for NHWC image batches in ``value_range``, streamed into statistics."""
 
     def __init__(self, params: Any = None, weights_path: str | None = None, *, pinned: bool = True):
@@ -43,14 +42,6 @@ class InceptionScorer:
         """[N, 2048] features (a jax.Array, sharded like ``images``)."""
         return self._features(self.params, images, value_range=value_range)
 
-    def statistics(
-        self, batches: Iterable[Any], value_range: tuple[float, float] = (-1.0, 1.0), keep_features: int = 0
-    ) -> FeatureStatistics:
-        stats = FeatureStatistics(keep_features=keep_features)
-        for images in batches:
-            stats.update(self.features(images, value_range))
-        return stats
-
 
 @functools.cache
 def _scorer() -> InceptionScorer:
@@ -59,14 +50,12 @@ def _scorer() -> InceptionScorer:
 
 @functools.cache
 def _reference() -> dict[str, np.ndarray]:
-    path = os.environ.get(REFERENCE_ENV)
-    if not path:
-        raise FileNotFoundError(
-            f"the fid/kid metrics need reference statistics: set {REFERENCE_ENV} to an .npz with mu, "
-            "sigma (and features for kid), e.g. from `python -m dew.fid --images=<real images> "
-            "--save_stats=ref.npz`"
-        )
-    return load_statistics(path)
+    return reference_from_env(
+        REFERENCE_ENV,
+        f"the fid/kid metrics need reference statistics: set {REFERENCE_ENV} to an .npz with mu, "
+        "sigma (and features for kid), e.g. from `python -m dew.fid --images=<real images> "
+        "--save_stats=ref.npz`",
+    )
 
 
 def _kid_reference() -> dict[str, np.ndarray]:
@@ -80,34 +69,30 @@ def _kid_reference() -> dict[str, np.ndarray]:
     return ref
 
 
-def _batches(images: np.ndarray, size: int = 100):
-    for i in range(0, len(images), size):
-        yield images[i : i + size]
+_BATCH_SIZE = 100  # images per call of the Inception when scoring a preview
 
 
 def inception_fid(images: np.ndarray, labels: np.ndarray | None = None) -> float:
     """FID of images in [−1, 1] (NHWC) to ``$DEW_FID_REFERENCE``."""
     ref = _reference()
-    stats = _scorer().statistics(_batches(np.asarray(images)))
-    return distances.frechet_distance(stats.mu, stats.sigma, ref["mu"], ref["sigma"])
+    return frechet_to(_scorer(), images, ref, _BATCH_SIZE)
 
 
 def inception_kid(images: np.ndarray, labels: np.ndarray | None = None) -> float:
     """KID (mean over subsets) of images in [−1, 1] (NHWC) to the features in ``$DEW_FID_REFERENCE``."""
     ref = _kid_reference()
     images = np.asarray(images)
-    stats = _scorer().statistics(_batches(images), keep_features=len(images))
+    stats = _scorer().statistics(batches(images, _BATCH_SIZE), keep_features=len(images))
     return distances.kernel_distance(stats.features, ref["features"])[0]
 
 
 def check_ready(kid: bool = False) -> None:
     """Raise now, saying what to set, when a run asking for fid/kid could not score its first
     preview: no reference statistics (or no KID features in them), or no Inception weights."""
-    from dew.scoring.convert_inception import HOW_TO_GET, default_path
+    from dew.scoring.convert_inception import weights_file
 
     _kid_reference() if kid else _reference()
-    if not os.path.isfile(default_path()):
-        raise FileNotFoundError(f"FID Inception weights not found at {default_path()}: {HOW_TO_GET}")
+    weights_file()
 
 
 inception_fid.check_ready = check_ready  # type: ignore[attr-defined]

@@ -1,0 +1,64 @@
+"""What every Fréchet-distance scorer over a feature network shares (FID, FD_DINOv2).
+
+A ``FeatureScorer`` maps NHWC image batches in ``value_range`` to [N, D] features (its
+``features``, the one method a network's scorer writes) and streams any number of batches into
+``FeatureStatistics`` (float64, one pass). A registered metric scores generated images against
+reference statistics an environment variable names (``reference_from_env``), fed to the scorer
+in fixed-size batches (``frechet_to``).
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from dew.scoring import distances
+from dew.scoring.statistics import FeatureStatistics, load_statistics
+
+
+class FeatureScorer(abc.ABC):
+    """A feature network's features of NHWC batches, streamed into ``FeatureStatistics``."""
+
+    @abc.abstractmethod
+    def features(self, images: Any, value_range: tuple[float, float] = (-1.0, 1.0)) -> Any:
+        """[N, D] features of ``images`` (NHWC, values in ``value_range``), a jax.Array."""
+
+    def statistics(
+        self, batches: Iterable[Any], value_range: tuple[float, float] = (-1.0, 1.0), keep_features: int = 0
+    ) -> FeatureStatistics:
+        """The statistics of every batch's features (the first ``keep_features`` rows kept)."""
+        stats = FeatureStatistics(keep_features=keep_features)
+        for images in batches:
+            stats.update(self.features(images, value_range))
+        return stats
+
+
+def reference_from_env(env_var: str, missing: str) -> dict[str, np.ndarray]:
+    """The reference statistics at ``$env_var`` (``load_statistics``); ``FileNotFoundError``
+    with the message ``missing`` (what to set) when the variable is unset or empty."""
+    path = os.environ.get(env_var)
+    if not path:
+        raise FileNotFoundError(missing)
+    return load_statistics(path)
+
+
+def batches(images: np.ndarray, size: int) -> Iterator[np.ndarray]:
+    """``images`` in consecutive slices of ``size`` (the last may be shorter)."""
+    for i in range(0, len(images), size):
+        yield images[i : i + size]
+
+
+def frechet_to(
+    scorer: FeatureScorer, images: Any, reference: Mapping[str, np.ndarray], batch_size: int
+) -> float:
+    """The Fréchet distance of ``images``' features (scored ``batch_size`` at a time, values in
+    [−1, 1]) to the reference's ``mu`` and ``sigma``."""
+    stats = scorer.statistics(batches(np.asarray(images), batch_size))
+    return distances.frechet_distance(stats.mu, stats.sigma, reference["mu"], reference["sigma"])
+
+
+__all__ = ["FeatureScorer", "batches", "frechet_to", "reference_from_env"]
