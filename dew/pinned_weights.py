@@ -94,9 +94,9 @@ def converter_parser(prog: str, description: str | None, source_name: str, defau
 def run_converter(
     parser: argparse.ArgumentParser,
     argv: Sequence[str] | None,
-    *,
     fallback: Callable[[], str],
     how_to_get: str,
+    *,
     refuse: Callable[[str, argparse.Namespace], str | None],
     convert: Callable[[dict[str, np.ndarray], str, str], str],
     network: str | None = None,

@@ -92,12 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "python -m dew.scoring.convert_inception", __doc__, SOURCE_NAME, DEFAULT_PATH
     )
     return pinned_weights.run_converter(
-        parser,
-        argv,
-        fallback=default_path,
-        how_to_get=HOW_TO_GET,
-        refuse=_refuse,
-        convert=convert,
+        parser, argv, default_path, HOW_TO_GET, refuse=_refuse, convert=convert
     )
 
 

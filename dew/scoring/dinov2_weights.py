@@ -109,8 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return pinned_weights.run_converter(
         parser,
         argv,
-        fallback=default_path,
-        how_to_get=HOW_TO_GET,
+        default_path,
+        HOW_TO_GET,
         refuse=_refuse,
         convert=convert,
         network="DINOv2 ViT-L/14",
