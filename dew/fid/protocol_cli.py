@@ -30,8 +30,7 @@ def _protocol_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--step", type=int, help="the checkpoint (default: the latest)")
     parser.add_argument("--raw", action="store_true", help="live weights, not the EMA")
     parser.add_argument("--distributed", action="store_true", help="jax.distributed.initialize() first")
-    parser.add_argument("--weights", default=None, help="converted Inception .npz")
-    parser.add_argument("--allow_unpinned_weights", action="store_true", help="tests only")
+    _detector_flags(parser)
     args = parser.parse_args(argv)
     for flag, low in (("num", 2), ("first_seed", 0), ("batch", 1), ("chunk", 1), ("max_chunks", 1)):
         value = getattr(args, flag)
@@ -62,7 +61,7 @@ def protocol_main(argv: Sequence[str]) -> int:
             (getattr(task.objective, "image_shape", None) or task.objective.input_spec.sample.shape)[:2]
         )
         fp.model_classes(task.objective)
-        check_reference(ref, args.ref, resolution, None)
+        check_reference(ref, args.ref, resolution, None, args.image_handling)
         detector = _detector(args)
         check_reference(ref, args.ref, resolution, detector.dim)
         flags = {k: getattr(args, k) for k in ("num", "outdir", "first_seed", "batch", "chunk")}
@@ -87,11 +86,27 @@ def protocol_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def _detector_flags(parser: argparse.ArgumentParser) -> None:
+    from dew.scoring.fid_reference import DEFAULT_HANDLING
+    from dew.scoring.inception import IMAGE_HANDLING
+
+    parser.add_argument("--weights", default=None, help="converted Inception .npz")
+    parser.add_argument("--allow_unpinned_weights", action="store_true", help="tests only")
+    parser.add_argument(
+        "--image_handling",
+        default=DEFAULT_HANDLING,
+        choices=IMAGE_HANDLING,
+        help=f"the detector's resize and scaling (default {DEFAULT_HANDLING}: the TF graph's, as NVlabs/edm's fid.py)",
+    )
+
+
 def _detector(args: argparse.Namespace):
     from dew.scoring.fid_reference import inception_detector
 
     try:
-        return inception_detector(args.weights, pinned=not args.allow_unpinned_weights)
+        return inception_detector(
+            args.weights, pinned=not args.allow_unpinned_weights, handling=args.image_handling
+        )
     except (OSError, ValueError) as e:
         raise FidError(f"--weights: {e}") from None
 
@@ -110,8 +125,7 @@ def ref_main(argv: Sequence[str]) -> int:
     parser.add_argument("--data", required=True, help="NVlabs/edm data set: a directory or .zip of images")
     parser.add_argument("--dest", required=True, help="the .npz to write (mu, sigma, resolution)")
     parser.add_argument("--batch", type=int, default=64, help="images per step")
-    parser.add_argument("--weights", default=None, help="converted Inception .npz")
-    parser.add_argument("--allow_unpinned_weights", action="store_true", help="tests only")
+    _detector_flags(parser)
     try:
         args = parser.parse_args(argv)
         if args.batch < 1:
