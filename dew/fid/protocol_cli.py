@@ -27,15 +27,21 @@ def _protocol_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=64, help="images per device per step")
     parser.add_argument("--chunk", type=int, default=1000, help="images per progress record")
     parser.add_argument("--max_chunks", type=int, help="stop after this many chunks (rerun to continue)")
+    parser.add_argument("--preview", type=int, default=0, help="the first N images as outdir/preview.png")
     parser.add_argument("--step", type=int, help="the checkpoint (default: the latest)")
     parser.add_argument("--raw", action="store_true", help="live weights, not the EMA")
     parser.add_argument("--distributed", action="store_true", help="jax.distributed.initialize() first")
     _detector_flags(parser)
     args = parser.parse_args(argv)
-    for flag, low in (("num", 2), ("first_seed", 0), ("batch", 1), ("chunk", 1), ("max_chunks", 1)):
+    for flag, low in (("num", 2), ("first_seed", 0), ("batch", 1), ("chunk", 1), ("max_chunks", 1), ("preview", 0)):
         value = getattr(args, flag)
         if value is not None and value < low:
             raise FidError(f"--{flag}={value} is invalid: expected an int >= {low}")
+    if args.preview > min(args.num, args.chunk):
+        raise FidError(
+            f"--preview={args.preview} is invalid: expected at most --num and --chunk "
+            f"({min(args.num, args.chunk)}): the preview is the first chunk's first images"
+        )
     if os.path.exists(args.outdir) and not os.path.isdir(args.outdir):
         raise FidError(f"--outdir={args.outdir!r} is a file; expected a directory (made if missing)")
     if args.first_seed + args.num > 2**31:
@@ -64,7 +70,7 @@ def protocol_main(argv: Sequence[str]) -> int:
         check_reference(ref, args.ref, resolution, None, args.image_handling)
         detector = _detector(args)
         check_reference(ref, args.ref, resolution, detector.dim)
-        flags = {k: getattr(args, k) for k in ("num", "outdir", "first_seed", "batch", "chunk")}
+        flags = {k: getattr(args, k) for k in ("num", "outdir", "first_seed", "batch", "chunk", "preview")}
         identity = {"workdir": os.path.abspath(args.workdir), "step": task.step, "raw": bool(args.raw)}
         draw = fp.Draw(task.objective, task.params, sampler, detector, identity=identity, **flags)
         if os.path.isdir(args.outdir):
