@@ -61,7 +61,10 @@ def test_protocol_bad_input_is_one_line_exit_2_writing_nothing(run, tmp_path, ca
         ([f"--outdir={tmp_path / 'a_file'}"], "is a file; expected a directory"),
         ([f"--weights={tmp_path / 'none.npz'}"], "FID Inception weights not found"),
         (["--image_handling=tf2"], "argument --image_handling: invalid choice: 'tf2'"),
-        ([f"--ref={ref_pf}"], "computed with image handling 'pytorch_fid', the samples are embedded with 'tf1'"),
+        (
+            [f"--ref={ref_pf}"],
+            "computed with image handling 'pytorch_fid', the samples are embedded with 'tf1'",
+        ),
     ]
     before = _tree(run), _tree(tmp_path)
     for change, message in cases:

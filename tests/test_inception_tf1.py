@@ -18,7 +18,9 @@ from dew.scoring.fid_reference import (
     recorded_handling,
 )
 
-GOLDEN = pathlib.Path(__file__).resolve().parent.parent / "third_party" / "torch_fidelity" / "tf1_reference.npz"
+GOLDEN = (
+    pathlib.Path(__file__).resolve().parent.parent / "third_party" / "torch_fidelity" / "tf1_reference.npz"
+)
 # A float32 lerp a + (b − a)·t of values ≤ 255 rounds three times (the difference, the product,
 # the sum; ½ ulp each, ulp(255) = 2⁻¹⁶), and the second lerp carries the first one's error at
 # most once more (|1 − t| + |t| = 1): ≤ 1.5 + 1.5 + 1.5 ulp; 4 ulp covers it, and a fused
@@ -97,7 +99,9 @@ def test_tf1_features_match_torch_fidelitys_extractor(golden):
 def test_a_reference_of_the_other_handling_is_refused(tmp_path):
     ref = {"mu": np.zeros(4), "sigma": np.eye(4), "resolution": (8, 8)}
     described = "dew inception_fid 2015-12-05, image handling pytorch_fid, weights sha256 " + "0" * 64
-    with pytest.raises(FidInputError, match=r"computed with image handling 'pytorch_fid', the samples .* 'tf1'"):
+    with pytest.raises(
+        FidInputError, match=r"computed with image handling 'pytorch_fid', the samples .* 'tf1'"
+    ):
         check_reference({**ref, "detector": described}, "r.npz", (8, 8), None, "tf1")
     check_reference({**ref, "detector": described}, "r.npz", (8, 8), None, "pytorch_fid")
     # dew's files from before the handling was recorded were pytorch-fid's; others record none

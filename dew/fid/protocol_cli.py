@@ -33,7 +33,14 @@ def _protocol_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--distributed", action="store_true", help="jax.distributed.initialize() first")
     _detector_flags(parser)
     args = parser.parse_args(argv)
-    for flag, low in (("num", 2), ("first_seed", 0), ("batch", 1), ("chunk", 1), ("max_chunks", 1), ("preview", 0)):
+    for flag, low in (
+        ("num", 2),
+        ("first_seed", 0),
+        ("batch", 1),
+        ("chunk", 1),
+        ("max_chunks", 1),
+        ("preview", 0),
+    ):
         value = getattr(args, flag)
         if value is not None and value < low:
             raise FidError(f"--{flag}={value} is invalid: expected an int >= {low}")
@@ -102,7 +109,7 @@ def _detector_flags(parser: argparse.ArgumentParser) -> None:
         "--image_handling",
         default=DEFAULT_HANDLING,
         choices=IMAGE_HANDLING,
-        help=f"the detector's resize and scaling (default {DEFAULT_HANDLING}: the TF graph's, as NVlabs/edm's fid.py)",
+        help=f"the detector's resize and scaling (default {DEFAULT_HANDLING}: the TF graph's, as fid.py's)",
     )
 
 

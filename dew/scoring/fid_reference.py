@@ -282,8 +282,8 @@ __all__ = [
     "dataset_batches",
     "dataset_files",
     "inception_detector",
-    "recorded_handling",
     "load_reference",
+    "recorded_handling",
     "reference_statistics",
     "save_reference",
 ]

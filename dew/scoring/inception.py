@@ -241,7 +241,9 @@ network = hk.without_apply_rng(hk.transform(_network))
 def check_handling(handling: str, flag: str = "handling") -> str:
     """``handling`` if it is one of ``IMAGE_HANDLING``; ``ValueError`` naming ``flag`` otherwise."""
     if handling not in IMAGE_HANDLING:
-        raise ValueError(f"{flag}={handling!r} is not an image handling; expected one of {list(IMAGE_HANDLING)}")
+        raise ValueError(
+            f"{flag}={handling!r} is not an image handling; expected one of {list(IMAGE_HANDLING)}"
+        )
     return handling
 
 

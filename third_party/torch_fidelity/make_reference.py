@@ -125,7 +125,13 @@ def main() -> None:
         assert f32.dtype == torch.float32 and tuple(f32.shape) == (shape[0], 2048)
         out[f"features_input/{case}"] = images
         out[f"features/{case}"], out[f"features64/{case}"] = f32.numpy(), f64.numpy()
-        print(case, "feature scale", float(f32.abs().mean()), "float32 vs 64", float((f32 - f64.float()).abs().max()))
+        print(
+            case,
+            "feature scale",
+            float(f32.abs().mean()),
+            "float32 vs 64",
+            float((f32 - f64.float()).abs().max()),
+        )
     np.savez_compressed(args.out, **out)
     print(f"wrote {len(out)} arrays to {args.out}")
 
