@@ -178,6 +178,28 @@ def test_an_interrupted_draw_resumed_ends_with_the_uninterrupted_statistics(mode
         _draw(model, tmp_path / "cut", jax.devices()[:1], first_seed=21).run()
 
 
+def test_the_preview_is_the_first_seeds_images_the_detector_embedded(model, tmp_path):
+    """``preview=5`` over 2 devices, 2 images each per step: the first chunk's two steps give
+    seeds 20..24's images, tiled as every preview (``dew.tracking.render.image_pixels``)."""
+    from PIL import Image
+
+    from dew.artifacts import ImageGrid
+    from dew.tracking.render import image_pixels
+
+    sums = _draw(model, tmp_path, jax.devices()[:2], preview=5).run()
+    assert sums.count == 11
+    objective, params = model
+    images = np.asarray(
+        jax.jit(lambda p, s: fp.draw_images(objective, p, s, FEW_STEPS["cifar10"]))(
+            params, jnp.arange(20, 25, dtype=jnp.int32)
+        )
+    )
+    want = image_pixels(ImageGrid(images.astype(np.float32) / 127.5 - 1.0))
+    with Image.open(tmp_path / fp.PREVIEW_FILE) as png:
+        got = np.asarray(png)
+    np.testing.assert_array_equal(got.reshape(want.shape), want)
+
+
 def test_two_processes_each_draw_their_seed_share_and_get_the_one_process_sums(model, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -41,6 +41,9 @@ def test_protocol_bad_input_is_one_line_exit_2_writing_nothing(run, tmp_path, ca
     save_reference(str(ref_8), np.zeros(4), np.eye(4), resolution=(8, 8), num_images=4, detector="d")
     ref_32 = tmp_path / "ref32.npz"
     save_reference(str(ref_32), np.zeros(4), np.eye(4), resolution=(32, 32), num_images=4, detector="d")
+    ref_pf = tmp_path / "ref_pytorch_fid.npz"
+    pytorch_fid = "dew inception_fid 2015-12-05, image handling pytorch_fid, weights sha256 " + "0" * 64
+    save_reference(str(ref_pf), np.zeros(4), np.eye(4), resolution=(8, 8), num_images=4, detector=pytorch_fid)
     (tmp_path / "empty").mkdir()
     (tmp_path / "a_file").write_text("x")
     out = tmp_path / "out"
@@ -57,6 +60,11 @@ def test_protocol_bad_input_is_one_line_exit_2_writing_nothing(run, tmp_path, ca
         ([f"--workdir={tmp_path / 'empty'}"], "is not a dew run: no run.json"),
         ([f"--outdir={tmp_path / 'a_file'}"], "is a file; expected a directory"),
         ([f"--weights={tmp_path / 'none.npz'}"], "FID Inception weights not found"),
+        (["--image_handling=tf2"], "argument --image_handling: invalid choice: 'tf2'"),
+        (
+            [f"--ref={ref_pf}"],
+            "computed with image handling 'pytorch_fid', the samples are embedded with 'tf1'",
+        ),
     ]
     before = _tree(run), _tree(tmp_path)
     for change, message in cases:

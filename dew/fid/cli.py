@@ -8,7 +8,9 @@ Inception feature space.
     python -m dew.fid --images=samples/ --ref=real/            (reference statistics computed too)
     python -m dew.fid --workdir=runs/edm --preset=cifar10 --ref=cifar10-32x32.npz --outdir=fid/
         [--num=50000] [--first_seed=0] [--batch=64] [--chunk=1000] [--max_chunks=K] [--distributed]
+        [--preview=64] [--image_handling=tf1]
     python -m dew.fid ref --data=datasets/cifar10-32x32.zip --dest=fid-refs/cifar10-32x32.npz
+        [--image_handling=tf1]
     python -m dew.fid --images=samples/ --metrics=fid,fd_dinov2 --ref=real/   (or --ref=fid.npz
         --dinov2_ref=dinov2.npz) [--dinov2_weights=dinov2_vitl14.npz] [--save_dinov2_stats=out.npz]
 
@@ -37,9 +39,13 @@ same images) at the preset's sampler (``cifar10``: 18 Heun steps, NFE 35; ``ffhq
 40, NFE 79; ``imagenet64``: EDM's stochastic sampler, 256 steps), ``--batch`` images per device
 over every device and process, resumable in ``--outdir`` (rerun the same command after an
 interruption; ``--max_chunks`` stops after that many chunks). It prints and writes
-(``<outdir>/fid.json``) the FID with its inputs. ``ref`` computes a data set's reference
+(``<outdir>/fid.json``) the FID with its inputs; ``--preview=N`` also writes the first N of the
+images it embedded as ``<outdir>/preview.png``. ``ref`` computes a data set's reference
 statistics as NVlabs/edm's ``fid.py ref`` does (``dew.scoring.fid_reference``), in its ``.npz``
-format plus the resolution, which ``--preset`` checks against the samples'.
+format plus the resolution and the detector, which ``--preset`` checks against the samples'.
+Both feed the Inception uint8 images with ``--image_handling``: ``tf1`` (their default) is the
+2015-12-05 TensorFlow graph's resize and scaling, which NVlabs/edm's detector reproduces;
+``pytorch_fid`` is pytorch-fid's, which ``--images`` and ``--workdir`` without ``--preset`` use.
 
 Bad input (a missing folder, reference or weights; for ``--workdir`` no such run, a folder that is
 not a run, a run that does not draw images, no such step, ``--num_samples`` < 2) exits 2 with one

@@ -27,16 +27,28 @@ def _protocol_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=64, help="images per device per step")
     parser.add_argument("--chunk", type=int, default=1000, help="images per progress record")
     parser.add_argument("--max_chunks", type=int, help="stop after this many chunks (rerun to continue)")
+    parser.add_argument("--preview", type=int, default=0, help="the first N images as outdir/preview.png")
     parser.add_argument("--step", type=int, help="the checkpoint (default: the latest)")
     parser.add_argument("--raw", action="store_true", help="live weights, not the EMA")
     parser.add_argument("--distributed", action="store_true", help="jax.distributed.initialize() first")
-    parser.add_argument("--weights", default=None, help="converted Inception .npz")
-    parser.add_argument("--allow_unpinned_weights", action="store_true", help="tests only")
+    _detector_flags(parser)
     args = parser.parse_args(argv)
-    for flag, low in (("num", 2), ("first_seed", 0), ("batch", 1), ("chunk", 1), ("max_chunks", 1)):
+    for flag, low in (
+        ("num", 2),
+        ("first_seed", 0),
+        ("batch", 1),
+        ("chunk", 1),
+        ("max_chunks", 1),
+        ("preview", 0),
+    ):
         value = getattr(args, flag)
         if value is not None and value < low:
             raise FidError(f"--{flag}={value} is invalid: expected an int >= {low}")
+    if args.preview > min(args.num, args.chunk):
+        raise FidError(
+            f"--preview={args.preview} is invalid: expected at most --num and --chunk "
+            f"({min(args.num, args.chunk)}): the preview is the first chunk's first images"
+        )
     if os.path.exists(args.outdir) and not os.path.isdir(args.outdir):
         raise FidError(f"--outdir={args.outdir!r} is a file; expected a directory (made if missing)")
     if args.first_seed + args.num > 2**31:
@@ -62,10 +74,10 @@ def protocol_main(argv: Sequence[str]) -> int:
             (getattr(task.objective, "image_shape", None) or task.objective.input_spec.sample.shape)[:2]
         )
         fp.model_classes(task.objective)
-        check_reference(ref, args.ref, resolution, None)
+        check_reference(ref, args.ref, resolution, None, args.image_handling)
         detector = _detector(args)
         check_reference(ref, args.ref, resolution, detector.dim)
-        flags = {k: getattr(args, k) for k in ("num", "outdir", "first_seed", "batch", "chunk")}
+        flags = {k: getattr(args, k) for k in ("num", "outdir", "first_seed", "batch", "chunk", "preview")}
         identity = {"workdir": os.path.abspath(args.workdir), "step": task.step, "raw": bool(args.raw)}
         draw = fp.Draw(task.objective, task.params, sampler, detector, identity=identity, **flags)
         if os.path.isdir(args.outdir):
@@ -87,11 +99,27 @@ def protocol_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def _detector_flags(parser: argparse.ArgumentParser) -> None:
+    from dew.scoring.fid_reference import DEFAULT_HANDLING
+    from dew.scoring.inception import IMAGE_HANDLING
+
+    parser.add_argument("--weights", default=None, help="converted Inception .npz")
+    parser.add_argument("--allow_unpinned_weights", action="store_true", help="tests only")
+    parser.add_argument(
+        "--image_handling",
+        default=DEFAULT_HANDLING,
+        choices=IMAGE_HANDLING,
+        help=f"the detector's resize and scaling (default {DEFAULT_HANDLING}: the TF graph's, as fid.py's)",
+    )
+
+
 def _detector(args: argparse.Namespace):
     from dew.scoring.fid_reference import inception_detector
 
     try:
-        return inception_detector(args.weights, pinned=not args.allow_unpinned_weights)
+        return inception_detector(
+            args.weights, pinned=not args.allow_unpinned_weights, handling=args.image_handling
+        )
     except (OSError, ValueError) as e:
         raise FidError(f"--weights: {e}") from None
 
@@ -110,8 +138,7 @@ def ref_main(argv: Sequence[str]) -> int:
     parser.add_argument("--data", required=True, help="NVlabs/edm data set: a directory or .zip of images")
     parser.add_argument("--dest", required=True, help="the .npz to write (mu, sigma, resolution)")
     parser.add_argument("--batch", type=int, default=64, help="images per step")
-    parser.add_argument("--weights", default=None, help="converted Inception .npz")
-    parser.add_argument("--allow_unpinned_weights", action="store_true", help="tests only")
+    _detector_flags(parser)
     try:
         args = parser.parse_args(argv)
         if args.batch < 1:

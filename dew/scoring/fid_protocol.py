@@ -28,6 +28,10 @@ rerun with the same settings (with several processes, ``outdir`` on a file syste
 read) continues after the last completed chunk, and since every chunk's
 features are summed in one fixed order, it ends with the same statistics, bit for bit, as a run
 never interrupted. A progress file made with other settings is refused.
+
+**Preview.** With ``preview`` = k > 0, the first k images of the draw (seeds s₀ … s₀ + k − 1,
+the very uint8 images the detector embeds, out of the same program) are written as one grid,
+``<outdir>/preview.png``, when the first chunk is drawn.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import numpy as np
 
 from dew.scoring.fid_reference import Detector, FidInputError, MomentSums
 
+PREVIEW_FILE = "preview.png"
 PROGRESS_FILE = "fid-progress.npz"
 REPORT_FILE = "fid.json"
 STATS_FILE = "fid-stats.npz"
@@ -211,7 +216,8 @@ class Draw:
     ``params`` at ``sampler``, embedded by ``detector``, ``batch`` images per device per step,
     ``chunk`` images per progress record in ``outdir`` (made when missing), over ``devices``
     (default: all). ``identity`` (the model's source, step, weights) goes into the settings a
-    progress file must match."""
+    progress file must match. ``preview`` (at most ``chunk`` and ``num``): how many of the
+    first images go into ``<outdir>/preview.png`` (0: none)."""
 
     objective: Any
     params: Any
@@ -224,6 +230,7 @@ class Draw:
     chunk: int = 1000
     identity: dict[str, Any] = dataclasses.field(default_factory=dict)
     devices: Any = None  # default: jax.devices(), every device of every process
+    preview: int = 0
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
 
     def settings(self) -> dict[str, Any]:
@@ -236,7 +243,7 @@ class Draw:
             "detector": self.detector.description,
         }
 
-    def _step_fn(self) -> tuple[Callable[[np.ndarray], np.ndarray], int]:
+    def _step_fn(self) -> tuple[Callable[[np.ndarray], tuple[np.ndarray, np.ndarray | None]], int]:
         import jax
         from jax.experimental import multihost_utils
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -251,20 +258,23 @@ class Draw:
 
         def draw_and_embed(params, detector_params, seeds):
             images = draw_images(self.objective, params, seeds, self.sampler)
-            if images.shape[-1] == 1:  # greyscale: repeated to three channels, as fid.py does
-                images = jax.numpy.repeat(images, 3, axis=-1)
-            return self.detector.fn(detector_params, images)
+            rgb = jax.numpy.repeat(images, 3, axis=-1) if images.shape[-1] == 1 else images
+            return self.detector.fn(detector_params, rgb), images  # greyscale repeated, as fid.py
 
         program = jax.jit(draw_and_embed, out_shardings=seeds_sharding)
 
-        def step(seeds: np.ndarray) -> np.ndarray:
+        def gather(x: jax.Array) -> np.ndarray:
+            if jax.process_count() > 1:
+                return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+            return np.asarray(x)
+
+        def step(seeds: np.ndarray, keep_images: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+            """Features [per_step, D] of ``seeds`` and, with ``keep_images``, their uint8 images."""
             global_seeds = jax.make_array_from_callback(
                 (per_step,), seeds_sharding, lambda index: seeds[index]
             )
-            features = program(params, detector_params, global_seeds)
-            if jax.process_count() > 1:
-                return np.asarray(multihost_utils.process_allgather(features, tiled=True))
-            return np.asarray(features)
+            features, images = program(params, detector_params, global_seeds)
+            return gather(features), gather(images) if keep_images else None
 
         return step, per_step
 
@@ -288,13 +298,19 @@ class Draw:
             lo = self.first_seed + index * self.chunk
             hi = min(lo + self.chunk, self.first_seed + self.num)
             seeds = np.arange(lo, hi, dtype=np.int64)
-            parts = []
+            parts, shown = [], []
             for s in range(0, len(seeds), per_step):
                 part = seeds[s : s + per_step]
                 padded = np.concatenate([part, np.full(per_step - len(part), part[-1])]).astype(np.int32)
-                parts.append(step(padded)[: len(part)])
+                wanted = index == 0 and s < self.preview
+                features, images = step(padded, keep_images=wanted)
+                parts.append(features[: len(part)])
+                if wanted:
+                    shown.append(images[: len(part)])
             sums.add(np.concatenate(parts))
             if jax.process_index() == 0:
+                if shown:
+                    write_preview(self.outdir, np.concatenate(shown)[: self.preview])
                 write_progress(self.outdir, settings, index + 1, sums)
             rate = (sums.count - done * self.chunk) / max(time.monotonic() - started, 1e-9)
             remaining = (self.num - sums.count) / rate if rate > 0 else float("nan")
@@ -303,6 +319,14 @@ class Draw:
                 f"{rate:.1f} images/s, ~{remaining / 60:.1f} min left)"
             )
         return sums
+
+
+def write_preview(outdir: str, images: np.ndarray) -> str:
+    """uint8 images [k, H, W, C] as one grid, ``<outdir>/preview.png`` (written atomically)."""
+    from dew.artifacts import ImageGrid
+    from dew.tracking.media import write_png
+
+    return write_png(os.path.join(outdir, PREVIEW_FILE), ImageGrid(images.astype(np.float32) / 127.5 - 1.0))
 
 
 def fid_report(
@@ -357,5 +381,6 @@ __all__ = [
     "fid_report",
     "preset",
     "quantize",
+    "write_preview",
     "write_results",
 ]

@@ -16,6 +16,13 @@ writes, read by ``dew.data.sources.image_folder.ImageFiles`` as its ``ImageFolde
 them: sorted names, ``np.array(PIL.Image.open(f))``, uint8, a greyscale image one channel) fed at
 the data set's own resolution to the detector as uint8, one channel repeated to three.
 
+The detector's image handling (``inception_detector(handling=...)``) defaults to ``"tf1"``, the
+2015-12-05 TensorFlow graph's own (TF1 legacy bilinear resize to 299, (x − 128) / 128), which
+the reference's TorchScript detector reproduces; ``"pytorch_fid"`` is pytorch-fid's
+(half-pixel bilinear, x / 255 · 2 − 1), what ``python -m dew.fid --images`` uses. The handling
+is part of the detector's description, which reference files record, and ``check_reference``
+refuses statistics recorded with the other one.
+
 Reference files are the reference's own ``.npz`` (``np.savez(dest, mu=mu, sigma=sigma)``), so its
 published ``fid-refs/*.npz`` load here and dew's load in its ``fid.py calc`` (which reads only
 ``mu`` and ``sigma``). dew adds provenance arrays beside them: ``resolution`` ([H, W] of the
@@ -86,13 +93,21 @@ class Detector:
     description: str
 
 
-def inception_detector(weights: str | None = None, *, pinned: bool = True) -> Detector:
+DEFAULT_HANDLING = "tf1"
+_HANDLING_MARK = "image handling "
+
+
+def inception_detector(
+    weights: str | None = None, *, pinned: bool = True, handling: str = DEFAULT_HANDLING
+) -> Detector:
     """dew's FID Inception (``dew.scoring.inception``, the pytorch-fid port of the 2015-12-05
-    graph) on uint8 images: x / 255, bilinear resize to 299, 2x − 1. The weights are checked
-    against their digest (and, with ``pinned``, the standard file's)."""
+    graph) on uint8 images with ``handling`` (``"tf1"``: TF1 legacy bilinear resize to 299,
+    (x − 128) / 128; ``"pytorch_fid"``: x / 255, half-pixel bilinear resize, 2x − 1). The
+    weights are checked against their digest (and, with ``pinned``, the standard file's)."""
     from dew.scoring import inception
     from dew.scoring.convert_inception import default_path, load_weights
 
+    inception.check_handling(handling, "--image_handling")
     path = os.path.expanduser(weights) if weights else default_path()
     params = load_weights(path, pinned=pinned)  # checks the arrays against this digest
     with open_npz(path, "the FID Inception weights") as data:
@@ -101,11 +116,21 @@ def inception_detector(weights: str | None = None, *, pinned: bool = True) -> De
     def fn(p: Any, images: Any) -> Any:
         import jax.numpy as jnp
 
-        return inception.features(p, images.astype(jnp.float32), value_range=(0.0, 255.0))
+        return inception.features(p, images.astype(jnp.float32), (0.0, 255.0), handling=handling)
 
-    return Detector(
-        fn, params, inception.FEATURE_DIM, f"dew inception_fid 2015-12-05, weights sha256 {digest}"
-    )
+    description = f"dew inception_fid 2015-12-05, {_HANDLING_MARK}{handling}, weights sha256 {digest}"
+    return Detector(fn, params, inception.FEATURE_DIM, description)
+
+
+def recorded_handling(description: str | None) -> str | None:
+    """The image handling a detector description names; dew's descriptions from before the
+    handling was recorded are ``"pytorch_fid"``; None for another detector's (NVlabs's files
+    record none)."""
+    if not description or not description.startswith("dew inception_fid"):
+        return None
+    if _HANDLING_MARK not in description:
+        return "pytorch_fid"
+    return description.split(_HANDLING_MARK, 1)[1].split(",", 1)[0].strip()
 
 
 def file_digest(path: str) -> str:
@@ -158,9 +183,24 @@ def load_reference(path: str, flag: str = "--ref") -> dict[str, Any]:
     return out
 
 
-def check_reference(ref: dict[str, Any], path: str, resolution: tuple[int, int], dim: int | None) -> None:
+def check_reference(
+    ref: dict[str, Any],
+    path: str,
+    resolution: tuple[int, int],
+    dim: int | None,
+    handling: str | None = None,
+) -> None:
     """Refuse reference statistics of another feature size (``dim``; None: not checked), or
-    (when recorded) computed at another resolution than ``resolution`` (the samples' [H, W])."""
+    (when recorded) computed at another resolution than ``resolution`` (the samples' [H, W]),
+    or (when the file records dew's detector) with another image ``handling`` (None: not
+    checked) than the samples'."""
+    want, got = handling, recorded_handling(ref.get("detector"))
+    if want and got and want != got:
+        raise FidInputError(
+            f"--ref={path!r} was computed with image handling {got!r}, the samples are embedded with "
+            f"{want!r}; recompute the reference with --image_handling={want} (or draw with "
+            f"--image_handling={got})"
+        )
     if dim is not None and ref["mu"].shape[0] != dim:
         raise FidInputError(
             f"--ref={path!r} holds {ref['mu'].shape[0]}-d statistics; the detector gives {dim}-d features"
@@ -234,6 +274,7 @@ def reference_statistics(
 
 
 __all__ = [
+    "DEFAULT_HANDLING",
     "Detector",
     "FidInputError",
     "MomentSums",
@@ -242,6 +283,7 @@ __all__ = [
     "dataset_files",
     "inception_detector",
     "load_reference",
+    "recorded_handling",
     "reference_statistics",
     "save_reference",
 ]

@@ -7,10 +7,20 @@ blocks (their average pools exclude the padding from the count, and the last E b
 its pool branch), followed by a global average pool to 2048 features. Every convolution is
 ``BasicConv2d``: convolution without bias, batch norm (inference statistics, ε = 0.001), ReLU.
 
-Input handling follows pytorch-fid: images in [0, 1] are resized to 299×299 with bilinear
-interpolation (half-pixel centres, no antialiasing: ``F.interpolate(..., mode="bilinear",
-align_corners=False)``), then mapped to [−1, 1]. ``features`` takes NHWC images in
-``value_range`` (dew's [−1, 1] by default) and repeats a single channel to three.
+Input handling (``handling``, one of ``IMAGE_HANDLING``):
+
+* ``"pytorch_fid"`` (the default): images in [0, 1] are resized to 299×299 with bilinear
+  interpolation (half-pixel centres, no antialiasing: ``F.interpolate(..., mode="bilinear",
+  align_corners=False)``), then mapped to [−1, 1] by 2x − 1, as pytorch-fid does.
+* ``"tf1"``: the 2015-12-05 TensorFlow graph's own handling, which NVlabs/edm's ``fid.py``
+  detector (StyleGAN3's TorchScript ``inception-2015-12-05.pkl``, fed uint8 NCHW at the data
+  set's resolution) and torch-fidelity (``interpolate_bilinear_2d_like_tensorflow1x`` in its
+  Inception feature extractor) reproduce: pixels in [0, 255] resized by TF1's legacy
+  ``ResizeBilinear`` (``align_corners=False``, ``half_pixel_centers=False``: source coordinate
+  i·in/out in float32, ``resize_bilinear_tf1``), then mapped by (x − 128) / 128.
+
+``features`` takes NHWC images in ``value_range`` (dew's [−1, 1] by default) and repeats a
+single channel to three.
 
 Weights: ``load_weights(path)`` reads the ``.npz`` that ``python -m dew.scoring.convert_inception``
 makes once from pytorch-fid's ``pt_inception-2015-12-05-6726825d.pth`` (PyTorch names, OIHW
@@ -30,6 +40,7 @@ import numpy as np
 BN_EPS = 1e-3
 FEATURE_DIM = 2048
 RESOLUTION = 299
+IMAGE_HANDLING = ("pytorch_fid", "tf1")
 
 # (name, out channels, kernel (h, w), stride, padding (h, w)) of the stem, in order.
 _STEM = (
@@ -177,6 +188,36 @@ def resize_bilinear(x: jax.Array, size: tuple[int, int]) -> jax.Array:
     return jnp.einsum("pw,nowc->nopc", cols, x, precision=hp)
 
 
+def _tf1_axis(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TF1 legacy bilinear taps along one axis: float32 source ``i · (in/out)`` (the scale a
+    float32 quotient, as ``CalculateResizeScale``), lower index its floor, upper index the next
+    one clamped to the edge, and the float32 fraction between them."""
+    scale = np.float32(n_in) / np.float32(n_out)
+    src = np.arange(n_out, dtype=np.float32) * scale
+    lo = np.floor(src).astype(np.int64)
+    return lo, np.minimum(lo + 1, n_in - 1), (src - lo.astype(np.float32)).astype(np.float32)
+
+
+def resize_bilinear_tf1(x: jax.Array, size: tuple[int, int]) -> jax.Array:
+    """NHWC bilinear resize as TensorFlow 1.x's ``ResizeBilinear`` with ``align_corners=False``
+    and ``half_pixel_centers=False`` (the 2015-12-05 FID graph's resize): output (i, j) reads
+    source (i·H/h, j·W/w), no half-pixel shift, no antialiasing, neighbours clamped at the
+    bottom/right edge; interpolated as TF does, along the width on the two source rows
+    (``a + (b − a)·t``), then between those rows."""
+    if x.ndim != 4:
+        raise ValueError(f"resize_bilinear_tf1: x must be NHWC, got shape {x.shape}")
+    y0, y1, dy = _tf1_axis(x.shape[1], size[0])
+    x0, x1, dx = _tf1_axis(x.shape[2], size[1])
+    x = x.astype(jnp.float32)
+
+    def along_width(rows: jax.Array) -> jax.Array:
+        left, right = jnp.take(rows, x0, axis=2), jnp.take(rows, x1, axis=2)
+        return left + (right - left) * dx[:, None]
+
+    top, bottom = along_width(jnp.take(x, y0, axis=1)), along_width(jnp.take(x, y1, axis=1))
+    return top + (bottom - top) * dy[:, None, None]
+
+
 def _network(x: jax.Array) -> jax.Array:
     """[N, H, W, 3] in [−1, 1] (already resized) -> [N, 2048]."""
     with hk.experimental.name_scope("inception_fid"):
@@ -197,17 +238,39 @@ def _network(x: jax.Array) -> jax.Array:
 network = hk.without_apply_rng(hk.transform(_network))
 
 
+def check_handling(handling: str, flag: str = "handling") -> str:
+    """``handling`` if it is one of ``IMAGE_HANDLING``; ``ValueError`` naming ``flag`` otherwise."""
+    if handling not in IMAGE_HANDLING:
+        raise ValueError(
+            f"{flag}={handling!r} is not an image handling; expected one of {list(IMAGE_HANDLING)}"
+        )
+    return handling
+
+
 def preprocess(
-    images: jax.Array, value_range: tuple[float, float] = (-1.0, 1.0), resize: bool = True
+    images: jax.Array,
+    value_range: tuple[float, float] = (-1.0, 1.0),
+    resize: bool = True,
+    handling: str = "pytorch_fid",
 ) -> jax.Array:
-    """NHWC images in ``value_range`` -> the network's input: one channel repeated to three,
-    mapped to [0, 1], resized to 299×299 (bilinear) and mapped to [−1, 1], as pytorch-fid."""
+    """NHWC images in ``value_range`` -> the network's input [N, 299, 299, 3] in about [−1, 1]:
+    one channel repeated to three, then ``handling`` (module docstring): ``"pytorch_fid"``
+    maps to [0, 1], resizes half-pixel bilinear, maps by 2x − 1; ``"tf1"`` maps to [0, 255]
+    (exactly, for uint8 images given with ``value_range=(0, 255)``), resizes as TF1's legacy
+    ``ResizeBilinear``, maps by (x − 128) / 128."""
+    check_handling(handling)
     if images.ndim != 4 or images.shape[-1] not in (1, 3):
         raise ValueError(f"inception features: images must be [N, H, W, 1 or 3], got shape {images.shape}")
     lo, hi = value_range
-    x = (images.astype(jnp.float32) - lo) / (hi - lo)
+    x = images.astype(jnp.float32)
     if x.shape[-1] == 1:
         x = jnp.repeat(x, 3, axis=-1)
+    if handling == "tf1":
+        x = (x - lo) * (255.0 / (hi - lo))  # a multiply by exactly 1 for (0, 255)
+        if resize:
+            x = resize_bilinear_tf1(x, (RESOLUTION, RESOLUTION))
+        return (x - 128.0) / 128.0
+    x = (x - lo) / (hi - lo)
     if resize:
         x = resize_bilinear(x, (RESOLUTION, RESOLUTION))
     return 2.0 * x - 1.0
@@ -218,12 +281,14 @@ def features(
     images: jax.Array,
     value_range: tuple[float, float] = (-1.0, 1.0),
     resize: bool = True,
+    handling: str = "pytorch_fid",
 ) -> jax.Array:
-    """2048-d FID features [N, 2048] of NHWC images in ``value_range``; pure, jit it.
+    """2048-d FID features [N, 2048] of NHWC images in ``value_range`` with the input
+    ``handling`` of ``preprocess``; pure, jit it (``handling`` static).
 
     ``resize=False`` feeds the images at their own size (at least 75×75), as pytorch-fid's
     ``resize_input=False``."""
-    x = preprocess(images, value_range, resize)
+    x = preprocess(images, value_range, resize, handling)
     if min(x.shape[1:3]) < 75:
         raise ValueError(f"inception features: images must be at least 75x75 without resizing, got {x.shape}")
     return network.apply(params, x)
@@ -267,4 +332,14 @@ def _expected_shapes() -> dict[str, dict[str, tuple[int, ...]]]:
     return {k: {n: tuple(v.shape) for n, v in leaves.items()} for k, leaves in shapes.items()}
 
 
-__all__ = ["FEATURE_DIM", "features", "network", "params_from_torch_names", "preprocess", "resize_bilinear"]
+__all__ = [
+    "FEATURE_DIM",
+    "IMAGE_HANDLING",
+    "check_handling",
+    "features",
+    "network",
+    "params_from_torch_names",
+    "preprocess",
+    "resize_bilinear",
+    "resize_bilinear_tf1",
+]
