@@ -4,7 +4,7 @@ as ``Diffusion.from_config`` would build it for class-conditional (or unconditio
 
 Imported lazily (``from benchmarks.edm_objective import ...`` inside the function that builds the
 case), so a benchmark's reference side never loads JAX; the benchmarks run with the checkout's
-root on ``PYTHONPATH``, as their usage lines say.
+root on ``sys.path`` (each appends it, so an installed or ``PYTHONPATH`` dew still wins).
 """
 
 from __future__ import annotations

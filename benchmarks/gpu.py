@@ -39,6 +39,11 @@ import subprocess
 import sys
 import time
 
+# The checkout's root, for benchmarks.edm_objective (appended: an installed or PYTHONPATH dew wins).
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.append(ROOT)
+
 NET = dict(
     img_resolution=32,
     img_channels=3,
