@@ -15,33 +15,40 @@ from typing import Any
 
 from dew.schema import ConfigError, Key, Section
 
-# (name, default, doc, accepted range) in the reference constructor's order.
 _MULTIPLIER = "a float >= 0 (a probability multiplier: 0 off, >= 1/p always)"
 _STD = "a float >= 0"
+
+
+def _multiplier(name: str, what: str) -> tuple[str, float, str, str]:
+    """A transform's probability multiplier: off (0) by default, as in the reference."""
+    return (name, 0.0, f"probability multiplier for {what}", _MULTIPLIER)
+
+
+# (name, default, doc, accepted range) in the reference constructor's order.
 _FIELDS: tuple[tuple[str, float, str, str], ...] = (
     ("p", 0.0, "overall augmentation probability; 0: no augmentation (train.py --augment)", "[0, 1]"),
     # Pixel blitting.
-    ("xflip", 0.0, "probability multiplier for x-flip", _MULTIPLIER),
-    ("yflip", 0.0, "probability multiplier for y-flip", _MULTIPLIER),
-    ("rotate_int", 0.0, "probability multiplier for integer (90°) rotation", _MULTIPLIER),
-    ("translate_int", 0.0, "probability multiplier for integer translation", _MULTIPLIER),
+    _multiplier("xflip", "x-flip"),
+    _multiplier("yflip", "y-flip"),
+    _multiplier("rotate_int", "integer (90°) rotation"),
+    _multiplier("translate_int", "integer translation"),
     ("translate_int_max", 0.125, "range of integer translation, relative to image size", "(0, 1]"),
     # Geometric transformations.
-    ("scale", 0.0, "probability multiplier for isotropic scaling", _MULTIPLIER),
-    ("rotate_frac", 0.0, "probability multiplier for fractional rotation", _MULTIPLIER),
-    ("aniso", 0.0, "probability multiplier for anisotropic scaling", _MULTIPLIER),
-    ("translate_frac", 0.0, "probability multiplier for fractional translation", _MULTIPLIER),
+    _multiplier("scale", "isotropic scaling"),
+    _multiplier("rotate_frac", "fractional rotation"),
+    _multiplier("aniso", "anisotropic scaling"),
+    _multiplier("translate_frac", "fractional translation"),
     ("scale_std", 0.2, "log2 standard deviation of isotropic scaling", _STD),
     ("rotate_frac_max", 1.0, "range of fractional rotation, 1 = full circle", _STD),
     ("aniso_std", 0.2, "log2 standard deviation of anisotropic scaling", _STD),
     ("aniso_rotate_prob", 0.5, "probability of anisotropic scaling in a rotated frame", "[0, 1]"),
     ("translate_frac_std", 0.125, "standard deviation of fractional translation, relative to size", _STD),
     # Colour transformations.
-    ("brightness", 0.0, "probability multiplier for brightness", _MULTIPLIER),
-    ("contrast", 0.0, "probability multiplier for contrast", _MULTIPLIER),
-    ("lumaflip", 0.0, "probability multiplier for luma flip", _MULTIPLIER),
-    ("hue", 0.0, "probability multiplier for hue rotation", _MULTIPLIER),
-    ("saturation", 0.0, "probability multiplier for saturation", _MULTIPLIER),
+    _multiplier("brightness", "brightness"),
+    _multiplier("contrast", "contrast"),
+    _multiplier("lumaflip", "luma flip"),
+    _multiplier("hue", "hue rotation"),
+    _multiplier("saturation", "saturation"),
     ("brightness_std", 0.2, "standard deviation of brightness", _STD),
     ("contrast_std", 0.5, "log2 standard deviation of contrast", _STD),
     ("hue_max", 1.0, "range of hue rotation, 1 = full circle", _STD),

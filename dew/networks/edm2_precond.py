@@ -10,6 +10,7 @@ c_noise = ln(σ) / 4; and the learned log-variance u(σ) = logvar_linear(MPFouri
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import chex
@@ -20,6 +21,11 @@ import jax.numpy as jnp
 from dew import registry
 from dew.networks.edm2_layers import MPConv, MPFourier
 from dew.networks.edm2_unet import EDM2UNet
+
+# The UNet's arguments (the reference's ``**unet_kwargs``): the Precond spells them out, so that
+# config.model's keys are read from its signature, and passes each on as given (sequences as tuples).
+_UNET_ARGUMENTS = tuple(key for key in inspect.signature(EDM2UNet).parameters if key != "name")
+_SEQUENCES = ("channel_mult", "attn_resolutions", "resample_filter")
 
 
 class EDM2Precond(hk.Module):
@@ -54,28 +60,15 @@ class EDM2Precond(hk.Module):
         clip_act: float | None = 256.0,
         name: str | None = "edm2",
     ):
+        given = dict(locals())  # the arguments, before anything else is bound
         super().__init__(name=name)
         if not sigma_data > 0:
             raise ValueError(f"EDM2Precond: sigma_data must be > 0, got {sigma_data}")
         self.label_dim, self.use_fp16 = label_dim, use_fp16
         self.sigma_data, self.logvar_channels = float(sigma_data), logvar_channels
-        self.unet_kwargs = dict(
-            model_channels=model_channels,
-            channel_mult=tuple(channel_mult),
-            channel_mult_noise=channel_mult_noise,
-            channel_mult_emb=channel_mult_emb,
-            num_blocks=num_blocks,
-            attn_resolutions=tuple(attn_resolutions),
-            label_balance=label_balance,
-            concat_balance=concat_balance,
-            label_dim=label_dim,
-            resample_filter=tuple(resample_filter),
-            channels_per_head=channels_per_head,
-            dropout=dropout,
-            res_balance=res_balance,
-            attn_balance=attn_balance,
-            clip_act=clip_act,
-        )
+        self.unet_kwargs = {
+            key: tuple(given[key]) if key in _SEQUENCES else given[key] for key in _UNET_ARGUMENTS
+        }
 
     def __call__(
         self,

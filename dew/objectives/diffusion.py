@@ -54,6 +54,7 @@ class Diffusion(DiffusionSampling, DiffusionScoring, Objective):
         augment_labels: bool = False,
         compute_dtype: str = "float32",
     ):
+        augment, augment_labels, compute_dtype = self._accept(augment, augment_labels, compute_dtype)
         if not 0.0 <= condition_dropout < 1.0:
             raise ValueError(f"condition_dropout must be in [0, 1), got {condition_dropout}")
         missing = set(input_spec.conditions) - set(encoders)
@@ -75,6 +76,21 @@ class Diffusion(DiffusionSampling, DiffusionScoring, Objective):
             key: registry.encoders[c.encoder].tokens(c.unconditional, c.field.shape)
             for key, c in input_spec.conditions.items()
         }
+        self._net = hk.transform(self._forward(model, encoders))
+
+    # --- what a subclass with another network interface replaces ------------------------------
+    def _accept(
+        self, augment: AugmentSettings | None, augment_labels: bool, compute_dtype: str
+    ) -> tuple[AugmentSettings | None, bool, str]:
+        """The augmentation, augmentation labels and compute dtype this objective trains with,
+        checked before anything else: here all are taken as given; a subclass whose network or
+        loss cannot use one raises a ``ConfigError`` naming it."""
+        return augment, augment_labels, compute_dtype
+
+    def _forward(self, model: ModuleFactory, encoders: Mapping[str, ModuleFactory]) -> Callable[..., Any]:
+        """The function ``hk.transform`` makes ``self._net`` of: (x, noise level, conditions,
+        is_training, augment labels or None) -> the network's output, each condition through its
+        encoder and passed under its key."""
 
         def forward(
             x: jax.Array,
@@ -88,7 +104,7 @@ class Diffusion(DiffusionSampling, DiffusionScoring, Objective):
                 encoded["augment_labels"] = augment_labels
             return model()(x, noise_level, is_training=is_training, **encoded)
 
-        self._net = hk.transform(forward)
+        return forward
 
     # --- pure pieces --------------------------------------------------------------------------
     def _conditions(self, batch: Batch) -> dict[str, jax.Array]:

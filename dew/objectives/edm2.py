@@ -21,17 +21,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import chex
-import haiku as hk
 import jax
 import jax.numpy as jnp
 
 from dew import registry
-from dew.diffusion.process import Process
-from dew.inputs import InputSpec
 from dew.networks.edm2_layers import project_weights
 from dew.objectives.diffusion import Diffusion, ModuleFactory
 from dew.objectives.diffusion_config import CONFIG as DIFFUSION_CONFIG
-from dew.objectives.diffusion_config import Sampling
 from dew.schema import ConfigError, Key, Section
 from dew.training.objective import Aux, Batch, Params, Stats, Step
 
@@ -68,40 +64,31 @@ class EDM2(Diffusion):
     P_std: float = 1.0
     sigma_data: float = 0.5
 
-    def __init__(
-        self,
-        input_spec: InputSpec,
-        process: Process,
-        model: ModuleFactory,
-        encoders: Mapping[str, ModuleFactory],
-        condition_dropout: float = 0.0,
-        *,
-        sampling: Sampling | None = None,
-        augment: Any = None,
-        augment_labels: bool = False,
-        compute_dtype: str = "float32",
-    ):
-        # EDM2 trains without EDM's AugmentPipe (its loss below draws no augmentation): refuse one
-        # rather than ignore it. Diffusion.from_config hands every diffusion objective these two.
+    def _accept(self, augment: Any, augment_labels: bool, compute_dtype: str) -> tuple[None, bool, str]:
+        """No augmentation, no augmentation labels, float32: EDM2 trains without EDM's
+        AugmentPipe (its loss below draws no augmentation), so one is refused rather than ignored
+        (``Diffusion.from_config`` hands every diffusion objective these); its network casts
+        itself (``config.model.use_fp16``, as the reference's Precond does)."""
         if augment is not None:
             raise ConfigError(
                 "config.objective.augment is enabled, which is invalid for the edm2 objective: EDM2 "
                 "trains without augmentation; expected config.objective.augment.p=0"
             )
-        # EDM2's network casts itself (config.model.use_fp16, as the reference's Precond does).
         if jnp.dtype(compute_dtype) != jnp.float32:
             raise ConfigError(
                 f"config.precision.compute={compute_dtype!r} is invalid for the edm2 objective: its network "
                 "sets its own precision; expected 'float32' and config.model.use_fp16 for float16"
             )
-        del augment_labels
-        super().__init__(input_spec, process, model, encoders, condition_dropout, sampling=sampling)
+        return None, False, "float32"
+
+    def _forward(self, model: ModuleFactory, encoders: Mapping[str, ModuleFactory]):
+        """(x, σ, conditions, is_training) -> (D(x; σ), u(σ)): the Precond with its log-variance."""
 
         def forward(x: jax.Array, sigma: jax.Array, conditions: Mapping[str, jax.Array], is_training: bool):
             encoded = {k: encoders[k]()(v) for k, v in conditions.items()}
             return model()(x, sigma, is_training=is_training, return_logvar=True, **encoded)
 
-        self._net = hk.transform(forward)
+        return forward
 
     def denoiser(
         self, params: Params, conditions: Mapping[str, jax.Array], rng=None, is_training: bool = False

@@ -9,18 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-PALETTE = [
-    (31, 119, 180),
-    (255, 127, 14),
-    (44, 160, 44),
-    (214, 39, 40),
-    (148, 103, 189),
-    (140, 86, 75),
-    (227, 119, 194),
-    (127, 127, 127),
-    (188, 189, 34),
-    (23, 190, 207),
-]
+from dew.tracking.render import PALETTE
 
 
 def _series_key(r: Mapping[str, Any]) -> tuple:
