@@ -177,6 +177,7 @@ def pipeline(
     import dew  # the registry fill: every objective, model and data set resolvable by name
     from dew.checkpointing.checkpoints import Checkpoints
     from dew.checkpointing.run_metadata import read_run_metadata
+    from dew.schema import ConfigError
     from dew.training.build import build_objective, open_split
     from dew.training.trainer_config import resolve_config
 
@@ -191,7 +192,10 @@ def pipeline(
     if "config" not in metadata:
         raise PipelineError(f"pipeline: {workdir}/run.json holds no config: not a dew run's metadata")
     config = resolve_config(metadata["config"])
-    train_source = open_split(config.dataset, "train")
+    try:  # the objective and the parameter shapes come from the run's data set
+        train_source = open_split(config.dataset, "train")
+    except ConfigError as e:
+        raise PipelineError(f"pipeline: {workdir}'s data set: {str(e).splitlines()[0]}") from None
     objective = build_objective(config, train_source)
     if not hasattr(objective, "infer"):
         raise PipelineError(

@@ -169,3 +169,17 @@ def test_the_cli_help_prints_its_usage_and_opens_no_run(capsys):
     printed = capsys.readouterr()
     assert printed.out.startswith("``python -m dew.sample --workdir=RUN") and "--list" in printed.out
     assert printed.err == ""
+
+
+def test_a_run_whose_data_set_is_not_here_is_one_pipeline_error_naming_it(run, tmp_path):
+    import json
+
+    workdir, _ = run
+    moved = tmp_path / "run"
+    shutil.copytree(workdir, moved)
+    metadata = json.loads((moved / "run.json").read_text())
+    metadata["config"]["dataset"].update(name="cifar10", data_dir=str(tmp_path / "no_data"))
+    (moved / "run.json").write_text(json.dumps(metadata))
+    with pytest.raises(PipelineError, match=r"run's data set: tfds data set 'cifar10' is not prepared") as e:
+        dew.pipeline(str(moved))
+    assert "\n" not in str(e.value)
