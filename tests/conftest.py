@@ -11,6 +11,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 CACHE = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".cache" / "jax-tests"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One BLAS thread per test process: `make test` runs one worker per core, and two OpenBLAS threads
+# per worker on two cores spin against each other (numpy's eigh in a 2048-d Fréchet distance: 6 s
+# with one thread, 29 s with two, the other core busy). Set before anything loads numpy.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # Every run the suite starts takes the CPU-flag kernel rule instead of timing its convolutions
 # (hundreds of short runs of many shapes; tests/test_kernel_choice.py covers the measurement).
 os.environ.setdefault("DEW_KERNELS_BY_RULE", "1")
@@ -19,6 +23,12 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
+# The suite is compile-bound: its programs are tiny and run a few steps, so LLVM's optimisation of
+# XLA:CPU's generated code costs more than it saves (cold cache, 2 cores: a CLI training test and a
+# video run 114 s -> 49 s wall). The HLO passes (fusion, layout) are the same at every level, and no
+# test compares bits across programs compiled with different flags. A given level is kept.
+if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 
 
 def tiny_config(**overrides):
