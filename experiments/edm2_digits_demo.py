@@ -102,10 +102,15 @@ def score(args: argparse.Namespace) -> dict:
     from dew.scoring.digits_features import digits_frechet_distance
     from dew.tracking.media import write_png
 
-    main = pipeline(os.path.join(args.out, "edm2"))
-    steps = sorted(int(d) for d in os.listdir(os.path.join(args.out, "edm2", "checkpoints")) if d.isdigit())
-    guide_step = min(steps, key=lambda s: abs(s - args.guide_fraction * main.step))
-    guide = pipeline(os.path.join(args.out, "edm2", "checkpoints", str(guide_step)))
+    main = pipeline(args.main or os.path.join(args.out, "edm2"))
+    if args.guide:
+        guide = pipeline(args.guide)
+    else:
+        checkpoints = os.path.join(args.out, "edm2", "checkpoints")
+        steps = sorted(int(d) for d in os.listdir(checkpoints) if d.isdigit())
+        nearest = min(steps, key=lambda s: abs(s - args.guide_fraction * main.step))
+        guide = pipeline(os.path.join(checkpoints, str(nearest)))
+    guide_step = guide.step
     song = pipeline(os.path.join(args.out, "songunet"))
     labels = jnp.repeat(jnp.arange(10, dtype=jnp.int32), args.per_class)
     conditions = {"label": labels}
@@ -164,7 +169,9 @@ def score(args: argparse.Namespace) -> dict:
         rows.append(row)
         print(json.dumps(row), flush=True)
     record = {
+        "edm2": main.workdir,
         "edm2_step": main.step,
+        "guide": guide.workdir,
         "songunet_step": song.step,
         "guide_step": guide_step,
         "sampler": f"heun, {args.points} points = {nfe('heun', args.points)} steps of the ODE",
@@ -191,11 +198,19 @@ def main() -> int:
     parser.add_argument("--sigma_lo", type=float, default=0.28)
     parser.add_argument("--sigma_hi", type=float, default=2.9)
     parser.add_argument("--guide_fraction", type=float, default=0.5)
+    parser.add_argument("--main", default=None, help="EDM2 source to score (default <out>/edm2)")
+    parser.add_argument(
+        "--guide",
+        default=None,
+        help="guide source (default: the <out>/edm2 checkpoint nearest --guide_fraction of its steps)",
+    )
+    parser.add_argument("--record", default="score", help="<out>/<record>.json for the score phase")
     parser.add_argument("--picture", default=str(HERE / "pictures" / "edm2_digits_guidance.png"))
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     record = train(args) if args.phase == "train" else score(args)
-    with open(os.path.join(args.out, f"{args.phase}.json"), "w") as f:
+    name = args.phase if args.phase == "train" else args.record
+    with open(os.path.join(args.out, f"{name}.json"), "w") as f:
         json.dump(record, f, indent=1)
     return 0
 
