@@ -16,10 +16,16 @@ points: the SongUNet and EDM2 unguided, and EDM2 with CFG over every σ, CFG in
 nearest ``--guide_fraction`` of its steps, its debiased EMA) over every σ. Scores: the
 independent RBF-SVM's agreement with the requested class (``dew.scoring.digits_classifier``)
 and the Fréchet distance in the digit classifier's features (``dew.scoring.digits_features``).
-Writes ``<out>/demo.json`` and one picture, a block of rows per mode.
+``--main``/``--guide`` name other sources for the EDM2 network and its guide (e.g. the run
+directories ``python -m dew.phema`` writes: a post-hoc EMA reconstruction). Writes
+``<out>/<--record>.json`` and one picture: two rows per mode (SongUNet, EDM2, CFG, interval CFG,
+autoguidance), one column per requested class.
 
     PYTHONPATH=. python experiments/edm2_digits_demo.py train --out=runs/edm2_demo --budget=270
     PYTHONPATH=. python experiments/edm2_digits_demo.py score --out=runs/edm2_demo
+    python -m dew.phema --workdir=runs/edm2_demo/edm2 --sigma_rel=0.05 --step=300
+    PYTHONPATH=. python experiments/edm2_digits_demo.py score --out=runs/edm2_demo \
+        --main=runs/edm2_demo/edm2/phema/sigma_rel_0.050 --record=score_phema
 """
 
 from __future__ import annotations
