@@ -275,3 +275,24 @@ def test_autoguidance_sweeps_the_guides_ema_length(run_dir, tmp_path, capsys):
     best = max(coarse, key=coarse.get)
     assert fine == {best, round(math.sqrt(0.05 * 0.16), 6)}
     assert result["settings"]["guide"] == os.path.abspath(run_dir)
+
+
+def test_a_checkpoint_between_two_power_ema_snapshots_is_refused_naming_the_snapshot_updates(
+    run_dir, tmp_path, capsys
+):
+    import shutil
+
+    from dew.sweep import cli
+
+    # A run preempted between two snapshots: its last checkpoint (6) is after its last snapshot (4).
+    preempted = tmp_path / "preempted"
+    shutil.copytree(run_dir, preempted, ignore=shutil.ignore_patterns("6"))
+    shutil.copytree(os.path.join(run_dir, "checkpoints", "6"), preempted / "checkpoints" / "6")
+    assert cli.main([f"--workdir={preempted}", *ARGS]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "error: --step=6 is invalid: the run has no power-EMA snapshot at update 6; its snapshots are "
+        "at updates [2, 4]: expected a checkpoint at one of them (--step for the run, a step directory "
+        "for --guide)"
+    ), err
+    assert not (preempted / "sweep").exists()

@@ -122,6 +122,19 @@ def _check_values(args: argparse.Namespace) -> None:
         raise SweepError("--guide_sigma_rels is given without --guide=WORKDIR; expected both or neither")
 
 
+def _check_snapshot_at(snapshots, updates: int, flag: str, whose: str) -> None:
+    """``SweepError`` unless a power-EMA snapshot was taken at ``updates`` (post-hoc EMA
+    reconstructs an average at a snapshot's time only: a run preempted between two snapshots
+    has a checkpoint at a step without one)."""
+    times = sorted({int(s.t) for s in snapshots})
+    if updates not in times:
+        raise SweepError(
+            f"{flag} is invalid: {whose} has no power-EMA snapshot at update {updates}; its snapshots "
+            f"are at updates {times}: expected a checkpoint at one of them (--step for the run, "
+            "a step directory for --guide)"
+        )
+
+
 def _snapshots(workdir: str, what: str):
     from dew.averaging.power_ema import SNAPSHOT_DIR, PowerEMASnapshots
 
@@ -166,15 +179,12 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
         raise SweepError(str(e).removeprefix("pipeline: ")) from None
     snapshots = _snapshots(workdir, "--workdir")
     updates = int(num_updates(main.step, main.config.train.accumulation))
-    if not any(s.t <= updates for s in snapshots):
-        raise SweepError(
-            f"--step={main.step} is invalid: the run's first power-EMA snapshot is after it "
-            f"(update {min(s.t for s in snapshots)}); expected a later checkpoint"
-        )
+    _check_snapshot_at(snapshots, updates, f"--step={main.step}", "the run")
     guide_snapshots, guide_updates = None, None
     if args.guide is not None and args.guide_sigma_rels is not None:
         guide_snapshots = _snapshots(os.path.abspath(args.guide), "--guide")
         guide_updates = int(num_updates(main.guide.step, main.guide.config.train.accumulation))
+        _check_snapshot_at(guide_snapshots, guide_updates, f"--guide={args.guide!r}", "the guide")
     steps = args.steps if args.steps is not None else int(main.options.get("steps", 0))
     if steps < 1:
         raise SweepError(f"--steps={args.steps} is invalid: expected an int >= 1")
