@@ -41,7 +41,9 @@ def images() -> list[np.ndarray]:
     out = []
     for h, w in SIZES:
         y, x = np.mgrid[0:h, 0:w]
-        base = np.stack([255 * x / max(w - 1, 1), 255 * y / max(h - 1, 1), 128 + 100 * np.sin(x * y / 37)], -1)
+        base = np.stack(
+            [255 * x / max(w - 1, 1), 255 * y / max(h - 1, 1), 128 + 100 * np.sin(x * y / 37)], -1
+        )
         noisy = base + rng.normal(0, 24, base.shape)
         out.append(np.clip(np.round(noisy), 0, 255).astype(np.uint8))
     return out
@@ -58,7 +60,11 @@ def main() -> None:
 
     # persistent_class wraps __init__ in a subclass taking *args, **kwargs: the first __init__ in
     # the MRO that names raw_mean is the reference's own.
-    init = next(c.__init__ for c in StabilityVAEEncoder.__mro__ if "raw_mean" in inspect.signature(c.__init__).parameters)
+    init = next(
+        c.__init__
+        for c in StabilityVAEEncoder.__mro__
+        if "raw_mean" in inspect.signature(c.__init__).parameters
+    )
     defaults = {k: p.default for k, p in inspect.signature(init).parameters.items() if k != "self"}
     with open(os.path.join(HERE, "encoder_defaults.json"), "w") as f:
         json.dump({"StabilityVAEEncoder": defaults}, f, indent=1)
