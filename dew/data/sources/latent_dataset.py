@@ -9,10 +9,10 @@ The source is an NVlabs/edm / edm2 image data set (``dew.data.sources.image_fold
 and resize each image exactly as edm2's ``dataset_tool.py convert`` does
 (``dew.data.sources.latent_transforms``; ImageNet-512 is ``--resolution=512x512
 --transform=center-crop-dhariwal``), so one command does edm2's ``convert`` then ``encode``, and
-the source may then hold images of any size and mode (read as ``convert('RGB')``). Each image is encoded by the VAE exactly as
-edm2's ``StabilityVAEEncoder.encode_pixels`` does (``dew.encoding.stability_vae``: pixels / 255,
-the posterior's mean and std concatenated), and stored as edm2's ``dataset_tool.py encode``
-stores it, so edm2 and dew read the result alike:
+the source may then hold images of any size and mode (read as ``convert('RGB')``). Each image
+is encoded by the VAE exactly as edm2's ``StabilityVAEEncoder.encode_pixels`` does
+(``dew.encoding.stability_vae``: pixels / 255, the posterior's mean and std concatenated), and
+stored as edm2's ``dataset_tool.py encode`` stores it, so edm2 and dew read the result alike:
 
 - ``<dest>/<first 5 digits>/img-mean-std-<8-digit index>.npy``: float32 [8, H/8, W/8] (CHW:
   4 mean channels, then 4 std channels);
@@ -289,7 +289,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.max_images is not None and args.max_images < 1:
             raise LatentDatasetError(f"--max_images={args.max_images}: expected an int >= 1")
         from dew.data.sources.image_folder import ImageFiles
-
         from dew.data.sources.latent_transforms import make_transform, parse_resolution
 
         resolution = parse_resolution(args.resolution) if args.resolution else None
