@@ -111,7 +111,7 @@ def reference_preset(name: str) -> ConfigDict:
     _common(config)
     if name.startswith("img512"):
         config.dataset = ConfigDict(
-            {"name": "latent_dataset", "batch_size": batch, "path": "", "use_labels": True}
+            {"name": "latent_dataset", "batch_size": batch, "path": "", "use_labels": True, "cache": False}
         )
         config.objective.latent = ConfigDict(dict(STABILITY_VAE_ENCODER))
     else:

@@ -132,3 +132,24 @@ def test_a_missing_vae_file_is_one_line_naming_it_and_how_to_get_it(data, tmp_pa
     assert str(missing) in message and "stabilityai/sd-vae-ft-mse" in message
     pins = sorted(sd_vae_weights.PINNED_SHA256)
     assert all(p in message for p in pins) if pins else "no SHA-256 is pinned" in message
+
+
+def test_an_uncached_latent_set_reads_the_same_rows_lazily(data):
+    """The img512 presets read latents per batch (ImageNet-512's 1.28 M × 128 KiB is not held in
+    memory): the same values as the cached set, for an index array, an int and a slice."""
+    from dew.data.sources.latent_dataset import LatentRows
+    from dew.data.sources.latent_source import latent_dataset
+
+    assert preset("img512-xs").dataset.cache is False
+    lazy = latent_dataset(path=str(data / "latents"), use_labels=True, cache=False)
+    eager = latent_dataset(path=str(data / "latents"), use_labels=True)
+    rows, table = lazy.fields["image"], eager.fields["image"]
+    assert isinstance(rows, LatentRows) and isinstance(table, np.ndarray)
+    assert rows.shape == table.shape == (12, 8, 8, 8) and rows.dtype == table.dtype == np.float32
+    index = np.array([11, 0, 5, 5])
+    np.testing.assert_array_equal(rows[index], table[index])
+    np.testing.assert_array_equal(rows[3], table[3])
+    np.testing.assert_array_equal(rows[-1], table[-1])
+    np.testing.assert_array_equal(rows[2:7:2], table[2:7:2])
+    np.testing.assert_array_equal(lazy.fields["label"], eager.fields["label"])
+    assert lazy.prefetch > 0 and eager.prefetch == 0

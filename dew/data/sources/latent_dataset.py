@@ -240,9 +240,42 @@ def _checked(image: np.ndarray, shape: tuple, name: str, source: str) -> np.ndar
     return image
 
 
-def read_latent_dataset(path: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """A finished latent data set: raw latents [N, h, w, 2C] (NHWC, float32: mean ‖ std) in index
-    order and the class labels [N] (int64) or None."""
+class LatentRows:
+    """The raw latents of a finished latent data set, read from disk per lookup: behaves as a
+    float32 [N, h, w, 2C] array for ``Dataset`` (``shape``, ``dtype``, ``len``, indexing by an
+    index array or an int), so a set larger than memory (ImageNet-512: 1.28 M × 128 KiB) trains."""
+
+    def __init__(self, path: str, count: int):
+        if count < 1:
+            raise LatentDatasetError(f"{path!r}: {MANIFEST} records {count} images; expected >= 1")
+        self.path = path
+        first = self._load(0)
+        self.shape = (int(count), *first.shape)
+        self.dtype = np.dtype(np.float32)
+
+    def _load(self, i: int) -> np.ndarray:
+        a = np.load(os.path.join(self.path, latent_name(int(i))), allow_pickle=False)
+        return np.ascontiguousarray(a.transpose(1, 2, 0), np.float32)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index):
+        if np.isscalar(index) and np.issubdtype(type(index), np.integer):
+            return self._load(range(len(self))[int(index)])
+        rows = np.arange(len(self))[index]
+        if rows.ndim != 1:
+            raise IndexError(f"LatentRows: expected an int or a 1-D index, got shape {rows.shape}")
+        return (
+            np.stack([self._load(i) for i in rows])
+            if rows.size
+            else np.empty((0, *self.shape[1:]), np.float32)
+        )
+
+
+def open_latent_dataset(path: str) -> tuple[LatentRows, np.ndarray | None]:
+    """A finished latent data set, lazily: ``LatentRows`` (index order) and the class labels [N]
+    (int64) or None."""
     labels_path = os.path.join(path, LABELS_FILE)
     if not os.path.isfile(labels_path):
         raise LatentDatasetError(f"{path!r} is not a finished latent data set (no {LABELS_FILE})")
@@ -250,14 +283,15 @@ def read_latent_dataset(path: str) -> tuple[np.ndarray, np.ndarray | None]:
         entries = json.load(fh).get("labels")
     with open(os.path.join(path, MANIFEST)) as fh:
         count = json.load(fh)["num_images"]
-    raw = np.stack(
-        [
-            np.load(os.path.join(path, latent_name(i)), allow_pickle=False).transpose(1, 2, 0)
-            for i in range(count)
-        ]
-    )
     labels = None if entries is None else np.asarray([c for _, c in entries], np.int64)
-    return raw, labels
+    return LatentRows(path, count), labels
+
+
+def read_latent_dataset(path: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """A finished latent data set: raw latents [N, h, w, 2C] (NHWC, float32: mean ‖ std) in index
+    order and the class labels [N] (int64) or None."""
+    rows, labels = open_latent_dataset(path)
+    return rows[np.arange(len(rows))], labels
 
 
 def main(argv: Sequence[str] | None = None) -> int:
