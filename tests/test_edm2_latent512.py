@@ -72,35 +72,35 @@ def data(tmp_path_factory):
 def tiny_img512(data, **overrides):
     """img512-xs with sizes shrunk: the random VAE's shape, a 2-level 8-channel network, 2 steps."""
     vae = data_script.VAE
-    settings = {
-        "dataset.path": str(data / "latents"),
-        "dataset.batch_size": 4,
-        "objective.latent.weights": str(data / "random_vae.safetensors"),
-        "objective.latent.allow_unpinned": True,
-        "objective.latent.vae_channels": tuple(vae.block_out_channels),
-        "objective.latent.vae_layers_per_block": vae.layers_per_block,
-        "objective.latent.vae_groups": vae.norm_num_groups,
-        "model.model_channels": 8,
-        "model.channel_mult": (1, 2),
-        "model.num_blocks": 1,
-        "model.attn_resolutions": (4,),
-        "model.channels_per_head": 8,
-        "model.logvar_channels": 8,
-        "model.use_fp16": False,
-        "train.num_steps": 1,
-        "train.log_every": 1,
-        "checkpoint.every": 1,
-        "preview.every": 1,
-        "ema.snapshot_every": 1,
-        "objective.sampling.steps": 2,
-        "objective.sampling.per_class": 1,
-        "mesh.devices": 1,
+    sections = {
+        "dataset": {"path": str(data / "latents"), "batch_size": 4},
+        "objective.latent": {
+            "weights": str(data / "random_vae.safetensors"),
+            "allow_unpinned": True,  # the random VAE has no published digest
+            "vae_channels": tuple(vae.block_out_channels),
+            "vae_layers_per_block": vae.layers_per_block,
+            "vae_groups": vae.norm_num_groups,
+        },
+        "model": {
+            "model_channels": 8,
+            "channel_mult": (1, 2),
+            "num_blocks": 1,
+            "attn_resolutions": (4,),
+            "channels_per_head": 8,
+            "logvar_channels": 8,
+            "use_fp16": False,
+        },
+        "train": {"num_steps": 1, "log_every": 1},
+        "checkpoint": {"every": 1},
+        "preview": {"every": 1},
+        "ema": {"snapshot_every": 1},
+        "objective.sampling": {"steps": 2, "per_class": 1},
+        "mesh": {"devices": 1},
     }
+    settings = {f"{section}.{k}": v for section, keys in sections.items() for k, v in keys.items()}
     settings.update(overrides)
-    return apply_overrides(
-        load_config(str(ROOT / "experiments" / "edm2.py:img512-xs")),
-        [f"config.{k}={v}" if isinstance(v, str) else f"config.{k}={v!r}" for k, v in settings.items()],
-    )
+    lines = [f"config.{k}={v if isinstance(v, str) else repr(v)}" for k, v in settings.items()]
+    return apply_overrides(load_config(str(ROOT / "experiments" / "edm2.py:img512-xs")), lines)
 
 
 @pytest.mark.slow  # compiles an EDM2 step, a 2-step sampler and the VAE decoder
