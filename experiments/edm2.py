@@ -16,9 +16,24 @@ EMA profiles σ_rel 0.050 and 0.100 snapshotted every 8 Mi images (the reference
 guidance.
 
 Data: the ``img64`` presets read an NVlabs/edm-format ImageNet-64 zip (``image_folder``, labels on,
-uint8 -> [-1, 1] as the reference's ``StandardRGBEncoder``). The ``img512`` presets train on the
-reference's Stable-Diffusion VAE latents (64×64×4), which dew does not compute: point
-``dataset.path`` at a data set of such latents.
+uint8 -> [-1, 1] as the reference's ``StandardRGBEncoder``). The ``img512`` presets train in the
+latent space of Stable Diffusion's VAE as the reference's ``StabilityVAEEncoder`` does
+(``config.objective.latent``, ``dew.objectives.latent_space``: sd-vae-ft-mse, raw mean
+(5.81, 3.25, 0.12, −2.15), raw std (4.17, 4.62, 3.71, 3.28), final mean 0 and std 0.5): the data is
+a pre-encoded latent data set (``latent_dataset``: 64×64×8 raw mean ‖ std per 512×512 image), made
+once, as the reference's ``dataset_tool.py convert --resolution=512x512
+--transform=center-crop-dhariwal`` then ``dataset_tool.py encode`` make it, by
+
+    python -m dew.data.sources.latent_dataset --source=<ImageNet train folder> \
+        --dest=datasets/img512-sd --resolution=512x512 --transform=center-crop-dhariwal
+    python -m dew.main --config=experiments/edm2.py:img512-s --workdir=runs/edm2-img512-s \
+        --config.dataset.path=datasets/img512-sd
+
+Training draws each step's latents from the stored mean and std; previews, ``dew.pipeline``,
+``python -m dew.sample`` and ``python -m dew.fid --workdir`` decode through the VAE to 512×512
+images, as the reference's ``generate_images.py`` does. The VAE weights are sd-vae-ft-mse's
+``diffusion_pytorch_model.safetensors`` at ``config.objective.latent.weights`` ('' = the default
+path, ``dew.networks.sd_vae_weights``); a missing file is one line naming it and how to get it.
 """
 
 from ml_collections import ConfigDict
@@ -42,6 +57,17 @@ SNAPSHOT_NIMG = 8 << 20
 """The reference's ``--snapshot`` default: power-EMA snapshots every 8 Mi images."""
 EMA_STDS = (0.050, 0.100)
 """``training.phema.PowerFunctionEMA``'s default ``stds``."""
+STABILITY_VAE_ENCODER = {
+    "encoder": "stability_vae",
+    "weights": "",  # '': dew.networks.sd_vae_weights.default_path()
+    "vae_channels": (128, 256, 512, 512),
+    "vae_layers_per_block": 2,
+    "vae_groups": 32,
+    "vae_latent_channels": 4,
+}
+"""``config.objective.latent`` of the img512 presets: ``training.encoders.StabilityVAEEncoder()``
+with its defaults (sd-vae-ft-mse's ``AutoencoderKL`` shape; the latent scaling is
+``dew.encoding.stability_vae.EDM2_SCALING``, the encoder's own raw/final mean and std)."""
 
 
 def _common(config: ConfigDict) -> None:
@@ -83,9 +109,15 @@ def reference_preset(name: str) -> ConfigDict:
     duration, batch, channels, lr, decay, dropout, p_mean, p_std = PRESETS[name]
     config = ConfigDict()
     _common(config)
-    config.dataset = ConfigDict(
-        {"name": "image_folder", "batch_size": batch, "path": "", "use_labels": True, "cache": False}
-    )
+    if name.startswith("img512"):
+        config.dataset = ConfigDict(
+            {"name": "latent_dataset", "batch_size": batch, "path": "", "use_labels": True, "cache": False}
+        )
+        config.objective.latent = ConfigDict(dict(STABILITY_VAE_ENCODER))
+    else:
+        config.dataset = ConfigDict(
+            {"name": "image_folder", "batch_size": batch, "path": "", "use_labels": True, "cache": False}
+        )
     config.objective.P_mean, config.objective.P_std = p_mean, p_std
     config.model = ConfigDict(
         {"name": "edm2", "model_channels": channels, "dropout": dropout, "use_fp16": True, "sigma_data": 0.5}

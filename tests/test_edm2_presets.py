@@ -22,8 +22,9 @@ NOT_COMPARED = {
     "batch_gpu": "per-GPU micro-batch: a device-memory choice; dew's is train.accumulation, and "
     "the images per update (batch_size) are compared",
     "cudnn_benchmark": "a cuDNN autotuning switch with no dew counterpart (XLA autotunes itself)",
-    "encoder_kwargs.class_name": "compared for img64 only (StandardRGBEncoder = dew's image_folder "
-    "scaling to [-1, 1]); img512's StabilityVAEEncoder is not in dew",
+    "encoder_kwargs.class_name": "compared where dew has the counterpart: img64's StandardRGBEncoder "
+    "= image_folder's scaling to [-1, 1], img512's StabilityVAEEncoder = objective.latent.encoder "
+    "'stability_vae'",
 }
 
 
@@ -42,9 +43,11 @@ def _as_reference(c, preset: str) -> dict:
     the callee defaults ``make_presets.py`` records)."""
     images_per_update = c.dataset.batch_size * c.train.accumulation
     dew = {
-        "dataset_kwargs.class_name": {"image_folder": "training.dataset.ImageFolderDataset"}.get(
-            c.dataset.name
-        ),
+        # edm2's ImageFolderDataset reads PNGs and pre-encoded .npy latents; dew has a source each
+        "dataset_kwargs.class_name": {
+            "image_folder": "training.dataset.ImageFolderDataset",
+            "latent_dataset": "training.dataset.ImageFolderDataset",
+        }.get(c.dataset.name),
         "dataset_kwargs.use_labels": c.dataset.use_labels and c.objective.condition == "class_label",
         "total_nimg": c.train.num_steps * c.dataset.batch_size,
         "batch_size": images_per_update,
@@ -76,6 +79,9 @@ def _as_reference(c, preset: str) -> dict:
     }
     if c.dataset.name == "image_folder" and preset.startswith("edm2-img64"):
         dew["encoder_kwargs.class_name"] = "training.encoders.StandardRGBEncoder"
+    latent = c.objective.get("latent")
+    if c.dataset.name == "latent_dataset" and latent is not None and latent.encoder == "stability_vae":
+        dew["encoder_kwargs.class_name"] = "training.encoders.StabilityVAEEncoder"
     # EDM2's recipe: no label dropout, no warm-up beyond rampup_Mimg, power-EMA only.
     assert c.objective.condition_dropout == 0.0 and c.optimizer.warmup_steps == 0
     return dew

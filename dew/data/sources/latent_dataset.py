@@ -2,13 +2,17 @@
 
     python -m dew.data.sources.latent_dataset --source=<images: directory or .zip> --dest=<directory> \
         [--weights=<diffusion_pytorch_model.safetensors>] [--allow_unpinned_weights] \
-        [--batch_size=8] [--max_images=N]
+        [--batch_size=8] [--max_images=N] [--transform=center-crop-dhariwal] [--resolution=512x512]
 
 The source is an NVlabs/edm / edm2 image data set (``dew.data.sources.image_folder``: same-size
-8-bit RGB files, optional ``dataset.json`` labels). Each image is encoded by the VAE exactly as
-edm2's ``StabilityVAEEncoder.encode_pixels`` does (``dew.encoding.stability_vae``: pixels / 255,
-the posterior's mean and std concatenated), and stored as edm2's ``dataset_tool.py encode``
-stores it, so edm2 and dew read the result alike:
+8-bit RGB files, optional ``dataset.json`` labels). ``--transform`` / ``--resolution`` first crop
+and resize each image exactly as edm2's ``dataset_tool.py convert`` does
+(``dew.data.sources.latent_transforms``; ImageNet-512 is ``--resolution=512x512
+--transform=center-crop-dhariwal``), so one command does edm2's ``convert`` then ``encode``, and
+the source may then hold images of any size and mode (read as ``convert('RGB')``). Each image
+is encoded by the VAE exactly as edm2's ``StabilityVAEEncoder.encode_pixels`` does
+(``dew.encoding.stability_vae``: pixels / 255, the posterior's mean and std concatenated), and
+stored as edm2's ``dataset_tool.py encode`` stores it, so edm2 and dew read the result alike:
 
 - ``<dest>/<first 5 digits>/img-mean-std-<8-digit index>.npy``: float32 [8, H/8, W/8] (CHW:
   4 mean channels, then 4 std channels);
@@ -102,13 +106,20 @@ def encode_dataset(
     *,
     batch_size: int = 8,
     max_images: int | None = None,
+    transform: str | None = None,
+    resolution: tuple[int, int] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> EncodeReport:
     """Encode the image data set at ``source`` into ``dest`` with ``codec`` (a
-    ``StabilityVAECodec``); see the module docstring for the format and the resume rule."""
+    ``StabilityVAECodec``); see the module docstring for the format and the resume rule.
+
+    ``transform`` / ``resolution`` (width, height): ``dataset_tool.py convert``'s crop and resize
+    applied to each image first (``dew.data.sources.latent_transforms``); either one set reads
+    the images as edm2 does (``convert('RGB')``), so they may differ in size and mode."""
     import jax
     import jax.numpy as jnp
 
+    from dew.data.sources import latent_transforms
     from dew.data.sources.image_folder import ImageFiles, read_labels
 
     if not isinstance(batch_size, int) or batch_size < 1:
@@ -116,9 +127,34 @@ def encode_dataset(
     if max_images is not None and (not isinstance(max_images, int) or max_images < 1):
         raise LatentDatasetError(f"--max_images={max_images!r}: expected an int >= 1 (or none for all)")
     files = ImageFiles(source)
-    names = files.images[:max_images] if max_images else files.images
     labels = read_labels(files)
-    shape = files.header_shape(names[0])
+    names = files.images[:max_images] if max_images else files.images
+    spec = None
+    if transform is not None or resolution is not None:
+        width, height = resolution if resolution is not None else (None, None)
+        try:
+            convert = latent_transforms.make_transform(transform, width, height)
+        except ValueError as e:
+            raise LatentDatasetError(str(e)) from None
+        spec = (transform, width, height)
+        kept = kept_images(files, names, spec)
+        if labels is not None:
+            index = {name: i for i, name in enumerate(files.images)}
+            labels = labels[[index[n] for n in kept]]
+        names = kept
+        if not names:
+            raise LatentDatasetError(
+                f"--source={source!r}: --transform={transform} --resolution={width}x{height} keeps no image"
+            )
+
+        def decode(name: str) -> np.ndarray:
+            with files.open(name) as fh:
+                return convert(latent_transforms.load_rgb(fh))
+
+        shape = decode(names[0]).shape
+    else:
+        decode = files.decode
+        shape = files.header_shape(names[0])
     f = codec.config.downsampling
     if shape[2] != codec.config.in_channels or shape[0] % f or shape[1] % f:
         raise LatentDatasetError(
@@ -130,6 +166,7 @@ def encode_dataset(
         "num_images": len(names),
         "image_shape": list(shape),
         "vae": dataclasses.asdict(codec.config),
+        "transform": None if spec is None else list(spec),
         "format": "edm2 dataset_tool.py encode: float32 [2*latent, H/f, W/f] mean||std per image",
     }
     manifest_path = os.path.join(dest, MANIFEST)
@@ -161,7 +198,7 @@ def encode_dataset(
     done, last = 0, time.monotonic()
     for start in range(0, len(todo), per_call):
         chunk = todo[start : start + per_call]
-        batch = np.stack([files.decode(names[i]) for i in chunk])
+        batch = np.stack([_checked(decode(names[i]), shape, names[i], source) for i in chunk])
         if len(chunk) < per_call:  # pad to the sharded size; the padding is dropped
             batch = np.concatenate([batch, np.repeat(batch[-1:], per_call - len(chunk), axis=0)])
         raw = np.asarray(encode(jnp.asarray(batch)))[: len(chunk)]
@@ -176,9 +213,69 @@ def encode_dataset(
     return EncodeReport(total=len(names), encoded=len(todo), skipped=len(names) - len(todo))
 
 
-def read_latent_dataset(path: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """A finished latent data set: raw latents [N, h, w, 2C] (NHWC, float32: mean ‖ std) in index
-    order and the class labels [N] (int64) or None."""
+def kept_images(files, names: Sequence[str], spec: tuple | None) -> list[str]:
+    """The images ``dataset_tool.py convert`` keeps under ``spec`` = (transform, width, height):
+    all but those ``center-crop-wide`` skips (decided from each header's size)."""
+    if spec is None or spec[0] != "center-crop-wide":
+        return list(names)
+    import PIL.Image
+
+    from dew.data.sources.latent_transforms import skips
+
+    kept = []
+    for name in names:
+        with files.open(name) as fh, PIL.Image.open(fh) as image:
+            width, height = image.size
+        if not skips(spec[0], spec[1], spec[2], (height, width)):
+            kept.append(name)
+    return kept
+
+
+def _checked(image: np.ndarray, shape: tuple, name: str, source: str) -> np.ndarray:
+    if image.shape != tuple(shape):
+        raise LatentDatasetError(
+            f"--source={source!r}: {name!r} is {'x'.join(map(str, image.shape))} after decoding; "
+            f"expected {'x'.join(map(str, shape))} as the first image (same-size images, or --resolution)"
+        )
+    return image
+
+
+class LatentRows:
+    """The raw latents of a finished latent data set, read from disk per lookup: behaves as a
+    float32 [N, h, w, 2C] array for ``Dataset`` (``shape``, ``dtype``, ``len``, indexing by an
+    index array or an int), so a set larger than memory (ImageNet-512: 1.28 M × 128 KiB) trains."""
+
+    def __init__(self, path: str, count: int):
+        if count < 1:
+            raise LatentDatasetError(f"{path!r}: {MANIFEST} records {count} images; expected >= 1")
+        self.path = path
+        first = self._load(0)
+        self.shape = (int(count), *first.shape)
+        self.dtype = np.dtype(np.float32)
+
+    def _load(self, i: int) -> np.ndarray:
+        a = np.load(os.path.join(self.path, latent_name(int(i))), allow_pickle=False)
+        return np.ascontiguousarray(a.transpose(1, 2, 0), np.float32)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index):
+        if np.isscalar(index) and np.issubdtype(type(index), np.integer):
+            return self._load(range(len(self))[int(index)])
+        rows = np.arange(len(self))[index]
+        if rows.ndim != 1:
+            raise IndexError(f"LatentRows: expected an int or a 1-D index, got shape {rows.shape}")
+        return (
+            np.stack([self._load(i) for i in rows])
+            if rows.size
+            else np.empty((0, *self.shape[1:]), np.float32)
+        )
+
+
+def open_latent_dataset(path: str) -> tuple[LatentRows, np.ndarray | None]:
+    """A finished latent data set, lazily: ``LatentRows`` (index order) and the class labels [N]
+    (int64) or None."""
     labels_path = os.path.join(path, LABELS_FILE)
     if not os.path.isfile(labels_path):
         raise LatentDatasetError(f"{path!r} is not a finished latent data set (no {LABELS_FILE})")
@@ -186,14 +283,15 @@ def read_latent_dataset(path: str) -> tuple[np.ndarray, np.ndarray | None]:
         entries = json.load(fh).get("labels")
     with open(os.path.join(path, MANIFEST)) as fh:
         count = json.load(fh)["num_images"]
-    raw = np.stack(
-        [
-            np.load(os.path.join(path, latent_name(i)), allow_pickle=False).transpose(1, 2, 0)
-            for i in range(count)
-        ]
-    )
     labels = None if entries is None else np.asarray([c for _, c in entries], np.int64)
-    return raw, labels
+    return LatentRows(path, count), labels
+
+
+def read_latent_dataset(path: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """A finished latent data set: raw latents [N, h, w, 2C] (NHWC, float32: mean ‖ std) in index
+    order and the class labels [N] (int64) or None."""
+    rows, labels = open_latent_dataset(path)
+    return rows[np.arange(len(rows))], labels
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -206,6 +304,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--max_images", type=int, default=None)
+    parser.add_argument(
+        "--transform",
+        default=None,
+        help="dataset_tool.py convert's crop: center-crop, center-crop-wide or center-crop-dhariwal",
+    )
+    parser.add_argument(
+        "--resolution", default=None, help="WxH to resize to first (dataset_tool.py convert's)"
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     from dew.data.sources.image_folder import ImageFolderError
     from dew.encoding.stability_vae import StabilityVAECodec
@@ -217,11 +323,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.max_images is not None and args.max_images < 1:
             raise LatentDatasetError(f"--max_images={args.max_images}: expected an int >= 1")
         from dew.data.sources.image_folder import ImageFiles
+        from dew.data.sources.latent_transforms import make_transform, parse_resolution
 
+        resolution = parse_resolution(args.resolution) if args.resolution else None
+        make_transform(args.transform, *(resolution or (None, None)))  # bad flags stop here
         ImageFiles(args.source)  # a bad --source stops before the weights are read
         codec = StabilityVAECodec(load_weights(args.weights, allow_unpinned=args.allow_unpinned_weights))
         report = encode_dataset(
-            args.source, args.dest, codec, batch_size=args.batch_size, max_images=args.max_images
+            args.source,
+            args.dest,
+            codec,
+            batch_size=args.batch_size,
+            max_images=args.max_images,
+            transform=args.transform,
+            resolution=resolution,
         )
     except (LatentDatasetError, ImageFolderError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -18,9 +18,12 @@ from dew.data.dataset import Source
 from dew.schema import ConfigError, Key, Section
 
 
-def latent_dataset(split: str = "train", *, path: str = "", use_labels: bool = False) -> Source:
-    """The finished latent data set at ``path`` as a ``Source`` (module docstring)."""
-    from dew.data.sources.latent_dataset import LatentDatasetError, read_latent_dataset
+def latent_dataset(
+    split: str = "train", *, path: str = "", use_labels: bool = False, cache: bool = True
+) -> Source:
+    """The finished latent data set at ``path`` as a ``Source`` (module docstring); ``cache``
+    False reads each batch's files when it is drawn (``LatentRows``) instead of all up front."""
+    from dew.data.sources.latent_dataset import LatentDatasetError, open_latent_dataset
 
     if split not in ("train", "validation"):
         raise ValueError(f"latent_dataset: split must be 'train' or 'validation', got {split!r}")
@@ -30,10 +33,11 @@ def latent_dataset(split: str = "train", *, path: str = "", use_labels: bool = F
             "(python -m dew.data.sources.latent_dataset --source=... --dest=DIR)"
         )
     try:
-        raw, labels = read_latent_dataset(path)
+        rows, labels = open_latent_dataset(path)
+        raw = rows[np.arange(len(rows))] if cache else rows
     except (LatentDatasetError, OSError) as e:
         raise ConfigError(f"config.dataset.path={path!r}: {e}") from None
-    fields = {"image": np.ascontiguousarray(raw, np.float32)}
+    fields = {"image": raw}
     num_classes = None
     if use_labels:
         if labels is None:
@@ -44,7 +48,7 @@ def latent_dataset(split: str = "train", *, path: str = "", use_labels: bool = F
         fields["label"] = labels.astype(np.int32)
         num_classes = int(labels.max()) + 1
     name = path.rstrip("/").rsplit("/", 1)[-1]
-    return Source(name=f"{name}/{split}", fields=fields, num_classes=num_classes)
+    return Source(name=f"{name}/{split}", fields=fields, num_classes=num_classes, prefetch=0 if cache else 2)
 
 
 def _config_section() -> Section:
@@ -53,6 +57,7 @@ def _config_section() -> Section:
         {
             "path": Key("", "the latent data set's directory"),
             "use_labels": Key(False, "read class labels from its dataset.json"),
+            "cache": Key(True, "read every latent up front (False: each batch's files when drawn)"),
         },
     )
 
