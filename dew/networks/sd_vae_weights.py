@@ -8,11 +8,13 @@ file is an 8-byte little-endian header length, a JSON header (``dtype``, ``shape
 NumPy (F32, F16, BF16, F64), so dew reads the published file itself, without conversion, without
 PyTorch and without unpickling.
 
-**Digest.** Neither NVlabs/edm2 nor diffusers pins a SHA-256 for this file, and no digest was
-found published in the sources reachable here, so ``PINNED_SHA256`` is empty:
-``load_weights`` computes the file's SHA-256 and refuses it unless it is pinned or
-``allow_unpinned=True``. Add the model repository's published digest (its file listing shows the
-SHA-256 of each stored file) to ``PINNED_SHA256`` to pin it.
+**Digest.** Neither NVlabs/edm2 nor diffusers pins a SHA-256 for this file. The model
+repository's listing gives each stored file's SHA-256; for ``diffusion_pytorch_model.safetensors``
+at revision ``31f26fdeee1355a5c34592e401dd41e45d25a493`` (334,643,276 bytes) that is
+``a1d99348…5815`` (``PINNED_SHA256``), the value independent public projects record in their own
+pin lists for this file (found by exact search, several agreeing; not recomputed here, where the
+file cannot be downloaded). ``load_weights`` computes the file's SHA-256 and refuses any other
+unless ``allow_unpinned=True``.
 """
 
 from __future__ import annotations
@@ -28,16 +30,19 @@ from dew.pinned_weights import file_sha256 as file_sha256
 
 SOURCE_NAME = "diffusion_pytorch_model.safetensors"
 SOURCE_REPOSITORY = "stabilityai/sd-vae-ft-mse"
-#: SHA-256 digests of ``SOURCE_NAME`` vouched for by a publisher: none found published (see above).
-PINNED_SHA256: frozenset[str] = frozenset()
+SOURCE_REVISION = "31f26fdeee1355a5c34592e401dd41e45d25a493"
+#: SHA-256 of ``SOURCE_NAME`` at ``SOURCE_REVISION``, as its repository lists it (see above).
+PINNED_SHA256: frozenset[str] = frozenset(
+    {"a1d993488569e928462932c8c38a0760b874d166399b14414135bd9c42df5815"}
+)
 DEFAULT_PATH = os.path.join("~", ".cache", "dew", "sd-vae-ft-mse", SOURCE_NAME)
 ENV_VAR = "DEW_SD_VAE_WEIGHTS"
 ALLOW_UNPINNED_ENV = "DEW_SD_VAE_ALLOW_UNPINNED"
 
 HOW_TO_GET = (
     f"download {SOURCE_NAME} from the model repository {SOURCE_REPOSITORY} (the VAE NVlabs/edm2 "
-    f"uses; no SHA-256 is pinned for it, so load it with allow_unpinned=True or "
-    f"{ALLOW_UNPINNED_ENV}=1) and put it at {DEFAULT_PATH} (or set {ENV_VAR} to its path)"
+    f"uses; revision {SOURCE_REVISION}, SHA-256 {min(PINNED_SHA256)}) and put it at {DEFAULT_PATH} "
+    f"(or set {ENV_VAR} to its path)"
 )
 
 _DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"), "BF16": np.dtype("<u2")}
