@@ -53,7 +53,10 @@ def objective_for(scan: bool, remat: str = "none"):
 
 def scans_in(objective, params, batch) -> int:
     """How many ``scan`` equations the traced loss (forward) holds."""
-    jaxpr = jax.make_jaxpr(objective.loss)(params, jax.random.PRNGKey(1), batch, Step(index=jnp.int32(0)))
+    step = Step(index=jnp.int32(0))
+    jaxpr = jax.make_jaxpr(lambda p, r, b: objective.loss(p, r, b, step))(
+        params, jax.random.PRNGKey(1), batch
+    )
     return str(jaxpr).count(" scan[")
 
 
