@@ -1,7 +1,11 @@
-"""Compile time, HLO size and peak memory of dew's EDM train step, per ``remat`` option.
+"""Compile time, HLO size and peak memory of dew's EDM train step, per ``remat`` and ``scan_blocks`` option.
 
     PYTHONPATH=. python benchmarks/compile_memory.py --net=16 --remat=none,blocks,blocks_save_dots
+    PYTHONPATH=. python benchmarks/compile_memory.py --net=16 --remat=none,blocks --scan=off,on
     PYTHONPATH=. python benchmarks/compile_memory.py --net=cifar10 --remat=none,blocks
+
+``--scan``: ``model.scan_blocks`` off, on, or both (``off,on``); every (scan, remat) pair is one
+measurement.
 
 Each option is measured in its own fresh process with the persistent compilation cache off, so
 every figure is a cold compile: ``jax.jit(step).lower(abstract state, abstract batch)`` (the
@@ -55,8 +59,10 @@ NETS = {
     ),
 }
 
+SCAN = {"off": False, "on": True}
 
-def measure(net_name: str, remat: str) -> dict:
+
+def measure(net_name: str, remat: str, scan: bool = False) -> dict:
     """One cold compile of the train step (this process must not have compiled it before)."""
     import jax
     import jax.numpy as jnp
@@ -69,7 +75,7 @@ def measure(net_name: str, remat: str) -> dict:
     jax.config.update("jax_enable_compilation_cache", False)
     net = NETS[net_name]
     res, ch, label_dim, batch = net["res"], net["channels"], net["label_dim"], net["batch"]
-    objective = songunet_diffusion(res, ch, label_dim, {**net["model"], "remat": remat})
+    objective = songunet_diffusion(res, ch, label_dim, {**net["model"], "remat": remat, "scan_blocks": scan})
     optimizer, ema = optax.adam(1e-3), EMASpec(decay=0.999)
     example = {"image": jax.ShapeDtypeStruct((batch, res, res, ch), jnp.float32)}
     if label_dim:
@@ -93,6 +99,7 @@ def measure(net_name: str, remat: str) -> dict:
     return {
         "net": net_name,
         "remat": remat,
+        "scan_blocks": scan,
         "parameters": int(params),
         "batch": batch,
         "lower_s": round(t1 - t0, 2),
@@ -107,16 +114,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--net", choices=sorted(NETS), default="16")
     parser.add_argument("--remat", default="none,blocks,blocks_save_dots")
+    parser.add_argument("--scan", default="off", help="model.scan_blocks: off, on or off,on")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    scans = args.scan.split(",")
+    if any(s not in SCAN for s in scans):
+        parser.error(f"--scan={args.scan!r}: expected off, on or off,on")
     if args.worker:
-        print(json.dumps(measure(args.net, args.remat)), flush=True)
+        print(json.dumps(measure(args.net, args.remat, SCAN[args.scan])), flush=True)
         return 0
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
-    for remat in args.remat.split(","):
+    for scan, remat in [(s, r) for s in scans for r in args.remat.split(",")]:
         out = subprocess.run(
-            [sys.executable, __file__, "--worker", f"--net={args.net}", f"--remat={remat}"],
+            [sys.executable, __file__, "--worker", f"--net={args.net}", f"--remat={remat}", f"--scan={scan}"],
             env=env,
             capture_output=True,
             text=True,

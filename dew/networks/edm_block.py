@@ -71,7 +71,12 @@ class UNetBlock(hk.Module):
         self.init_zero = dict(init_zero if init_zero is not None else {"init_weight": 0})
         self.init_attn = dict(init_attn) if init_attn is not None else self.init
 
-    def __call__(self, x: jax.Array, emb: jax.Array, is_training: bool = False) -> jax.Array:
+    def __call__(
+        self, x: jax.Array, emb: jax.Array, is_training: bool = False, dropout_key: jax.Array | None = None
+    ) -> jax.Array:
+        """The block's output. ``dropout_key``: the dropout mask's key (in training, with dropout > 0);
+        None draws it with ``hk.next_rng_key()`` (a caller that draws the key itself, e.g. outside
+        a scan, passes the key ``hk.next_rng_key()`` would have given, and the mask is the same)."""
         cin, cout = x.shape[-1], self.out_channels
         resample = {"up": self.up, "down": self.down, "resample_filter": self.resample_filter}
         orig = x
@@ -85,7 +90,8 @@ class UNetBlock(hk.Module):
         else:
             x = jax.nn.silu(GroupNorm(self.eps, name="norm1")(x + params))
         if is_training and self.dropout > 0:
-            x = apply_dropout(hk.next_rng_key(), self.dropout, x)
+            key = hk.next_rng_key() if dropout_key is None else dropout_key
+            x = apply_dropout(key, self.dropout, x)
         x = Conv2d(cout, 3, init=self.init_zero, name="conv1")(x)
         if cout != cin or self.up or self.down:
             kernel = 1 if self.resample_proj or cout != cin else 0

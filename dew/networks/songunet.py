@@ -58,6 +58,23 @@ also keeps the outputs of matmuls without batch dimensions (``dots_with_no_batch
 the 1×1 convolutions and linear layers; on XLA a k×k convolution is not a dot and is recomputed)."""
 
 
+def run_block(
+    block: UNetBlock,
+    x: jax.Array,
+    emb: jax.Array,
+    is_training: bool,
+    remat: str,
+    key: jax.Array | None = None,
+) -> jax.Array:
+    """``block(x, emb)``; with ``remat``, under ``hk.remat`` (jax.checkpoint) with its named
+    policy: the block's activations are recomputed in the backward pass instead of kept.
+    ``key``: the block's dropout key (None: the block draws it)."""
+    if remat == "none":
+        return block(x, emb, is_training, key)
+    policy = REMAT_POLICIES[remat]
+    return hk.remat(lambda x_, emb_, k_: block(x_, emb_, is_training, k_), policy=policy)(x, emb, key)
+
+
 class SongUNet(hk.Module):
     """F_θ(x, c_noise; label, augment_labels) -> [B, H, W, out_channels], the reference's forward.
 
@@ -68,6 +85,9 @@ class SongUNet(hk.Module):
     ``augment_labels`` [B, augment_dim] feed ``map_augment`` when ``augment_dim`` > 0 and they
     are given (sampling passes none, as EDM's generator does). ``remat`` (``REMAT_POLICIES``)
     rematerialises each block in the backward pass; it changes memory and time, not the function.
+    ``scan_blocks`` runs each run of consecutive blocks with identical shapes (e.g. a level's
+    blocks after its first) as one ``jax.lax.scan`` over their stacked parameters: a smaller
+    program to compile, the same parameter tree (names and shapes) and the same function.
     """
 
     def __init__(
@@ -87,10 +107,13 @@ class SongUNet(hk.Module):
         resample_filter: Sequence[int] = (1, 1),
         out_channels: int | None = None,
         remat: str = "none",
+        scan_blocks: bool = False,
         name: str | None = "songunet",
     ):
         super().__init__(name=name)
         check_choice("SongUNet", "remat", remat, tuple(REMAT_POLICIES))
+        if not isinstance(scan_blocks, bool):
+            raise ValueError(f"SongUNet: scan_blocks={scan_blocks!r} is unknown: expected True or False")
         check_choice("SongUNet", "embedding_type", embedding_type, ("fourier", "positional"))
         check_choice("SongUNet", "encoder_type", encoder_type, ("standard", "skip", "residual"))
         check_choice("SongUNet", "decoder_type", decoder_type, ("standard", "skip"))
@@ -108,7 +131,7 @@ class SongUNet(hk.Module):
         self.dropout, self.label_dim, self.augment_dim = dropout, label_dim, augment_dim
         self.embedding_type, self.encoder_type, self.decoder_type = embedding_type, encoder_type, decoder_type
         self.resample_filter, self.out_channels = tuple(resample_filter), out_channels
-        self.remat = remat
+        self.remat, self.scan_blocks = remat, scan_blocks
         self.init = {"init_mode": "xavier_uniform"}
         self.init_zero = {"init_mode": "xavier_uniform", "init_weight": 1e-5}
         self.init_attn = {"init_mode": "xavier_uniform", "init_weight": float(np.sqrt(0.2))}
@@ -129,13 +152,10 @@ class SongUNet(hk.Module):
             init_attn=self.init_attn,
         )
 
-    def _run(self, block: UNetBlock, x: jax.Array, emb: jax.Array, is_training: bool) -> jax.Array:
-        """``block(x, emb)``; with ``remat``, under ``hk.remat`` (jax.checkpoint) with its named
-        policy: the block's activations are recomputed in the backward pass instead of kept."""
-        if self.remat == "none":
-            return block(x, emb, is_training)
-        policy = REMAT_POLICIES[self.remat]
-        return hk.remat(lambda x_, emb_: block(x_, emb_, is_training), policy=policy)(x, emb)
+    def _run(
+        self, block: UNetBlock, x: jax.Array, emb: jax.Array, is_training: bool, key: jax.Array | None = None
+    ) -> jax.Array:
+        return run_block(block, x, emb, is_training, self.remat, key)
 
     def __call__(
         self,
@@ -201,11 +221,13 @@ class SongUNet(hk.Module):
                     )(aux)
                     x = aux = (x + residual) / np.sqrt(2)
             skips.append(x)
-            for idx in range(self.num_blocks):
-                attn = res in self.attn_resolutions
-                block = UNetBlock(mc * mult, name=f"enc_{res}x{res}_block{idx}", **kw, attention=attn)
-                x = self._run(block, x, emb, is_training)
-                skips.append(x)
+            attn = res in self.attn_resolutions
+            specs = [
+                (f"enc_{res}x{res}_block{idx}", {"out_channels": mc * mult, "attention": attn})
+                for idx in range(self.num_blocks)
+            ]
+            x, outputs = run_blocks(self, specs, x, emb, is_training)
+            skips.extend(outputs)
 
         # Decoder.
         aux = None
@@ -218,11 +240,17 @@ class SongUNet(hk.Module):
             else:
                 block = UNetBlock(x.shape[-1], name=f"dec_{res}x{res}_up", **kw, up=True)
                 x = self._run(block, x, emb, is_training)
-            for idx in range(self.num_blocks + 1):
-                x = jnp.concatenate([x, skips.pop()], axis=-1)
-                attn = idx == self.num_blocks and res in self.attn_resolutions
-                block = UNetBlock(mc * mult, name=f"dec_{res}x{res}_block{idx}", **kw, attention=attn)
-                x = self._run(block, x, emb, is_training)
+            specs = [
+                (
+                    f"dec_{res}x{res}_block{idx}",
+                    {
+                        "out_channels": mc * mult,
+                        "attention": idx == self.num_blocks and res in self.attn_resolutions,
+                    },
+                )
+                for idx in range(self.num_blocks + 1)
+            ]
+            x, _ = run_blocks(self, specs, x, emb, is_training, [skips.pop() for _ in specs])
             if self.decoder_type == "skip" or level == 0:
                 if self.decoder_type == "skip" and level < last:
                     aux = Conv2d(
@@ -238,6 +266,100 @@ class SongUNet(hk.Module):
                 )
                 aux = tmp if aux is None else tmp + aux
         return aux
+
+
+def run_blocks(
+    net: SongUNet,
+    specs: Sequence[tuple[str, dict]],
+    x: jax.Array,
+    emb: jax.Array,
+    is_training: bool,
+    concat: Sequence[jax.Array] | None = None,
+) -> tuple[jax.Array, list[jax.Array]]:
+    """``net``'s ``UNetBlock`` s ``specs`` ((name, out_channels/attention)) one after another from
+    ``x``; block k sees ``[x, concat[k]]`` (channels) when ``concat`` is given (the decoder's
+    skips). Returns the last output and every block's output, in order. Called from
+    ``SongUNet.__call__`` (a function, not a method, so haiku names the blocks ``<net>/<block>``).
+
+    With ``net.scan_blocks`` (outside init), each run of two or more consecutive blocks whose
+    inputs and parameters have the same shapes is one ``jax.lax.scan`` (``scan_blocks``); init
+    is always unrolled, so the parameters are created exactly as without it."""
+    outputs: list[jax.Array] = []
+    k = 0
+    while k < len(specs):
+        run = run_length(specs, x, concat, k) if net.scan_blocks and not hk.running_init() else 1
+        if run > 1:
+            skips = None if concat is None else concat[k : k + run]
+            x, ys = scan_blocks(net, specs[k : k + run], x, emb, is_training, skips)
+            outputs.extend(ys)
+        else:
+            name, spec = specs[k]
+            inp = x if concat is None else jnp.concatenate([x, concat[k]], axis=-1)
+            block = UNetBlock(name=name, **net._block_kwargs(), **spec)
+            x = run_block(block, inp, emb, is_training, net.remat)
+            outputs.append(x)
+        k += run
+    return x, outputs
+
+
+def run_length(
+    specs: Sequence[tuple[str, dict]], x: jax.Array, concat: Sequence[jax.Array] | None, k: int
+) -> int:
+    """How many blocks from ``specs[k]`` on have block k's signature: the same input shapes
+    (the carried activation's and the skip's) and the same arguments, hence the same parameter
+    shapes; block j > k carries block j-1's output (``out_channels`` wide)."""
+
+    def signature(j: int, carried: int) -> tuple:
+        skip = None if concat is None else tuple(concat[j].shape)
+        return carried, skip, tuple(sorted(specs[j][1].items()))
+
+    first = signature(k, x.shape[-1])
+    run = 1
+    while k + run < len(specs) and signature(k + run, specs[k + run - 1][1]["out_channels"]) == first:
+        run += 1
+    return run
+
+
+def scan_blocks(
+    net: SongUNet,
+    specs: Sequence[tuple[str, dict]],
+    x: jax.Array,
+    emb: jax.Array,
+    is_training: bool,
+    concat: Sequence[jax.Array] | None,
+) -> tuple[jax.Array, list[jax.Array]]:
+    """Blocks of one signature as a ``jax.lax.scan`` over their parameters, stacked in the forward
+    pass (``jnp.stack`` of each block's stored parameters: the tree keeps the reference's
+    per-block names and shapes). The body applies one block as a pure function (an inner
+    ``hk.transform``, remat'ed as ``run_block`` does); the dropout keys are drawn before the
+    scan, one per block in block order: exactly the keys the unrolled blocks draw."""
+    params = hk.get_params()
+    prefixes = [f"{hk.experimental.current_name()}/{name}" for name, _ in specs]
+    first = prefixes[0]
+    suffixes = [m[len(first) :] for m in params if m == first or m.startswith(first + "/")]
+    if not suffixes:
+        raise ValueError(f"SongUNet: scan_blocks found no parameters under {first!r}")
+    stacked = {
+        f"block{suffix}": {
+            p: jnp.stack([params[prefix + suffix][p] for prefix in prefixes]) for p in params[first + suffix]
+        }
+        for suffix in suffixes
+    }
+    keys = jnp.stack([hk.next_rng_key() for _ in specs]) if is_training and net.dropout > 0 else None
+    kw, remat = {**net._block_kwargs(), **specs[0][1]}, net.remat
+    block = hk.transform(
+        lambda x_, emb_, k_: run_block(UNetBlock(name="block", **kw), x_, emb_, is_training, remat, k_)
+    )
+
+    def body(carry: jax.Array, xs: tuple) -> tuple[jax.Array, jax.Array]:
+        p, key, skip = xs
+        inp = carry if skip is None else jnp.concatenate([carry, skip], axis=-1)
+        out = block.apply(p, None, inp, emb, key)
+        return out, out
+
+    skips = None if concat is None else jnp.stack(concat)
+    x, ys = jax.lax.scan(body, x, (stacked, keys, skips))
+    return x, list(ys)
 
 
 registry.models.register("songunet", SongUNet)
