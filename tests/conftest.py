@@ -27,8 +27,57 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
 # XLA:CPU's generated code costs more than it saves (cold cache, 2 cores: a CLI training test and a
 # video run 114 s -> 49 s wall). The HLO passes (fusion, layout) are the same at every level, and no
 # test compares bits across programs compiled with different flags. A given level is kept.
-if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+# Level 0 changes the last bits of generated elementwise code (no FMA contraction): a test that
+# compares bits with a recording of the default program is marked ``default_compiler`` and runs in
+# a child pytest without it (``pytest_pyfunc_call`` below).
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+DEFAULT_COMPILER_CHILD = "DEW_TEST_DEFAULT_COMPILER"
+if (
+    os.environ.get(DEFAULT_COMPILER_CHILD) != "1"
+    and "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]
+):
+    os.environ["XLA_FLAGS"] += f" {FAST_COMPILE}"
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "default_compiler: compares bits with the default XLA:CPU program; runs in a child pytest"
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A ``default_compiler`` test runs as a child pytest of just that test, with XLA's default
+    backend optimisation; its failure output is this test's failure."""
+    if (
+        pyfuncitem.get_closest_marker("default_compiler") is None
+        or os.environ.get(DEFAULT_COMPILER_CHILD) == "1"
+    ):
+        return None
+    import subprocess
+    import sys
+
+    flags = " ".join(f for f in os.environ["XLA_FLAGS"].split() if f != FAST_COMPILE)
+    env = {**os.environ, "XLA_FLAGS": flags, DEFAULT_COMPILER_CHILD: "1"}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:xdist",
+        pyfuncitem.nodeid,
+    ]
+    child = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
+    if child.returncode != 0:
+        pytest.fail(
+            "in a child pytest with XLA's default optimisation:\n"
+            f"{child.stdout[-6000:]}{child.stderr[-2000:]}"
+        )
+    return True
 
 
 def tiny_config(**overrides):

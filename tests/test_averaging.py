@@ -136,6 +136,7 @@ def test_averages_thread_both_as_one():
         as_averages(averages, PowerEMA(STD_RELS, 3))
 
 
+@pytest.mark.default_compiler
 @pytest.mark.parametrize(("accumulation", "power"), sorted(RECORDED))
 def test_the_trajectory_is_the_recorded_one(accumulation, power):
     """The pure steps' final state, bit for bit, is the one the code before the interface
@@ -157,6 +158,7 @@ def test_the_layout_rule_round_trips_both_averages():
     assert list(items_from_state(classic_only)) == ["params", "opt_state", "ema_params", "extra"]
 
 
+@pytest.mark.default_compiler
 def test_a_checkpoint_written_before_the_interface_restores(tmp_path):
     """``data/averages_checkpoint_87d5f86`` was written by commit 87d5f86's ``Checkpoints``
     (``data/make_averages_checkpoint.py``); today's code restores it, both averages included,
