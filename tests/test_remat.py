@@ -47,13 +47,20 @@ def loss_and_gradient(objective, params, batch):
     return float(loss), np.concatenate([np.ravel(np.asarray(g, np.float64)) for g in jax.tree.leaves(grads)])
 
 
-@pytest.mark.parametrize("remat", ["blocks", "blocks_save_dots"])
-def test_rematerialised_blocks_give_the_same_parameters_loss_and_gradients(remat):
+def digits_batch() -> tuple[dict[str, np.ndarray], np.random.Generator]:
+    """16 seeded 8×8×1 images (σ 0.5) with labels in 0..9, the batch both equivalence tests use,
+    and the generator after drawing it (the tests perturb the parameters from it next)."""
     rng = np.random.default_rng(0)
     batch = {
         "image": (0.5 * rng.normal(size=(16, 8, 8, 1))).astype(np.float32),
         "label": rng.integers(0, 10, 16).astype(np.int32),
     }
+    return batch, rng
+
+
+@pytest.mark.parametrize("remat", ["blocks", "blocks_save_dots"])
+def test_rematerialised_blocks_give_the_same_parameters_loss_and_gradients(remat):
+    batch, rng = digits_batch()
     plain, rematerialised = objective_for("none"), objective_for(remat)
     params = plain.init(jax.random.PRNGKey(0), batch)
     params_remat = rematerialised.init(jax.random.PRNGKey(0), batch)

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import tiny_config
-from test_remat import U32, loss_and_gradient
+from test_remat import U32, digits_batch, loss_and_gradient
 
 from dew.schema import ConfigError
 from dew.training.build import build_objective, open_split
@@ -62,11 +62,7 @@ def scans_in(objective, params, batch) -> int:
 
 @pytest.mark.parametrize("remat", ["none", "blocks"])
 def test_scanned_blocks_give_the_same_parameters_loss_and_gradients(remat):
-    rng = np.random.default_rng(0)
-    batch = {
-        "image": (0.5 * rng.normal(size=(16, 8, 8, 1))).astype(np.float32),
-        "label": rng.integers(0, 10, 16).astype(np.int32),
-    }
+    batch, rng = digits_batch()
     plain, scanned = objective_for(False), objective_for(True, remat)
     params = plain.init(jax.random.PRNGKey(0), batch)
     params_scan = scanned.init(jax.random.PRNGKey(0), batch)
