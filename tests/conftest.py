@@ -18,6 +18,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # Every run the suite starts takes the CPU-flag kernel rule instead of timing its convolutions
 # (hundreds of short runs of many shapes; tests/test_kernel_choice.py covers the measurement).
 os.environ.setdefault("DEW_KERNELS_BY_RULE", "1")
+# Kernel decisions stay in each test's workdir: the suite never reads or writes the machine's
+# copy in ~/.cache/dew (tests/test_kernel_choice.py points it at a temporary folder).
+os.environ["DEW_CACHE_DIR"] = "off"
 # Eight CPU devices in every test process, so sharding tests need no process of their own.
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (

@@ -219,6 +219,7 @@ def test_start_measures_once_records_and_resumes(machine, tmp_path):
     machine.setenv("JAX_PLATFORMS", "cpu")
     machine.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
     machine.delenv(kernel_choice.BY_RULE_VARIABLE, raising=False)  # the suite's own setting
+    machine.setenv(kernel_choice.MACHINE_CACHE_VARIABLE, str(tmp_path / "machine"))
     config = ConfigDict(
         {
             "runtime": {
@@ -246,6 +247,7 @@ def test_start_measures_once_records_and_resumes(machine, tmp_path):
             record["library"] == "eigen" and record["per_tap"] == [] and record["cpu"].startswith("Test CPU")
         )
         assert (tmp_path / "cache" / kernel_choice.CACHE_FILE).exists()
+        assert (tmp_path / "machine" / kernel_choice.CACHE_FILE).exists()
         calls = len(children.calls)
         machine.setenv("XLA_FLAGS", CPU["XLA_FLAGS"])
         second = platform.start(config, str(tmp_path))
@@ -258,6 +260,25 @@ def test_start_measures_once_records_and_resumes(machine, tmp_path):
     finally:
         kernels.set_choice(previous)
         kernel_choice.set_applied(applied)
+
+
+def test_a_new_workdir_on_a_measured_machine_measures_nothing(machine, tmp_path):
+    """The machine's copy (``DEW_CACHE_DIR``) serves every workdir; with it off, each measures."""
+    shared = tmp_path / "machine" / kernel_choice.CACHE_FILE
+    first = auto(tmp_path / "run1" / "k.json", Children(), machine_cache=str(shared))
+    assert first.how.startswith("measured") and shared.exists()
+    children = Children()
+    second = auto(tmp_path / "run2" / "k.json", children, machine_cache=str(shared))
+    assert children.calls == []
+    assert (second.library, second.per_tap) == (first.library, first.per_tap)
+    assert second.how.startswith(f"cached for this machine in {shared}")
+    assert (tmp_path / "run2" / "k.json").exists()  # the workdir keeps its own copy
+    children = Children()
+    alone = auto(tmp_path / "run3" / "k.json", children, machine_cache=None)
+    assert ("time", first.library) in children.calls and alone.how.startswith("measured")
+    assert kernel_choice.machine_cache_path({"DEW_CACHE_DIR": "off"}) is None
+    assert kernel_choice.machine_cache_path({"DEW_CACHE_DIR": "/x"}) == f"/x/{kernel_choice.CACHE_FILE}"
+    assert kernel_choice.machine_cache_path({"XDG_CACHE_HOME": "/c"}) == f"/c/dew/{kernel_choice.CACHE_FILE}"
 
 
 def test_asked_not_to_measure_the_cpu_flag_rule_is_taken_and_named(machine, tmp_path):

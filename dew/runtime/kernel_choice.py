@@ -19,10 +19,11 @@ each class weighted by how often the network uses it and taking its faster weigh
 cost the step least; then, under that library, the per-tap gradient for exactly the classes
 where it was faster. Within ``TIE`` (2 %) the default (YNNPACK, XLA's gradient) is kept.
 
-The decision is cached as JSON (``CACHE_FILE``, beside the compilation cache) keyed by the CPU
-(``cpu_model``), the jaxlib version, the device count, the batch and the shape classes, and the
-traced shape classes by the config sections that shape the network, so a second run of the
-same configuration starts no child process. A forced value in the config overrides the cache; a
+The decision is cached as JSON (``CACHE_FILE``, beside the compilation cache, and a copy for the
+whole machine in ``machine_cache_path``: ``~/.cache/dew``) keyed by the CPU (``cpu_model``), the
+jaxlib version, the device count, the batch and the shape classes, and the traced shape classes
+by the config sections that shape the network, so a second run of the same configuration, in
+the same workdir or a new one, starts no child process. A forced value in the config overrides the cache; a
 resumed run uses the choice recorded in its ``run.json`` (``Decision.record``) for every setting
 left at ``auto``. Nothing is measured unless the backend will be the CPU: with an accelerator
 the settings change nothing (``cpu_backend_expected``).
@@ -30,6 +31,7 @@ the settings change nothing (``cpu_backend_expected``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -191,6 +193,39 @@ def cache_path(compilation_cache_directory: str | None, workdir: str | None) -> 
     return None if workdir is None else os.path.join(workdir, "cache", CACHE_FILE)
 
 
+MACHINE_CACHE_VARIABLE = "DEW_CACHE_DIR"
+
+
+def machine_cache_path(environ: Mapping[str, str] | None = None) -> str | None:
+    """The machine's own copy of the decisions, shared by every workdir on it (a decision is a
+    fact about the CPU, jaxlib and shapes, not about one run): ``CACHE_FILE`` in
+    ``$DEW_CACHE_DIR``, else ``$XDG_CACHE_HOME/dew``, else ``~/.cache/dew``. ``DEW_CACHE_DIR=off``
+    (or empty) keeps decisions in the workdir only."""
+    environ = os.environ if environ is None else environ
+    if MACHINE_CACHE_VARIABLE in environ:
+        directory = environ[MACHINE_CACHE_VARIABLE]
+        return None if directory in ("", "off") else os.path.join(directory, CACHE_FILE)
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "dew", CACHE_FILE)
+
+
+def _merged(workdir_data: dict, machine_data: dict) -> dict:
+    """The workdir's entries over the machine's (the workdir's are what this run measured)."""
+    return {part: {**machine_data[part], **workdir_data[part]} for part in ("decisions", "shapes")}
+
+
+def _write_machine_cache(path: str | None, entries: Mapping[str, Mapping[str, Any]]) -> None:
+    """Add ``entries`` to the machine cache; a cache that cannot be written (a read-only home)
+    only means the next workdir measures again, so the error is not the run's."""
+    if path is None:
+        return
+    data = read_cache(path)
+    for part, values in entries.items():
+        data[part].update(values)
+    with contextlib.suppress(OSError):
+        write_cache(path, data)
+
+
 def run_probe(mode: str, payload: Mapping[str, Any], environment: Mapping[str, str]) -> dict:
     """One measurement child, ``python -m dew.kernel_probe <mode>``: the payload on its stdin,
     its answer the last line of its stdout (JSON). The child's compilation cache is off."""
@@ -280,6 +315,7 @@ def choose(
     shapes: ShapeSource | None,
     devices: int,
     cache: str | None,
+    machine_cache: str | None = None,
     recorded: Mapping[str, Any] | None = None,
     recorded_in: str = "run.json",
     runner: Runner | None = None,
@@ -290,7 +326,10 @@ def choose(
 
     ``library_setting``/``gradient_setting``: ``config.runtime.cpu_convolutions`` /
     ``cpu_weight_gradient``. ``recorded``: the decision a resumed run recorded (``Decision.record``),
-    used for the settings left at ``auto``. ``XLA_FLAGS`` already choosing the library wins over
+    used for the settings left at ``auto``. ``cache``: the workdir's decisions (beside its
+    compilation cache); ``machine_cache``: the machine's (``machine_cache_path``), read when the
+    workdir has none and written with every measurement, so a new workdir on a measured machine
+    starts no child either. ``XLA_FLAGS`` already choosing the library wins over
     everything for the library. ``runner``: the measurement children (default ``run_probe``).
     Raises ValueError for an unknown setting."""
     if library_setting not in LIBRARY_CHOICES:
@@ -345,7 +384,7 @@ def choose(
         rule = cpu_convolutions.weight_gradient_choice(xla_flags=flags).per_tap_weight_gradient_from
         return Decision(library, None, f"CPU-flag rule: {why}", rule)
 
-    data = read_cache(cache)
+    data = _merged(read_cache(cache), read_cache(machine_cache))
     cpu, jaxlib = cpu_model(), jaxlib_version()
     shape_key = _digest({"source": shapes.key, "devices": devices, "jaxlib": jaxlib})
     started = time.perf_counter()
@@ -355,6 +394,7 @@ def choose(
         data["shapes"][shape_key] = traced
         if cache is not None:
             write_cache(cache, data)
+        _write_machine_cache(machine_cache, {"shapes": {shape_key: traced}})
     classes = [tuple(int(v) for v in c[:6]) for c in traced["convolutions"]]
     uses = [int(row[6]) for row in traced["convolutions"]]
     counts = {json.dumps(list(c)): n for c, n in zip(classes, uses, strict=True)}
@@ -382,9 +422,14 @@ def choose(
         data["decisions"][key] = cached
         if cache is not None:
             write_cache(cache, data)
+        _write_machine_cache(machine_cache, {"decisions": {key: cached}})
         source = f"measured in {cached['measure_s']:.1f} s"
-    else:
+    elif key in read_cache(cache)["decisions"]:
         source = f"cached from {cache}"
+    else:  # measured on this machine for another workdir: the workdir keeps its own copy too
+        if cache is not None:
+            write_cache(cache, data)
+        source = f"cached for this machine in {machine_cache}"
     library, per_tap, totals = decide(cached["times"], cached["counts"], libraries, gradients)
     if len(gradients) == 1:
         per_tap, per_tap_from = forced_gradient, forced_from
@@ -400,6 +445,7 @@ def choose(
 __all__ = [
     "BY_RULE_VARIABLE",
     "CACHE_FILE",
+    "MACHINE_CACHE_VARIABLE",
     "Decision",
     "ShapeSource",
     "applied_record",
@@ -410,6 +456,7 @@ __all__ = [
     "decide",
     "decision_key",
     "jaxlib_version",
+    "machine_cache_path",
     "run_probe",
     "set_applied",
 ]

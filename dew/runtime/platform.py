@@ -191,6 +191,7 @@ def start(
             shapes=None if processes is not None else shapes or run_shapes(config, workdir),
             devices=devices,
             cache=kernel_choice.cache_path(directory, workdir),
+            machine_cache=kernel_choice.machine_cache_path(),
             recorded=recorded,
             recorded_in=recorded_in,
             log=lambda line: print(f"dew: {line}", flush=True),
