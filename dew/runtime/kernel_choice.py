@@ -23,15 +23,14 @@ The decision is cached as JSON (``CACHE_FILE``, beside the compilation cache, an
 whole machine in ``machine_cache_path``: ``~/.cache/dew``) keyed by the CPU (``cpu_model``), the
 jaxlib version, the device count, the batch and the shape classes, and the traced shape classes
 by the config sections that shape the network, so a second run of the same configuration, in
-the same workdir or a new one, starts no child process. A forced value in the config overrides the cache; a
-resumed run uses the choice recorded in its ``run.json`` (``Decision.record``) for every setting
-left at ``auto``. Nothing is measured unless the backend will be the CPU: with an accelerator
-the settings change nothing (``cpu_backend_expected``).
+the same workdir or a new one, starts no child process. A forced value in the config overrides
+the cache; a resumed run uses the choice recorded in its ``run.json`` (``Decision.record``) for
+every setting left at ``auto``. Nothing is measured unless the backend will be the CPU: with an
+accelerator the settings change nothing (``cpu_backend_expected``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -209,21 +208,19 @@ def machine_cache_path(environ: Mapping[str, str] | None = None) -> str | None:
     return os.path.join(base, "dew", CACHE_FILE)
 
 
-def _merged(workdir_data: dict, machine_data: dict) -> dict:
-    """The workdir's entries over the machine's (the workdir's are what this run measured)."""
-    return {part: {**machine_data[part], **workdir_data[part]} for part in ("decisions", "shapes")}
-
-
-def _write_machine_cache(path: str | None, entries: Mapping[str, Mapping[str, Any]]) -> None:
-    """Add ``entries`` to the machine cache; a cache that cannot be written (a read-only home)
-    only means the next workdir measures again, so the error is not the run's."""
+def _remember(path: str | None, part: str, key: str, value: Any, *, quietly: bool = False) -> None:
+    """Add one entry (``part``: ``"decisions"`` or ``"shapes"``) to the cache file at ``path``.
+    ``quietly``: a file that cannot be written (the machine's copy in a read-only home) only means
+    the next workdir measures again, so that error is not the run's."""
     if path is None:
         return
     data = read_cache(path)
-    for part, values in entries.items():
-        data[part].update(values)
-    with contextlib.suppress(OSError):
+    data[part][key] = value
+    try:
         write_cache(path, data)
+    except OSError:
+        if not quietly:
+            raise
 
 
 def run_probe(mode: str, payload: Mapping[str, Any], environment: Mapping[str, str]) -> dict:
@@ -384,17 +381,16 @@ def choose(
         rule = cpu_convolutions.weight_gradient_choice(xla_flags=flags).per_tap_weight_gradient_from
         return Decision(library, None, f"CPU-flag rule: {why}", rule)
 
-    data = _merged(read_cache(cache), read_cache(machine_cache))
+    workdir, machine = read_cache(cache), read_cache(machine_cache)
+    data = {part: {**machine[part], **workdir[part]} for part in ("decisions", "shapes")}
     cpu, jaxlib = cpu_model(), jaxlib_version()
     shape_key = _digest({"source": shapes.key, "devices": devices, "jaxlib": jaxlib})
     started = time.perf_counter()
     traced = data["shapes"].get(shape_key)
     if traced is None:
         traced = runner("shapes", {"function": shapes.function, "args": dict(shapes.args)}, environ)
-        data["shapes"][shape_key] = traced
-        if cache is not None:
-            write_cache(cache, data)
-        _write_machine_cache(machine_cache, {"shapes": {shape_key: traced}})
+        _remember(cache, "shapes", shape_key, traced)
+        _remember(machine_cache, "shapes", shape_key, traced, quietly=True)
     classes = [tuple(int(v) for v in c[:6]) for c in traced["convolutions"]]
     uses = [int(row[6]) for row in traced["convolutions"]]
     counts = {json.dumps(list(c)): n for c, n in zip(classes, uses, strict=True)}
@@ -419,16 +415,13 @@ def choose(
             "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "measure_s": round(time.perf_counter() - started, 2),
         }
-        data["decisions"][key] = cached
-        if cache is not None:
-            write_cache(cache, data)
-        _write_machine_cache(machine_cache, {"decisions": {key: cached}})
+        _remember(cache, "decisions", key, cached)
+        _remember(machine_cache, "decisions", key, cached, quietly=True)
         source = f"measured in {cached['measure_s']:.1f} s"
-    elif key in read_cache(cache)["decisions"]:
+    elif key in workdir["decisions"]:
         source = f"cached from {cache}"
     else:  # measured on this machine for another workdir: the workdir keeps its own copy too
-        if cache is not None:
-            write_cache(cache, data)
+        _remember(cache, "decisions", key, cached)
         source = f"cached for this machine in {machine_cache}"
     library, per_tap, totals = decide(cached["times"], cached["counts"], libraries, gradients)
     if len(gradients) == 1:
