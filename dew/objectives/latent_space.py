@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dew.encoding.stability_vae import RAW_MEAN, RAW_STD
 from dew.schema import ConfigError, Key, Section
 
 LATENT_NOISE_STREAM = 0x1A7E17  # fold_in constant: ε of the latents, apart from the loss's own draws
@@ -45,6 +46,18 @@ CONFIG = Section(
         "vae_layers_per_block": Key(2, "the VAE's layers_per_block"),
         "vae_groups": Key(32, "the VAE's norm_num_groups"),
         "vae_latent_channels": Key(4, "the VAE's latent_channels"),
+        "raw_mean": Key(
+            RAW_MEAN,
+            "per-channel mean of the raw latents (edm2's raw_mean; sd-vae-ft-mse's by default)",
+            item=float,
+        ),
+        "raw_std": Key(
+            RAW_STD,
+            "per-channel std of the raw latents (edm2's raw_std); each > 0",
+            item=float,
+            check=lambda v: all(s > 0 for s in v),
+            accepted="a tuple of floats > 0, one per latent channel",
+        ),
     },
 )
 
@@ -106,7 +119,7 @@ def from_config(section: Any) -> LatentSpace | None:
             f"config.objective.latent.encoder={section.encoder!r} is invalid: expected None or "
             f"one of {ENCODERS}"
         )
-    from dew.encoding.stability_vae import StabilityVAECodec
+    from dew.encoding.stability_vae import LatentScaling, StabilityVAECodec
     from dew.networks import sd_vae
     from dew.networks.sd_vae_weights import load_weights
 
@@ -119,11 +132,21 @@ def from_config(section: Any) -> LatentSpace | None:
         )
     except ValueError as e:
         raise ConfigError(f"config.objective.latent: {e}") from None
+    for name in ("raw_mean", "raw_std"):
+        value = tuple(section[name])
+        if len(value) != config.latent_channels:
+            raise ConfigError(
+                f"config.objective.latent.{name}={value} is invalid: expected "
+                f"vae_latent_channels={config.latent_channels} floats, one per latent channel"
+            )
+    scaling = LatentScaling(
+        raw_mean=tuple(float(v) for v in section.raw_mean), raw_std=tuple(float(v) for v in section.raw_std)
+    )
     try:
         params = load_weights(section.weights or None, allow_unpinned=section.allow_unpinned, config=config)
     except (OSError, KeyError, ValueError) as e:
         raise ConfigError(f"config.objective.latent.weights={section.weights!r}: {e}") from None
-    return LatentSpace(StabilityVAECodec(params, config))
+    return LatentSpace(StabilityVAECodec(params, config, scaling))
 
 
 __all__ = ["CONFIG", "LATENT_NOISE_STREAM", "LatentSpace", "from_config"]
