@@ -195,8 +195,8 @@ CONFIG = Section(
             **at_least(0, "a float >= 0"),
         ),
         "vae_channels": Key(
-            (32, 32, 64),
-            "the VAE's block_out_channels",
+            (16, 32, 64),
+            "the VAE's block_out_channels (default: experiments/latent_digits_vae.py's)",
             item=int,
             check=lambda v: len(v) >= 1 and all(c >= 1 for c in v),
             accepted="a non-empty tuple of ints >= 1",
