@@ -21,7 +21,7 @@ Whichever it is, the latent scaling is measured on the data (``latent_scaling``:
 and std of the raw latents mean + ε·std over the training digits, as edm2's
 ``StabilityVAEEncoder`` takes ``raw_mean``/``raw_std``) and written with the VAE's held-out PSNR
 (the 180 validation digits, posterior mean decoded) to ``<dest>/vae_scaling.json``, which
-``experiments/latent_digits.py`` reads into ``config.objective.latent.raw_mean``/``raw_std``.
+``experiments/latent_digits.py`` names as ``config.objective.latent.scaling_file``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from dew.networks import sd_vae
 
 # The VAE's shape: experiments/latent_digits_vae.py's (32x32x3 pixels -> 8x8x4 latents).
 VAE = sd_vae.VAEConfig(
-    block_out_channels=(16, 32, 64), layers_per_block=1, latent_channels=4, norm_num_groups=8
+    block_out_channels=(32, 32, 64), layers_per_block=1, latent_channels=4, norm_num_groups=8
 )
 UPSAMPLE = 4
 

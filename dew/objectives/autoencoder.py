@@ -195,7 +195,7 @@ CONFIG = Section(
             **at_least(0, "a float >= 0"),
         ),
         "vae_channels": Key(
-            (16, 32, 64),
+            (32, 32, 64),
             "the VAE's block_out_channels (default: experiments/latent_digits_vae.py's)",
             item=int,
             check=lambda v: len(v) >= 1 and all(c >= 1 for c in v),

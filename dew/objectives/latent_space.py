@@ -18,11 +18,14 @@ read by the ``latent_dataset`` source): the VAE posterior's mean ‖ std, [N, h,
 The VAE is built when the objective is (``from_config``): its weights are the published
 sd-vae-ft-mse safetensors file (``dew.networks.sd_vae_weights.load_weights``, digest-checked;
 ``weights`` empty means its default path) and its shape the ``vae_*`` keys (sd-vae-ft-mse's by
-default; a smaller VAE for tests and CPU runs).
+default; a smaller VAE for tests and CPU runs). Its latent scaling is edm2's ``raw_mean`` /
+``raw_std`` (sd-vae-ft-mse's by default) or, for a VAE of one's own, the values measured on its
+data and read from ``scaling_file``.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import chex
@@ -57,6 +60,11 @@ CONFIG = Section(
             item=float,
             check=lambda v: all(s > 0 for s in v),
             accepted="a tuple of floats > 0, one per latent channel",
+        ),
+        "scaling_file": Key(
+            "",
+            "a JSON file with raw_mean and raw_std (as experiments/latent_digits_data.py writes for "
+            "a VAE dew trained); when set, its values are used instead of raw_mean/raw_std",
         ),
     },
 )
@@ -119,7 +127,7 @@ def from_config(section: Any) -> LatentSpace | None:
             f"config.objective.latent.encoder={section.encoder!r} is invalid: expected None or "
             f"one of {ENCODERS}"
         )
-    from dew.encoding.stability_vae import LatentScaling, StabilityVAECodec
+    from dew.encoding.stability_vae import StabilityVAECodec
     from dew.networks import sd_vae
     from dew.networks.sd_vae_weights import load_weights
 
@@ -132,21 +140,45 @@ def from_config(section: Any) -> LatentSpace | None:
         )
     except ValueError as e:
         raise ConfigError(f"config.objective.latent: {e}") from None
-    for name in ("raw_mean", "raw_std"):
-        value = tuple(section[name])
-        if len(value) != config.latent_channels:
-            raise ConfigError(
-                f"config.objective.latent.{name}={value} is invalid: expected "
-                f"vae_latent_channels={config.latent_channels} floats, one per latent channel"
-            )
-    scaling = LatentScaling(
-        raw_mean=tuple(float(v) for v in section.raw_mean), raw_std=tuple(float(v) for v in section.raw_std)
-    )
+    scaling = _scaling(section, config.latent_channels)
     try:
         params = load_weights(section.weights or None, allow_unpinned=section.allow_unpinned, config=config)
     except (OSError, KeyError, ValueError) as e:
         raise ConfigError(f"config.objective.latent.weights={section.weights!r}: {e}") from None
     return LatentSpace(StabilityVAECodec(params, config, scaling))
+
+
+def _scaling(section: Any, channels: int):
+    """The ``LatentScaling`` of ``raw_mean``/``raw_std``, or of ``scaling_file``'s when it is set;
+    ``ConfigError`` naming the field (or the file), the value and what is accepted."""
+    from dew.encoding.stability_vae import LatentScaling
+
+    values = {"raw_mean": section.raw_mean, "raw_std": section.raw_std}
+    where = "config.objective.latent."
+    if section.scaling_file:
+        where = f"config.objective.latent.scaling_file={section.scaling_file!r}: "
+        try:
+            with open(section.scaling_file) as f:
+                measured = json.load(f)
+            values = {name: measured[name] for name in values}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ConfigError(
+                f"{where}{type(e).__name__}: {e}; expected a JSON object with raw_mean and raw_std "
+                f"lists (experiments/latent_digits_data.py writes one)"
+            ) from None
+    for name, value in values.items():
+        try:
+            value = tuple(float(v) for v in value)
+        except (TypeError, ValueError):
+            value = None
+        if value is None or len(value) != channels or (name == "raw_std" and min(value) <= 0):
+            extra = ", each > 0" if name == "raw_std" else ""
+            raise ConfigError(
+                f"{where}{name}={values[name]!r} is invalid: expected vae_latent_channels={channels} "
+                f"floats{extra}, one per latent channel"
+            )
+        values[name] = value
+    return LatentScaling(**values)
 
 
 __all__ = ["CONFIG", "LATENT_NOISE_STREAM", "LatentSpace", "from_config"]
