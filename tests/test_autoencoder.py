@@ -211,3 +211,20 @@ def test_bad_settings_are_one_line_naming_the_field(folder, override, message):
         config = autoencoder_config(folder, **override)
         build_objective(config, open_split(config.dataset, "train"))
     assert "\n" not in str(info.value)
+
+
+def test_the_accuracy_script_undoes_the_upsampling_of_real_digits():
+    """``latent_digits_accuracy.to_8x8`` of the stored 32×32 RGB digits is the 8×8 digits the
+    classifier reads (at the stored uint8 precision)."""
+    from dew.data.sources.digits import digits
+
+    spec = importlib.util.spec_from_file_location(
+        "latent_digits_accuracy", ROOT / "experiments" / "latent_digits_accuracy.py"
+    )
+    accuracy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(accuracy)
+    x = np.asarray(digits("train").fields["image"][:20], np.float64)
+    stored = data_script.upsampled(x).astype(np.float64) / 127.5 - 1.0  # as image_folder reads them
+    want = np.round((x + 1.0) * 127.5) / 127.5 - 1.0
+    # means of 48 equal float64 values: exact up to a few roundings of values <= 1
+    np.testing.assert_allclose(accuracy.to_8x8(stored), want, rtol=0, atol=64 * 2.0**-53)
