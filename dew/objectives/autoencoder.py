@@ -38,6 +38,7 @@ from dew import registry
 from dew.artifacts import ImageGrid
 from dew.inputs import Field, InputSpec
 from dew.networks import sd_vae
+from dew.objectives.latent_space import vae_config
 from dew.schema import ConfigError, Key, Section, at_least
 from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
 
@@ -173,19 +174,6 @@ class Autoencoder(Objective):
         return super().score(preview, metrics)
 
 
-def vae_config(section: Any, where: str) -> sd_vae.VAEConfig:
-    """The ``vae_*`` keys of ``section`` as a ``VAEConfig``; ``ConfigError`` naming ``where``."""
-    try:
-        return sd_vae.VAEConfig(
-            block_out_channels=tuple(int(c) for c in section.vae_channels),
-            layers_per_block=int(section.vae_layers_per_block),
-            latent_channels=int(section.vae_latent_channels),
-            norm_num_groups=int(section.vae_groups),
-        )
-    except ValueError as e:
-        raise ConfigError(f"{where}.vae_channels={tuple(section.vae_channels)}: {e}") from None
-
-
 CONFIG = Section(
     "a KL-regularised autoencoder (Stable Diffusion's VAE shape): MSE + beta * KL to N(0, I)",
     {
@@ -215,4 +203,4 @@ def _reconstruct_jit(objective: Autoencoder):
 
 registry.objectives.register("autoencoder", Autoencoder)
 
-__all__ = ["CONFIG", "Autoencoder", "init_params", "kl_to_standard_normal", "vae_config"]
+__all__ = ["CONFIG", "Autoencoder", "init_params", "kl_to_standard_normal"]

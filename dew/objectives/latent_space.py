@@ -26,7 +26,7 @@ data and read from ``scaling_file``.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import chex
 import jax
@@ -35,6 +35,10 @@ import numpy as np
 
 from dew.encoding.stability_vae import RAW_MEAN, RAW_STD
 from dew.schema import ConfigError, Key, Section
+
+if TYPE_CHECKING:
+    from dew.encoding.stability_vae import LatentScaling
+    from dew.networks.sd_vae import VAEConfig
 
 LATENT_NOISE_STREAM = 0x1A7E17  # fold_in constant: ε of the latents, apart from the loss's own draws
 ENCODERS = ("stability_vae",)
@@ -128,18 +132,9 @@ def from_config(section: Any) -> LatentSpace | None:
             f"one of {ENCODERS}"
         )
     from dew.encoding.stability_vae import StabilityVAECodec
-    from dew.networks import sd_vae
     from dew.networks.sd_vae_weights import load_weights
 
-    try:
-        config = sd_vae.VAEConfig(
-            block_out_channels=tuple(int(c) for c in section.vae_channels),
-            layers_per_block=int(section.vae_layers_per_block),
-            latent_channels=int(section.vae_latent_channels),
-            norm_num_groups=int(section.vae_groups),
-        )
-    except ValueError as e:
-        raise ConfigError(f"config.objective.latent: {e}") from None
+    config = vae_config(section, "config.objective.latent")
     scaling = _scaling(section, config.latent_channels)
     try:
         params = load_weights(section.weights or None, allow_unpinned=section.allow_unpinned, config=config)
@@ -148,7 +143,23 @@ def from_config(section: Any) -> LatentSpace | None:
     return LatentSpace(StabilityVAECodec(params, config, scaling))
 
 
-def _scaling(section: Any, channels: int):
+def vae_config(section: Any, where: str) -> VAEConfig:
+    """The ``vae_*`` keys of ``section`` as a ``dew.networks.sd_vae.VAEConfig``; ``ConfigError``
+    naming ``where``."""
+    from dew.networks import sd_vae
+
+    try:
+        return sd_vae.VAEConfig(
+            block_out_channels=tuple(int(c) for c in section.vae_channels),
+            layers_per_block=int(section.vae_layers_per_block),
+            latent_channels=int(section.vae_latent_channels),
+            norm_num_groups=int(section.vae_groups),
+        )
+    except ValueError as e:
+        raise ConfigError(f"{where}.vae_channels={tuple(section.vae_channels)}: {e}") from None
+
+
+def _scaling(section: Any, channels: int) -> LatentScaling:
     """The ``LatentScaling`` of ``raw_mean``/``raw_std``, or of ``scaling_file``'s when it is set;
     ``ConfigError`` naming the field (or the file), the value and what is accepted."""
     from dew.encoding.stability_vae import LatentScaling
@@ -181,4 +192,4 @@ def _scaling(section: Any, channels: int):
     return LatentScaling(**values)
 
 
-__all__ = ["CONFIG", "LATENT_NOISE_STREAM", "LatentSpace", "from_config"]
+__all__ = ["CONFIG", "LATENT_NOISE_STREAM", "LatentSpace", "from_config", "vae_config"]
