@@ -75,6 +75,7 @@ _REGISTERING_MODULES = (
     "dew.objectives.edm2",
     "dew.objectives.language",
     "dew.objectives.contrastive",
+    "dew.objectives.autoencoder",
     "dew.data.sources.digits",
     "dew.data.sources.mixture",
     "dew.data.sources.tfds_source",

@@ -65,7 +65,7 @@ def test_img512_presets_resolve_to_the_reference_stability_vae_encoder(name):
 def data(tmp_path_factory):
     """12 digits as 32x32 RGB encoded into 8x8x(4+4) raw latents by a random-weight VAE."""
     root = tmp_path_factory.mktemp("latent512")
-    assert data_script.main([f"--dest={root}", "--max_images=12"]) == 0
+    assert data_script.main([f"--dest={root}", "--max_images=12", "--random_vae"]) == 0
     return root
 
 

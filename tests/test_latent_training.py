@@ -1,12 +1,14 @@
 """Latent diffusion end to end (``config.objective.latent``, EDM2's ImageNet-512 setting) on a
 small latent digits set made by ``experiments/latent_digits_data.py`` with a random-weight VAE
-written in the published safetensors layout: the latent draw is edm2's ``encode_latents`` from
+written in the published safetensors layout and its latent scaling measured on the digits
+(``scaling_file``): the latent draw is edm2's ``encode_latents`` from
 the step's key, previews decode through the VAE decoder to uint8 images of the pixel shape, a run
 resumes bit for bit, ``dew.pipeline`` redraws its preview, and bad settings are one line."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import jax
 import jax.numpy as jnp
@@ -35,9 +37,10 @@ IMAGES = 12  # digits encoded: classes 0..9 and two more
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    """<dir>/latents (12 digits, 32x32 RGB -> 8x8x4 raw latents ×2) and <dir>/random_vae.safetensors."""
+    """<dir>/latents (12 digits, 32x32 RGB -> 8x8x4 raw latents ×2), <dir>/random_vae.safetensors
+    and <dir>/vae_scaling.json."""
     root = tmp_path_factory.mktemp("latent_digits")
-    assert data_script.main([f"--dest={root}", f"--max_images={IMAGES}"]) == 0
+    assert data_script.main([f"--dest={root}", f"--max_images={IMAGES}", "--random_vae"]) == 0
     return root
 
 
@@ -45,6 +48,7 @@ def latent_config(data, **overrides):
     defaults = {
         "dataset.path": str(data / "latents"),
         "objective.latent.weights": str(data / "random_vae.safetensors"),
+        "objective.latent.scaling_file": str(data / "vae_scaling.json"),
         "dataset.batch_size": 4,
         "model.model_channels": 8,
         "model.num_blocks": 1,
@@ -91,8 +95,9 @@ def test_training_draws_edm2s_final_latents_from_the_step_key(data):
     # edm2 encode_latents: (mean + ε·std)·scale + bias, ε ~ N(0, 1) from the step key's own stream
     eps = jax.random.normal(jax.random.fold_in(key, latent_space.LATENT_NOISE_STREAM), (4, 8, 8, 4))
     mean, std = np.split(np.asarray(raw, np.float64), 2, axis=-1)
-    scale = np.float32(0.5) / np.asarray((4.17, 4.62, 3.71, 3.28), np.float32)
-    bias = np.float32(0.0) - np.asarray((5.81, 3.25, 0.12, -2.15), np.float32) * scale
+    measured = json.loads((data / "vae_scaling.json").read_text())  # the scaling_file's values
+    scale = np.float32(0.5) / np.asarray(measured["raw_std"], np.float32)
+    bias = np.float32(0.0) - np.asarray(measured["raw_mean"], np.float32) * scale
     expected = (mean + np.asarray(eps, np.float64) * std) * scale + bias
     # float32: a product, a sum, a product and a sum (4 roundings of |terms| <= the value scale)
     tol = (
@@ -141,6 +146,22 @@ def test_bad_latent_settings_are_one_line(data, tmp_path):
     with pytest.raises(ConfigError, match=r"augment\.p=0\.5 is invalid with config\.objective\.latent"):
         config = latent_config(data, **{"objective.augment.p": 0.5})
         build_objective(config, open_split(config.dataset, "train"))
+    absent = str(tmp_path / "absent.json")
+    config = latent_config(data, **{"objective.latent.scaling_file": absent})
+    with pytest.raises(ConfigError, match=r"scaling_file='.*absent\.json': FileNotFoundError") as info:
+        build_objective(config, open_split(config.dataset, "train"))
+    assert "\n" not in str(info.value)
+    three = tmp_path / "three.json"
+    three.write_text(json.dumps({"raw_mean": [0.0, 0.0, 0.0, 0.0], "raw_std": [1.0, 1.0, 1.0]}))
+    config = latent_config(data, **{"objective.latent.scaling_file": str(three)})
+    with pytest.raises(
+        ConfigError,
+        match=r"three\.json': raw_std=\[1\.0, 1\.0, 1\.0\] is invalid: expected vae_latent_channels=4",
+    ):
+        build_objective(config, open_split(config.dataset, "train"))
+    zero_std = {"objective.latent.scaling_file": "", "objective.latent.raw_std": (1.0, 0.0, 1.0, 1.0)}
+    with pytest.raises(ConfigError, match=r"latent\.raw_std=\(1\.0, 0\.0, 1\.0, 1\.0\) is invalid.*> 0"):
+        latent_config(data, **zero_std)
     with pytest.raises(ConfigError, match=r"config\.dataset\.path="):
         open_split(latent_config(data, **{"dataset.path": str(tmp_path)}).dataset, "train")
 

@@ -18,19 +18,27 @@ read by the ``latent_dataset`` source): the VAE posterior's mean ‖ std, [N, h,
 The VAE is built when the objective is (``from_config``): its weights are the published
 sd-vae-ft-mse safetensors file (``dew.networks.sd_vae_weights.load_weights``, digest-checked;
 ``weights`` empty means its default path) and its shape the ``vae_*`` keys (sd-vae-ft-mse's by
-default; a smaller VAE for tests and CPU runs).
+default; a smaller VAE for tests and CPU runs). Its latent scaling is edm2's ``raw_mean`` /
+``raw_std`` (sd-vae-ft-mse's by default) or, for a VAE of one's own, the values measured on its
+data and read from ``scaling_file``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import TYPE_CHECKING, Any
 
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dew.encoding.stability_vae import RAW_MEAN, RAW_STD
 from dew.schema import ConfigError, Key, Section
+
+if TYPE_CHECKING:
+    from dew.encoding.stability_vae import LatentScaling
+    from dew.networks.sd_vae import VAEConfig
 
 LATENT_NOISE_STREAM = 0x1A7E17  # fold_in constant: ε of the latents, apart from the loss's own draws
 ENCODERS = ("stability_vae",)
@@ -45,6 +53,23 @@ CONFIG = Section(
         "vae_layers_per_block": Key(2, "the VAE's layers_per_block"),
         "vae_groups": Key(32, "the VAE's norm_num_groups"),
         "vae_latent_channels": Key(4, "the VAE's latent_channels"),
+        "raw_mean": Key(
+            RAW_MEAN,
+            "per-channel mean of the raw latents (edm2's raw_mean; sd-vae-ft-mse's by default)",
+            item=float,
+        ),
+        "raw_std": Key(
+            RAW_STD,
+            "per-channel std of the raw latents (edm2's raw_std); each > 0",
+            item=float,
+            check=lambda v: all(s > 0 for s in v),
+            accepted="a tuple of floats > 0, one per latent channel",
+        ),
+        "scaling_file": Key(
+            "",
+            "a JSON file with raw_mean and raw_std (as experiments/latent_digits_data.py writes for "
+            "a VAE dew trained); when set, its values are used instead of raw_mean/raw_std",
+        ),
     },
 )
 
@@ -107,23 +132,64 @@ def from_config(section: Any) -> LatentSpace | None:
             f"one of {ENCODERS}"
         )
     from dew.encoding.stability_vae import StabilityVAECodec
-    from dew.networks import sd_vae
     from dew.networks.sd_vae_weights import load_weights
 
+    config = vae_config(section, "config.objective.latent")
+    scaling = _scaling(section, config.latent_channels)
     try:
-        config = sd_vae.VAEConfig(
+        params = load_weights(section.weights or None, allow_unpinned=section.allow_unpinned, config=config)
+    except (OSError, KeyError, ValueError) as e:
+        raise ConfigError(f"config.objective.latent.weights={section.weights!r}: {e}") from None
+    return LatentSpace(StabilityVAECodec(params, config, scaling))
+
+
+def vae_config(section: Any, where: str) -> VAEConfig:
+    """The ``vae_*`` keys of ``section`` as a ``dew.networks.sd_vae.VAEConfig``; ``ConfigError``
+    naming ``where``."""
+    from dew.networks import sd_vae
+
+    try:
+        return sd_vae.VAEConfig(
             block_out_channels=tuple(int(c) for c in section.vae_channels),
             layers_per_block=int(section.vae_layers_per_block),
             latent_channels=int(section.vae_latent_channels),
             norm_num_groups=int(section.vae_groups),
         )
     except ValueError as e:
-        raise ConfigError(f"config.objective.latent: {e}") from None
-    try:
-        params = load_weights(section.weights or None, allow_unpinned=section.allow_unpinned, config=config)
-    except (OSError, KeyError, ValueError) as e:
-        raise ConfigError(f"config.objective.latent.weights={section.weights!r}: {e}") from None
-    return LatentSpace(StabilityVAECodec(params, config))
+        raise ConfigError(f"{where}.vae_channels={tuple(section.vae_channels)}: {e}") from None
 
 
-__all__ = ["CONFIG", "LATENT_NOISE_STREAM", "LatentSpace", "from_config"]
+def _scaling(section: Any, channels: int) -> LatentScaling:
+    """The ``LatentScaling`` of ``raw_mean``/``raw_std``, or of ``scaling_file``'s when it is set;
+    ``ConfigError`` naming the field (or the file), the value and what is accepted."""
+    from dew.encoding.stability_vae import LatentScaling
+
+    values = {"raw_mean": section.raw_mean, "raw_std": section.raw_std}
+    where = "config.objective.latent."
+    if section.scaling_file:
+        where = f"config.objective.latent.scaling_file={section.scaling_file!r}: "
+        try:
+            with open(section.scaling_file) as f:
+                measured = json.load(f)
+            values = {name: measured[name] for name in values}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ConfigError(
+                f"{where}{type(e).__name__}: {e}; expected a JSON object with raw_mean and raw_std "
+                f"lists (experiments/latent_digits_data.py writes one)"
+            ) from None
+    for name, value in values.items():
+        try:
+            value = tuple(float(v) for v in value)
+        except (TypeError, ValueError):
+            value = None
+        if value is None or len(value) != channels or (name == "raw_std" and min(value) <= 0):
+            extra = ", each > 0" if name == "raw_std" else ""
+            raise ConfigError(
+                f"{where}{name}={values[name]!r} is invalid: expected vae_latent_channels={channels} "
+                f"floats{extra}, one per latent channel"
+            )
+        values[name] = value
+    return LatentScaling(**values)
+
+
+__all__ = ["CONFIG", "LATENT_NOISE_STREAM", "LatentSpace", "from_config", "vae_config"]
