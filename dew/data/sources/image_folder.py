@@ -61,12 +61,22 @@ class ImageFiles:
     ``images`` (the image files, sorted) and ``open(name)``. Safe to read from several threads
     (each thread opens its own handle on a zip)."""
 
-    def __init__(self, path: str):
+    def __init__(
+        self,
+        path: str,
+        *,
+        suffixes: frozenset[str] | None = None,
+        reader: str = "image_folder",
+        accepted: str = ACCEPTED,
+    ):
+        """``suffixes``: the lower-case extensions that count as images (default: every one PIL
+        knows); ``reader`` and ``accepted`` name the reader and the format in error lines."""
         import PIL.Image
 
         self.path = path
+        self.reader = reader
         if not path:
-            raise ImageFolderError(f"image_folder: no path given (config.dataset.path); expected {ACCEPTED}")
+            raise ImageFolderError(f"{reader}: no path given (config.dataset.path); expected {accepted}")
         if os.path.isdir(path):
             self.kind = "dir"
             self.names = {
@@ -81,15 +91,18 @@ class ImageFiles:
                     self.names = set(archive.namelist())
             except zipfile.BadZipFile as e:
                 raise ImageFolderError(
-                    f"image_folder: {path!r} is not a readable zip ({e}); expected {ACCEPTED}"
+                    f"{reader}: {path!r} is not a readable zip ({e}); expected {accepted}"
                 ) from None
         else:
             what = "does not exist" if not os.path.exists(path) else "is neither a directory nor a .zip"
-            raise ImageFolderError(f"image_folder: {path!r} {what}; expected {ACCEPTED}")
-        PIL.Image.init()
-        self.images = sorted(n for n in self.names if os.path.splitext(n)[1].lower() in PIL.Image.EXTENSION)
+            raise ImageFolderError(f"{reader}: {path!r} {what}; expected {accepted}")
+        kinds = "image" if suffixes is None else "/".join(sorted(suffixes))
+        if suffixes is None:
+            PIL.Image.init()
+            suffixes = frozenset(PIL.Image.EXTENSION)
+        self.images = sorted(n for n in self.names if os.path.splitext(n)[1].lower() in suffixes)
         if not self.images:
-            raise ImageFolderError(f"image_folder: {path!r} holds no image files; expected {ACCEPTED}")
+            raise ImageFolderError(f"{reader}: {path!r} holds no {kinds} files; expected {accepted}")
         self._local = threading.local()
 
     def open(self, name: str) -> IO[bytes]:
@@ -144,7 +157,7 @@ def read_labels(files: ImageFiles) -> np.ndarray | None:
     unlabelled (no ``dataset.json``, or ``"labels": null``)."""
     if LABELS_FILE not in files.names:
         return None
-    where = f"image_folder: {files.path!r}: {LABELS_FILE}"
+    where = f"{files.reader}: {files.path!r}: {LABELS_FILE}"
     try:
         with files.open(LABELS_FILE) as f:
             labels = json.load(f)["labels"]

@@ -28,6 +28,9 @@ exists is complete; ``encode.json`` (written first) records the source, its imag
 shape, and the VAE's shape, and a rerun with the same arguments encodes only the files that are
 missing. A rerun against a ``--dest`` made from something else stops with one line. Progress
 goes to stderr every ``PROGRESS_SECONDS`` and at the end.
+
+Reading (``open_latent_dataset``) takes edm2's own ``encode`` output too, a directory or a
+``.zip`` without ``encode.json``, as edm2's ``ImageFolderDataset`` reads it.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
+
+from dew.data.sources.image_folder import ImageFiles, ImageFolderError, read_labels
 
 MANIFEST = "encode.json"
 LABELS_FILE = "dataset.json"
@@ -120,7 +125,6 @@ def encode_dataset(
     import jax.numpy as jnp
 
     from dew.data.sources import latent_transforms
-    from dew.data.sources.image_folder import ImageFiles, read_labels
 
     if not isinstance(batch_size, int) or batch_size < 1:
         raise LatentDatasetError(f"--batch_size={batch_size!r}: expected an int >= 1")
@@ -240,22 +244,45 @@ def _checked(image: np.ndarray, shape: tuple, name: str, source: str) -> np.ndar
     return image
 
 
-class LatentRows:
-    """The raw latents of a finished latent data set, read from disk per lookup: behaves as a
-    float32 [N, h, w, 2C] array for ``Dataset`` (``shape``, ``dtype``, ``len``, indexing by an
-    index array or an int), so a set larger than memory (ImageNet-512: 1.28 M × 128 KiB) trains."""
+#: What ``open_latent_dataset`` accepts, for its error lines.
+ACCEPTED_LATENTS = (
+    "a directory or .zip of EDM2 latents (<5 digits>/img-mean-std-<8 digits>.npy, float32 [8, h, w], "
+    "optional dataset.json), as edm2's dataset_tool.py encode or "
+    "python -m dew.data.sources.latent_dataset writes"
+)
 
-    def __init__(self, path: str, count: int):
-        if count < 1:
-            raise LatentDatasetError(f"{path!r}: {MANIFEST} records {count} images; expected >= 1")
-        self.path = path
+
+class LatentRows:
+    """The raw latents of a finished latent data set, read per lookup: behaves as a float32
+    [N, h, w, 2C] array for ``Dataset`` (``shape``, ``dtype``, ``len``, indexing by an index array
+    or an int), so a set larger than memory (ImageNet-512: 1.28 M × 128 KiB) trains. Row ``i`` is
+    ``files.images[i]`` (the sorted ``.npy`` names), read as edm2's ``ImageFolderDataset`` reads
+    it (``np.load``, leading axes folded into the channels) and transposed to HWC."""
+
+    def __init__(self, files: ImageFiles):
+        self.files = files
         first = self._load(0)
-        self.shape = (int(count), *first.shape)
+        self.shape = (len(files.images), *first.shape)
         self.dtype = np.dtype(np.float32)
 
     def _load(self, i: int) -> np.ndarray:
-        a = np.load(os.path.join(self.path, latent_name(int(i))), allow_pickle=False)
-        return np.ascontiguousarray(a.transpose(1, 2, 0), np.float32)
+        name = self.files.images[int(i)]
+        with self.files.open(name) as f:
+            a = np.load(f, allow_pickle=False)
+        stored = f"{a.dtype} {'x'.join(map(str, a.shape))}"
+        if a.ndim >= 2:
+            a = a.reshape(-1, *a.shape[-2:]).transpose(1, 2, 0)
+        first = getattr(self, "shape", None)
+        if a.ndim != 3 or a.dtype.kind != "f" or (first is not None and a.shape != first[1:]):
+            want = (
+                "a float [C, h, w] array"
+                if first is None
+                else (f"float {first[3]}x{first[1]}x{first[2]} (CHW) as {self.files.images[0]!r}")
+            )
+            raise LatentDatasetError(
+                f"latent_dataset: {self.files.path!r}: {name!r} holds {stored}; expected {want}"
+            )
+        return np.ascontiguousarray(a, np.float32)
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -274,22 +301,35 @@ class LatentRows:
 
 
 def open_latent_dataset(path: str) -> tuple[LatentRows, np.ndarray | None]:
-    """A finished latent data set, lazily: ``LatentRows`` (index order) and the class labels [N]
-    (int64) or None."""
-    labels_path = os.path.join(path, LABELS_FILE)
-    if not os.path.isfile(labels_path):
-        raise LatentDatasetError(f"{path!r} is not a finished latent data set (no {LABELS_FILE})")
-    with open(labels_path) as fh:
-        entries = json.load(fh).get("labels")
-    with open(os.path.join(path, MANIFEST)) as fh:
-        count = json.load(fh)["num_images"]
-    labels = None if entries is None else np.asarray([c for _, c in entries], np.int64)
-    return LatentRows(path, count), labels
+    """A finished latent data set, lazily: ``LatentRows`` and the class labels [N] (int64) or None.
+
+    Reads what edm2's ``training/dataset.py`` ``ImageFolderDataset`` reads, from a directory or a
+    ``.zip``: every ``.npy`` file at any depth in sorted name order, labels looked up by name in
+    ``dataset.json`` (absent or ``"labels": null``: unlabelled). A directory that dew's own
+    command is writing (its ``encode.json``) must also be finished: ``dataset.json`` present and
+    as many files as the manifest records. Anything else is one ``LatentDatasetError`` line."""
+    try:
+        files = ImageFiles(
+            path, suffixes=frozenset({".npy"}), reader="latent_dataset", accepted=ACCEPTED_LATENTS
+        )
+        if MANIFEST in files.names:
+            with files.open(MANIFEST) as fh:
+                count = json.load(fh)["num_images"]
+            if LABELS_FILE not in files.names:
+                raise LatentDatasetError(f"{path!r} is not a finished latent data set (no {LABELS_FILE})")
+            if count != len(files.images):
+                raise LatentDatasetError(
+                    f"{path!r} holds {len(files.images)} .npy files but its {MANIFEST} records {count}; "
+                    "rerun the encode command to finish it"
+                )
+        return LatentRows(files), read_labels(files)
+    except ImageFolderError as e:
+        raise LatentDatasetError(str(e)) from None
 
 
 def read_latent_dataset(path: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """A finished latent data set: raw latents [N, h, w, 2C] (NHWC, float32: mean ‖ std) in index
-    order and the class labels [N] (int64) or None."""
+    """A finished latent data set: raw latents [N, h, w, 2C] (NHWC, float32: mean ‖ std) in
+    ``open_latent_dataset``'s order and the class labels [N] (int64) or None."""
     rows, labels = open_latent_dataset(path)
     return rows[np.arange(len(rows))], labels
 
@@ -313,7 +353,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--resolution", default=None, help="WxH to resize to first (dataset_tool.py convert's)"
     )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    from dew.data.sources.image_folder import ImageFolderError
     from dew.encoding.stability_vae import StabilityVAECodec
     from dew.networks.sd_vae_weights import load_weights
 
@@ -322,7 +361,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise LatentDatasetError(f"--batch_size={args.batch_size}: expected an int >= 1")
         if args.max_images is not None and args.max_images < 1:
             raise LatentDatasetError(f"--max_images={args.max_images}: expected an int >= 1")
-        from dew.data.sources.image_folder import ImageFiles
         from dew.data.sources.latent_transforms import make_transform, parse_resolution
 
         resolution = parse_resolution(args.resolution) if args.resolution else None

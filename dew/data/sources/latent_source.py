@@ -1,8 +1,9 @@
-"""``latent_dataset``: a pre-encoded latent data set as a training ``Source`` (EDM2's
-``dataset_tool.py encode`` output, written by ``python -m dew.data.sources.latent_dataset``).
+"""``latent_dataset``: a pre-encoded latent data set as a training ``Source``: EDM2's
+``dataset_tool.py encode`` output, a directory or a ``.zip``, written by edm2 itself or by
+``python -m dew.data.sources.latent_dataset`` (read as edm2 reads it: ``open_latent_dataset``).
 
 The sample field ``image`` holds the *raw* latents, float32 [N, h, w, 2C]: the VAE posterior's
-mean ‖ std per image, in index order (``read_latent_dataset``). Training draws final latents
+mean ‖ std per image, in sorted file-name order (``read_latent_dataset``). Training draws final latents
 from them each step (``config.objective.latent``, ``dew.objectives.latent_space``: mean + ε·std
 scaled as edm2's ``encode_latents``), so the encoder never runs while training. ``label`` (int32)
 is there when the set has labels and ``use_labels`` is on. As NVlabs/edm2 trains on the whole set,
@@ -29,8 +30,8 @@ def latent_dataset(
         raise ValueError(f"latent_dataset: split must be 'train' or 'validation', got {split!r}")
     if not path:
         raise ConfigError(
-            "config.dataset.path='' is invalid: expected a latent data set directory "
-            "(python -m dew.data.sources.latent_dataset --source=... --dest=DIR)"
+            "config.dataset.path='' is invalid: expected a latent data set, a directory or .zip "
+            "(python -m dew.data.sources.latent_dataset --source=... --dest=DIR, or edm2's encode)"
         )
     try:
         rows, labels = open_latent_dataset(path)
@@ -55,7 +56,7 @@ def _config_section() -> Section:
     return Section(
         "a pre-encoded latent data set (python -m dew.data.sources.latent_dataset; edm2's encode)",
         {
-            "path": Key("", "the latent data set's directory"),
+            "path": Key("", "the latent data set: a directory or .zip (edm2's encode layout)"),
             "use_labels": Key(False, "read class labels from its dataset.json"),
             "cache": Key(True, "read every latent up front (False: each batch's files when drawn)"),
         },
