@@ -20,7 +20,9 @@ convolution library chosen as ``config.runtime.cpu_convolutions`` chooses it (``
 alternate dew, reference, dew, ... after a warm-up; in each round a side first runs ``--settle``
 untimed steps (the first step after the other process's turn is 10-30 % slower on either side),
 then times ``--steps`` steps; the report is the medians and their ratio. The forward pass alone
-(the denoiser in inference mode) is timed the same way.
+(the denoiser in inference mode) is timed the same way, after the step in each round unless
+``--kinds`` says otherwise (``--kinds=forward,step`` times the forward first, ``--kinds=forward``
+only the forward).
 
 dew's start-up is timed separately in a fresh process without the persistent compilation cache:
 jitted ``init`` (compile + run) and the step's compile + first step (``--startup``), the latter
@@ -286,9 +288,9 @@ def run_dew_rounds(args, worker) -> dict:
             run_reference(kind, args.settle)  # untimed, as on dew's side
         return run_reference(kind, n)
 
-    results = {"step": {"dew": [], "reference": []}, "forward": {"dew": [], "reference": []}}
+    results = {kind: {"dew": [], "reference": []} for kind in args.kinds}
     for r in range(args.rounds):
-        for kind in ("step", "forward"):
+        for kind in args.kinds:
             n = args.steps if kind == "step" else 2 * args.steps
             order = ("dew", "reference") if r % 2 == 0 else ("reference", "dew")
             for side in order:
@@ -457,7 +459,14 @@ def main() -> int:
         "--reference_huge_pages", action="store_true",
         help="the reference's worker with glibc.malloc.hugetlb=1 too (default: its process as users run it)",
     )  # fmt: skip
+    parser.add_argument(
+        "--kinds", default="step,forward", type=lambda s: tuple(s.split(",")),
+        help="what each round times, in order: step, forward or both ('forward,step': the forward first)",
+    )  # fmt: skip
     args = parser.parse_args()
+    if not args.kinds or set(args.kinds) - {"step", "forward"} or len(set(args.kinds)) != len(args.kinds):
+        kinds = ",".join(args.kinds)
+        parser.error(f"--kinds={kinds!r}: expected step and/or forward, each at most once, comma-separated")
     if args.worker:
         return torch_worker(args)
     from dew.runtime.host_devices import flagged_count, host_device_count, present_host_devices
