@@ -32,7 +32,12 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
 # test compares bits across programs compiled with different flags. A given level is kept.
 # Level 0 changes the last bits of generated elementwise code (no FMA contraction): a test that
 # compares bits with a recording of the default program is marked ``default_compiler`` and runs in
-# a child pytest without it (``pytest_pyfunc_call`` below).
+# a child pytest without it (``pytest_pyfunc_call`` below). So does a test marked
+# ``execution_bound``: one that trains for a thousand steps or more, where the default level's
+# faster code saves more than its compile and the child's start-up cost (cold cache, 2 cores: the
+# two mixture-training tests 51 + 49 s -> 35 + 39 s). The parent sets the test's fixtures up too,
+# so the marker is for tests whose fixtures cost nothing (a module fixture that trains a run would
+# train it twice).
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 DEFAULT_COMPILER_CHILD = "DEW_TEST_DEFAULT_COMPILER"
 if (
@@ -46,16 +51,18 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "default_compiler: compares bits with the default XLA:CPU program; runs in a child pytest"
     )
+    config.addinivalue_line(
+        "markers",
+        "execution_bound: trains long enough that XLA's default optimisation pays; runs in a child pytest",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem):
-    """A ``default_compiler`` test runs as a child pytest of just that test, with XLA's default
-    backend optimisation; its failure output is this test's failure."""
-    if (
-        pyfuncitem.get_closest_marker("default_compiler") is None
-        or os.environ.get(DEFAULT_COMPILER_CHILD) == "1"
-    ):
+    """A ``default_compiler`` or ``execution_bound`` test runs as a child pytest of just that
+    test, with XLA's default backend optimisation; its failure output is this test's failure."""
+    marked = any(pyfuncitem.get_closest_marker(m) for m in ("default_compiler", "execution_bound"))
+    if not marked or os.environ.get(DEFAULT_COMPILER_CHILD) == "1":
         return None
     import subprocess
     import sys

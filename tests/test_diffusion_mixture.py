@@ -9,6 +9,7 @@ import pathlib
 
 import jax
 import numpy as np
+import pytest
 from PIL import Image
 
 from dew.config import apply_overrides, load_config
@@ -19,6 +20,7 @@ from dew.training.trainer import Trainer
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.execution_bound
 def test_trained_edm_on_the_mixture_is_within_1_25x_of_the_noise_floor(tmp_path):
     config = apply_overrides(
         load_config(str(ROOT / "experiments" / "mixture2d.py")),
@@ -76,6 +78,7 @@ def test_trained_edm_on_the_mixture_is_within_1_25x_of_the_noise_floor(tmp_path)
     assert bad_ratio > 0.5 * blob_ratio > 1.25, (bad_ratio, blob_ratio)
 
 
+@pytest.mark.execution_bound
 def test_every_preset_trains_on_the_mixture():
     """VP, VE and the rectified flow each learn the toy from their own loss and σ distribution.
 

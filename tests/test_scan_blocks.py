@@ -64,8 +64,9 @@ def scans_in(objective, params, batch) -> int:
 def test_scanned_blocks_give_the_same_parameters_loss_and_gradients(remat):
     batch, rng = digits_batch()
     plain, scanned = objective_for(False), objective_for(True, remat)
-    params = plain.init(jax.random.PRNGKey(0), batch)
-    params_scan = scanned.init(jax.random.PRNGKey(0), batch)
+    # Jitted, as the Trainer initialises (one program each, not hundreds of op-by-op compiles).
+    params = jax.jit(plain.init)(jax.random.PRNGKey(0), batch)
+    params_scan = jax.jit(scanned.init)(jax.random.PRNGKey(0), batch)
     assert jax.tree.structure(params) == jax.tree.structure(params_scan)
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params_scan), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -81,12 +82,17 @@ def test_scanned_blocks_give_the_same_parameters_loss_and_gradients(remat):
 
 
 def test_a_config_with_scanned_blocks_trains_through_the_trainer(tmp_path):
+    """conftest's one-level network (no attention) with 3 blocks: its scanned runs are enc 8×8
+    blocks 0-2 and dec 8×8 blocks 0-3 (each 8 + 8 skip channels in, 8 out), so the Trainer's
+    loss holds two scans."""
     quiet = {"eval.every": 0, "preview.every": 0, "checkpoint.every": 1, "train.log_every": 1}
-    config = tiny_config(**NETWORK, **quiet, **{"model.scan_blocks": True, "train.num_steps": 1})
-    state = Trainer(config, str(tmp_path / "run")).run()
+    network = {"model.num_blocks": NUM_BLOCKS, "model.dropout": 0.1, "model.scan_blocks": True}
+    trainer = Trainer(tiny_config(**network, **quiet, **{"train.num_steps": 1}), str(tmp_path / "run"))
+    state = trainer.run()
     assert int(state.step) == 1
     leaves = jax.tree.leaves(state.params)
     assert all(np.all(np.isfinite(np.asarray(x))) for x in leaves)
+    assert scans_in(trainer.objective, state.params, digits_batch()[0]) == 2
 
 
 def test_a_scan_blocks_value_that_is_not_a_bool_is_refused():
