@@ -464,7 +464,7 @@ def main() -> int:
         help="what each round times, in order: step, forward or both ('forward,step': the forward first)",
     )  # fmt: skip
     args = parser.parse_args()
-    if not args.kinds or set(args.kinds) - {"step", "forward"} or len(set(args.kinds)) != len(args.kinds):
+    if set(args.kinds) - {"step", "forward"} or len(set(args.kinds)) != len(args.kinds):
         kinds = ",".join(args.kinds)
         parser.error(f"--kinds={kinds!r}: expected step and/or forward, each at most once, comma-separated")
     if args.worker:

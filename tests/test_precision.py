@@ -47,6 +47,7 @@ import numpy as np
 import optax
 import pytest
 from conftest import tiny_config
+from test_remat import digits_batch
 
 from dew.averaging.ema import EMASpec
 from dew.schema import ConfigError
@@ -81,17 +82,8 @@ def objective_for(compute: str, **overrides):
     return build_objective(c, open_split(c.dataset, "train")), c
 
 
-def seeded_batch(rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """16 8×8×1 images (σ 0.5) and labels in 0..9, drawn from ``rng``."""
-    return {
-        "image": (0.5 * rng.normal(size=(16, 8, 8, 1))).astype(np.float32),
-        "label": rng.integers(0, 10, 16).astype(np.int32),
-    }
-
-
 def batch_and_params(objective):
-    rng = np.random.default_rng(0)
-    batch = seeded_batch(rng)
+    batch, rng = digits_batch()
     params = objective.init(jax.random.PRNGKey(0), batch)
     # Perturb every weight: the zero-initialised output layers would leave F (the part in the
     # compute dtype) out of the loss.
@@ -117,7 +109,7 @@ def test_float32_policy_is_the_program_without_a_policy():
     precision. (The loss and all 144 gradients were also compared bit for bit against main's
     code before this section existed: equal.)"""
     objective, _ = objective_for("float32")
-    batch = seeded_batch(np.random.default_rng(0))  # shapes only: the programs are traced, not run
+    batch, _ = digits_batch()  # shapes only: the programs are traced, not run
     optimizer, ema = optax.adam(1e-3), EMASpec(0.999)
     state = jax.eval_shape(make_init(objective, optimizer, ema), jax.random.PRNGKey(0), batch)
     without = jax.make_jaxpr(make_step(objective, optimizer, ema))(state, batch)
