@@ -5,14 +5,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dew-installed
 
-.PHONY: train test lint format lock clean
+.PHONY: train test lint format lock clean docs
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@# setuptools prints a banner at every editable install ("Editable installation ... be careful
 	@# with folders ... named like your package"): a note for src-less layouts, not a problem here.
-	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet -c requirements.lock -e ".[test,tracking]"
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet -c requirements.lock -e ".[test,tracking,docs]"
 	@touch $(STAMP)
 
 # Class-conditional EDM on the embedded digits; run again to resume from the last checkpoint.
@@ -26,6 +26,10 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
+# The documentation site under .cache/site, warnings as errors (tests/test_docs.py builds it too).
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
@@ -34,7 +38,7 @@ format: $(STAMP)
 
 lock: $(STAMP)
 	@printf '%s\n' "# Exact versions tested together (Python 3.11, CPU). \`make\` installs with these as constraints:" \
-	  '#   pip install -c requirements.lock -e ".[test,tracking]"' "# Regenerate after changing pyproject.toml: make lock" > requirements.lock
+	  '#   pip install -c requirements.lock -e ".[test,tracking,docs]"' "# Regenerate after changing pyproject.toml: make lock" > requirements.lock
 	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^-e ' >> requirements.lock
 
 clean:

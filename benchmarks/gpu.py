@@ -1,4 +1,4 @@
-"""The accelerator check of issue 32: CIFAR-10's DDPM++ exactly as NVlabs/edm trains it, dew vs
+"""The accelerator check: CIFAR-10's DDPM++ exactly as NVlabs/edm trains it, dew vs
 NVlabs/edm on the same GPU, in one command that needs no download (synthetic batches).
 
     PYTHONPATH=. python benchmarks/gpu.py --edm=/path/to/NVlabs-edm --peak_tflops=989
@@ -17,7 +17,7 @@ JSON lines and a final table:
 * dew's 35-NFE sampling (18 Heun steps, the paper's CIFAR-10 sampler) images/s;
 * NVlabs/edm's own ``training_loop.py`` step on the same GPU in float32 and with ``--fp16``
   (``use_fp16=True`` and ``--ls=1``, its mixed precision), and the ratio dew bf16 / edm fp16
-  (issue 32's goal: ≥ 1.3× on an H200).
+  (the goal: ≥ 1.3× on an H200).
 
 Sized for ≤ 8 minutes on one H200: ``--steps`` timed steps per case after ``--warmup``. Each side
 runs in its own process (the reference in ``--torch_python``) so neither holds the other's memory.

@@ -28,6 +28,16 @@ dew's start-up is timed separately in a fresh process without the persistent com
 jitted ``init`` (compile + run) and the step's compile + first step (``--startup``), the latter
 also in its parts: tracing, lowering, XLA's compile and the first step's run.
 
+How far from the machine, beside how far from the reference: each median is also reported as
+achieved FLOP/s, from one FLOP count for both sides (XLA's cost analysis of dew's step and
+forward, lowered for one device and the whole batch: the same arithmetic the reference does), and
+as a fraction of the CPU's peak: cores (``--threads``) × clock × float32 FLOP per cycle, the
+last from the vector width the CPU's flags report (16 lanes with AVX-512, 8 with AVX2) × 2 for a
+fused multiply-add × ``--fma_units`` (2 for Intel's server cores with two 512-bit FMA units and
+for AMD Zen 2/3 at 256 bits; AMD Zen 4 runs a 512-bit operation as two 256-bit halves, so
+``--fma_units=1`` gives its peak), and the clock from ``/proc/cpuinfo`` (``--cpu_ghz``: the all-core clock, where the
+nominal one misleads).
+
 ``--gpu`` runs dew's side alone on an accelerator in bfloat16 and float32 and reports achieved
 FLOP/s against ``--peak_tflops`` (XLA's cost analysis of the compiled step).
 """
@@ -136,6 +146,66 @@ def torch_worker(args) -> int:
 
 
 # --- dew's side ------------------------------------------------------------------------------------
+def dew_training(net_name: str):
+    """(objective, optimizer, EMA) of dew's side: the network's EDM objective, Adam, EMA 0.999."""
+    import optax
+
+    from benchmarks.edm_objective import songunet_diffusion
+    from dew.objectives.base import EMASpec
+
+    net = dict(NETS[net_name])
+    res, ch = net.pop("img_resolution"), net.pop("img_channels")
+    objective = songunet_diffusion(res, ch, net["label_dim"], net)
+    return objective, optax.adam(1e-3, b1=0.9, b2=0.999, eps=1e-8), EMASpec(decay=0.999)
+
+
+def step_flops(net_name: str, batch: int) -> dict[str, float]:
+    """FLOP of one train step and one forward pass of the whole batch: XLA's cost analysis of the
+    programs lowered for one device (before any backend fusion, so the convolution library does
+    not change the count). The reference computes the same network on the same batch, so one
+    count serves both sides."""
+    import jax
+    import jax.numpy as jnp
+
+    from dew.training.steps import make_init, make_step
+
+    objective, optimizer, ema = dew_training(net_name)
+    images, labels = batch_arrays(NETS[net_name], batch)
+    host_batch = {"image": images, "label": labels}
+    state = jax.eval_shape(make_init(objective, optimizer, ema), jax.random.PRNGKey(0), host_batch)
+
+    def forward(params, x, labels):
+        return objective.denoiser(params, {"label": labels})(x, jnp.ones((x.shape[0],)))
+
+    def count(fn, *args) -> float:
+        cost = jax.jit(fn).lower(*args).cost_analysis()
+        cost = cost[0] if isinstance(cost, list | tuple) else cost
+        return float(cost["flops"])
+
+    return {
+        "step": count(make_step(objective, optimizer, ema), state, host_batch),
+        "forward": count(forward, state.params, images, labels),
+    }
+
+
+def cpu_peak_gflops(threads: int, fma_units: int, ghz: float = 0.0) -> dict:
+    """The CPU's float32 peak on ``threads`` cores: cores × GHz × lanes × 2 (a fused multiply-add
+    is two FLOP) × ``fma_units``; lanes from the vector width the CPU reports (/proc/cpuinfo),
+    the clock from its ``cpu MHz`` unless ``ghz`` is given."""
+    cpuinfo = pathlib.Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+
+    def field(name: str) -> list[str]:
+        return [line.split(":", 1)[1].strip() for line in lines if line.startswith(name)]
+
+    flags = set(field("flags")[0].split()) if field("flags") else set()
+    lanes = 16 if "avx512f" in flags else 8 if {"avx2", "fma"} <= flags else 4
+    ghz = ghz or max((float(mhz) / 1e3 for mhz in field("cpu MHz")), default=0.0)
+    gflops = threads * ghz * lanes * 2 * fma_units
+    model = (field("model name") or [""])[0]
+    return dict(model=model, cores=threads, ghz=ghz, lanes=lanes, fma_units=fma_units, gflops=gflops)
+
+
 def dew_setup(net_name: str, batch: int, initialize: bool = True):
     """(jitted step, state, batch, jitted forward) for dew's songunet, via the trainer's pure stages
     (``initialize=False``: the init function itself instead of its jitted form, nothing placed)."""
@@ -143,18 +213,11 @@ def dew_setup(net_name: str, batch: int, initialize: bool = True):
 
     import jax
     import jax.numpy as jnp
-    import optax
 
-    from benchmarks.edm_objective import songunet_diffusion
-    from dew.objectives.base import EMASpec
     from dew.training.sharding import Layout, MeshSpec
     from dew.training.steps import make_init, make_step
 
-    net = dict(NETS[net_name])
-    res, ch = net.pop("img_resolution"), net.pop("img_channels")
-    objective = songunet_diffusion(res, ch, net["label_dim"], net)
-    optimizer = optax.adam(1e-3, b1=0.9, b2=0.999, eps=1e-8)
-    ema = EMASpec(decay=0.999)
+    objective, optimizer, ema = dew_training(net_name)
     images, labels = batch_arrays(NETS[net_name], batch)
     # As the Trainer compiles and places them (dew.training.sharding.Layout): the state on the
     # mesh (replicated: data parallelism), each batch split over its devices, init run once.
@@ -429,6 +492,8 @@ def main() -> int:
     parser.add_argument("--skip_startup", action="store_true", help="no fresh-process start-up timing")
     parser.add_argument("--gpu", action="store_true", help="dew alone on an accelerator, bf16 and f32")
     parser.add_argument("--peak_tflops", type=float, default=0.0, help="the chip's peak, for --gpu")
+    parser.add_argument("--fma_units", type=int, default=2, help="FMA units per core, for the CPU's peak")
+    parser.add_argument("--cpu_ghz", type=float, default=0.0, help="all-core clock (0: /proc/cpuinfo's)")
     parser.add_argument("--profile", default="", help="trace 3 dew steps into this directory, print shares")
     parser.add_argument("--profile_forward", action="store_true", help="--profile the forward pass instead")
     parser.add_argument(
@@ -513,14 +578,31 @@ def main() -> int:
         if worker is not None:
             worker.stdin.close()
             worker.wait(timeout=60)
+    flops = step_flops(args.net, args.batch)
+    peak = cpu_peak_gflops(args.threads, args.fma_units, args.cpu_ghz)
+    print(
+        f"peak: {peak['model'] or 'this CPU'}, {peak['cores']} cores x {peak['ghz']:.2f} GHz x "
+        f"{peak['lanes']} float32 lanes x 2 (FMA) x {peak['fma_units']} FMA units "
+        f"= {peak['gflops']:.0f} GFLOP/s"
+    )
+    achieved = {}
     for kind, sides in results.items():
         med = {s: statistics.median(v) for s, v in sides.items() if v}
-        line = f"{kind}: dew median {med['dew'] * 1e3:.1f} ms"
+        achieved[kind] = {s: flops[kind] / m / 1e9 for s, m in med.items()}
+
+        def rate(side: str, kind=kind) -> str:
+            gflops = achieved[kind][side]
+            share = f", {100 * gflops / peak['gflops']:.1f} % of peak" if peak["gflops"] else ""
+            return f"{gflops:.1f} GFLOP/s{share}"
+
+        line = f"{kind} ({flops[kind] / 1e9:.2f} GFLOP): dew median {med['dew'] * 1e3:.1f} ms ({rate('dew')})"
         if "reference" in med:
             ratio = med["reference"] / med["dew"]
-            line += f", reference median {med['reference'] * 1e3:.1f} ms, reference/dew = {ratio:.2f}x"
+            line += f", reference median {med['reference'] * 1e3:.1f} ms ({rate('reference')})"
+            line += f", reference/dew = {ratio:.2f}x"
         print(line)
     record = {"net": args.net, "batch": args.batch, "devices": args.devices, "startup": startup}
+    record.update(flops=flops, peak=peak, achieved_gflops=achieved)
     record["convolutions"] = args.convolutions
     record["kernel_choice"] = {"seconds": args.kernel_choice_s, **decision.record(), "how": decision.how}
     print(json.dumps({**record, "results": results}))

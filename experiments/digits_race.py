@@ -8,7 +8,7 @@ classifier (an RBF SVM on all 1,797 real digits, ``dew/scoring/digits_classifier
 many show the class asked for; both sets are saved as ``samples_ema.png`` / ``samples_raw.png`` in
 the workdir, one row per class. Everything else is ``experiments/edm.py``'s defaults, run as
 ``python -m dew.main`` runs it (each batch split over one CPU device per core); the batch size is
-the race's (128, as the reference's race in issue 12).
+the race's (128, as in the reference's race).
 
     PYTHONPATH=. python experiments/digits_race.py --workdir=runs/digits_race [--budget=240]
 """

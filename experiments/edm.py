@@ -68,7 +68,7 @@ def get_config() -> ConfigDict:
 
     # Adam as EDM trains (no gradient clipping), without a learning-rate warm-up: on this data
     # the reference recipe learns fastest from the first step, and a fixed warm-up of a few
-    # hundred steps costs short runs points (issue 12). warmup_steps > 0 and grad_clip > 0
+    # hundred steps costs short runs points. warmup_steps > 0 and grad_clip > 0
     # remain available.
     config.optimizer = ConfigDict(
         {

@@ -1,5 +1,5 @@
 """EDM2 against the SongUNet on the embedded digits at equal wall time, then the guidance modes
-of the EDM2 run at equal sampler steps (issue 33 item 5).
+of the EDM2 run at equal sampler steps.
 
 ``train``: ``python -m dew.main`` on ``experiments/edm2.py:digits`` and on ``experiments/edm.py``
 (the SongUNet), one after the other, each stopped by SIGTERM after ``--budget`` seconds of wall

@@ -168,7 +168,7 @@ def conv(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
     # XLA:CPU would re-fuse the elementwise chain that produced x (and the one producing the
     # output's gradient) into the layout transposes feeding the weight gradient, recomputing it
     # there in transposed order; computed once, the 16×16 EDM step is ~10 % faster
-    # (dew.networks.materialize; benchmarks/RESULTS.md, issue 12). The token is w's, so the
+    # (dew.networks.materialize; benchmarks/RESULTS.md). The token is w's, so the
     # mark holds when only w is differentiated.
     return materialize.marked(lambda v: convolve(v, w, pad), x, w[0, 0, 0, 0])
 
@@ -186,8 +186,8 @@ def _conv_tap_weight_grad(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
     Forward and input gradient are XLA's own. The weight gradient is the textbook sum
     dL/dw[i, j] = Σ_{b,r,s} x_pad[b, r + i, s + j, :]ᵀ dL/dy[b, r, s, :], one [in, B·H·W] × [B·H·W,
     out] matmul per tap. XLA:CPU computes it instead as a convolution whose kernel is the whole
-    output gradient, which on this backend is ~8× slower at 32×32 (``benchmarks/RESULTS.md``,
-    issue 12); the two agree to float32 summation order.
+    output gradient, which on this backend is ~8× slower at 32×32 (``benchmarks/RESULTS.md``);
+    the two agree to float32 summation order.
     """
     return _xla_conv(x, w, pad)
 
@@ -296,7 +296,7 @@ def group_mean(x: jax.Array, groups: int) -> jax.Array:
     The same mean as one reduction over both axes (float32 reassociation only), but XLA:CPU
     runs the one-axis form several times faster: a group norm + SiLU at 32×32×64, batch 32, one
     device on a 2-core AMD EPYC (AVX2) takes 1.9 against 13.1 ms forward and 31 against 36 ms
-    with its gradient (``benchmarks/RESULTS.md``, issue 35)."""
+    with its gradient (``benchmarks/RESULTS.md``)."""
     b, _, c = x.shape
     per_channel = jnp.mean(x, axis=1)  # [B, C]
     return jnp.mean(per_channel.reshape(b, groups, c // groups), axis=-1).reshape(b, 1, groups, 1)

@@ -5,7 +5,7 @@ a nearest-neighbour upsampling) into every consumer that can fuse it. On XLA:CPU
 consumer is the layout transpose that feeds a convolution's weight gradient: the whole chain is
 recomputed there, in the transposed order, from the tensors it started from. In dew's 16×16
 EDM step that transpose took ~30 ms per call where a copy of the same tensor takes ~1 ms, and
-the transposes together ~150 ms of thread time per step (``benchmarks/RESULTS.md``, issue 12).
+the transposes together ~150 ms of thread time per step (``benchmarks/RESULTS.md``).
 
 ``jax.lax.optimization_barrier`` would say "compute this once", but XLA:CPU removes barriers
 before fusion. A conditional is a fusion boundary it keeps: ``computed_once`` returns its operand

@@ -3,7 +3,7 @@ so the default run needs no download.
 
 The digits are read from the file scikit-learn ships them in (``datasets/data/digits.csv.gz``,
 found without importing scikit-learn), as ``load_digits`` reads it: importing scikit-learn takes
-1-2.5 s, all of it before a run's compile can start (issue 12). Where that file is not found
+1-2.5 s, all of it before a run's compile can start. Where that file is not found
 (another layout), ``load_digits`` itself is used.
 
 Pixels are 0..16 in the source; they are mapped to [-1, 1] as x/8 − 1. The split is fixed
