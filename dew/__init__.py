@@ -71,6 +71,8 @@ _REGISTERING_MODULES = (
     "dew.encoding.class_label",
     "dew.encoding.byte_text",
     "dew.sampling.solvers",
+    "dew.sampling.transport_ode",
+    "dew.sampling.transport_sde",
     "dew.objectives.diffusion",
     "dew.objectives.edm2",
     "dew.objectives.language",
