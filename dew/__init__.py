@@ -74,6 +74,7 @@ _REGISTERING_MODULES = (
     "dew.sampling.transport_ode",
     "dew.sampling.transport_sde",
     "dew.objectives.diffusion",
+    "dew.objectives.interpolant",
     "dew.objectives.edm2",
     "dew.objectives.language",
     "dew.objectives.contrastive",
