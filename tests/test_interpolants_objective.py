@@ -151,6 +151,9 @@ def test_vp_edm_sigma_matches_the_direct_ratio():
         (lambda: TransportSDE(method="Milstein"), "sampling_method='Milstein' is unknown"),
         (lambda: TransportSDE(diffusion_form="cubic"), "diffusion_form='cubic' is unknown"),
         (lambda: TransportSDE(last_step="Exact"), "last_step='Exact' is unknown"),
+        (lambda: TransportSDE(last_step_size=1.5), "last_step_size=1.5 is invalid: expected a float in"),
+        (lambda: TransportODE(num_steps=1), "num_steps=1 is invalid: expected an int >= 2"),
+        (lambda: TransportODE(atol=0.0), "atol=0.0 is invalid: expected a float > 0"),
         (
             lambda: mixture_config(sampling={"sampler": "heun"}),
             "config.objective.sampling.sampler='heun' is unknown",

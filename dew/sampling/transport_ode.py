@@ -22,6 +22,7 @@ from dew import registry
 from dew.diffusion.interpolants import one_of
 from dew.diffusion.transport import Transport
 from dew.sampling import dopri5
+from dew.schema import ConfigError
 
 Array = jax.Array
 Model = Callable[[Array, Array], Array]
@@ -81,10 +82,10 @@ class TransportODE:
     def __post_init__(self) -> None:
         one_of("sampling_method", self.method, ODE_METHODS)
         if not (isinstance(self.num_steps, int) and self.num_steps >= 2):
-            raise ValueError(f"num_steps={self.num_steps!r} is invalid: expected an int >= 2")
+            raise ConfigError(f"num_steps={self.num_steps!r} is invalid: expected an int >= 2")
         for name in ("atol", "rtol"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: expected a float > 0")
+                raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: expected a float > 0")
 
     def grid(self, transport: Transport) -> np.ndarray:
         """The output times, float32."""

@@ -36,6 +36,7 @@ from dew.diffusion.interpolants import DIFFUSION_ALIASES, DIFFUSION_FORMS, one_o
 from dew.diffusion.transport import Transport
 from dew.sampling.solvers import step_noise
 from dew.sampling.transport_ode import torch_linspace
+from dew.schema import ConfigError
 
 Array = jax.Array
 Model = Callable[[Array, Array], Array]
@@ -67,9 +68,11 @@ class TransportSDE:
         )
         one_of("last_step", self.last_step, LAST_STEPS)
         if not (isinstance(self.num_steps, int) and self.num_steps >= 2):
-            raise ValueError(f"num_steps={self.num_steps!r} is invalid: expected an int >= 2")
+            raise ConfigError(f"num_steps={self.num_steps!r} is invalid: expected an int >= 2")
         if not 0 <= self.last_step_size < 1:
-            raise ValueError(f"last_step_size={self.last_step_size!r} is invalid: expected a float in [0, 1)")
+            raise ConfigError(
+                f"last_step_size={self.last_step_size!r} is invalid: expected a float in [0, 1)"
+            )
 
     @property
     def step_size(self) -> float:
