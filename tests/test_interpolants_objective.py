@@ -15,6 +15,7 @@ import optax
 import pytest
 
 import dew
+from dew.artifacts import ImageGrid
 from dew.config import apply_overrides, load_config
 from dew.diffusion.interpolants import VPPath
 from dew.diffusion.transport import Transport
@@ -102,6 +103,8 @@ def test_training_lowers_the_loss_and_every_registered_sampler_draws():
         params, state, loss = step(params, state, jax.random.key(i))
         losses.append(float(loss))
     assert np.mean(losses[-20:]) < 0.8 * np.mean(losses[:20])
+    picture = objective.preview(params, jax.random.key(5))  # 2-D points: one scatter picture
+    assert isinstance(picture, ImageGrid) and picture.images.shape == (1, 96, 96, 1)
     for name in (
         "transport_ode",
         "transport_ode_euler",

@@ -33,6 +33,7 @@ from dew.artifacts import ImageGrid
 from dew.diffusion.interpolants import LOSS_WEIGHTS, PATHS, PREDICTIONS
 from dew.diffusion.transport import Transport
 from dew.inputs import Condition, Field, InputSpec
+from dew.objectives import scatter
 from dew.sampling.transport_ode import TransportODE
 from dew.sampling.transport_sde import TransportSDE
 from dew.schema import ConfigError, Key, Section, at_least
@@ -70,6 +71,7 @@ class Interpolant(Objective):
     """The transport loss of one ``Transport`` for a network F(x, t[, y]).
 
     ``num_classes`` is the label count of a class-conditional network (None: unconditional).
+    ``extent`` is the half-width of a 2-D point preview's picture (None: the samples' own).
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class Interpolant(Objective):
         model: ModuleFactory,
         num_classes: int | None = None,
         preview: Preview = Preview(),
+        extent: float | None = None,
     ):
         if num_classes is not None and "label" not in input_spec.conditions:
             raise ValueError("Interpolant: num_classes is set but the input spec has no 'label' condition")
@@ -86,6 +89,7 @@ class Interpolant(Objective):
         self.transport = transport
         self.num_classes = num_classes
         self.preview_settings = preview
+        self.extent = extent
         self.sampler = dataclasses.replace(transport_sampler(preview.sampler), num_steps=preview.steps)
         conditional = num_classes is not None
 
@@ -140,13 +144,18 @@ class Interpolant(Objective):
 
     # --- what a person sees -----------------------------------------------------------------------
     def preview(self, params: Params, rng: jax.Array) -> ImageGrid:
-        """``per_class`` samples of each class (one row each), or ``per_class`` in all."""
+        """``per_class`` samples of each class (one row each), or ``per_class`` in all; 2-D
+        points as one scatter picture (``dew.objectives.scatter``)."""
         shape = self.input_spec.sample.shape
+        per = self.preview_settings.per_class
+        if shape == (2,):
+            labels = None if self.num_classes is None else jnp.arange(per, dtype=jnp.int32) % self.num_classes
+            points = np.asarray(jax.jit(functools.partial(self.generate, num=per))(params, rng, labels))
+            return scatter.scatter_grid(points, self.extent or scatter.extent_of(points))
         if len(shape) != 3 or shape[-1] not in (1, 3):
             raise NotImplementedError(
-                f"Interpolant.preview draws images [H, W, 1|3], not samples of shape {shape}"
+                f"Interpolant.preview draws images [H, W, 1|3] or 2-D points, not {shape}"
             )
-        per = self.preview_settings.per_class
         if self.num_classes is None:
             draw = jax.jit(functools.partial(self.generate, num=per))
             images, columns = draw(params, rng), per
@@ -191,6 +200,7 @@ class Interpolant(Objective):
             model,
             source.num_classes if conditions else None,
             Preview(**o.sampling.to_dict()),
+            scatter.extent_of(np.asarray(column[: min(len(column), 4096)])) if sample.shape == (2,) else None,
         )
 
 
