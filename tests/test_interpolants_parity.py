@@ -211,3 +211,17 @@ def test_sde_trajectories_with_the_references_noise(ref):
         noises = jnp.asarray(ref[case["key"] + "/noises"])
         traj = jax.jit(lambda z, n, s=sampler, tr=transport: s.trajectory(tr, model, z, noises=n))(z, noises)
         assert_trajectory(traj, expected, 64, what=str(case))
+
+
+def test_sample_is_the_trajectorys_last_state_without_keeping_it(ref):
+    """``sample`` asks dopri5 for the last time alone and keeps no states: the same value."""
+    model, z = fixed_model(ref), jnp.asarray(ref["z"])
+    transport = Transport.create("GVP", "noise")
+    for sampler in (TransportODE(num_steps=5), TransportODE(method="heun2", num_steps=5)):
+        full = sampler.trajectory(transport, model, z)[0][-1]
+        np.testing.assert_array_equal(sampler.sample(transport, model, z), full)
+    sde = TransportSDE(method="Heun", num_steps=5)
+    np.testing.assert_array_equal(
+        sde.sample(transport, model, z, jax.random.key(0)),
+        sde.trajectory(transport, model, z, jax.random.key(0))[-1],
+    )

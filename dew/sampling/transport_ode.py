@@ -48,9 +48,12 @@ def _field(model: Model) -> Callable[[Array, Array], Array]:
     return lambda t, x: model(x, jnp.ones((x.shape[0],), x.dtype) * t)
 
 
-def fixed_grid(method: str, func: Callable[[Array, Array], Array], y0: Array, grid: Array) -> Array:
+def fixed_grid(
+    method: str, func: Callable[[Array, Array], Array], y0: Array, grid: Array, keep: bool = True
+) -> Array:
     """torchdiffeq's ``euler`` (y + dt f(t0, y)) or ``heun2`` (k1 = f(t0, y), k2 = f(t0 + dt,
-    y + dt k1), y + dt (½ k1 + ½ k2)) on ``grid``: [len(grid), *y0.shape], the first row y0."""
+    y + dt k1), y + dt (½ k1 + ½ k2)) on ``grid``: [len(grid), *y0.shape], the first row y0
+    (``keep=False``: only the last state, [1, *y0.shape])."""
 
     def body(y, interval):
         t0, t1 = interval
@@ -61,10 +64,10 @@ def fixed_grid(method: str, func: Callable[[Array, Array], Array], y0: Array, gr
         else:
             k2 = func(t0 + dt * 1.0, y + dt * k1 * 1.0)
             y_next = y + dt * (k1 * 0.5 + k2 * 0.5)
-        return y_next, y_next
+        return y_next, (y_next if keep else None)
 
-    _, ys = jax.lax.scan(body, y0, (grid[:-1], grid[1:]))
-    return jnp.concatenate([y0[None], ys])
+    y_last, ys = jax.lax.scan(body, y0, (grid[:-1], grid[1:]))
+    return jnp.concatenate([y0[None], ys]) if keep else y_last[None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,9 +104,18 @@ class TransportODE:
         return fixed_grid(self.method, func, x, jnp.asarray(grid)), None
 
     def sample(self, transport: Transport, model: Model, x: Array, rng: Array | None = None) -> Array:
-        """The state at the last grid time from noise ``x`` (``rng`` is unused: deterministic)."""
+        """The state at the last grid time from noise ``x`` (``rng`` is unused: deterministic).
+
+        The same value as ``trajectory(...)[0][-1]`` without keeping the other states: the
+        adaptive solver's steps do not depend on the output times (it never clips a step to
+        one), so it is asked for the last time alone."""
         del rng
-        return self.trajectory(transport, model, x)[0][-1]
+        func = _field(transport.drift(model))
+        grid = self.grid(transport)
+        if self.method == "dopri5":
+            ends = grid[[0, -1]]
+            return dopri5.odeint(func, x, ends, rtol=self.rtol, atol=self.atol)[0][-1]
+        return fixed_grid(self.method, func, x, jnp.asarray(grid), keep=False)[-1]
 
 
 #: SiT's ODE samplers by torchdiffeq method, registered in ``dew.samplers``.

@@ -96,9 +96,11 @@ class TransportSDE:
         rng: Array | None = None,
         *,
         noises: Array | None = None,
+        keep: bool = True,
     ) -> Array:
         """[num_steps, *x.shape]: the state after each of the num_steps − 1 steps, then the last
-        step's output. Needs ``rng`` or ``noises``."""
+        step's output (``keep=False``: the output alone, [1, *x.shape]). Needs ``rng`` or
+        ``noises``."""
         if noises is None and rng is None:
             raise ValueError("TransportSDE: a stochastic sampler needs rng= (or noises=)")
         if noises is not None and noises.shape != (self.num_steps - 1, *x.shape):
@@ -135,7 +137,7 @@ class TransportSDE:
                 xp = xhat + dt * k1
                 k2 = sde_drift(xp, t + dt)
                 x_next = xhat + 0.5 * dt * (k1 + k2)
-            return x_next, x_next
+            return x_next, (x_next if keep else None)
 
         steps = (jnp.arange(self.num_steps - 1), grid[:-1])
         x_last, states = jax.lax.scan(body, x, steps)
@@ -150,13 +152,13 @@ class TransportSDE:
         else:
             alpha, sigma = plan.alpha(t_end)[0][0], plan.sigma(t_end)[0][0]
             out = x_last / alpha + (sigma**2) / alpha * drift_and_score(x_last, t_end)[1]
-        return jnp.concatenate([states, out[None]])
+        return jnp.concatenate([states, out[None]]) if keep else out[None]
 
     def sample(
         self, transport: Transport, model: Model, x: Array, rng: Array | None = None, *, noises=None
     ) -> Array:
         """The last step's output from noise ``x``."""
-        return self.trajectory(transport, model, x, rng, noises=noises)[-1]
+        return self.trajectory(transport, model, x, rng, noises=noises, keep=False)[-1]
 
 
 #: SiT's SDE samplers, registered in ``dew.samplers``.
