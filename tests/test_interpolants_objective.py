@@ -17,7 +17,7 @@ import pytest
 import dew
 from dew.artifacts import ImageGrid
 from dew.config import apply_overrides, load_config
-from dew.diffusion.interpolants import VPPath
+from dew.diffusion.interpolants import PATHS, VPPath
 from dew.diffusion.transport import Transport
 from dew.inputs import Condition, Field, InputSpec
 from dew.objectives.interpolant import Interpolant, Preview
@@ -130,6 +130,24 @@ def test_the_sde_draws_its_noise_from_rng_reproducibly():
     assert not np.allclose(a, c)
     with pytest.raises(ValueError, match="needs rng"):
         sampler.sample(Transport.create(), model, z)
+
+
+def test_each_path_is_a_rescaling_of_the_sigma_frame():
+    """x_t = α_t (x1 + σ x0) with σ = ``edm_sigma(t)``; the Linear path is dew's rectified flow
+    (flow time 1 − t, x_t = x/(1 + σ)) and its u_t is minus the flow target n − y."""
+    t = jnp.asarray([0.1, 0.5, 0.9])
+    x0, x1 = jax.random.normal(jax.random.key(0), (2, 3, 4))
+    for name, path_type in PATHS.items():
+        path = path_type()
+        sigma, alpha = path.edm_sigma(t)[:, None], path.alpha(t)[0]
+        alpha = jnp.broadcast_to(jnp.asarray(alpha), t.shape)[:, None]
+        np.testing.assert_allclose(
+            path.xt(t, x0, x1), alpha * (x1 + sigma * x0), rtol=2e-5, atol=2e-6, err_msg=name
+        )
+    linear = PATHS["Linear"]()
+    sigma = linear.edm_sigma(t)[:, None]
+    np.testing.assert_allclose(linear.xt(t, x0, x1), (x1 + sigma * x0) / (1 + sigma), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(linear.ut(t, x0, x1), -(x0 - x1), rtol=1e-6)
 
 
 def test_vp_edm_sigma_matches_the_direct_ratio():
