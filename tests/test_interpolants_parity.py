@@ -225,3 +225,19 @@ def test_sample_is_the_trajectorys_last_state_without_keeping_it(ref):
         sde.sample(transport, model, z, jax.random.key(0)),
         sde.trajectory(transport, model, z, jax.random.key(0))[-1],
     )
+
+
+@pytest.mark.default_compiler
+def test_sample_py_settings_250_points_and_250_steps(ref):
+    """SiT's sample.py settings on the Linear velocity path: dopri5 reporting 250 points (atol
+    1e-6, rtol 1e-3) with the reference's evaluation count, and the SDE's 250 Euler–Maruyama steps
+    (sigma form, Mean last step of 0.04) with its draws."""
+    model, z = fixed_model(ref), jnp.asarray(ref["z"])
+    transport = Transport.create()
+    traj, stats = jax.jit(TransportODE(num_steps=250).trajectory, static_argnums=(0, 1))(transport, model, z)
+    assert int(stats.nfe) == int(ref["published/ode/nfe"])
+    assert_trajectory(traj, ref["published/ode"], 64, int(stats.accepted + stats.rejected), what="ode 250")
+    sde = TransportSDE()  # the defaults are sample.py's
+    noises = jnp.asarray(ref["published/sde/noises"])
+    states = jax.jit(lambda z, n: sde.trajectory(transport, model, z, noises=n))(z, noises)
+    assert_trajectory(states, ref["published/sde"], 64, what="sde 250")

@@ -236,6 +236,26 @@ def main() -> None:
             }
         )
 
+    # --- sample.py's own settings: 250 points / steps --------------------------------------------
+    tr = create_transport("Linear", "velocity")
+    counting = Counting(model)
+    traj = Sampler(tr).sample_ode(sampling_method="dopri5", num_steps=250, atol=1e-6, rtol=1e-3)(
+        t_(z), counting
+    )
+    out["published/ode"], out["published/ode/nfe"] = traj.numpy(), np.asarray(counting.calls, np.int32)
+    draws = [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(249)]
+    fn = Sampler(tr).sample_sde(
+        sampling_method="Euler",
+        diffusion_form="sigma",
+        diffusion_norm=1.0,
+        last_step="Mean",
+        last_step_size=0.04,
+        num_steps=250,
+    )
+    with injected_randn(draws), torch.no_grad():
+        out["published/sde"] = torch.stack(fn(t_(z), model)).numpy()
+    out["published/sde/noises"] = np.stack(draws)
+
     meta = {
         "eps_rules": eps_rules,
         "ode_cases": ode_cases,
