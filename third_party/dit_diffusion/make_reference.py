@@ -116,9 +116,10 @@ def main() -> None:
     z = rng.standard_normal(SHAPE).astype(np.float32)
     out["z"] = z
     loops = []
-    for respacing in ("10", "25"):
+    for respacing in ("10", "25", "250"):  # "250": DiT's sample.py
         d = create_diffusion(respacing)
-        for method, eta in (("ddpm", 0.0), ("ddim", 0.0), ("ddim", 0.5)):
+        methods = (("ddpm", 0.0),) if respacing == "250" else (("ddpm", 0.0), ("ddim", 0.0), ("ddim", 0.5))
+        for method, eta in methods:
             draws = [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(d.num_timesteps)]
             states = []
             with injected_randn_like(draws), torch.no_grad():
