@@ -81,6 +81,26 @@ def test_a_class_conditional_network_is_called_with_continuous_t_and_raw_labels(
     assert out.shape == (2, 2) and np.all(np.isfinite(out))
 
 
+def test_learn_sigma_networks_lose_their_variance_half_as_sits_forward_does():
+    class TwoHalves(hk.Module):
+        def __call__(self, x, t):
+            scale = hk.get_parameter("scale", (), init=jnp.ones)
+            return jnp.concatenate([scale * x, jnp.full_like(x, 1e6)], axis=-1)
+
+    spec = InputSpec(Field("x", (3, 3, 2)))
+    transport = Transport.create()
+    objective = Interpolant(spec, transport, TwoHalves, learn_sigma=True)
+    batch = {"x": jax.random.normal(jax.random.key(0), (2, 3, 3, 2))}
+    params = objective.init(jax.random.key(1), batch)
+    out = objective.network(params, None)(batch["x"], jnp.zeros(2))
+    np.testing.assert_array_equal(out, batch["x"])
+    loss, _ = objective.loss(params, jax.random.key(2), batch, Step(jnp.int32(0)))
+    assert float(loss) < 100  # the 1e6 half never reaches the loss
+    plain = Interpolant(spec, transport, TwoHalves)
+    with pytest.raises(ValueError, match="the model returned shape"):
+        plain.loss(plain.init(jax.random.key(1), batch), jax.random.key(2), batch, Step(jnp.int32(0)))
+
+
 def test_training_lowers_the_loss_and_every_registered_sampler_draws():
     config = mixture_config()
     objective = build_objective(config, open_split(config.dataset, "train"))

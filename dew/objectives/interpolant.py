@@ -72,6 +72,9 @@ class Interpolant(Objective):
 
     ``num_classes`` is the label count of a class-conditional network (None: unconditional).
     ``extent`` is the half-width of a 2-D point preview's picture (None: the samples' own).
+    ``learn_sigma``: the network returns twice the sample's channels (last axis), as DiT and SiT
+    networks built with ``learn_sigma=True`` do; the transport uses the first half, as SiT's
+    ``forward`` does (``x, _ = x.chunk(2, dim=1)``).
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class Interpolant(Objective):
         num_classes: int | None = None,
         preview: Preview = Preview(),
         extent: float | None = None,
+        learn_sigma: bool = False,
     ):
         if num_classes is not None and "label" not in input_spec.conditions:
             raise ValueError("Interpolant: num_classes is set but the input spec has no 'label' condition")
@@ -95,7 +99,15 @@ class Interpolant(Objective):
 
         def forward(x: jax.Array, t: jax.Array, y: jax.Array | None) -> jax.Array:
             net = model()
-            return net(x, t, y) if conditional else net(x, t)
+            out = net(x, t, y) if conditional else net(x, t)
+            if learn_sigma:
+                if out.shape[-1] != 2 * x.shape[-1]:
+                    raise ValueError(
+                        f"Interpolant: learn_sigma=True but the network returned {out.shape[-1]} channels "
+                        f"for {x.shape[-1]}; expected {2 * x.shape[-1]}"
+                    )
+                out = out[..., : x.shape[-1]]
+            return out
 
         self._net = hk.transform(forward)
 
@@ -201,6 +213,7 @@ class Interpolant(Objective):
             source.num_classes if conditions else None,
             Preview(**o.sampling.to_dict()),
             scatter.extent_of(np.asarray(column[: min(len(column), 4096)])) if sample.shape == (2,) else None,
+            o.learn_sigma,
         )
 
 
@@ -221,6 +234,9 @@ CONFIG = Section(
         ),
         "train_eps": Key(None, "training time margin (None: SiT's default for the path)", kind=float),
         "sample_eps": Key(None, "sampling time margin (None: SiT's default for the path)", kind=float),
+        "learn_sigma": Key(
+            False, "the network returns 2C channels (DiT/SiT learn_sigma); the loss uses the first C"
+        ),
         "condition": Key(
             "auto",
             "conditioning: class_label, none, or auto (labels when the data has classes)",
