@@ -124,7 +124,8 @@ def test_p_mean_variance_full_and_respaced(ref):
 @pytest.mark.default_compiler
 def test_sampling_loops_with_the_references_noise(ref):
     """DDPM (p_sample_loop) on 10-, 25- and DiT's 250-step respacings and DDIM (η = 0 and 0.5) on
-    the first two, with DiT's ``clip_denoised=False``: each row within 32 u per step so far of the trajectory's scale."""
+    the first two, with DiT's ``clip_denoised=False``: each row within 32 u per step so far of
+    the trajectory's scale."""
     model, z = fixed_model(ref), jnp.asarray(nhwc(ref["z"]))
     for loop in json.loads(str(ref["meta_json"]))["loops"]:
         d = GaussianDiffusion.create(loop["respacing"])
