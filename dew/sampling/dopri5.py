@@ -18,9 +18,11 @@ What is reproduced from torchdiffeq (``_impl/rk_common.py``, ``misc.py``, ``inte
   4th-order interpolant (the ``DPS_C_MID`` midpoint plus both ends' values and slopes) of the
   first accepted step whose end reaches it; the first output is y0 itself.
 
-torchdiffeq keeps time-like values in float64 beside a float32 state; here every value is the
+torchdiffeq keeps time-like values in float64 beside a float32 state (and SiT, passing its
+tolerances as one-element lists, makes the error norms float64 too); here every value is the
 state's dtype (JAX without x64), so step sizes agree to float32 roundoff, and the accept/reject
-sequence is the reference's unless an error ratio falls within that roundoff of 1.
+sequence is the reference's unless an error ratio falls within that roundoff of 1 (the goldens
+check the evaluation count, hence the sequence, exactly).
 """
 
 from __future__ import annotations
