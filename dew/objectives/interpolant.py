@@ -1,0 +1,257 @@
+"""Training with SiT's transport loss (Ma et al. 2024; willisma/SiT ``train.py``): the
+``interpolant`` objective.
+
+Each step draws t ~ U(t0, t1) over the training interval and x0 ~ N(0, I), forms
+x_t = α_t x1 + σ_t x0 on the configured path and regresses the network's output at (x_t, t) onto
+the prediction's target with its weighting (``dew.diffusion.transport.Transport.training_losses``);
+the loss is the batch mean of the per-example losses, as SiT's ``loss_dict["loss"].mean()``.
+
+The network is a registered model (``config.model.name``) called as ``net(x, t, y)`` with t
+continuous in [0, 1], [B], and y the raw integer class labels (or ``net(x, t)`` without classes),
+as SiT's and DiT's ``forward(x, t, y)``; class dropout for classifier-free guidance, as in SiT,
+belongs to the network's label embedder, which gets the step's rng while training (haiku's
+``next_rng_key``) and no rng when sampling.
+
+The objective is built whole by its constructor (no attribute set afterwards): the transport, the
+network factory, the input spec and the preview's sampler are its arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dew import registry
+from dew.artifacts import ImageGrid
+from dew.diffusion.interpolants import LOSS_WEIGHTS, PATHS, PREDICTIONS
+from dew.diffusion.transport import Transport
+from dew.inputs import Condition, Field, InputSpec
+from dew.objectives import scatter
+from dew.sampling.transport_ode import TransportODE
+from dew.sampling.transport_sde import TransportSDE
+from dew.schema import ConfigError, Key, Section, at_least
+from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
+
+ModuleFactory = Callable[[], hk.Module]
+TransportSampler = TransportODE | TransportSDE
+
+
+def transport_sampler(name: str) -> TransportSampler:
+    """The registered SiT sampler ``name`` (``transport_ode``, ``transport_sde``, ...); a
+    ``ConfigError`` naming the registered ones for any other name."""
+    accepted = sorted(
+        n for n in registry.samplers.names() if isinstance(registry.samplers[n], TransportSampler)
+    )
+    if name not in accepted:
+        raise ConfigError(
+            f"config.objective.sampling.sampler={name!r} is unknown: expected one of {accepted} "
+            "(the registered transport samplers)"
+        )
+    return registry.samplers[name]
+
+
+@dataclasses.dataclass(frozen=True)
+class Preview:
+    """How ``Interpolant.preview`` draws: a registered transport sampler, its number of steps
+    (``num_steps``), and ``per_class`` samples per class (in all, without classes)."""
+
+    sampler: str = "transport_ode"
+    steps: int = 50
+    per_class: int = 8
+
+
+class Interpolant(Objective):
+    """The transport loss of one ``Transport`` for a network F(x, t[, y]).
+
+    ``num_classes`` is the label count of a class-conditional network (None: unconditional).
+    ``extent`` is the half-width of a 2-D point preview's picture (None: the samples' own).
+    ``learn_sigma``: the network returns twice the sample's channels (last axis), as DiT and SiT
+    networks built with ``learn_sigma=True`` do; the transport uses the first half, as SiT's
+    ``forward`` does (``x, _ = x.chunk(2, dim=1)``).
+    """
+
+    def __init__(
+        self,
+        input_spec: InputSpec,
+        transport: Transport,
+        model: ModuleFactory,
+        num_classes: int | None = None,
+        preview: Preview = Preview(),
+        extent: float | None = None,
+        learn_sigma: bool = False,
+    ):
+        if num_classes is not None and "label" not in input_spec.conditions:
+            raise ValueError("Interpolant: num_classes is set but the input spec has no 'label' condition")
+        self.input_spec = input_spec
+        self.transport = transport
+        self.num_classes = num_classes
+        self.preview_settings = preview
+        self.extent = extent
+        self.sampler = dataclasses.replace(transport_sampler(preview.sampler), num_steps=preview.steps)
+        conditional = num_classes is not None
+
+        def forward(x: jax.Array, t: jax.Array, y: jax.Array | None) -> jax.Array:
+            net = model()
+            out = net(x, t, y) if conditional else net(x, t)
+            if learn_sigma:
+                if out.shape[-1] != 2 * x.shape[-1]:
+                    raise ValueError(
+                        f"Interpolant: learn_sigma=True but the network returned {out.shape[-1]} channels "
+                        f"for {x.shape[-1]}; expected {2 * x.shape[-1]}"
+                    )
+                out = out[..., : x.shape[-1]]
+            return out
+
+        self._net = hk.transform(forward)
+
+    # --- pure pieces ------------------------------------------------------------------------------
+    def _labels(self, batch: Batch) -> jax.Array | None:
+        if self.num_classes is None:
+            return None
+        return batch[self.input_spec.conditions["label"].field.name]
+
+    def network(self, params: Params, labels: jax.Array | None, rng: jax.Array | None = None):
+        """model(x, t): the network for fixed labels (``rng``: its dropout key while training)."""
+        return lambda x, t: self._net.apply(params, rng, x, t, labels)
+
+    def init(self, rng: jax.Array, batch: Batch) -> Params:
+        x = batch[self.input_spec.sample.name]
+        return self._net.init(rng, x, jnp.zeros(x.shape[:1], x.dtype), self._labels(batch))
+
+    def loss(
+        self, params: Params, rng: jax.Array, batch: Batch, step: Step
+    ) -> tuple[jax.Array, tuple[Stats, Aux]]:
+        x1 = batch[self.input_spec.sample.name]
+        t_rng, noise_rng, net_rng = jax.random.split(rng, 3)
+        t = self.transport.sample_t(t_rng, x1.shape[0])
+        x0 = jax.random.normal(noise_rng, x1.shape, x1.dtype)
+        model = self.network(params, self._labels(batch), net_rng if step.is_training else None)
+        terms = self.transport.training_losses(model, x1, t, x0)
+        return jnp.mean(terms["loss"]), ({}, Aux())
+
+    def generate(
+        self,
+        params: Params,
+        rng: jax.Array,
+        labels: jax.Array | None = None,
+        num: int | None = None,
+        sampler: TransportSampler | None = None,
+    ) -> jax.Array:
+        """Samples from noise drawn with ``rng``: one per label (or ``num`` without classes),
+        through ``sampler`` (default: the preview's)."""
+        sampler = sampler or self.sampler
+        count = labels.shape[0] if labels is not None else num
+        if count is None:
+            raise ValueError("generate: give labels (class-conditional) or num (unconditional)")
+        noise_rng, step_rng = jax.random.split(rng)
+        z = jax.random.normal(noise_rng, (count, *self.input_spec.sample.shape))
+        return sampler.sample(self.transport, self.network(params, labels), z, step_rng)
+
+    # --- what a person sees -----------------------------------------------------------------------
+    def preview(self, params: Params, rng: jax.Array) -> ImageGrid:
+        """``per_class`` samples of each class (one row each), or ``per_class`` in all; 2-D
+        points as one scatter picture (``dew.objectives.scatter``)."""
+        shape = self.input_spec.sample.shape
+        per = self.preview_settings.per_class
+        if shape == (2,):
+            labels = None if self.num_classes is None else jnp.arange(per, dtype=jnp.int32) % self.num_classes
+            points = np.asarray(jax.jit(functools.partial(self.generate, num=per))(params, rng, labels))
+            return scatter.scatter_grid(points, self.extent or scatter.extent_of(points))
+        if len(shape) != 3 or shape[-1] not in (1, 3):
+            raise NotImplementedError(
+                f"Interpolant.preview draws images [H, W, 1|3] or 2-D points, not {shape}"
+            )
+        if self.num_classes is None:
+            draw = jax.jit(functools.partial(self.generate, num=per))
+            images, columns = draw(params, rng), per
+        else:
+            labels = jnp.repeat(jnp.arange(self.num_classes, dtype=jnp.int32), per)
+            images, columns = jax.jit(self.generate)(params, rng, labels), per
+        return ImageGrid(np.clip(np.asarray(images, np.float32), -1.0, 1.0), columns=columns)
+
+    # --- config ---------------------------------------------------------------------------------------
+    @classmethod
+    def config_section(cls) -> Section:
+        return CONFIG
+
+    @classmethod
+    def from_config(cls, config: Any, source: Any) -> Interpolant:
+        """Build from ``config.objective`` and ``config.model`` for ``source``: the transport from
+        ``path``/``prediction``/``loss_weight``/``train_eps``/``sample_eps`` (SiT's
+        ``create_transport``), class labels when ``condition`` is ``class_label`` (or ``auto`` and
+        the source has classes)."""
+        o = config.objective
+        if config.model.name is None:
+            raise ConfigError(
+                "config.model.name=None is invalid: the interpolant objective needs a network, one of "
+                f"{registry.models.names()}"
+            )
+        transport = Transport.create(o.path, o.prediction, o.loss_weight, o.train_eps, o.sample_eps)
+        column = source.fields[source.sample_field]
+        sample = Field(source.sample_field, tuple(column.shape[1:]))
+        choice = o.condition
+        if choice == "auto":
+            choice = "class_label" if source.num_classes else "none"
+        if choice == "class_label" and not source.num_classes:
+            raise ConfigError(f"config.objective.condition='class_label': {source.name} has no classes")
+        conditions = {}
+        if choice == "class_label":
+            conditions["label"] = Condition("class_label", Field("label", (), "int32"), source.num_classes)
+        model_cfg = {k: v for k, v in config.model.items() if k != "name"}
+        model = functools.partial(registry.models[config.model.name], **model_cfg)
+        return cls(
+            InputSpec(sample, conditions),
+            transport,
+            model,
+            source.num_classes if conditions else None,
+            Preview(**o.sampling.to_dict()),
+            scatter.extent_of(np.asarray(column[: min(len(column), 4096)])) if sample.shape == (2,) else None,
+            o.learn_sigma,
+        )
+
+
+def _validate(section: Any, path: str) -> None:
+    Transport.create(
+        section.path, section.prediction, section.loss_weight, section.train_eps, section.sample_eps
+    )
+    transport_sampler(section.sampling.sampler)
+
+
+CONFIG = Section(
+    "SiT's transport loss (stochastic interpolants)",
+    {
+        "path": Key("Linear", "the interpolant: Linear, GVP or VP", choices=tuple(PATHS)),
+        "prediction": Key("velocity", "what the network predicts", choices=PREDICTIONS),
+        "loss_weight": Key(
+            None, "score/noise loss weighting: None, velocity or likelihood", kind=str, choices=LOSS_WEIGHTS
+        ),
+        "train_eps": Key(None, "training time margin (None: SiT's default for the path)", kind=float),
+        "sample_eps": Key(None, "sampling time margin (None: SiT's default for the path)", kind=float),
+        "learn_sigma": Key(
+            False, "the network returns 2C channels (DiT/SiT learn_sigma); the loss uses the first C"
+        ),
+        "condition": Key(
+            "auto",
+            "conditioning: class_label, none, or auto (labels when the data has classes)",
+            choices=("auto", "class_label", "none"),
+        ),
+        "sampling": Section(
+            "how previews are sampled",
+            {
+                "sampler": Key("transport_ode", "registered transport sampler (dew.samplers)"),
+                "steps": Key(50, "the sampler's num_steps", **at_least(2, "an int >= 2")),
+                "per_class": Key(8, "samples per class (one grid row each)", **at_least(1, "an int >= 1")),
+            },
+        ),
+    },
+    validate=_validate,
+)
+
+registry.objectives.register("interpolant", Interpolant)
