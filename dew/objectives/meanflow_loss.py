@@ -150,7 +150,7 @@ def draw_meanflow(rng: jax.Array, x: jax.Array, times: TimeSampling) -> MeanFlow
     )
 
 
-def _rows(a: jax.Array, like: jax.Array) -> jax.Array:
+def per_row(a: jax.Array, like: jax.Array) -> jax.Array:
     """[B] -> [B, 1, ...] broadcastable against ``like``."""
     return a.reshape((-1,) + (1,) * (like.ndim - 1))
 
@@ -170,12 +170,12 @@ def guided_velocity(
     h0 = jnp.zeros_like(t)
     inside = (t >= g.t_start) & (t <= g.t_end)
     v_uncond = u_fn(z_t, t, h0, jnp.full_like(y, null_label))
-    omega = _rows(jnp.where(inside, g.omega, 1.0), v)
+    omega = per_row(jnp.where(inside, g.omega, 1.0), v)
     if g.kappa == 0:
         v_g = v_uncond + omega * (v - v_uncond)
     else:
         v_cond = u_fn(z_t, t, h0, y)
-        kappa = _rows(jnp.where(inside, g.kappa, 0.0), v)
+        kappa = per_row(jnp.where(inside, g.kappa, 0.0), v)
         v_g = omega * v + (1 - omega - kappa) * v_uncond + kappa * v_cond
     return jax.lax.stop_gradient(v_g)
 
@@ -218,18 +218,18 @@ def meanflow_loss(
     """
     t, r = times.times(draws.t_raw, draws.r_raw)
     e = draws.noise
-    z_t = (1 - _rows(t, x)) * x + _rows(t, x) * e
+    z_t = (1 - per_row(t, x)) * x + per_row(t, x) * e
     v = e - x
     v_g = guided_velocity(u_fn, v, z_t, t, y, guidance, null_label)
     drop = dropped_rows(draws.drop_uniform, guidance.class_dropout_prob)
     y_in = jnp.where(drop, null_label, y)
-    v_g = jnp.where(_rows(drop, v), v, v_g)
+    v_g = jnp.where(per_row(drop, v), v, v_g)
 
     def u_of(z, t_, r_):
         return u_fn(z, t_, t_ - r_, y_in)
 
     u, du_dt = jax.jvp(u_of, (z_t, t, r), (v_g, jnp.ones_like(t), jnp.zeros_like(r)))
-    u_tgt = jax.lax.stop_gradient(v_g - _rows(jnp.clip(t - r, 0.0, 1.0), u) * du_dt)
+    u_tgt = jax.lax.stop_gradient(v_g - per_row(jnp.clip(t - r, 0.0, 1.0), u) * du_dt)
     per_example = jnp.sum((u - u_tgt) ** 2, axis=tuple(range(1, x.ndim)))
     weighted, denominator = weighting(per_example)
     v_loss = jnp.sum((u - v) ** 2, axis=tuple(range(1, x.ndim)))
