@@ -76,6 +76,7 @@ _REGISTERING_MODULES = (
     "dew.objectives.language",
     "dew.objectives.contrastive",
     "dew.objectives.autoencoder",
+    "dew.objectives.meanflow",
     "dew.data.sources.digits",
     "dew.data.sources.mixture",
     "dew.data.sources.tfds_source",
