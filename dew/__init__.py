@@ -77,6 +77,7 @@ _REGISTERING_MODULES = (
     "dew.objectives.contrastive",
     "dew.objectives.autoencoder",
     "dew.objectives.meanflow",
+    "dew.objectives.imeanflow",
     "dew.data.sources.digits",
     "dew.data.sources.mixture",
     "dew.data.sources.tfds_source",

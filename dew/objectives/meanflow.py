@@ -203,7 +203,10 @@ class MeanFlow(Objective):
         draws = draw_meanflow(draw_rng, x, self.times)
         u = self.average_velocity(params, net_rng, step.is_training)
         y = self._labels(batch, x.shape[0])
-        terms = meanflow_loss(u, x, y, draws, self.times, self.guidance, self.weighting, UNCONDITIONAL)
+        guide = self.average_velocity(params, net_rng, False)  # the reference's train=False
+        terms = meanflow_loss(
+            u, x, y, draws, self.times, self.guidance, self.weighting, UNCONDITIONAL, guide_fn=guide
+        )
         stats = {"u_error": jnp.mean(terms.per_example), "v_loss": jnp.mean(terms.v_loss)}
         return terms.loss, (stats, Aux())
 

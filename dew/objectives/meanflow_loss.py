@@ -209,6 +209,7 @@ def meanflow_loss(
     guidance: Guidance,
     weighting: Weighting,
     null_label: int,
+    guide_fn: UFn | None = None,
 ) -> MeanFlowTerms:
     """MeanFlow's ``forward``: the loss of ``u_fn`` on data ``x`` [B, ...] with labels ``y`` [B].
 
@@ -220,7 +221,7 @@ def meanflow_loss(
     e = draws.noise
     z_t = (1 - per_row(t, x)) * x + per_row(t, x) * e
     v = e - x
-    v_g = guided_velocity(u_fn, v, z_t, t, y, guidance, null_label)
+    v_g = guided_velocity(guide_fn or u_fn, v, z_t, t, y, guidance, null_label)
     drop = dropped_rows(draws.drop_uniform, guidance.class_dropout_prob)
     y_in = jnp.where(drop, null_label, y)
     v_g = jnp.where(per_row(drop, v), v, v_g)
