@@ -34,9 +34,11 @@ Data: ImageNet-256 as SD-VAE latents (``latent_dataset``: raw mean ‖ std per i
 ``python -m dew.data.sources.latent_dataset``), scaled as the references scale them
 (latent · 0.18215, i.e. raw mean 0 and raw std 0.5 / 0.18215 in ``config.objective.latent``).
 Epochs are optimizer steps here: ⌊1,281,167 / batch⌋ per epoch (the references' drop_last loader).
-The networks are the registry's ``MF-*`` (MeanFlow's DiT, second time embedding) and ``iMF-*``
-names; dew's EMA is zero-initialised and debiased (the references start theirs at the initial
-weights), which differs only in the first ~1/(1 − 0.9999) steps.
+The MeanFlow networks are ``dew.networks.dit`` (``dit``) at the reference's ``DiT_*`` sizes with
+its second time embedding (``time_inputs=("t", "h")``); iMF's are the registry names ``iMF-*``
+(its in-context DiT with a v-head; not in dew yet, so those rows do not resolve). dew's EMA is
+zero-initialised and debiased (the references start theirs at the initial weights), which
+differs only in the first ~1/(1 − 0.9999) steps.
 """
 
 from __future__ import annotations
@@ -52,6 +54,14 @@ LATENT = {
     "raw_std": (0.5 / SD_SCALE,) * 4,
 }
 MF_SIZES = ("MF-B/4", "MF-B/2", "MF-M/2", "MF-L/2", "MF-XL/2")
+# Gsunshine/meanflow models_dit.py: DiT_<size>_<patch> = (depth, hidden_size, num_heads, patch_size)
+MF_NETWORKS = {
+    "MF-B/4": (12, 768, 12, 4),
+    "MF-B/2": (12, 768, 12, 2),
+    "MF-M/2": (16, 1024, 16, 2),
+    "MF-L/2": (24, 1024, 16, 2),
+    "MF-XL/2": (28, 1152, 16, 2),
+}
 IMF_SIZES = ("iMF-B/2", "iMF-M/2", "iMF-L/2", "iMF-XL/2")
 # eval_config.yml: (ω, t_min, t_max) recommended for the released checkpoints (1 NFE)
 IMF_SAMPLING = {
@@ -112,7 +122,26 @@ def meanflow_preset(size: str) -> ConfigDict:
             "sampling": {"schedule": (1.0, 0.0), "per_class": 1},
         }
     )
-    config.model = ConfigDict({"name": size})
+    depth, hidden, heads, patch = MF_NETWORKS[size]
+    # dew.networks.dit as the reference's MeanFlow builds its DiT: the h embedder, no label
+    # dropout inside the network (the objective drops labels) but the null-class row, no learned
+    # variance, 32x32 latents.
+    config.model = ConfigDict(
+        {
+            "name": "dit",
+            "depth": depth,
+            "hidden_size": hidden,
+            "num_heads": heads,
+            "patch_size": patch,
+            "mlp_ratio": 4.0,
+            "class_dropout_prob": 0.0,
+            "null_class": True,
+            "learn_sigma": False,
+            "num_classes": 1000,
+            "input_size": 32,
+            "time_inputs": ("t", "h"),
+        }
+    )
     _training(config, batch=256, epochs=240, warmup_epochs=0, seed=42)
     return config
 

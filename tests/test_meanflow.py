@@ -179,6 +179,53 @@ def test_a_schedule_not_decreasing_from_1_to_0_is_refused(schedule):
         sample_mean_flow(lambda z, t, h: z, jnp.zeros((1, 2)), schedule)
 
 
+class LabelsAsInts(hk.Module):
+    """A network that takes classes as DiT does: net(x, t, y, *, h, is_training), y int labels
+    with the null class ``num_classes`` (its table's last row)."""
+
+    def __init__(self, num_classes: int = 10, time_inputs=("t", "h"), name=None):
+        super().__init__(name=name)
+        self.num_classes = num_classes
+
+    def __call__(self, x, t, y, *, h=None, is_training=False):
+        table = hk.get_parameter("table", (self.num_classes + 1, 4), init=hk.initializers.RandomNormal())
+        c = jnp.concatenate([jnp.stack([t, h], -1), table[y]], -1)
+        return x * hk.Linear(1)(c)[:, :, None, None] + hk.Linear(x.shape[-1])(c)[:, None, None, :]
+
+
+if "meanflow_test_labels_as_ints" not in registry.models:
+    registry.models.register("meanflow_test_labels_as_ints", LabelsAsInts)
+
+
+def test_a_network_taking_int_labels_gets_them_with_its_null_class():
+    from dew.training.build import open_split
+    from dew.training.trainer_config import resolve_config
+
+    c = resolve_config(config(model={"name": "meanflow_test_labels_as_ints", "time_inputs": ("t", "h")}))
+    objective = MeanFlow.from_config(c, open_split(c.dataset, "train"))
+    assert objective.label_input == "y" and objective.null_label == 10
+    b = batch()
+    params = objective.init(jax.random.PRNGKey(0), b)
+    seen = []
+
+    def u(z, t, h, y):
+        seen.append(y)
+        return objective.average_velocity(params, None, False)(z, t, h, y)
+
+    draws = draw_meanflow(jax.random.PRNGKey(1), b["image"], objective.times)
+    drop_all = type(draws)(draws.t_raw, draws.r_raw, draws.noise, jnp.zeros(4))  # every row dropped
+    meanflow_loss(
+        u, b["image"], b["label"], drop_all, objective.times, objective.guidance, objective.weighting, 10
+    )
+    assert [int(v) for v in seen[-1]] == [10] * 4  # the JVP's labels: the null class, as DiT's
+    # Built without the h embedder, a time_inputs network is refused before anything runs.
+    with pytest.raises(ConfigError, match=r"config.model.time_inputs=\('t',\) is invalid"):
+        MeanFlow.from_config(
+            resolve_config(config(model={"name": "meanflow_test_labels_as_ints", "time_inputs": ("t",)})),
+            open_split(c.dataset, "train"),
+        )
+
+
 # --- through the Trainer and dew.pipeline --------------------------------------------------------
 def test_a_short_run_trains_previews_and_samples_through_the_pipeline(tmp_path):
     from dew.inference import pipeline

@@ -17,7 +17,7 @@ IMAGENET_TRAIN = 1_281_167  # ImageNet-1k train images; the references' loaders 
 MF = json.loads((ROOT / "third_party" / "meanflow" / "configs.json").read_text())["run_b4"]
 IMF = json.loads((ROOT / "third_party" / "imeanflow" / "configs.json").read_text())
 # The references' network names -> dew's registry names
-MF_NETWORKS = {"DiT_B_4": "MF-B/4"}
+MF_NETWORKS = {"DiT_B_4": {"depth": 12, "hidden_size": 768, "num_heads": 12, "patch_size": 4}}
 IMF_NETWORKS = {"imfDiT_B_2": "iMF-B/2"}
 
 
@@ -39,7 +39,17 @@ def test_mf_b4_is_the_references_run_b4():
     o = config.objective
     for key, value in MF["method"].items():
         assert o[key] == value, key
-    assert config.model.name == MF_NETWORKS[MF["model"]["cls"]]
+    # models_dit.DiT_B_4 as MeanFlow.setup builds it: class_dropout_prob=0, learn_sigma False,
+    # the null-class row, the h embedder
+    assert config.model.name == "dit"
+    for key, value in MF_NETWORKS[MF["model"]["cls"]].items():
+        assert config.model[key] == value, key
+    assert (config.model.class_dropout_prob, config.model.learn_sigma, config.model.null_class) == (
+        0.0,
+        False,
+        True,
+    )
+    assert tuple(config.model.time_inputs) == ("t", "h") and config.model.mlp_ratio == 4.0
     common_training(config, MF["training"])
     # sampling: num_steps 1 on the default schedule [1, 0]
     assert MF["sampling"]["num_steps"] == 1 and MF["sampling"]["sampling_timesteps"] is None

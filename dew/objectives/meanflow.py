@@ -1,8 +1,17 @@
 """The ``meanflow`` objective: one- and few-step generation by average velocity (Geng et al. 2025).
 
-The network u_θ(z_t, t, h) predicts the average velocity over [r, t] with h = t − r, called as
-``net(z, t, h, label=..., is_training=...)`` (t and h [B] in [0, 1], as the reference feeds its
-DiT; ``label`` the class encoder's vector, absent for unconditional data). Training is
+The network u_θ(z_t, t, h) predicts the average velocity over [r, t] with h = t − r (t and h [B]
+in [0, 1], as the reference feeds its DiT), called in one of the two ways dew's networks take
+classes (``label_input``, read from the network's signature by ``from_config``):
+
+* ``"label"`` (dew's U-Nets): ``net(z, t, h=h, label=<class encoder's vector>, is_training=...)``,
+  no ``label`` for unconditional data, the dropped class being the encoder's -1 (zeros);
+* ``"y"`` (``dew.networks.dit``, built with ``time_inputs=("t", "h")``, ``class_dropout_prob=0``
+  and ``null_class=True`` as MeanFlow builds its DiT): ``net(z, t, y, h=h, is_training=...)`` with
+  int labels, the dropped class being ``num_classes`` (the label table's null row, as the
+  reference's).
+
+Training is
 ``dew.objectives.meanflow_loss.meanflow_loss`` (the JVP target, adaptive weighting, guidance
 folded into training, class dropout) on draws made per step from the step's key; sampling is
 ``dew.sampling.meanflow.sample_mean_flow`` on a schedule of t points from 1 to 0, one network
@@ -73,9 +82,24 @@ def takes_arguments(factory: Any, names: tuple[str, ...]) -> bool:
     return all(n in parameters for n in names)
 
 
+def label_input(factory: Any) -> str:
+    """How the network takes classes: ``"y"`` (int labels, positional, as DiT) when its
+    ``__call__`` names ``y``, else ``"label"`` (the class encoder's vector, by keyword)."""
+    return "y" if takes_arguments(factory, ("y",)) else "label"
+
+
+def _constructor_takes(factory: Any, name: str) -> bool:
+    target = factory.func if isinstance(factory, functools.partial) else factory
+    try:
+        return name in inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def network_factory(config: Any, objective: str, arguments: tuple[str, ...]) -> ModuleFactory:
     """``config.model``'s registered network as a factory, refused (``ConfigError``) unless its
-    ``__call__`` takes ``arguments`` (e.g. MeanFlow's second time input ``h``)."""
+    ``__call__`` takes ``arguments`` (e.g. MeanFlow's second time input ``h``) and, for a network
+    that builds its time inputs on request (``time_inputs``, DiT), it is asked for ``h``."""
     name = config.model.name
     if name is None:
         raise ConfigError(
@@ -89,7 +113,15 @@ def network_factory(config: Any, objective: str, arguments: tuple[str, ...]) -> 
             f"with {', '.join(arguments)} (net(x, t, {', '.join(arguments)}, ...)), which {name} does "
             "not take; expected a network that does (e.g. unet, or an MF-/iMF- DiT)"
         )
-    return functools.partial(component, **{k: v for k, v in config.model.items() if k != "name"})
+    options = {k: v for k, v in config.model.items() if k != "name"}
+    if _constructor_takes(component, "time_inputs"):
+        built = options.get("time_inputs", ())
+        if "h" not in tuple(built or ()):
+            raise ConfigError(
+                f"config.model.time_inputs={tuple(built or ())!r} is invalid: the {objective} objective "
+                f"feeds {name} a second time input h; expected ('t', 'h')"
+            )
+    return functools.partial(component, **options)
 
 
 def class_conditions(config: Any, source: Any, needs_classes: bool, objective: str):
@@ -142,8 +174,11 @@ class MeanFlow(Objective):
         sampling: MeanFlowSampling | None = None,
         latent: latent_space.LatentSpace | None = None,
         image_shape: tuple[int, ...] | None = None,
+        label_input: str = "label",
     ):
         times, guidance = times or TimeSampling(), guidance or Guidance()
+        if label_input not in ("label", "y"):
+            raise ValueError(f"label_input={label_input!r} is invalid: expected 'label' or 'y'")
         weighting, sampling = weighting or Weighting(), sampling or MeanFlowSampling()
         if (encoder is None) != (num_classes is None):
             raise ValueError("MeanFlow: give a class encoder and num_classes together, or neither")
@@ -158,16 +193,21 @@ class MeanFlow(Objective):
         self.times, self.guidance, self.weighting = times, guidance, weighting
         self.sampling = sampling
         self.latent, self.image_shape = latent, image_shape
-        self._net = hk.transform(self._forward(model, encoder))
+        self.label_input = label_input
+        # the label the network reads as "no class": the encoder's -1, or DiT's null row
+        self.null_label = UNCONDITIONAL if label_input == "label" else int(num_classes or 0)
+        self._net = hk.transform(self._forward(model, encoder, label_input))
         self._jitted: dict[tuple, Callable[..., Any]] = {}  # jitted draws by their static settings
         self._last_preview = {"nonfinite": 0}
 
     # --- the network ----------------------------------------------------------------------------
     @staticmethod
-    def _forward(model: ModuleFactory, encoder: ModuleFactory | None) -> Callable[..., Any]:
+    def _forward(model: ModuleFactory, encoder: ModuleFactory | None, label_input: str) -> Callable[..., Any]:
         def forward(x, t, h, labels, is_training):
+            if label_input == "y":
+                return model()(x, t, labels, h=h, is_training=is_training)
             kwargs = {} if encoder is None else {"label": encoder()(labels)}
-            return model()(x, t, h, is_training=is_training, **kwargs)
+            return model()(x, t, h=h, is_training=is_training, **kwargs)
 
         return forward
 
@@ -205,7 +245,7 @@ class MeanFlow(Objective):
         y = self._labels(batch, x.shape[0])
         guide = self.average_velocity(params, net_rng, False)  # the reference's train=False
         terms = meanflow_loss(
-            u, x, y, draws, self.times, self.guidance, self.weighting, UNCONDITIONAL, guide_fn=guide
+            u, x, y, draws, self.times, self.guidance, self.weighting, self.null_label, guide_fn=guide
         )
         stats = {"u_error": jnp.mean(terms.per_example), "v_loss": jnp.mean(terms.v_loss)}
         return terms.loss, (stats, Aux())
@@ -326,6 +366,7 @@ class MeanFlow(Objective):
             sampling=MeanFlowSampling(**o.sampling.to_dict()),
             latent=latent,
             image_shape=image_shape,
+            label_input=label_input(model),
         )
 
 
