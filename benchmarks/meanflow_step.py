@@ -8,8 +8,9 @@ Both differentiate their loss with respect to the parameters of dew's digits U-N
 the ``meanflow`` objective without guidance (a ``jax.jvp`` forward carrying the tangent, and the
 backward of its primal) and with guidance folded in (ω = 1, κ = 0.5: two more forwards under
 stop-gradient, the reference's default). Prints, per case, the median wall time of a jitted
-``value_and_grad`` over ``--steps`` calls after a warm-up, and ``compiled.memory_analysis()``'s
-temporary and argument bytes, with the ratios to the diffusion step.
+``value_and_grad`` over ``--steps`` calls after a warm-up (the cases interleaved call by call),
+and ``compiled.memory_analysis()``'s temporary and argument bytes, with the ratios to the
+diffusion step.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def cases(channels: int):
     }
 
 
-def measure(objective, batch, steps: int) -> dict:
+def compile_case(objective, batch) -> tuple:
+    """(the jitted value_and_grad compiled, its parameters, its memory analysis)."""
     import jax
     import jax.numpy as jnp
 
@@ -60,19 +62,30 @@ def measure(objective, batch, steps: int) -> dict:
     def loss(p, rng):
         return objective.loss(p, rng, batch, Step(jnp.int32(0)))[0]
 
-    step = jax.jit(jax.value_and_grad(loss))
-    compiled = step.lower(params, jax.random.PRNGKey(1)).compile()
-    memory = compiled.memory_analysis()
-    jax.block_until_ready(compiled(params, jax.random.PRNGKey(1)))
-    times = []
+    compiled = jax.jit(jax.value_and_grad(loss)).lower(params, jax.random.PRNGKey(1)).compile()
+    jax.block_until_ready(compiled(params, jax.random.PRNGKey(1)))  # warm-up
+    return compiled, params, compiled.memory_analysis()
+
+
+def measure(objectives: dict, batch, steps: int) -> dict:
+    """Median step time per case, the cases interleaved step by step (so a change in the
+    machine's load falls on all of them alike), and each compiled program's memory."""
+    import jax
+
+    built = {name: compile_case(o, batch) for name, o in objectives.items()}
+    times: dict[str, list[float]] = {name: [] for name in built}
     for i in range(steps):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(params, jax.random.PRNGKey(i)))
-        times.append(time.perf_counter() - start)
+        for name, (compiled, params, _) in built.items():
+            start = time.perf_counter()
+            jax.block_until_ready(compiled(params, jax.random.PRNGKey(i)))
+            times[name].append(time.perf_counter() - start)
     return {
-        "median_ms": 1e3 * statistics.median(times),
-        "temp_bytes": int(memory.temp_size_in_bytes),
-        "argument_bytes": int(memory.argument_size_in_bytes),
+        name: {
+            "median_ms": 1e3 * statistics.median(times[name]),
+            "temp_bytes": int(memory.temp_size_in_bytes),
+            "argument_bytes": int(memory.argument_size_in_bytes),
+        }
+        for name, (_, _, memory) in built.items()
     }
 
 
@@ -90,7 +103,7 @@ def main() -> None:
         "image": jax.numpy.asarray(g.uniform(-1, 1, (args.batch, 8, 8, 1)), jax.numpy.float32),
         "label": jax.numpy.asarray(g.integers(0, 10, args.batch), jax.numpy.int32),
     }
-    results = {name: measure(o, batch, args.steps) for name, o in cases(args.channels).items()}
+    results = measure(cases(args.channels), batch, args.steps)
     base = results["diffusion (EDM)"]
     for name, r in results.items():
         r["time_ratio"] = r["median_ms"] / base["median_ms"]
