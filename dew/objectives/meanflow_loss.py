@@ -3,13 +3,13 @@
 MeanFlow (Geng et al. 2025, "Mean Flows for One-step Generative Modeling") learns the average
 velocity u(z_t, r, t) = 1/(t − r) ∫_r^t v(z_τ, τ) dτ on the linear path z_t = (1 − t) x + t e
 (x data, e ~ N(0, I), v = e − x). Differentiating (t − r) u = ∫_r^t v dτ in t gives the MeanFlow
-identity (Eq. 6)
+identity
 
     u(z_t, r, t) = v(z_t, t) − (t − r) d/dt u(z_t, r, t),
     d/dt u = v ∂_z u + ∂_t u          (the JVP of u with tangents (v, 1, 0) in (z, t, r)),
 
-and the loss regresses u_θ on sg(v − (t − r) d/dt u_θ) (Eq. 9), weighted adaptively by
-1 / sg(‖Δ‖² + ε)^p (Sec. 4.3). Improved MeanFlow (Lu et al. 2025, "Improved Mean Flows") instead
+and the loss regresses u_θ on sg(v − (t − r) d/dt u_θ), weighted adaptively by
+1 / sg(‖Δ‖² + ε)^p. Improved MeanFlow (Lu et al. 2025, "Improved Mean Flows") instead
 regresses the compound V = u_θ + (t − r) sg(d/dt u_θ) on the guided velocity, with the JVP
 tangent the network's own predicted conditional velocity and an auxiliary v-head loss.
 
@@ -74,7 +74,7 @@ class TimeSampling:
 
 @dataclasses.dataclass(frozen=True)
 class Guidance:
-    """MeanFlow's guidance folded into training (Sec. 4.2, Eq. 13–21 and Appendix B.1).
+    """MeanFlow's guidance folded into training (the paper's CFG section; ``guidance_fn`` in the code).
 
     ``guidance_eq`` "cfg" replaces v by v_g = ω v + (1 − ω − κ) v_θ(∅) + κ v_θ(c) inside
     ``[t_start, t_end]`` (ω = 1, κ = 0 outside), v_θ the network's own instantaneous velocity
@@ -111,7 +111,7 @@ class Guidance:
 
 @dataclasses.dataclass(frozen=True)
 class Weighting:
-    """Adaptive loss weight (Sec. 4.3): L = ‖Δ‖² / sg((‖Δ‖² + norm_eps)^norm_p) per example."""
+    """Adaptive loss weight: L = ‖Δ‖² / sg((‖Δ‖² + norm_eps)^norm_p) per example."""
 
     norm_p: float = 1.0
     norm_eps: float = 0.01

@@ -1,4 +1,4 @@
-"""One- and few-step sampling of an average-velocity model (MeanFlow, Geng et al. 2025, Eq. 12).
+"""One- and few-step sampling of an average-velocity model (MeanFlow, Geng et al. 2025).
 
 A MeanFlow network predicts the average velocity u(z_t, r, t) over [r, t], so one step jumps
 exactly from t to r: z_r = z_t − (t − r) u(z_t, t, h = t − r). A schedule 1 = t_0 > t_1 > … >
