@@ -79,6 +79,8 @@ _REGISTERING_MODULES = (
     "dew.objectives.language",
     "dew.objectives.contrastive",
     "dew.objectives.autoencoder",
+    "dew.objectives.meanflow",
+    "dew.objectives.imeanflow",
     "dew.data.sources.digits",
     "dew.data.sources.mixture",
     "dew.data.sources.tfds_source",

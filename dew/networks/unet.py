@@ -81,11 +81,14 @@ class SelfAttention(hk.Module):
 
 
 class UNet(hk.Module):
-    """F_θ(x_in, c_noise, label_embedding) -> raw output of x's shape.
+    """F_θ(x_in, c_noise[, h], label_embedding) -> raw output of x's shape.
 
     ``label`` is an already-encoded conditioning vector [B, D] (an encoder from
     ``dew.registry.encoders`` makes it), added to the noise embedding as DDPM++ does with its
-    class map; ``None`` means unconditional.
+    class map; ``None`` means unconditional. ``h`` [B] is an optional second time input (MeanFlow's
+    h = t − r, ``dew.objectives.meanflow``): its positional embedding, through its own linear map
+    ``map_h``, is added to the noise embedding as MeanFlow's DiT adds its second time embedding.
+    Without ``h`` the network, its parameters and its outputs are exactly those of before.
     """
 
     def __init__(
@@ -108,12 +111,15 @@ class UNet(hk.Module):
         self,
         x: jax.Array,
         noise_level: jax.Array,
+        h: jax.Array | None = None,
         *,
         label: jax.Array | None = None,
         is_training: bool = False,
     ) -> jax.Array:
         emb_dim = 4 * self.channels
         emb = positional_embedding(noise_level, self.channels)
+        if h is not None:
+            emb = emb + hk.Linear(self.channels, name="map_h")(positional_embedding(h, self.channels))
         if label is not None:
             emb = emb + hk.Linear(self.channels, name="map_label")(label)
         emb = jax.nn.silu(hk.Linear(emb_dim, name="map_layer0")(emb))
