@@ -55,6 +55,7 @@ line naming the flag, and writes nothing.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -85,12 +86,17 @@ def read_batches(files: Sequence[str], batch_size: int) -> Iterator[np.ndarray]:
     """Batches [n, H, W, 3] float32 in [0, 1]; every image must have the first one's size."""
     from PIL import Image
 
+    from dew.scoring.fid_reference import decode_image
+
+    def decode(path: str) -> np.ndarray:
+        with Image.open(path) as img:
+            return np.asarray(img.convert("RGB"), np.float32) / 255.0
+
     size = None
     for i in range(0, len(files), batch_size):
         batch = []
         for path in files[i : i + batch_size]:
-            with Image.open(path) as img:
-                array = np.asarray(img.convert("RGB"), np.float32) / 255.0
+            array = decode_image(functools.partial(decode, path), path)
             if size is None:
                 size = array.shape
             elif array.shape != size:
