@@ -17,6 +17,9 @@ Inception feature space.
 ``--metrics`` (default ``fid``) names what to report from one pass over the same batches
 (``dew.scoring.feature_metrics``): ``fid`` and ``fd_dinov2`` (FD_DINOv2, DINOv2 ViT-L/14 features
 as NVlabs/edm2 computes them; weights converted by ``python -m dew.scoring.dinov2_weights``).
+Any of ``sfid``, ``is``, ``precision``, ``recall`` selects ADM's evaluation suite instead
+(``dew.fid.adm_cli``: ``--metrics=fid,sfid,is,precision,recall --ref=<ADM reference batch>``,
+``--save_ref_batch=out.npz``).
 
 Images are PNG/JPEG files of one size (as pytorch-fid, which batches them), read as RGB in [0, 1],
 resized to 299×299 and embedded by the FID Inception (``dew.scoring.inception``) with weights
@@ -125,10 +128,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--weights", default=None, help="converted Inception .npz (default: see convert_inception)"
     )
     parser.add_argument("--batch_size", type=int, default=50)
-    parser.add_argument("--metrics", default="fid", help="comma-separated: fid, fd_dinov2 (default fid)")
+    parser.add_argument(
+        "--metrics",
+        default="fid",
+        help="comma-separated: fid, fd_dinov2; or ADM's fid, sfid, is, precision, recall",
+    )
     parser.add_argument("--dinov2_weights", default=None, help="converted DINOv2 .npz (see dinov2_weights)")
     parser.add_argument("--dinov2_ref", help="FD_DINOv2 reference .npz; a folder --ref serves both")
     parser.add_argument("--save_dinov2_stats", help="write the images' DINOv2 statistics to this .npz")
+    parser.add_argument("--save_ref_batch", help="ADM's suite: write the images' reference batch (.npz)")
     parser.add_argument(
         "--allow_unpinned_weights",
         action="store_true",
@@ -261,6 +269,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return protocol_main(argv)
     try:
         args = parse_args(argv)
+        from dew.fid.adm_cli import wants_adm
+
+        if wants_adm(args.metrics):
+            from dew.fid.adm_cli import run
+
+            return run(args)
+        if args.save_ref_batch:
+            raise FidError("--save_ref_batch applies to ADM's suite (--metrics=...,sfid,is,precision,recall)")
         source = _check(args)
         scorers = _scorers(args)
     except FidError as e:
