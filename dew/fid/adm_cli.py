@@ -78,7 +78,7 @@ def _reference(args: argparse.Namespace, resolution: tuple[int, int]) -> dict[st
     if not args.ref:
         return None
     if os.path.isdir(args.ref):
-        from dew.fid.cli import list_images
+        from dew.fid.inputs import list_images
 
         files = list_images(args.ref, "--ref")
         ref_resolution = _file_resolution(files[0])
@@ -120,7 +120,7 @@ def _file_resolution(path: str) -> tuple[int, int]:
 
 
 def _image_batches(files: list[str], batch: int) -> Iterator[np.ndarray]:
-    from dew.fid.cli import read_batches
+    from dew.fid.inputs import read_batches
     from dew.scoring.adm_metrics import quantize
 
     for images in read_batches(files, batch):
@@ -129,14 +129,13 @@ def _image_batches(files: list[str], batch: int) -> Iterator[np.ndarray]:
 
 def run(args: argparse.Namespace) -> int:
     """The ADM mode of ``python -m dew.fid``; exit 2 with one line on bad input."""
-    from dew.fid.cli import _check_run_flags, draw_batches, list_images
-    from dew.fid.inputs import load_pipeline
+    from dew.fid.inputs import check_run_flags, draw_batches, list_images, load_pipeline
     from dew.scoring import adm_metrics
     from dew.scoring.fid_reference import FidInputError
 
     try:
         _check(args)
-        _check_run_flags(args)
+        check_run_flags(args)
         if args.images:
             files = list_images(args.images, "--images")
             resolution = _file_resolution(files[0])
