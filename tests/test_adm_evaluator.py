@@ -129,6 +129,7 @@ def test_distances_radii_precision_and_recall_are_the_evaluators(golden, case, s
     assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want) - bound)
     with np.errstate(over="ignore"):
         assert (want.astype(np.float16).astype(np.float32) == want).all() == f16  # the path taken
+        assert (got.astype(np.float16).astype(np.float32) == got).all() == f16  # and dew's
     estimator = adm.ManifoldEstimator()
     radii_ref, radii_sample = estimator.manifold_radii(ref), estimator.manifold_radii(sample)
     row_ref = _distance_bound(ref, ref, f16).max(1)[:, None]
