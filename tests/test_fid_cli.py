@@ -25,7 +25,7 @@ HERE = pathlib.Path(__file__).resolve().parent.parent / "third_party" / "pytorch
 
 def _random_state_dict() -> dict[str, np.ndarray]:
     """The parity test's deterministic weights under PyTorch names, plus what the official file
-    also holds and the converter drops (classifier head, batch counters)."""
+    also holds and the converter drops (the classifier's bias, batch counters)."""
     spec = importlib.util.spec_from_file_location("pytorch_fid_weights", HERE / "weights.py")
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
@@ -36,7 +36,8 @@ def _random_state_dict() -> dict[str, np.ndarray]:
         h, w, i, o = leaves["w"]
         arrays[name + ".conv.weight"] = gen.conv_weight(name + ".conv.weight", (o, i, h, w))
         arrays[name + ".bn.num_batches_tracked"] = np.array(0)
-    arrays["fc.weight"] = np.zeros((1008, 2048), np.float32)
+    arrays["fc.weight"] = gen.conv_weight("fc.weight", (1008, 2048))  # third_party/torch_fidelity's
+    arrays["fc.bias"] = np.zeros(1008, np.float32)
     return arrays
 
 
@@ -49,9 +50,8 @@ def weights_file(tmp_path_factory):
 
 def test_weights_are_pinned_digested_and_explained_when_missing(weights_file, tmp_path, monkeypatch):
     with np.load(weights_file) as data:
-        assert "fc.weight" not in data.files and not any(
-            k.endswith("num_batches_tracked") for k in data.files
-        )
+        assert "fc.bias" not in data.files and not any(k.endswith("num_batches_tracked") for k in data.files)
+        assert data["fc.weight"].shape == (1008, 2048)  # kept for ADM's Inception Score
     with pytest.raises(ValueError, match=r"not the standard pt_inception-2015-12-05-6726825d\.pth"):
         convert_inception.load_weights(str(weights_file))
     params = convert_inception.load_weights(str(weights_file), pinned=False)

@@ -126,3 +126,62 @@ def test_the_protocol_command_interrupted_and_rerun_reports_the_uninterrupted_fi
     assert whole["reference"]["resolution"] == [8, 8] and np.isfinite(whole["fid"])
     with np.load(tmp_path / "whole" / fp.STATS_FILE) as a, np.load(tmp_path / "cut" / fp.STATS_FILE) as b:
         assert all(np.array_equal(a[k], b[k]) for k in a.files)
+
+
+def test_a_damaged_progress_file_is_one_line_exit_2_before_any_drawing(run, tmp_path, capsys):
+    """A progress file whose counts disagree (here chunks_done one past its count, re-digested
+    as dew's own writer would) or whose bytes do not match their digest stops the command with
+    one line naming it; the directory is left as it was."""
+    from dew.fid import main
+    from dew.pinned_weights import content_sha256
+    from dew.scoring import fid_progress
+    from tests.test_fid_cli import _random_state_dict
+
+    weights = tmp_path / "inception.npz"
+    convert_inception.convert(_random_state_dict(), str(weights), source_sha256="0" * 64)
+    ref = tmp_path / "ref.npz"
+    save_reference(str(ref), np.zeros(2048), np.eye(2048), resolution=(8, 8), num_images=4, detector="d")
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [f"--workdir={run}", "--preset=cifar10", f"--ref={ref}", f"--outdir={out}", "--num=8", "--chunk=4"]
+    argv += [f"--weights={weights}", "--allow_unpinned_weights"]
+    from dew.fid.inputs import load_pipeline
+    from dew.fid.protocol_cli import _detector, _protocol_args
+
+    args = _protocol_args(argv)
+    task = load_pipeline(args)
+    draw = fp.Draw(
+        task.objective,
+        task.params,
+        fp.preset("cifar10"),
+        _detector(args),
+        identity={"workdir": os.path.abspath(run), "step": task.step, "raw": False},
+        num=8,
+        outdir=str(out),
+        chunk=4,
+    )
+    sums = fp.MomentSums()
+    sums.add(np.ones((4, 2048)))
+    fid_progress.write_progress(str(out), draw.settings(), 1, sums)
+    assert fid_progress.read_progress(str(out), draw.settings(), 2048)[0] == 1  # the settings match
+    path = out / fid_progress.PROGRESS_FILE
+    with np.load(path) as data:
+        arrays = {k: data[k] for k in data.files}
+    for edit, message in (
+        ({"chunks_done": np.asarray(2, np.int64)}, "count=4 images after 2 chunks of 4, expected 8"),
+        ({"count": np.asarray(3, np.int64)}, "do not match the digest"),
+    ):
+        changed = {**arrays, **edit}
+        if "chunks_done" in edit:
+            changed["digest"] = np.asarray(
+                content_sha256({k: v for k, v in changed.items() if k != "digest"})
+            )
+        with open(path, "wb") as f:
+            np.savez(f, **changed)
+        before = _tree(out)
+        assert main(argv) == 2
+        captured = capsys.readouterr()
+        lines = captured.err.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0] and str(path) in lines[0], lines
+        assert lines[0].endswith("delete it to start over") and captured.out == ""
+        assert _tree(out) == before

@@ -17,6 +17,9 @@ Inception feature space.
 ``--metrics`` (default ``fid``) names what to report from one pass over the same batches
 (``dew.scoring.feature_metrics``): ``fid`` and ``fd_dinov2`` (FD_DINOv2, DINOv2 ViT-L/14 features
 as NVlabs/edm2 computes them; weights converted by ``python -m dew.scoring.dinov2_weights``).
+Any of ``sfid``, ``is``, ``precision``, ``recall`` selects ADM's evaluation suite instead
+(``dew.fid.adm_cli``: ``--metrics=fid,sfid,is,precision,recall --ref=<ADM reference batch>``,
+``--save_ref_batch=out.npz``).
 
 Images are PNG/JPEG files of one size (as pytorch-fid, which batches them), read as RGB in [0, 1],
 resized to 299×299 and embedded by the FID Inception (``dew.scoring.inception``) with weights
@@ -57,48 +60,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
-from dew.fid.inputs import FidError, Parser, load_pipeline
-
-EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
-DEFAULT_NUM_SAMPLES = 10_000  # --workdir: the usual FID sample count (FID is biased by it)
-PROGRESS_SECONDS = 10.0  # --workdir: at most one progress line per this many seconds (and the last)
-
-
-def list_images(folder: str, what: str) -> list[str]:
-    if not os.path.isdir(folder):
-        raise FidError(f"{what}={folder!r} is not a folder of images")
-    files = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.lower().endswith(EXTENSIONS))
-    if len(files) < 2:
-        raise FidError(
-            f"{what}={folder!r} holds {len(files)} images ({'/'.join(EXTENSIONS)}); need at least 2"
-        )
-    return files
-
-
-def read_batches(files: Sequence[str], batch_size: int) -> Iterator[np.ndarray]:
-    """Batches [n, H, W, 3] float32 in [0, 1]; every image must have the first one's size."""
-    from PIL import Image
-
-    size = None
-    for i in range(0, len(files), batch_size):
-        batch = []
-        for path in files[i : i + batch_size]:
-            with Image.open(path) as img:
-                array = np.asarray(img.convert("RGB"), np.float32) / 255.0
-            if size is None:
-                size = array.shape
-            elif array.shape != size:
-                raise FidError(
-                    f"{path} is {array.shape[1]}x{array.shape[0]}, the first image {size[1]}x{size[0]}"
-                )
-            batch.append(array)
-        yield np.stack(batch)
+from dew.fid.inputs import (  # noqa: F401  (list_images, read_batches, draw_batches: public here too)
+    DEFAULT_NUM_SAMPLES,
+    EXTENSIONS,
+    FidError,
+    Parser,
+    check_run_flags,
+    draw_batches,
+    list_images,
+    load_pipeline,
+    read_batches,
+)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -119,10 +94,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--weights", default=None, help="converted Inception .npz (default: see convert_inception)"
     )
     parser.add_argument("--batch_size", type=int, default=50)
-    parser.add_argument("--metrics", default="fid", help="comma-separated: fid, fd_dinov2 (default fid)")
+    parser.add_argument(
+        "--metrics",
+        default="fid",
+        help="comma-separated: fid, fd_dinov2; or ADM's fid, sfid, is, precision, recall",
+    )
     parser.add_argument("--dinov2_weights", default=None, help="converted DINOv2 .npz (see dinov2_weights)")
     parser.add_argument("--dinov2_ref", help="FD_DINOv2 reference .npz; a folder --ref serves both")
     parser.add_argument("--save_dinov2_stats", help="write the images' DINOv2 statistics to this .npz")
+    parser.add_argument("--save_ref_batch", help="ADM's suite: write the images' reference batch (.npz)")
     parser.add_argument(
         "--allow_unpinned_weights",
         action="store_true",
@@ -163,19 +143,6 @@ def _check_reference_and_weights(args: argparse.Namespace) -> None:
         raise FidError(f"{e}; convert them with python -m dew.scoring.convert_inception") from None
 
 
-def _check_run_flags(args: argparse.Namespace) -> None:
-    """The ``--workdir`` flags: absent without it, ``--num_samples`` >= 2 with it (default 10000)."""
-    if not args.workdir:
-        given = [f"--{k}" for k in ("step", "num_samples", "seed") if getattr(args, k) is not None]
-        if given or args.raw:
-            raise FidError(f"{', '.join(given + ['--raw'] * args.raw)} only apply with --workdir=<run>")
-        return
-    if args.num_samples is None:
-        args.num_samples = DEFAULT_NUM_SAMPLES
-    if args.num_samples < 2:
-        raise FidError(f"--num_samples={args.num_samples}: need at least 2 samples")
-
-
 def _check(args: argparse.Namespace) -> list[str] | Any:
     """Validate everything before any work; returns the image files, or the run's pipeline."""
     if not args.images and not args.workdir:
@@ -193,7 +160,7 @@ def _check(args: argparse.Namespace) -> list[str] | Any:
     _check_dinov2_flags(args)
     if args.batch_size < 1 or args.keep_features < 0:
         raise FidError(f"--batch_size={args.batch_size} must be >= 1 and --keep_features >= 0")
-    _check_run_flags(args)
+    check_run_flags(args)
     files = list_images(args.images, "--images") if args.images else []
     if "fid" in args.metrics:
         _check_reference_and_weights(args)
@@ -220,29 +187,6 @@ def _scorers(args: argparse.Namespace) -> dict[str, Any]:
         raise FidError(str(e)) from None
 
 
-def draw_batches(task: Any, num_samples: int, seed: int, batch_size: int) -> Iterator[np.ndarray]:
-    """``num_samples`` samples [n, H, W, C] in [-1, 1] from ``task``, ``batch_size`` at a time.
-
-    Draw ``i`` is ``task(seed=seed + i)`` (the run's preview settings: every class, class-major);
-    the last is cut to the samples still needed taking classes in turn. Progress on stderr.
-    """
-    classes = getattr(task.objective, "num_classes", None) or 1
-    done, draw, last_report = 0, 0, time.monotonic()
-    while done < num_samples:
-        images = np.asarray(task(seed=seed + draw).images, np.float32)
-        if len(images) > num_samples - done:  # class-major -> classes in turn, then cut
-            order = np.arange(len(images))
-            if len(images) % classes == 0:
-                order = order.reshape(classes, -1).T.reshape(-1)
-            images = images[order[: num_samples - done]]
-        for i in range(0, len(images), batch_size):
-            yield images[i : i + batch_size]
-        done, draw = done + len(images), draw + 1
-        if done == num_samples or time.monotonic() - last_report >= PROGRESS_SECONDS:
-            print(f"fid: {done}/{num_samples} samples", file=sys.stderr, flush=True)
-            last_report = time.monotonic()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["ref"]:
@@ -255,6 +199,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return protocol_main(argv)
     try:
         args = parse_args(argv)
+        from dew.fid.adm_cli import wants_adm
+
+        if wants_adm(args.metrics):
+            from dew.fid.adm_cli import run
+
+            return run(args)
+        if args.save_ref_batch:
+            raise FidError("--save_ref_batch applies to ADM's suite (--metrics=...,sfid,is,precision,recall)")
         source = _check(args)
         scorers = _scorers(args)
     except FidError as e:

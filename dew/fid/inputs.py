@@ -1,10 +1,18 @@
 """What every ``python -m dew.fid`` mode shares: its one error type, an argument parser whose usage
-errors are that error's one line, and the run a ``--workdir`` names, checked to draw images."""
+errors are that error's one line, the run a ``--workdir`` names (checked to draw images) and
+its samples drawn in batches, and a folder of images read in batches."""
 
 from __future__ import annotations
 
 import argparse
+import functools
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
+
+import numpy as np
 
 
 class FidError(ValueError):
@@ -37,3 +45,80 @@ def load_pipeline(args: argparse.Namespace) -> Any:
             "(e.g. diffusion)"
         )
     return task
+
+
+EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
+DEFAULT_NUM_SAMPLES = 10_000  # --workdir: the usual FID sample count (FID is biased by it)
+PROGRESS_SECONDS = 10.0  # --workdir: at most one progress line per this many seconds (and the last)
+
+
+def list_images(folder: str, what: str) -> list[str]:
+    if not os.path.isdir(folder):
+        raise FidError(f"{what}={folder!r} is not a folder of images")
+    files = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.lower().endswith(EXTENSIONS))
+    if len(files) < 2:
+        raise FidError(
+            f"{what}={folder!r} holds {len(files)} images ({'/'.join(EXTENSIONS)}); need at least 2"
+        )
+    return files
+
+
+def read_batches(files: Sequence[str], batch_size: int) -> Iterator[np.ndarray]:
+    """Batches [n, H, W, 3] float32 in [0, 1]; every image must have the first one's size."""
+    from PIL import Image
+
+    from dew.scoring.fid_reference import decode_image
+
+    def decode(path: str) -> np.ndarray:
+        with Image.open(path) as img:
+            return np.asarray(img.convert("RGB"), np.float32) / 255.0
+
+    size = None
+    for i in range(0, len(files), batch_size):
+        batch = []
+        for path in files[i : i + batch_size]:
+            array = decode_image(functools.partial(decode, path), path)
+            if size is None:
+                size = array.shape
+            elif array.shape != size:
+                raise FidError(
+                    f"{path} is {array.shape[1]}x{array.shape[0]}, the first image {size[1]}x{size[0]}"
+                )
+            batch.append(array)
+        yield np.stack(batch)
+
+
+def check_run_flags(args: argparse.Namespace) -> None:
+    """The ``--workdir`` flags: absent without it, ``--num_samples`` >= 2 with it (default 10000)."""
+    if not args.workdir:
+        given = [f"--{k}" for k in ("step", "num_samples", "seed") if getattr(args, k) is not None]
+        if given or args.raw:
+            raise FidError(f"{', '.join(given + ['--raw'] * args.raw)} only apply with --workdir=<run>")
+        return
+    if args.num_samples is None:
+        args.num_samples = DEFAULT_NUM_SAMPLES
+    if args.num_samples < 2:
+        raise FidError(f"--num_samples={args.num_samples}: need at least 2 samples")
+
+
+def draw_batches(task: Any, num_samples: int, seed: int, batch_size: int) -> Iterator[np.ndarray]:
+    """``num_samples`` samples [n, H, W, C] in [-1, 1] from ``task``, ``batch_size`` at a time.
+
+    Draw ``i`` is ``task(seed=seed + i)`` (the run's preview settings: every class, class-major);
+    the last is cut to the samples still needed taking classes in turn. Progress on stderr.
+    """
+    classes = getattr(task.objective, "num_classes", None) or 1
+    done, draw, last_report = 0, 0, time.monotonic()
+    while done < num_samples:
+        images = np.asarray(task(seed=seed + draw).images, np.float32)
+        if len(images) > num_samples - done:  # class-major -> classes in turn, then cut
+            order = np.arange(len(images))
+            if len(images) % classes == 0:
+                order = order.reshape(classes, -1).T.reshape(-1)
+            images = images[order[: num_samples - done]]
+        for i in range(0, len(images), batch_size):
+            yield images[i : i + batch_size]
+        done, draw = done + len(images), draw + 1
+        if done == num_samples or time.monotonic() - last_report >= PROGRESS_SECONDS:
+            print(f"fid: {done}/{num_samples} samples", file=sys.stderr, flush=True)
+            last_report = time.monotonic()

@@ -81,7 +81,7 @@ def protocol_main(argv: Sequence[str]) -> int:
         identity = {"workdir": os.path.abspath(args.workdir), "step": task.step, "raw": bool(args.raw)}
         draw = fp.Draw(task.objective, task.params, sampler, detector, identity=identity, **flags)
         if os.path.isdir(args.outdir):
-            fp.read_progress(args.outdir, draw.settings())  # refuse another draw's progress now
+            fp.read_progress(args.outdir, draw.settings(), detector.dim)  # refuse a bad or other progress now
     except (FidError, FidInputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -10,7 +10,8 @@ time. Once, with PyTorch installed (``torch.load(weights_only=True)``, no arbitr
 
 The input must have the pinned SHA-256 (``SOURCE_SHA256``; its first 8 digits are the ones in
 the file name, PyTorch hub's convention). The output holds the float32 arrays under their
-PyTorch names plus ``__source_sha256__`` and ``__content_sha256__`` (a digest of every name,
+PyTorch names (the classifier's ``fc.weight`` included: ADM's Inception Score reads it) plus
+``__source_sha256__`` and ``__content_sha256__`` (a digest of every name,
 dtype, shape and byte); ``load_weights`` checks both before building the haiku params.
 """
 
@@ -41,12 +42,13 @@ HOW_TO_GET = (
 
 
 def convert(state_dict: Mapping[str, np.ndarray], output: str, source_sha256: str) -> str:
-    """Write the FID network's arrays (float32, PyTorch names; the classifier head and batch
-    counters dropped) with their digests; returns the content digest."""
+    """Write the FID network's arrays (float32, PyTorch names; the batch counters and the
+    classifier's bias dropped, its weight ``fc.weight`` kept for ADM's Inception Score) with
+    their digests; returns the content digest."""
     arrays = {
         k: np.asarray(v, np.float32)
         for k, v in state_dict.items()
-        if not k.startswith("fc.") and not k.endswith("num_batches_tracked")
+        if k != "fc.bias" and not k.endswith("num_batches_tracked")
     }
     from dew.scoring.inception import params_from_torch_names
 
@@ -81,6 +83,29 @@ def load_weights(path: str | None = None, *, pinned: bool = True):
             f"standard {SOURCE_NAME} ({SOURCE_SHA256}); FID from them would not be comparable"
         )
     return params_from_torch_names(arrays)
+
+
+def load_classifier(path: str | None = None, *, pinned: bool = True) -> np.ndarray:
+    """The graph's classifier weight ``fc.weight`` [1008, 2048] (``softmax/weights`` transposed)
+    from the converted ``.npz``, checked as ``load_weights`` checks it; ``ValueError`` saying to
+    convert again when the file was converted without it (by a dew from before ADM's metrics)."""
+    from dew.scoring.inception import CLASSES, FEATURE_DIM
+
+    path = weights_file(path)
+    arrays, source = pinned_weights.read_npz(path, "FID Inception weights")
+    if pinned and source != SOURCE_SHA256:
+        raise ValueError(
+            f"FID Inception weights {path} were converted from a file with SHA-256 {source}, not the "
+            f"standard {SOURCE_NAME} ({SOURCE_SHA256}); scores from them would not be comparable"
+        )
+    weight = arrays.get("fc.weight")
+    if weight is None or weight.shape != (CLASSES, FEATURE_DIM):
+        raise ValueError(
+            f"FID Inception weights {path} hold no classifier fc.weight [{CLASSES}, {FEATURE_DIM}] (the "
+            f"Inception Score needs it): convert {SOURCE_NAME} again with python -m "
+            "dew.scoring.convert_inception"
+        )
+    return weight
 
 
 def _refuse(digest: str, args) -> str | None:

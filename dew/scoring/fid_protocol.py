@@ -23,11 +23,14 @@ back to every host (``process_allgather``), in seed order.
 
 **Resume.** The seeds are cut into chunks of ``chunk`` images (independent of the device
 count). After each chunk the float64 sums (``MomentSums``) and the chunk count are written to
-``<outdir>/fid-progress.npz`` (a temporary file renamed over the old one, by process 0); a
+``<outdir>/fid-progress.npz`` with their digest (``dew.scoring.fid_progress``; a temporary file
+renamed over the old one, by process 0; temporary files of killed draws are removed at the next
+start); a
 rerun with the same settings (with several processes, ``outdir`` on a file system they all
 read) continues after the last completed chunk, and since every chunk's
 features are summed in one fixed order, it ends with the same statistics, bit for bit, as a run
-never interrupted. A progress file made with other settings is refused.
+never interrupted. A progress file made with other settings is refused, and so is one that is damaged or whose
+counts disagree with each other or the settings (one line naming it: delete it to start over).
 
 **Preview.** With ``preview`` = k > 0, the first k images of the draw (seeds s₀ … s₀ + k − 1,
 the very uint8 images the detector embeds, out of the same program) are written as one grid,
@@ -47,10 +50,10 @@ from typing import Any
 
 import numpy as np
 
+from dew.scoring.fid_progress import PROGRESS_FILE, read_progress, remove_stale_temporaries, write_progress
 from dew.scoring.fid_reference import Detector, FidInputError, MomentSums
 
 PREVIEW_FILE = "preview.png"
-PROGRESS_FILE = "fid-progress.npz"
 REPORT_FILE = "fid.json"
 STATS_FILE = "fid-stats.npz"
 
@@ -159,57 +162,6 @@ def draw_images(objective: Any, params: Any, seeds: Any, sampler: SamplerPreset)
     return quantize(latents_or_pixels)
 
 
-def _fingerprint(settings: dict[str, Any]) -> str:
-    return json.dumps(settings, sort_keys=True, default=str)
-
-
-def read_progress(outdir: str, settings: dict[str, Any]) -> tuple[int, MomentSums]:
-    """(chunks done, their sums) from ``outdir``'s progress file, (0, empty) without one;
-    ``FidInputError`` when it was made with other settings."""
-    path = os.path.join(outdir, PROGRESS_FILE)
-    if not os.path.exists(path):
-        return 0, MomentSums()
-    from dew.npz import NotAnNpzError, open_npz
-
-    try:
-        with open_npz(path, "the FID progress file") as data:
-            stored = str(data["settings"])
-            chunks, count = int(data["chunks_done"]), int(data["count"])
-            total, outer = np.array(data["total"]), np.array(data["outer"])
-    except (NotAnNpzError, KeyError) as e:
-        raise FidInputError(
-            f"--outdir={outdir!r}: {PROGRESS_FILE} is unreadable ({e}); delete it to start over"
-        ) from None
-    if stored != _fingerprint(settings):
-        old, new = json.loads(stored), settings
-        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-        was = ", ".join(f"{k}={old.get(k)!r}" for k in diff)
-        now = ", ".join(f"{k}={new.get(k)!r}" for k in diff)
-        raise FidInputError(
-            f"--outdir={outdir!r} holds a draw with other settings ({was}; now {now}); "
-            f"use another --outdir or delete {PROGRESS_FILE}"
-        )
-    return chunks, MomentSums(count, total, outer)
-
-
-def write_progress(outdir: str, settings: dict[str, Any], chunks_done: int, sums: MomentSums) -> None:
-    """The sums after ``chunks_done`` chunks, written atomically (temporary file, then rename)."""
-    path = os.path.join(outdir, PROGRESS_FILE)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        np.savez(
-            f,
-            settings=np.str_(_fingerprint(settings)),
-            chunks_done=np.int64(chunks_done),
-            count=np.int64(sums.count),
-            total=sums.total,
-            outer=sums.outer,
-        )
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 @dataclasses.dataclass
 class Draw:
     """One protocol draw: ``num`` images from seeds ``first_seed`` … of ``objective`` with
@@ -284,8 +236,14 @@ class Draw:
         import jax
 
         settings = self.settings()
-        done, sums = read_progress(self.outdir, settings)
+        done, sums = read_progress(self.outdir, settings, self.detector.dim)
         os.makedirs(self.outdir, exist_ok=True)
+        if jax.process_index() == 0:
+            stale = remove_stale_temporaries(self.outdir, (PROGRESS_FILE, STATS_FILE))
+            if stale:
+                self.log(
+                    f"fid: removed {len(stale)} temporary files of interrupted writes ({', '.join(stale)})"
+                )
         num_chunks = math.ceil(self.num / self.chunk)
         if done:
             self.log(f"fid: resuming after {done}/{num_chunks} chunks ({sums.count}/{self.num} images)")

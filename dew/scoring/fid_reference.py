@@ -34,7 +34,9 @@ of another (``check_resolution``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -229,6 +231,30 @@ def dataset_files(path: str, flag: str = "--data") -> Any:
     return files
 
 
+_BOMB = re.compile(r"Image size \((\d+) pixels\) exceeds limit of (\d+) pixels")
+
+
+def decode_image(decode: Callable[[], np.ndarray], where: str) -> np.ndarray:
+    """``decode()`` (a PIL decode of the image ``where`` names), with what PIL refuses as one
+    ``FidInputError`` line naming the image: past PIL's decompression-bomb limit (its size in
+    pixels and the limit, ``PIL.Image.MAX_IMAGE_PIXELS``), not an image, or truncated."""
+    import PIL.Image
+
+    try:
+        return decode()
+    except PIL.Image.DecompressionBombError as e:
+        found = _BOMB.search(str(e))
+        size = f"{int(found[1]):,} pixels, past PIL's limit of {int(found[2]):,}" if found else str(e)
+        raise FidInputError(
+            f"{where} is {size} (PIL.Image.MAX_IMAGE_PIXELS guards against decompression bombs); "
+            "remove it or resize it"
+        ) from None
+    except (PIL.UnidentifiedImageError, OSError, SyntaxError) as e:
+        raise FidInputError(
+            f"{where} cannot be decoded as an image ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+        ) from None
+
+
 def dataset_batches(files: Any, batch: int, flag: str = "--data") -> Iterator[np.ndarray]:
     """uint8 [n, H, W, 3] batches in the files' sorted order; a greyscale image's channel is
     repeated to three (``calculate_inception_stats``'s ``images.repeat([1, 3, 1, 1])``). Every
@@ -237,7 +263,12 @@ def dataset_batches(files: Any, batch: int, flag: str = "--data") -> Iterator[np
     for start in range(0, len(files.images), batch):
         rows = []
         for name in files.images[start : start + batch]:
-            image = files.decode(name)
+            try:
+                image = decode_image(functools.partial(files.decode, name), f"{flag}={files.path!r}: {name}")
+            except FidInputError:
+                raise
+            except ValueError as e:  # ImageFolderError: not an 8-bit image
+                raise FidInputError(str(e)) from None
             if shape is None:
                 shape = image.shape
                 if shape[2] not in (1, 3):
@@ -281,6 +312,7 @@ __all__ = [
     "check_reference",
     "dataset_batches",
     "dataset_files",
+    "decode_image",
     "inception_detector",
     "load_reference",
     "recorded_handling",

@@ -39,6 +39,12 @@ import numpy as np
 
 BN_EPS = 1e-3
 FEATURE_DIM = 2048
+#: The TF graph's ``mixed_6/conv`` (ADM's sFID layer) is the ReLU output of ``Mixed_6d``'s
+#: ``branch1x1`` in the PyTorch names of the same graph (``mixed`` = Mixed_5b, ... ``mixed_3`` =
+#: Mixed_6a, ``mixed_6`` = Mixed_6d; ``conv`` is each block's first, 1×1 tower).
+SPATIAL_BLOCK = "Mixed_6d"
+SPATIAL_CHANNELS = 7  # ADM's evaluator keeps mixed_6/conv[..., :7]
+CLASSES = 1008  # the graph's softmax width (``softmax/weights`` [2048, 1008], pytorch-fid's fc.weight.T)
 RESOLUTION = 299
 IMAGE_HANDLING = ("pytorch_fid", "tf1")
 
@@ -115,10 +121,13 @@ def _block_b(x: jax.Array, name: str) -> jax.Array:
     return jnp.concatenate([b3, bd, _max_pool(x, 2)], axis=-1)
 
 
-def _block_c(x: jax.Array, c7: int, name: str) -> jax.Array:
+def _block_c(x: jax.Array, c7: int, name: str, taps: dict[str, jax.Array] | None = None) -> jax.Array:
+    """Inception-C; with ``taps``, its ``branch1x1`` output is stored under ``name``."""
     row, col = ((1, 7), (0, 3)), ((7, 1), (3, 0))
     with hk.experimental.name_scope(name):
         b1 = BasicConv(192, (1, 1), name="branch1x1")(x)
+        if taps is not None:
+            taps[name] = b1
         b7 = BasicConv(c7, (1, 1), name="branch7x7_1")(x)
         b7 = BasicConv(c7, row[0], padding=row[1], name="branch7x7_2")(b7)
         b7 = BasicConv(192, col[0], padding=col[1], name="branch7x7_3")(b7)
@@ -218,8 +227,9 @@ def resize_bilinear_tf1(x: jax.Array, size: tuple[int, int]) -> jax.Array:
     return top + (bottom - top) * dy[:, None, None]
 
 
-def _network(x: jax.Array) -> jax.Array:
-    """[N, H, W, 3] in [−1, 1] (already resized) -> [N, 2048]."""
+def _network(x: jax.Array, taps: dict[str, jax.Array] | None = None) -> jax.Array:
+    """[N, H, W, 3] in [−1, 1] (already resized) -> [N, 2048]; ``taps`` receives every
+    Inception-C block's ``branch1x1`` output by block name."""
     with hk.experimental.name_scope("inception_fid"):
         for layer in _STEM:
             x = _max_pool(x, 2) if layer == "maxpool" else BasicConv(*layer[1:], name=layer[0])(x)
@@ -228,7 +238,7 @@ def _network(x: jax.Array) -> jax.Array:
         x = _block_a(x, 64, "Mixed_5d")
         x = _block_b(x, "Mixed_6a")
         for name, c7 in (("Mixed_6b", 128), ("Mixed_6c", 160), ("Mixed_6d", 160), ("Mixed_6e", 192)):
-            x = _block_c(x, c7, name)
+            x = _block_c(x, c7, name, taps)
         x = _block_d(x, "Mixed_7a")
         x = _block_e(x, "Mixed_7b", max_pool=False)
         x = _block_e(x, "Mixed_7c", max_pool=True)
@@ -236,6 +246,16 @@ def _network(x: jax.Array) -> jax.Array:
 
 
 network = hk.without_apply_rng(hk.transform(_network))
+
+
+def _network_adm(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    taps: dict[str, jax.Array] = {}
+    pool = _network(x, taps)
+    return pool, taps[SPATIAL_BLOCK]
+
+
+#: The same parameters as ``network``; apply gives (pool [N, 2048], ``mixed_6/conv`` [N, 17, 17, 192]).
+network_adm = hk.without_apply_rng(hk.transform(_network_adm))
 
 
 def check_handling(handling: str, flag: str = "handling") -> str:
@@ -294,6 +314,30 @@ def features(
     return network.apply(params, x)
 
 
+def adm_features(
+    params: hk.Params,
+    images: jax.Array,
+    value_range: tuple[float, float] = (0.0, 255.0),
+    handling: str = "tf1",
+) -> tuple[jax.Array, jax.Array]:
+    """What ADM's evaluator (openai/guided-diffusion ``evaluations/evaluator.py``) takes from the
+    graph for each image: ``pool_3`` [N, 2048] and ``mixed_6/conv[..., :7]`` flattened in NHWC
+    order [N, 17·17·7 = 2023] (its ``spatial[..., :7]`` and ``reshape([N, -1])``). Its images go
+    into the graph at their own size, so ``handling`` defaults to the graph's own (``"tf1"``),
+    ``value_range`` to its uint8 pixels."""
+    x = preprocess(images, value_range, True, handling)
+    pool, spatial = network_adm.apply(params, x)
+    spatial = spatial[..., :SPATIAL_CHANNELS]
+    return pool, spatial.reshape(spatial.shape[0], -1)
+
+
+def logits(pool: jax.Array, classifier: jax.Array) -> jax.Array:
+    """ADM's Inception-Score logits, ``pool_3 @ softmax/weights`` without the bias
+    (``_create_softmax_graph``): ``pool`` [N, 2048] times ``classifier`` = pytorch-fid's
+    ``fc.weight`` [1008, 2048] transposed, in float32 at full precision."""
+    return jnp.matmul(pool, classifier.T, precision=jax.lax.Precision.HIGHEST)
+
+
 def params_from_torch_names(arrays: Mapping[str, np.ndarray]) -> hk.Params:
     """Haiku params from PyTorch ``state_dict`` names (``Mixed_5b.branch1x1.conv.weight``,
     ``....bn.weight``/``bias``/``running_mean``/``running_var``), kernels OIHW -> HWIO."""
@@ -333,11 +377,17 @@ def _expected_shapes() -> dict[str, dict[str, tuple[int, ...]]]:
 
 
 __all__ = [
+    "CLASSES",
     "FEATURE_DIM",
     "IMAGE_HANDLING",
+    "SPATIAL_BLOCK",
+    "SPATIAL_CHANNELS",
+    "adm_features",
     "check_handling",
     "features",
+    "logits",
     "network",
+    "network_adm",
     "params_from_torch_names",
     "preprocess",
     "resize_bilinear",

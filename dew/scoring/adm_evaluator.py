@@ -1,0 +1,298 @@
+"""ADM's evaluation suite (openai/guided-diffusion ``evaluations/evaluator.py``) from features:
+FID, sFID, Inception Score, precision and recall, by that file's own rules.
+
+The Inception outputs it reads (``dew.scoring.inception.adm_features`` and ``logits``): for each
+image ``pool_3`` [2048] and ``mixed_6/conv[..., :7]`` flattened [2023], the images fed at their
+own size to the 2015-12-05 graph (its TF1 resize to 299 and (x − 128)/128: ``handling="tf1"``).
+
+* **FID / sFID**: the Fréchet distance between (μ, Σ) of the pool features / of the spatial
+  features, μ = mean, Σ = ``np.cov`` (unbiased). dew streams both in float64
+  (``FeatureStatistics``); the evaluator takes float32 means. The distance is
+  ``dew.scoring.distances.frechet_distance`` (the evaluator's ``scipy.linalg.sqrtm`` formula,
+  ‖μ₁ − μ₂‖² + Tr Σ₁ + Tr Σ₂ − 2 Tr (Σ₁Σ₂)^{1/2}, computed through symmetric eigenproblems).
+* **Inception Score** (``inception_score``): softmax of the bias-free logits, then over
+  consecutive splits of ``split_size`` = 5000 rows (10 splits at 50,000 images; the last split
+  shorter when the count is not a multiple), exp of the mean over the split of
+  KL(p(y|x) ‖ p̄(y)), averaged over splits; computed with the evaluator's float32 NumPy steps.
+* **Precision / recall** (``ManifoldEstimator``, Kynkäänniemi et al. 2019 as the evaluator
+  adapts it): each set's manifold is the union of balls around its points with radius the
+  distance to the k = 3rd nearest neighbour (the point itself at distance 0 counted first);
+  precision is the fraction of samples inside the reference manifold, recall the fraction of
+  reference points inside the samples'. Distances are squared Euclidean, ‖u‖² − 2uᵀv + ‖v‖²
+  clamped at 0, computed **in float16** (inputs cast to float16, each step rounded to float16,
+  as the evaluator's TF graph casts them) and taken in float32 only for a block of
+  ``row_batch_size`` × ``col_batch_size`` (10,000 × 10,000) pairs where a float16 value is not
+  finite; blocks, radii and comparisons follow the evaluator's loops. A point is in a ball when
+  its distance is ≤ the radius.
+
+Reference batches (``read_reference_batch``, ``write_reference_batch``) are ADM's ``.npz``
+layout: ``arr_0`` uint8 images [N, H, W, 3] (what its evaluator embeds for precision and
+recall), and ``mu``, ``sigma`` (pool statistics) and ``mu_s``, ``sigma_s`` (spatial
+statistics). dew adds ``pool`` (the float32 pool features of ``arr_0``, so precision and recall
+need no second pass through the network), ``resolution``, ``num_images`` and ``detector``;
+the evaluator reads only its own keys.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from dew.npz import NotAnNpzError, open_npz
+
+SPLIT_SIZE = 5000  # compute_inception_score's split_size
+ROW_BATCH_SIZE = COL_BATCH_SIZE = 10_000  # ManifoldEstimator's defaults
+NHOOD_SIZES = (3,)
+POOL_DIM, SPATIAL_DIM = 2048, 17 * 17 * 7
+
+
+class ReferenceBatchError(ValueError):
+    """A reference batch dew cannot use (one line naming the file)."""
+
+
+def softmax(logits: Any) -> np.ndarray:
+    """float32 softmax over the last axis (``tf.nn.softmax``'s max-shifted form)."""
+    x = np.asarray(logits, np.float32)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+
+def inception_score(probabilities: np.ndarray, split_size: int = SPLIT_SIZE) -> float:
+    """``Evaluator.compute_inception_score`` on softmax rows [N, classes]: per split of
+    ``split_size`` rows, exp(mean_i Σ_y p_iy (log p_iy − log p̄_y)), averaged over splits."""
+    preds = np.asarray(probabilities, np.float32)
+    scores = []
+    for i in range(0, len(preds), split_size):
+        part = preds[i : i + split_size]
+        kl = part * (np.log(part) - np.log(np.expand_dims(np.mean(part, 0), 0)))
+        kl = np.mean(np.sum(kl, 1))
+        scores.append(np.exp(kl))
+    return float(np.mean(scores))
+
+
+def _f16_distances(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """max(‖u‖² − 2uᵀv + ‖v‖², 0) on float16 inputs, each step rounded to float16 (sums and
+    products accumulated in float32 first); float16 [len(u), len(v)]."""
+    h, f = np.float16, np.float32
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is the float32 path's cue
+        u16, v16 = u.astype(h), v.astype(h)
+        norm_u = np.square(u16.astype(f)).astype(h).astype(f).sum(1).astype(h)
+        norm_v = np.square(v16.astype(f)).astype(h).astype(f).sum(1).astype(h)
+        cross = (u16.astype(f) @ v16.astype(f).T).astype(h)
+        twice = (h(2) * cross).astype(h)
+        partial = (norm_u.astype(f)[:, None] - twice.astype(f)).astype(h)
+        total = (partial.astype(f) + norm_v.astype(f)[None, :]).astype(h)
+    return np.maximum(total, h(0))
+
+
+def _f32_distances(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    u, v = u.astype(np.float32), v.astype(np.float32)
+    norm_u, norm_v = np.sum(np.square(u), 1), np.sum(np.square(v), 1)
+    return np.maximum(norm_u[:, None] - 2 * (u @ v.T) + norm_v[None, :], np.float32(0))
+
+
+def pairwise_distances(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``DistanceBlock.pairwise_distances``: float32 [len(u), len(v)] squared distances, from
+    float16 arithmetic when every value of the block is finite, else from float32."""
+    d16 = _f16_distances(u, v)
+    if np.all(np.isfinite(d16)):
+        return d16.astype(np.float32)
+    return _f32_distances(u, v)
+
+
+class ManifoldEstimator:
+    """The evaluator's ``ManifoldEstimator`` (k-NN radii, precision and recall) with its block
+    sizes; ``distances`` computes one block (default ``pairwise_distances``)."""
+
+    def __init__(
+        self,
+        row_batch_size: int = ROW_BATCH_SIZE,
+        col_batch_size: int = COL_BATCH_SIZE,
+        nhood_sizes: tuple[int, ...] = NHOOD_SIZES,
+        distances=pairwise_distances,
+    ):
+        self.row_batch_size, self.col_batch_size = row_batch_size, col_batch_size
+        self.nhood_sizes, self.distances = tuple(nhood_sizes), distances
+
+    def manifold_radii(self, features: np.ndarray) -> np.ndarray:
+        """[N, len(nhood_sizes)] float32: each row's distance to its k-th neighbour (itself first)."""
+        n = len(features)
+        radii = np.zeros([n, len(self.nhood_sizes)], np.float32)
+        seq = np.arange(max(self.nhood_sizes) + 1)
+        batch = np.zeros([min(self.row_batch_size, n), n], np.float32)
+        for begin1 in range(0, n, self.row_batch_size):
+            end1 = min(begin1 + self.row_batch_size, n)
+            rows = features[begin1:end1]
+            for begin2 in range(0, n, self.col_batch_size):
+                end2 = min(begin2 + self.col_batch_size, n)
+                batch[0 : end1 - begin1, begin2:end2] = self.distances(rows, features[begin2:end2])
+            part = np.partition(batch[0 : end1 - begin1, :], seq, axis=1)
+            radii[begin1:end1, :] = part[:, list(self.nhood_sizes)]
+        return radii
+
+    def evaluate_pr(
+        self, features_1: np.ndarray, radii_1: np.ndarray, features_2: np.ndarray, radii_2: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(fraction of set 2 inside set 1's manifold, fraction of set 1 inside set 2's), one value
+        per neighbourhood size: with set 1 the reference, (precision, recall)."""
+        status_1 = np.zeros([len(features_1), radii_2.shape[1]], bool)
+        status_2 = np.zeros([len(features_2), radii_1.shape[1]], bool)
+        for begin_1 in range(0, len(features_1), self.row_batch_size):
+            end_1 = begin_1 + self.row_batch_size
+            for begin_2 in range(0, len(features_2), self.col_batch_size):
+                end_2 = begin_2 + self.col_batch_size
+                d = self.distances(features_1[begin_1:end_1], features_2[begin_2:end_2])[..., None]
+                status_1[begin_1:end_1] |= np.any(d <= radii_2[begin_2:end_2], axis=1)
+                status_2[begin_2:end_2] |= np.any(d <= radii_1[begin_1:end_1][:, None], axis=0)
+        return np.mean(status_2.astype(np.float64), axis=0), np.mean(status_1.astype(np.float64), axis=0)
+
+
+def precision_recall(reference: np.ndarray, samples: np.ndarray, estimator: ManifoldEstimator | None = None):
+    """``Evaluator.compute_prec_recall``: (precision, recall) of ``samples`` against
+    ``reference`` pool features (k = 3)."""
+    estimator = estimator or ManifoldEstimator()
+    reference, samples = np.asarray(reference, np.float32), np.asarray(samples, np.float32)
+    radii_1 = estimator.manifold_radii(reference)
+    radii_2 = estimator.manifold_radii(samples)
+    precision, recall = estimator.evaluate_pr(reference, radii_1, samples, radii_2)
+    return float(precision[0]), float(recall[0])
+
+
+# ----------------------------------------------------------------------------- reference batches
+
+
+def write_reference_batch(
+    path: str,
+    *,
+    images: np.ndarray | None,
+    pool: np.ndarray,
+    stats: dict[str, np.ndarray],
+    resolution: tuple[int, int],
+    detector: str,
+) -> None:
+    """ADM's reference-batch ``.npz`` (``arr_0`` when ``images`` are given, ``mu``, ``sigma``,
+    ``mu_s``, ``sigma_s``) plus dew's ``pool``, ``resolution``, ``num_images``, ``detector``;
+    written atomically."""
+    arrays: dict[str, np.ndarray] = {
+        k: np.asarray(stats[k], np.float64) for k in ("mu", "sigma", "mu_s", "sigma_s")
+    }
+    if images is not None:
+        arrays["arr_0"] = np.asarray(images, np.uint8)
+    arrays["pool"] = np.asarray(pool, np.float32)
+    arrays["resolution"] = np.asarray(resolution, np.int64)
+    arrays["num_images"] = np.int64(len(pool))
+    arrays["detector"] = np.str_(detector)
+    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, path)
+
+
+def read_reference_batch(path: str, flag: str = "--ref") -> dict[str, Any]:
+    """An ADM reference batch: ``mu``, ``sigma``, ``mu_s``, ``sigma_s`` (float64) when stored,
+    ``images`` (a lazy reader of ``arr_0``, uint8 [N, H, W, 3]) when stored, ``pool`` when dew
+    stored it, ``resolution`` ([H, W]: recorded, else ``arr_0``'s), ``num_images``, ``detector``.
+    ``ReferenceBatchError`` naming ``flag`` and the file when it is not such a batch."""
+    if not os.path.isfile(path):
+        raise ReferenceBatchError(f"{flag}={path!r} does not exist; expected an ADM reference batch .npz")
+    try:
+        with open_npz(path, flag) as data:
+            names = set(data.files)
+            out: dict[str, Any] = {}
+            for key in ("mu", "sigma", "mu_s", "sigma_s"):
+                if key in names:
+                    out[key] = np.asarray(data[key], np.float64)
+            if "pool" in names:
+                out["pool"] = np.asarray(data["pool"], np.float32)
+            if "detector" in names:
+                out["detector"] = str(data["detector"])
+            if "resolution" in names:
+                out["resolution"] = tuple(int(v) for v in np.asarray(data["resolution"]).reshape(-1))
+    except NotAnNpzError as e:
+        raise ReferenceBatchError(str(e)) from None
+    except ValueError as e:
+        raise ReferenceBatchError(
+            f"{flag}={path!r}: an array cannot be read ({str(e).splitlines()[0]})"
+        ) from None
+    if "arr_0" in names:
+        shape, dtype = _member_header(path, "arr_0")
+        if len(shape) != 4 or shape[-1] != 3 or dtype != np.uint8:
+            raise ReferenceBatchError(
+                f"{flag}={path!r}: arr_0 is {dtype} {shape}; expected uint8 images [N, H, W, 3]"
+            )
+        out["images"] = ImageBatches(path, shape)
+        out.setdefault("resolution", tuple(shape[1:3]))
+        out["num_images"] = shape[0]
+    elif "pool" in out:
+        out["num_images"] = len(out["pool"])
+    have = [k for k in ("mu", "sigma", "mu_s", "sigma_s") if k in out]
+    if "images" not in out and "pool" not in out and len(have) < 4:
+        raise ReferenceBatchError(
+            f"{flag}={path!r} holds {sorted(names)}; an ADM reference batch holds arr_0 (images) and/or "
+            "mu, sigma, mu_s, sigma_s"
+        )
+    for mu, sigma, dim in (("mu", "sigma", POOL_DIM), ("mu_s", "sigma_s", SPATIAL_DIM)):
+        if mu in out and (out[mu].shape != (dim,) or out[sigma].shape != (dim, dim)):
+            raise ReferenceBatchError(
+                f"{flag}={path!r}: {mu} {out[mu].shape} and {sigma} {out[sigma].shape}; expected [{dim}] "
+                f"and [{dim}, {dim}]"
+            )
+    if "pool" in out and (out["pool"].ndim != 2 or out["pool"].shape[1] != POOL_DIM):
+        raise ReferenceBatchError(f"{flag}={path!r}: pool is {out['pool'].shape}; expected [N, {POOL_DIM}]")
+    return out
+
+
+def _member_header(path: str, name: str) -> tuple[tuple[int, ...], np.dtype]:
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive, archive.open(f"{name}.npy") as f:
+        return _header(f)
+
+
+def _header(f) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of the ``.npy`` stream ``f`` (left at its data); a Fortran-ordered array
+    reads as dtype None (refused by the caller)."""
+    version = np.lib.format.read_magic(f)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read(f)
+    return tuple(shape), (None if fortran else dtype)
+
+
+class ImageBatches:
+    """``arr_0`` of a reference batch read ``batch`` images at a time (never all at once),
+    as the evaluator's ``StreamingNpzArrayReader``; ``len`` is the image count."""
+
+    def __init__(self, path: str, shape: tuple[int, ...]):
+        self.path, self.shape = path, shape
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def batches(self, batch: int) -> Iterator[np.ndarray]:
+        import zipfile
+
+        per_image = int(np.prod(self.shape[1:]))
+        with zipfile.ZipFile(self.path) as archive, archive.open("arr_0.npy") as f:
+            _header(f)
+            for start in range(0, self.shape[0], batch):
+                n = min(batch, self.shape[0] - start)
+                data = f.read(n * per_image)
+                if len(data) != n * per_image:
+                    raise ReferenceBatchError(f"{self.path}: arr_0 ends after {start} images (truncated)")
+                yield np.frombuffer(data, np.uint8).reshape(n, *self.shape[1:])
+
+
+__all__ = [
+    "ManifoldEstimator",
+    "ReferenceBatchError",
+    "inception_score",
+    "pairwise_distances",
+    "precision_recall",
+    "read_reference_batch",
+    "softmax",
+    "write_reference_batch",
+]

@@ -1,0 +1,142 @@
+"""ADM's metrics over image batches: the Inception outputs its evaluator reads, streamed into what
+each metric needs (``dew.scoring.adm_evaluator`` holds the metrics' own rules).
+
+``AdmScorer`` embeds uint8 images [n, H, W, 3] (fed at their own size through the graph's TF1
+resize: ``inception.adm_features``) into pool [n, 2048] and spatial [n, 2023] features, ``batch``
+images per compiled call (the last call padded). ``AdmFeatures`` accumulates one image set: the
+pool and spatial statistics (float64, ``FeatureStatistics``), the pool rows (precision and
+recall need every one) and, when asked, the softmax rows (Inception Score) and the images
+themselves (for ``arr_0`` of a reference batch). ``scores`` turns samples' and a reference's
+features into the requested metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from dew.scoring import adm_evaluator as adm
+
+METRICS = ("fid", "sfid", "is", "precision", "recall")
+ADM_ONLY = ("sfid", "is", "precision", "recall")
+LABELS = {"fid": "FID", "sfid": "sFID", "is": "Inception Score", "precision": "Precision", "recall": "Recall"}
+
+
+def quantize(images: np.ndarray, value_range: tuple[float, float]) -> np.ndarray:
+    """uint8 images from ``value_range``: [−1, 1] as guided-diffusion's ``image_sample.py``
+    writes its batches, ``((x + 1) · 127.5).clamp(0, 255).to(uint8)`` (truncation); [0, 1]
+    (pixels read from 8-bit files) rounded back to their integer values."""
+    x = np.asarray(images, np.float32)
+    if x.shape[-1] == 1:
+        x = np.repeat(x, 3, axis=-1)
+    lo, hi = value_range
+    if (lo, hi) == (-1.0, 1.0):
+        return np.clip((x + 1) * 127.5, 0, 255).astype(np.uint8)
+    return np.clip(np.rint((x - lo) / (hi - lo) * 255.0), 0, 255).astype(np.uint8)
+
+
+class AdmScorer:
+    """The FID Inception's pool and ``mixed_6/conv`` features and the classifier's softmax."""
+
+    def __init__(self, weights_path: str | None = None, *, pinned: bool = True, batch: int = 50):
+        import jax
+
+        from dew.scoring import inception
+        from dew.scoring.convert_inception import load_classifier, load_weights
+
+        self.params = load_weights(weights_path, pinned=pinned)
+        self.classifier = load_classifier(weights_path, pinned=pinned)
+        self.batch = batch
+        self._features = jax.jit(inception.adm_features)
+        self._logits = jax.jit(inception.logits)
+
+    def features(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(pool [n, 2048], spatial [n, 2023]) float32 of uint8 images [n, H, W, 3]."""
+        pools, spatials = [], []
+        for start in range(0, len(images), self.batch):
+            part = images[start : start + self.batch]
+            n = len(part)
+            if n < self.batch:
+                part = np.concatenate([part, np.repeat(part[-1:], self.batch - n, axis=0)])
+            pool, spatial = self._features(self.params, part.astype(np.float32))
+            pools.append(np.asarray(pool)[:n])
+            spatials.append(np.asarray(spatial)[:n])
+        return np.concatenate(pools), np.concatenate(spatials)
+
+    def probabilities(self, pool: np.ndarray) -> np.ndarray:
+        return adm.softmax(self._logits(pool, self.classifier))
+
+
+class AdmFeatures:
+    """What one image set contributes to ADM's metrics, accumulated batch by batch."""
+
+    def __init__(self, scorer: AdmScorer, *, softmax: bool, keep_images: bool = False):
+        from dew.scoring.statistics import FeatureStatistics
+
+        self.scorer, self.softmax, self.keep_images = scorer, softmax, keep_images
+        self.pool_stats, self.spatial_stats = FeatureStatistics(), FeatureStatistics()
+        self.pools: list[np.ndarray] = []
+        self.probs: list[np.ndarray] = []
+        self.images: list[np.ndarray] = []
+        self.resolution: tuple[int, int] | None = None
+
+    def add(self, images: np.ndarray) -> None:
+        """uint8 [n, H, W, 3]; every batch must have the first one's resolution."""
+        resolution = tuple(int(v) for v in images.shape[1:3])
+        if self.resolution is not None and resolution != self.resolution:
+            raise ValueError(f"images of {resolution} after {self.resolution}: one resolution per set")
+        self.resolution = resolution
+        pool, spatial = self.scorer.features(images)
+        self.pool_stats.update(pool.astype(np.float64))
+        self.spatial_stats.update(spatial.astype(np.float64))
+        self.pools.append(pool)
+        if self.softmax:
+            self.probs.append(self.scorer.probabilities(pool))
+        if self.keep_images:
+            self.images.append(np.asarray(images, np.uint8))
+
+    def add_all(self, batches: Iterable[np.ndarray]) -> AdmFeatures:
+        for images in batches:
+            self.add(images)
+        return self
+
+    @property
+    def pool(self) -> np.ndarray:
+        return np.concatenate(self.pools)
+
+    def statistics(self) -> dict[str, np.ndarray]:
+        return {
+            "mu": self.pool_stats.mu,
+            "sigma": self.pool_stats.sigma,
+            "mu_s": self.spatial_stats.mu,
+            "sigma_s": self.spatial_stats.sigma,
+        }
+
+
+def scores(metrics: Sequence[str], samples: AdmFeatures, reference: dict[str, Any]) -> dict[str, float]:
+    """The requested metrics of ``samples`` against ``reference`` (``mu``, ``sigma``, ``mu_s``,
+    ``sigma_s``; ``pool`` rows for precision and recall), in ``metrics``' order."""
+    from dew.scoring.distances import frechet_distance
+
+    out: dict[str, float] = {}
+    stats = samples.statistics()
+    pr = None
+    for name in metrics:
+        if name == "fid":
+            out[name] = frechet_distance(stats["mu"], stats["sigma"], reference["mu"], reference["sigma"])
+        elif name == "sfid":
+            out[name] = frechet_distance(
+                stats["mu_s"], stats["sigma_s"], reference["mu_s"], reference["sigma_s"]
+            )
+        elif name == "is":
+            out[name] = adm.inception_score(np.concatenate(samples.probs))
+        else:
+            if pr is None:
+                pr = adm.precision_recall(reference["pool"], samples.pool)
+            out[name] = pr[0] if name == "precision" else pr[1]
+    return out
+
+
+__all__ = ["ADM_ONLY", "LABELS", "METRICS", "AdmFeatures", "AdmScorer", "quantize", "scores"]

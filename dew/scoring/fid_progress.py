@@ -1,0 +1,195 @@
+"""The FID protocol's progress file, ``<outdir>/fid-progress.npz``: written after every chunk,
+read back on a rerun, and never trusted further than it can be checked.
+
+A draw of ``num`` images in chunks of ``chunk`` records, after its k-th chunk, the float64 sums
+of every feature row so far (``MomentSums``: ``count``, ``total`` Σ f [D], ``outer`` Σ f fᵀ
+[D, D]), ``chunks_done`` = k, the draw's settings (a JSON object) and ``digest``, the SHA-256
+of all of these (``dew.pinned_weights.content_sha256``: every name, dtype, shape and byte).
+
+``read_progress`` refuses, in one line naming the file and ending "delete it to start over",
+a file that is not an ``.npz``, lacks or adds an array, holds an array of another dtype or shape
+(an object array included: never unpickled), settings that are not a JSON object, contents that
+do not match the digest, counts that disagree with each other or with the settings
+(1 ≤ ``chunks_done`` ≤ ⌈num/chunk⌉, ``count`` = min(``chunks_done``·``chunk``, num)), sums of
+another feature width than the detector's, or sums that are not finite. A file whose digest holds
+but whose settings are another draw's is refused naming the settings that differ. So a resumed
+draw either continues exactly where the file says, or does not start: the published FID is
+never computed from sums the file does not vouch for.
+
+Progress is written to ``fid-progress.npz.tmp-<pid>`` and renamed over the old file; a process
+killed between the two leaves the temporary file behind, and ``remove_stale_temporaries``
+(called by the next draw on the same ``outdir``) removes those of processes no longer alive.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from dew.npz import NotAnNpzError, open_npz
+from dew.pinned_weights import content_sha256
+from dew.scoring.fid_reference import FidInputError, MomentSums
+
+PROGRESS_FILE = "fid-progress.npz"
+_ARRAYS = ("settings", "chunks_done", "count", "total", "outer")
+_DIGEST = "digest"
+
+
+def fingerprint(settings: dict[str, Any]) -> str:
+    """The settings as the progress file stores them: JSON, keys sorted."""
+    return json.dumps(settings, sort_keys=True, default=str)
+
+
+def _arrays(settings: dict[str, Any], chunks_done: int, sums: MomentSums) -> dict[str, np.ndarray]:
+    return {
+        "settings": np.asarray(fingerprint(settings)),
+        "chunks_done": np.asarray(chunks_done, np.int64),
+        "count": np.asarray(sums.count, np.int64),
+        "total": np.asarray(sums.total, np.float64),
+        "outer": np.asarray(sums.outer, np.float64),
+    }
+
+
+def write_progress(outdir: str, settings: dict[str, Any], chunks_done: int, sums: MomentSums) -> None:
+    """The sums after ``chunks_done`` chunks with their digest, written atomically (a temporary
+    file, flushed to disk, then renamed over the old one)."""
+    arrays = _arrays(settings, chunks_done, sums)
+    path = os.path.join(outdir, PROGRESS_FILE)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays, **{_DIGEST: np.asarray(content_sha256(arrays))})
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _expected_kinds(dim: int | None) -> dict[str, tuple[str, tuple[int, ...] | None]]:
+    """name -> (dtype kind, shape; None: checked against the others)."""
+    return {
+        "settings": ("U", ()),
+        "chunks_done": ("i", ()),
+        "count": ("i", ()),
+        "total": ("f", None if dim is None else (dim,)),
+        "outer": ("f", None if dim is None else (dim, dim)),
+        _DIGEST: ("U", ()),
+    }
+
+
+def _read_arrays(path: str, refuse) -> dict[str, np.ndarray]:
+    try:
+        with open_npz(path, "the FID progress file") as data:
+            names = set(data.files)
+            wanted = {*_ARRAYS, _DIGEST}
+            if names != wanted:
+                missing, extra = sorted(wanted - names), sorted(names - wanted)
+                raise refuse(
+                    f"it holds {sorted(names)}"
+                    + (f", lacking {missing}" if missing else "")
+                    + (f", with unknown {extra}" if extra else "")
+                )
+            return {k: data[k] for k in sorted(wanted)}
+    except NotAnNpzError as e:
+        raise refuse(f"it is not an .npz archive ({str(e).split(' (', 1)[-1].rstrip(')')})") from None
+    except (ValueError, OSError, EOFError) as e:  # an object array (pickle refused), a torn member
+        if isinstance(e, FidInputError):
+            raise
+        raise refuse(
+            f"an array cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+        ) from None
+
+
+def read_progress(outdir: str, settings: dict[str, Any], dim: int | None = None) -> tuple[int, MomentSums]:
+    """(chunks done, their sums) from ``outdir``'s progress file, (0, empty) without one.
+
+    ``settings`` are the draw's (with ``num_images`` and ``chunk``), ``dim`` the detector's
+    feature width (None: not checked). ``FidInputError`` in one line naming the file when it is
+    damaged or inconsistent (module docstring), or was made with other settings."""
+    path = os.path.join(outdir, PROGRESS_FILE)
+    if not os.path.exists(path):
+        return 0, MomentSums()
+
+    def refuse(reason: str) -> FidInputError:
+        return FidInputError(
+            f"--outdir={outdir!r}: the FID progress file {path} is unusable: {reason}; "
+            "delete it to start over"
+        )
+
+    data = _read_arrays(path, refuse)
+    for name, (kind, shape) in _expected_kinds(dim).items():
+        a = data[name]
+        if a.dtype.kind != kind or (shape is not None and a.shape != shape):
+            raise refuse(f"{name!r} is {a.dtype} {a.shape}, expected kind {kind!r} of shape {shape}")
+    arrays = {k: data[k] for k in _ARRAYS}
+    if content_sha256(arrays) != str(data[_DIGEST]):
+        raise refuse("its arrays do not match the digest it records (damaged or edited)")
+    stored = str(data["settings"])
+    try:
+        old = json.loads(stored)
+    except ValueError:
+        old = None
+    if not isinstance(old, dict):
+        raise refuse(f"its settings are not a JSON object ({stored[:60]!r})")
+    if stored != fingerprint(settings):
+        new = json.loads(fingerprint(settings))
+        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        was = ", ".join(f"{k}={old.get(k)!r}" for k in diff)
+        now = ", ".join(f"{k}={new.get(k)!r}" for k in diff)
+        raise FidInputError(
+            f"--outdir={outdir!r} holds a draw with other settings ({was}; now {now}); "
+            f"use another --outdir or delete {PROGRESS_FILE}"
+        )
+    chunks, count = int(data["chunks_done"]), int(data["count"])
+    total, outer = data["total"].astype(np.float64), data["outer"].astype(np.float64)
+    num, chunk = int(settings["num_images"]), int(settings["chunk"])
+    num_chunks = math.ceil(num / chunk)
+    if not 1 <= chunks <= num_chunks:
+        raise refuse(f"chunks_done={chunks}, expected 1..{num_chunks} ({num} images in chunks of {chunk})")
+    if count != min(chunks * chunk, num):
+        raise refuse(
+            f"count={count} images after {chunks} chunks of {chunk}, expected {min(chunks * chunk, num)}"
+        )
+    if total.ndim != 1 or outer.shape != (total.shape[0],) * 2:
+        raise refuse(f"total {total.shape} and outer {outer.shape} are not [D] and [D, D]")
+    if not (np.isfinite(total).all() and np.isfinite(outer).all()):
+        raise refuse("its sums are not finite")
+    return chunks, MomentSums(count, total, outer)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(outdir: str, names: tuple[str, ...] = (PROGRESS_FILE,)) -> list[str]:
+    """Remove ``<name>.tmp-<pid>`` files in ``outdir`` left by processes that are no longer
+    alive on this host (a draw killed between writing and renaming); returns what was removed.
+    A temporary file of a live process (another draw writing now) is left alone."""
+    removed = []
+    if not os.path.isdir(outdir):
+        return removed
+    for entry in sorted(os.listdir(outdir)):
+        for name in names:
+            prefix = f"{name}.tmp-"
+            if not entry.startswith(prefix):
+                continue
+            pid = entry[len(prefix) :]
+            if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+                continue
+            try:
+                os.remove(os.path.join(outdir, entry))
+                removed.append(entry)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
+__all__ = ["PROGRESS_FILE", "fingerprint", "read_progress", "remove_stale_temporaries", "write_progress"]

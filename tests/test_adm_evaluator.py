@@ -1,0 +1,232 @@
+"""dew's ADM evaluation suite (``dew.scoring.adm_evaluator``) against openai/guided-diffusion's own
+``evaluations/evaluator.py`` on the same features (goldens: ``third_party/guided_diffusion/
+make_goldens.py``; its ``features`` and ``classifier`` rebuild the inputs here). Every bound is
+derived from float32 / float16 / float64 roundoff and the problem size, stated beside it."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import pathlib
+
+import numpy as np
+import pytest
+
+from dew.scoring import adm_evaluator as adm
+from dew.scoring import distances, inception
+from dew.scoring.statistics import FeatureStatistics
+
+HERE = pathlib.Path(__file__).resolve().parent.parent / "third_party" / "guided_diffusion"
+U32, U16, EPS64 = 2.0**-24, 2.0**-11, 2.0**-53
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("adm_goldens", HERE / "make_goldens.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+make = _script()
+
+
+@pytest.fixture(scope="module")
+def golden():
+    with np.load(HERE / "evaluator_goldens.npz", allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+@pytest.mark.parametrize("kind,d", [("pool", 2048), ("spatial", 2023)])
+def test_fid_and_sfid_are_the_evaluators(golden, kind, d):
+    """The evaluator takes float32 means (``np.mean`` of float32 rows: pairwise sums, error ≤
+    (⌈log₂ N⌉ + 1)·u₃₂·max|x| per coordinate) where dew's are float64; its Tr (Σ₁Σ₂)^{1/2} is
+    ``sqrtm`` (Schur) where dew's is ``eigh``: both backward stable, eigenvalues of the product
+    moved by δ ≤ D·ε₆₄·‖Σ₁‖‖Σ₂‖, and Σᵢ |√(λᵢ + δ) − √λᵢ| ≤ D·√δ, for each algorithm."""
+    a, b = make.features(f"{kind}/ref", 3000, d), make.features(f"{kind}/sample", 2500, d)
+    sa, sb = FeatureStatistics().update(a), FeatureStatistics().update(b)
+    got = distances.frechet_distance(sb.mu, sb.sigma, sa.mu, sa.sigma)
+    want = float(golden[f"fid/{kind}"])
+    mean_error = (math.ceil(math.log2(3000)) + 1) * U32 * max(np.abs(a).max(), np.abs(b).max())
+    diff = np.linalg.norm(sb.mu - sa.mu)
+    delta = np.sqrt(d) * mean_error * 2  # ‖δμ₁ − δμ₂‖ over d coordinates
+    norms = np.linalg.norm(sa.sigma, 2) * np.linalg.norm(sb.sigma, 2)
+    bound = 2 * diff * delta + delta**2 + 2 * 2 * d * np.sqrt(d * EPS64 * norms)
+    assert abs(got - want) <= bound, (got, want, bound)
+    assert bound < 1e-2 * want  # the bound is tight enough to tell a wrong statistic
+    np.testing.assert_allclose(sb.mu, golden[f"fid/{kind}/mu"], rtol=0, atol=mean_error * 2)
+
+
+def _softmax_rows(pool: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """dew's softmax of ``pool @ (scale · fc.weight).T`` and the per-row bound on |Δ logit|
+    against TF's float32 matmul of the same inputs (γ₂₀₄₈·Σ|p||w| for each side)."""
+    w = make.classifier()
+    logits = np.asarray(inception.logits(pool, w))
+    return adm.softmax(logits), 2 * 2048 * U32 * (np.abs(pool) @ np.abs(w).T).max(1)
+
+
+def test_inception_score_is_the_evaluators(golden):
+    """p = softmax(ℓ): a logit error ≤ Δ moves every p by a factor within e^{±2Δ} (plus 4u₃₂ for
+    the exponent and division); the evaluator's float32 KL steps run identically on both sides,
+    so |ΔKL| ≤ e·(A + 2) with e the relative error of p and A = max_i Σ_y |p (log p − log p̄)|,
+    plus each side's float32 summation (1008 classes, then the split's rows: γ·A); IS = exp(mean KL)."""
+    pool = make.features("is/pool", 3000, 2048)
+    probabilities, logit_error = _softmax_rows(pool)
+    e = 2 * logit_error.max() + 4 * U32
+    head = golden["is/softmax_head"]
+    assert np.all(np.abs(probabilities[:64] - head) <= head * (np.expm1(e) + 1e-30) + 1e-45)
+    for key, split in (("is/default", adm.SPLIT_SIZE), ("is/split700", 700)):
+        got, want = adm.inception_score(probabilities, split_size=split), float(golden[key])
+        p = probabilities.astype(np.float64)
+        a = np.max(np.sum(np.abs(p * (np.log(p) - np.log(p.mean(0)))), 1))
+        bound = want * (e * (a + 2) + 2 * (1008 + split) * U32 * (a + 1))
+        assert abs(got - want) <= bound, (key, got, want, bound)
+        assert want > 1.3  # a score that is not trivially 1
+    assert adm.inception_score(probabilities, 700) != adm.inception_score(probabilities)  # splits differ
+    assert float(golden["is/split700"]) != float(golden["is/default"])
+
+
+def _ulp16(x: np.ndarray) -> np.ndarray:
+    """The float16 spacing at |x| (next binade up, covering values on either side of a power of 2)."""
+    x = np.maximum(np.abs(x) * (1 + 2.0**-9), 2.0**-14)
+    return 2.0 ** (np.floor(np.log2(x)) - 10)
+
+
+def _distance_bound(u: np.ndarray, v: np.ndarray, f16: bool) -> np.ndarray:
+    """|dew − evaluator| for one pair's squared distance from the same float16-cast inputs: each
+    side rounds ‖u‖², uᵀv (×2 exact), ‖u‖² − 2uᵀv and the sum to float16 (½ulp each) after
+    float32 sums of ≤ 2048 non-negative terms (γ₂₀₄₈·value); float32 path: γ₂₀₅₁·(‖u‖² + 2|uᵀv| + ‖v‖²)."""
+    cast = (lambda x: x.astype(np.float16).astype(np.float64)) if f16 else (lambda x: x.astype(np.float64))
+    u, v = cast(u), cast(v)
+    nu, nv, mm = (u * u).sum(1)[:, None], (v * v).sum(1)[None, :], u @ v.T
+    gamma = 2051 * U32
+    if not f16:
+        return 2 * gamma * (nu + 2 * np.abs(mm) + nv)
+    partial = nu - 2 * mm
+    one_side = 0.5 * (
+        _ulp16(nu) + 2 * _ulp16(mm) + _ulp16(partial) + _ulp16(partial + nv) + _ulp16(nv)
+    ) + gamma * (nu + 2 * np.abs(mm) + nv)
+    return 2 * one_side
+
+
+@pytest.mark.parametrize("case,scale", [("pr", 1.0), ("pr_f32", 16.0)])
+def test_distances_radii_precision_and_recall_are_the_evaluators(golden, case, scale):
+    """Distances within ``_distance_bound``; radii (an order statistic of a row) within the
+    row's largest bound; precision/recall differ by at most the share of points with a
+    comparison d ≤ r within (its bound + the radius' bound) of flipping (counted from the
+    evaluator's own distances and radii). That last bound is weak (most points: 2048-d
+    distances concentrate, and float16 resolves them to ~0.1%, in the evaluator as here), so
+    the rules themselves are checked exactly on the evaluator's distances in the next test.
+    Measured on this CPU: the float32 path gives the
+    evaluator's precision and recall exactly; the float16 path 0.8333 / 0.8575 against its 0.84 /
+    0.855 (2 of 300 samples, 1 of 400 reference points on the other side of a radius; TF's
+    float16 ``reduce_sum`` rounds in an order of its own, and the evaluator on a GPU rounds in
+    yet another), inside the bound."""
+    ref, sample = make.features("pr/ref", 400, 2048, scale), make.features("pr/sample", 300, 2048, scale)
+    f16 = case == "pr"
+    want = golden[f"{case}/distances"]
+    got = adm.pairwise_distances(ref, sample)
+    bound = _distance_bound(ref, sample, f16)
+    assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want) - bound)
+    with np.errstate(over="ignore"):
+        assert (want.astype(np.float16).astype(np.float32) == want).all() == f16  # the path taken
+        assert (got.astype(np.float16).astype(np.float32) == got).all() == f16  # and dew's
+    estimator = adm.ManifoldEstimator()
+    radii_ref, radii_sample = estimator.manifold_radii(ref), estimator.manifold_radii(sample)
+    row_ref = _distance_bound(ref, ref, f16).max(1)[:, None]
+    row_sample = _distance_bound(sample, sample, f16).max(1)[:, None]
+    assert np.all(np.abs(radii_ref - golden[f"{case}/radii_ref"]) <= row_ref)
+    assert np.all(np.abs(radii_sample - golden[f"{case}/radii_sample"]) <= row_sample)
+    precision, recall = adm.precision_recall(ref, sample)
+    near_ref = np.abs(want - golden[f"{case}/radii_ref"]) <= bound + row_ref  # [ref, sample]
+    near_sample = np.abs(want - golden[f"{case}/radii_sample"][:, 0][None, :]) <= bound + row_sample.T
+    assert abs(precision - golden[f"{case}/precision"][0]) <= near_ref.any(0).mean()
+    assert abs(recall - golden[f"{case}/recall"][0]) <= near_sample.any(1).mean()
+    assert 0.5 < precision < 1 and 0.5 < recall < 1  # neither trivially 0 nor 1
+
+
+@pytest.mark.parametrize("case", ["pr", "pr_f32"])
+@pytest.mark.parametrize("blocks", [(10_000, 10_000), (128, 96), (7, 300)])
+def test_on_the_evaluators_distances_and_radii_precision_and_recall_are_exactly_its(golden, case, blocks):
+    """The rules (blocks, ``d ≤ r``, any over the other set, mean), separated from the float16
+    arithmetic: given the evaluator's own distances (looked up by index) and radii, dew's
+    ``evaluate_pr`` gives its precision and recall exactly, in any blocking."""
+    distances = golden[f"{case}/distances"]
+
+    def lookup(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        return distances[rows[:, 0]][:, cols[:, 0]]
+
+    estimator = adm.ManifoldEstimator(*blocks, distances=lookup)
+    precision, recall = estimator.evaluate_pr(
+        np.arange(400)[:, None],
+        golden[f"{case}/radii_ref"],
+        np.arange(300)[:, None],
+        golden[f"{case}/radii_sample"],
+    )
+    assert precision[0] == golden[f"{case}/precision"][0] and recall[0] == golden[f"{case}/recall"][0]
+    # k = 3 radii on a matrix whose rows are known: itself (0) first, then the 3rd other point
+    square = np.abs(np.arange(9.0)[:, None] - np.arange(9.0)[None, :]).astype(np.float32)
+    radii = adm.ManifoldEstimator(*blocks, distances=lambda r, c: square[r[:, 0]][:, c[:, 0]]).manifold_radii(
+        np.arange(9)[:, None]
+    )
+    np.testing.assert_array_equal(radii[:, 0], [3, 2, 2, 2, 2, 2, 2, 2, 3])
+
+
+def test_the_evaluators_blocks_give_its_numbers(golden):
+    """Rows and columns in blocks of 128 × 96 (the evaluator's loops, a block's float16/float32
+    choice its own) give what the whole matrix gives, as in the evaluator."""
+    ref, sample = make.features("pr/ref", 400, 2048), make.features("pr/sample", 300, 2048)
+    small = adm.ManifoldEstimator(row_batch_size=128, col_batch_size=96)
+    assert adm.precision_recall(ref, sample, small) == adm.precision_recall(ref, sample)
+    assert golden["pr_blocks/precision"] == golden["pr/precision"]
+    np.testing.assert_array_equal(small.manifold_radii(ref), adm.ManifoldEstimator().manifold_radii(ref))
+    # a block holding one overflowing pair takes the float32 path for all of it
+    wide = ref[:4].copy()
+    wide[0] *= 16
+    d = adm.pairwise_distances(wide, ref[:5])
+    assert np.isfinite(d).all() and (d[1:].astype(np.float16).astype(np.float32) != d[1:]).any()
+
+
+def test_the_evaluators_reference_batch_reads_here(golden, tmp_path):
+    batch = adm.read_reference_batch(str(HERE / "reference_batch.npz"))
+    np.testing.assert_array_equal(batch["mu"], golden["batch/mu"])
+    np.testing.assert_array_equal(batch["mu_s"], golden["batch/mu_s"])
+    assert batch["resolution"] == (12, 10) and batch["num_images"] == 6 and "pool" not in batch
+    images = np.concatenate(list(batch["images"].batches(4)))
+    np.testing.assert_array_equal(images, golden["batch/read_batches_4"])
+    # and dew's own batch: ADM's keys (arr_0, mu, sigma, mu_s, sigma_s) plus dew's
+    out = tmp_path / "mine.npz"
+    stats = {k: batch[k] for k in ("mu", "sigma", "mu_s", "sigma_s")}
+    adm.write_reference_batch(
+        str(out),
+        images=images,
+        pool=np.ones((6, 2048), np.float32),
+        stats=stats,
+        resolution=(12, 10),
+        detector="d",
+    )
+    with np.load(out, allow_pickle=False) as data:
+        assert {"arr_0", "mu", "sigma", "mu_s", "sigma_s"} <= set(data.files)
+        assert data["arr_0"].dtype == np.uint8 and data["mu"].dtype == np.float64
+    back = adm.read_reference_batch(str(out))
+    assert back["pool"].shape == (6, 2048) and back["detector"] == "d" and back["resolution"] == (12, 10)
+
+
+@pytest.mark.parametrize(
+    "arrays,message",
+    [
+        ({"mu": np.zeros(3)}, "an ADM reference batch holds arr_0"),
+        ({"arr_0": np.zeros((2, 4, 4), np.uint8)}, r"arr_0 is uint8 \(2, 4, 4\); expected uint8 images"),
+        ({"arr_0": np.zeros((2, 4, 4, 3), np.float32)}, "arr_0 is float32"),
+        (
+            {"arr_0": np.zeros((2, 4, 4, 3), np.uint8), "mu": np.zeros(5), "sigma": np.eye(5)},
+            r"mu \(5,\) and sigma \(5, 5\); expected \[2048\]",
+        ),
+        ({"pool": np.zeros((3, 7), np.float32)}, r"pool is \(3, 7\); expected \[N, 2048\]"),
+    ],
+)
+def test_a_malformed_reference_batch_is_one_line(tmp_path, arrays, message):
+    path = tmp_path / "bad.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(adm.ReferenceBatchError, match=message) as refused:
+        adm.read_reference_batch(str(path))
+    assert "\n" not in str(refused.value) and str(path) in str(refused.value)
