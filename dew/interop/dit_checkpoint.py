@@ -198,7 +198,8 @@ def convert(
             if name not in params.get(module, {}):
                 key = _reference_key(top, module, name)
                 raise CheckpointError(
-                    f"checkpoint: {key} (shape {_torch_shape(want, key)}) is missing for {model}"
+                    f"checkpoint: {key} (shape {_torch_shape(want, key)}) is missing for {model} "
+                    f"with {options or {}}"
                 )
     return params
 
