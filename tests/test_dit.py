@@ -233,6 +233,11 @@ def test_label_dropout_in_training_uses_the_null_class():
     is_null = np.all(np.isclose(train, null, atol=1e-6), axis=(1, 2, 3))
     is_cond = np.all(np.isclose(train, cond, atol=1e-6), axis=(1, 2, 3))
     assert np.all(is_null ^ is_cond) and 10 < is_null.sum() < 54  # p = 0.5 of 64 rows
+    # MeanFlow drops labels itself (class_dropout_prob=0) and keeps the null row.
+    for null_class, rows in ((None, 5), (True, 6)):
+        kept = hk.transform(_tiny_net(class_dropout_prob=0.0, null_class=null_class))
+        shapes = jax.eval_shape(kept.init, jax.random.PRNGKey(0), x, t, y)
+        assert shapes["dit/y_embedder/embedding_table"]["weight"].shape == (rows, 32)
 
 
 def test_bad_input_is_one_line():

@@ -11,7 +11,9 @@ The call (inside ``hk.transform``; ``net = dew.models["SiT-XL/2"](**options)``):
 - ``x`` [B, H, W, C] (channels-last latents; H = W, a multiple of ``patch_size``);
 - ``t`` [B] (or a scalar): DiT's integer diffusion step 0…999 or SiT's continuous t in [0, 1],
   embedded the same way (sinusoidal, 256 frequencies, then an MLP);
-- ``y`` [B] int class labels; ``num_classes`` is the null class classifier-free guidance uses;
+- ``y`` [B] int class labels; ``num_classes`` is the null class classifier-free guidance uses
+  (the label table has that row when ``null_class``, by default when ``class_dropout_prob`` > 0
+  as in DiT; MeanFlow builds ``class_dropout_prob=0.0`` and keeps it: ``null_class=True``);
 - ``h`` [B]: the second time input of MeanFlow (Gsunshine/meanflow ``models_dit.py``: h = t − r
   through its own ``h_embedder``, c = t_emb + h_emb + y_emb); only with ``time_inputs=("t", "h")``;
 - ``is_training``: label dropout (``class_dropout_prob``) draws ``hk.next_rng_key()``;
@@ -125,6 +127,7 @@ class DiT(hk.Module):
         mlp_ratio: float = 4.0,
         class_dropout_prob: float = 0.1,
         num_classes: int = 1000,
+        null_class: bool | None = None,
         learn_sigma: bool = True,
         sigma_output: bool = True,
         input_size: int | None = None,
@@ -160,6 +163,7 @@ class DiT(hk.Module):
             patch_size,
         )
         self.mlp_ratio, self.class_dropout_prob, self.num_classes = mlp_ratio, class_dropout_prob, num_classes
+        self.null_class = null_class
         self.learn_sigma, self.sigma_output, self.input_size = learn_sigma, sigma_output, input_size
         self.time_inputs, self.encoder_depth = tuple(time_inputs), encoder_depth
         self.projector_dims, self.projector_hidden = tuple(projector_dims), projector_hidden
@@ -211,7 +215,7 @@ class DiT(hk.Module):
             h = jnp.broadcast_to(jnp.asarray(h).reshape(-1), (batch,))
             c = c + L.TimestepEmbedder(self.hidden_size, name="h_embedder")(h, dtype)
         embedder = L.LabelEmbedder(
-            self.num_classes, self.hidden_size, self.class_dropout_prob, name="y_embedder"
+            self.num_classes, self.hidden_size, self.class_dropout_prob, self.null_class, name="y_embedder"
         )
         c = c + embedder(jnp.asarray(y, jnp.int32), is_training, force_drop_ids, dtype)
 

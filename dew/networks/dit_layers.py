@@ -134,21 +134,30 @@ class TimestepEmbedder(hk.Module):
 
 class LabelEmbedder(hk.Module):
     """Class labels [B] int -> [B, D] from ``embedding_table`` (num_classes + 1 rows when
-    ``dropout_prob`` > 0: row ``num_classes`` is the null class classifier-free guidance uses).
+    ``null_class``, by default when ``dropout_prob`` > 0 as DiT builds it; MeanFlow keeps the row
+    with ``dropout_prob`` 0 and drops labels itself: row ``num_classes`` is the null class).
 
     Labels are replaced by the null class where ``force_drop_ids == 1``, or, when training with
     ``dropout_prob`` > 0 and no ``force_drop_ids``, where U(0, 1) < ``dropout_prob`` (a draw from
     ``hk.next_rng_key()``), as the reference's ``token_drop``.
     """
 
-    def __init__(self, num_classes: int, hidden_size: int, dropout_prob: float, name: str | None = None):
+    def __init__(
+        self,
+        num_classes: int,
+        hidden_size: int,
+        dropout_prob: float,
+        null_class: bool | None = None,
+        name: str | None = None,
+    ):
         super().__init__(name=name)
         self.num_classes, self.hidden_size, self.dropout_prob = num_classes, hidden_size, dropout_prob
+        self.null_class = dropout_prob > 0 if null_class is None else null_class
 
     def __call__(
         self, labels: jax.Array, train: bool, force_drop_ids: jax.Array | None, dtype: jnp.dtype
     ) -> jax.Array:
-        rows = self.num_classes + int(self.dropout_prob > 0)
+        rows = self.num_classes + int(self.null_class)
         with hk.experimental.name_scope("embedding_table"):
             table = hk.get_parameter("weight", [rows, self.hidden_size], dtype, normal(0.02))
         if force_drop_ids is not None:
