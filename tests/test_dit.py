@@ -240,6 +240,21 @@ def test_label_dropout_in_training_uses_the_null_class():
         assert shapes["dit/y_embedder/embedding_table"]["weight"].shape == (rows, 32)
 
 
+def test_remat_is_the_same_function():
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 4, 4, 3))
+    t, y = jnp.array([0.2, 0.7]), jnp.array([1, 4])
+    plain, remat = hk.transform(_tiny_net()), hk.transform(_tiny_net(remat="blocks"))
+    params = plain.init(jax.random.PRNGKey(1), x, t, y)
+    params = jax.tree.map(lambda a: a + 0.05 * jax.random.normal(jax.random.PRNGKey(3), a.shape), params)
+
+    def loss(net, p):
+        return jnp.sum(jnp.square(net.apply(p, None, x, t, y)))
+
+    g_plain, g_remat = jax.grad(lambda p: loss(plain, p))(params), jax.grad(lambda p: loss(remat, p))(params)
+    for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_remat), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_bad_input_is_one_line():
     x = jnp.zeros((1, 6, 6, 4))
     with pytest.raises(ConfigError, match=r"patch_size=4 does not divide the latent resolution 6x6"):
@@ -250,6 +265,8 @@ def test_bad_input_is_one_line():
         check_options(depth=2, hidden_size=32, num_heads=4, patch_size=3, input_size=32)
     with pytest.raises(ConfigError, match=r"encoder_depth=9 is beyond the network: expected 1..depth=2"):
         hk.transform(_tiny_net(encoder_depth=9)).init(jax.random.PRNGKey(0), x, jnp.zeros(1), jnp.zeros(1))
+    with pytest.raises(ConfigError, match=r"remat='all' is invalid: expected one of \('none', 'blocks'"):
+        check_options(depth=2, hidden_size=32, num_heads=4, patch_size=2, remat="all")
     with pytest.raises(ConfigError, match=r"time_inputs=\('h',\) is invalid"):
         hk.transform(_tiny_net(time_inputs=("h",))).init(jax.random.PRNGKey(0), x, jnp.zeros(1), jnp.zeros(1))
 

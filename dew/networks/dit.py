@@ -37,6 +37,8 @@ so dew counts the reference's trainable parameters: e.g. DiT-XL/2 at 32×32 late
 675,129,632 in the reference's ``parameters()``, 256·1152 of which are ``pos_embed``.
 ``dew.interop.dit_checkpoint`` converts a reference state dict. The LightningDiT options ``norm``,
 ``mlp``, ``qk_norm`` and ``rotary`` (``dit_layers``) are off by default (= the reference).
+``remat`` (``dew.networks.songunet.REMAT_POLICIES``: ``none``, ``blocks``, ``blocks_save_dots``)
+recomputes each block's activations in the backward pass: less memory, the same function.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ import numpy as np
 
 from dew import registry
 from dew.networks import dit_layers as L
+from dew.networks.songunet import REMAT_POLICIES
 from dew.schema import ConfigError
 
 SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16)}
@@ -80,6 +83,7 @@ def check_options(
     norm: str = "layernorm",
     mlp: str = "gelu_tanh",
     rotary: bool = False,
+    remat: str = "none",
 ) -> None:
     """Raise ``ConfigError`` (one line: the field, the value, what is accepted) for options the
     network cannot be built with; callable at config time, before anything is traced or written."""
@@ -113,6 +117,8 @@ def check_options(
         raise _fail("mlp", mlp, f"one of {MLPS}")
     if rotary and (hidden_size // num_heads) % 4:
         raise _fail("rotary", rotary, "False unless hidden_size / num_heads is a multiple of 4")
+    if remat not in REMAT_POLICIES:
+        raise _fail("remat", remat, f"one of {tuple(REMAT_POLICIES)}")
 
 
 class DiT(hk.Module):
@@ -139,6 +145,7 @@ class DiT(hk.Module):
         mlp: str = "gelu_tanh",
         qk_norm: bool = False,
         rotary: bool = False,
+        remat: str = "none",
         name: str | None = "dit",
     ):
         check_options(
@@ -154,6 +161,7 @@ class DiT(hk.Module):
             norm=norm,
             mlp=mlp,
             rotary=rotary,
+            remat=remat,
         )
         super().__init__(name=name)
         self.depth, self.hidden_size, self.num_heads, self.patch_size = (
@@ -167,7 +175,7 @@ class DiT(hk.Module):
         self.learn_sigma, self.sigma_output, self.input_size = learn_sigma, sigma_output, input_size
         self.time_inputs, self.encoder_depth = tuple(time_inputs), encoder_depth
         self.projector_dims, self.projector_hidden = tuple(projector_dims), projector_hidden
-        self.norm, self.mlp, self.qk_norm, self.rotary = norm, mlp, qk_norm, rotary
+        self.norm, self.mlp, self.qk_norm, self.rotary, self.remat = norm, mlp, qk_norm, rotary, remat
 
     def _grid(self, x: jax.Array) -> int:
         _, height, width, _ = x.shape
@@ -231,7 +239,11 @@ class DiT(hk.Module):
                 rotary=rotary,
                 name=f"blocks_{i}",
             )
-            tokens = block(tokens, c)
+            if self.remat == "none":
+                tokens = block(tokens, c)
+            else:
+                policy = REMAT_POLICIES[self.remat]
+                tokens = hk.remat(lambda x_, c_, b=block: b(x_, c_), policy=policy)(tokens, c)
             if i + 1 == self.encoder_depth:
                 features = tuple(
                     L.projector(tokens, self.projector_hidden, z, j)
