@@ -223,7 +223,7 @@ def test_second_time_input_is_a_summed_embedder():
 def test_label_dropout_in_training_uses_the_null_class():
     x = jnp.zeros((64, 4, 4, 3))
     t, y = jnp.zeros(64), jnp.zeros(64, jnp.int32)
-    net = hk.transform(_tiny_net(class_dropout_prob=0.5))
+    net = hk.transform(_tiny_net(class_dropout_prob=0.25))
     params = net.init(jax.random.PRNGKey(0), x, t, y)
     assert params["dit/y_embedder/embedding_table"]["weight"].shape == (6, 32)  # 5 classes + null
     params = jax.tree.map(lambda a: a + 0.05 * jax.random.normal(jax.random.PRNGKey(3), a.shape), params)
@@ -232,7 +232,8 @@ def test_label_dropout_in_training_uses_the_null_class():
     null = net.apply(params, None, x, t, y, force_drop_ids=jnp.ones(64, jnp.int32))
     is_null = np.all(np.isclose(train, null, atol=1e-6), axis=(1, 2, 3))
     is_cond = np.all(np.isclose(train, cond, atol=1e-6), axis=(1, 2, 3))
-    assert np.all(is_null ^ is_cond) and 10 < is_null.sum() < 54  # p = 0.5 of 64 rows
+    # Binomial(64, 0.25): mean 16, sd 3.5; 4..28 is ±3.4 sd.
+    assert np.all(is_null ^ is_cond) and 4 <= is_null.sum() <= 28
     # MeanFlow drops labels itself (class_dropout_prob=0) and keeps the null row.
     for null_class, rows in ((None, 5), (True, 6)):
         kept = hk.transform(_tiny_net(class_dropout_prob=0.0, null_class=null_class))
