@@ -29,6 +29,8 @@ from dew.schema import ConfigError
 
 Params = dict[str, dict[str, np.ndarray]]
 WHICH = ("ema", "model")
+ROTARY_BUFFERS = ("feat_rope.", "module.feat_rope.")
+"""LightningDiT's rotary tables (buffers; dew computes them from the grid: ``dit_layers.rotary_tables``)."""
 
 
 class CheckpointError(ValueError):
@@ -100,7 +102,7 @@ def convert_state_dict(state: Mapping[str, np.ndarray], top: str = "dit") -> Par
     """Reference keys -> dew's parameter tree (layouts only; ``convert`` also checks shapes)."""
     params: Params = {}
     for key, value in state.items():
-        if key in ("pos_embed", "module.pos_embed"):
+        if key in ("pos_embed", "module.pos_embed") or key.startswith(ROTARY_BUFFERS):
             continue
         module, name = module_path(top, key)
         value = np.asarray(value, np.float32)

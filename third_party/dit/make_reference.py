@@ -14,12 +14,16 @@ label table N(0, 1), norm weights 1 + N(0, 0.1²), each rounded to float16 (exac
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
+
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # LightningDiT's @torch.compile runs eagerly
 import torch
 
 TINY = dict(input_size=8, patch_size=2, in_channels=4, hidden_size=64, depth=2, num_heads=4, num_classes=10)
@@ -45,7 +49,7 @@ def randomise(model: torch.nn.Module, seed: int) -> None:
                 v = torch.randn(p.shape, generator=g)
             elif p.ndim >= 2:
                 v = torch.randn(p.shape, generator=g) / np.sqrt(np.prod(p.shape[1:]))
-            elif key.endswith("norm.weight"):
+            elif key.endswith("weight"):  # 1-D: a norm's scale
                 v = 1 + 0.1 * torch.randn(p.shape, generator=g)
             else:
                 v = 0.1 * torch.randn(p.shape, generator=g)
@@ -130,6 +134,30 @@ def make_repa(models, qk_norm: bool, seed: int, out: Path, stem: str) -> None:
     np.savez(out / f"{stem}.npz", **result)
 
 
+def make_lightningdit(root: Path, seed: int, out: Path) -> None:
+    """LightningDiT (hustvl/LightningDiT ``models/lightningdit.py``) with every option dew offers
+    on: RMSNorm, QK-norm, SwiGLU, rotary positions."""
+    sys.path.insert(0, str(root))
+    models = importlib.import_module("models.lightningdit")
+    torch.manual_seed(seed)
+    config = dict(
+        TINY, class_dropout_prob=0.1, learn_sigma=False, use_qknorm=True, use_swiglu=True,
+        use_rope=True, use_rmsnorm=True,
+    )  # fmt: skip
+    model = models.LightningDiT(**config).eval()
+    randomise(model, seed)
+    data = inputs(seed, continuous_t=True)
+    result = dict(data, out=run(model, data["x"], data["t"], data["y"]).numpy())
+    result["config_json"] = np.array(json.dumps(config))
+    result["num_parameters"] = np.int64(sum(p.numel() for p in model.parameters()))
+    result.update({f"param/{k}": v for k, v in state_arrays(model).items()})
+    np.savez(out / f"{stem_of('lightningdit')}.npz", **result)
+
+
+def stem_of(name: str) -> str:
+    return f"{name}_tiny"
+
+
 def counts(dit, sit, repa) -> dict:
     """Parameter counts of every published size at 256x256 (32x32 latents), from the references."""
     table: dict[str, dict[str, int]] = {}
@@ -164,6 +192,7 @@ def main() -> None:
     parser.add_argument("--dit", type=Path, required=True)
     parser.add_argument("--sit", type=Path, required=True)
     parser.add_argument("--repa", type=Path, required=True)
+    parser.add_argument("--lightningdit", type=Path, help="hustvl/LightningDiT checkout (optional)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent)
     args = parser.parse_args()
     torch.set_num_threads(2)
@@ -173,6 +202,8 @@ def main() -> None:
     state = make_dit_like(dit, "DiT", 0, False, args.out, "dit_tiny", with_params=False)
     make_dit_like(sit, "SiT", 1, True, args.out, "sit_tiny", with_params=True)
     make_repa(repa, False, 2, args.out, "repa_tiny")
+    if args.lightningdit:
+        make_lightningdit(args.lightningdit, 4, args.out)
 
     # The tiny DiT's weights as the reference's train.py saves a checkpoint ({"model", "ema", ...})
     # and as a plain state dict (the published DiT-XL-2-256x256.pt layout), .pt and .npz.
