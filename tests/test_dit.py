@@ -149,18 +149,25 @@ def test_repa_projector_features_match_reference():
 
 
 @pytest.mark.default_compiler
-def test_lightningdit_options_match_reference():
-    """RMSNorm, QK-norm (RMSNorm per head), SwiGLU and 2-D rotary positions all on, against
-    hustvl/LightningDiT's own ``LightningDiT``; its rotary tables against dew's."""
-    ref = golden("lightningdit_tiny")
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("lightningdit_tiny", dict(norm="rmsnorm", mlp="swiglu", qk_norm=True, rotary=True)),
+        ("lightningdit_tiny_layernorm_qk", dict(qk_norm=True, rotary=True)),
+    ],
+)
+def test_lightningdit_options_match_reference(name, options):
+    """RMSNorm, QK-norm (RMSNorm per head; timm's affine LayerNorm without RMSNorm), SwiGLU and
+    2-D rotary positions, against hustvl/LightningDiT's own ``LightningDiT``; its rotary tables
+    against dew's."""
+    ref = golden(name)
     config = json.loads(str(ref["config_json"]))
     state = {k[len("param/") :]: v for k, v in ref.items() if k.startswith("param/")}
     cos, sin = dit_layers.rotary_tables(config["hidden_size"] // config["num_heads"], 4)
     np.testing.assert_allclose(cos, state["feat_rope.freqs_cos"], atol=4 * U, rtol=0)
     np.testing.assert_allclose(sin, state["feat_rope.freqs_sin"], atol=4 * U, rtol=0)
-    options = tiny(config, norm="rmsnorm", mlp="swiglu", qk_norm=True, rotary=True)
     params = reference_params(state)
-    out = apply("dit", options, params, nhwc(ref["x"]), ref["t"], ref["y"].astype(np.int32))
+    out = apply("dit", tiny(config, **options), params, nhwc(ref["x"]), ref["t"], ref["y"].astype(np.int32))
     np.testing.assert_allclose(out, nhwc(ref["out"]), atol=bound(ref["out"]), rtol=0)
 
 

@@ -134,28 +134,23 @@ def make_repa(models, qk_norm: bool, seed: int, out: Path, stem: str) -> None:
     np.savez(out / f"{stem}.npz", **result)
 
 
-def make_lightningdit(root: Path, seed: int, out: Path) -> None:
-    """LightningDiT (hustvl/LightningDiT ``models/lightningdit.py``) with every option dew offers
-    on: RMSNorm, QK-norm, SwiGLU, rotary positions."""
-    sys.path.insert(0, str(root))
+def make_lightningdit(root: Path, seed: int, out: Path, stem: str, **options) -> None:
+    """LightningDiT (hustvl/LightningDiT ``models/lightningdit.py``) with the options dew offers;
+    weights stored as float16 (exact: ``randomise`` rounds them), its rotary buffers as float32."""
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
     models = importlib.import_module("models.lightningdit")
     torch.manual_seed(seed)
-    config = dict(
-        TINY, class_dropout_prob=0.1, learn_sigma=False, use_qknorm=True, use_swiglu=True,
-        use_rope=True, use_rmsnorm=True,
-    )  # fmt: skip
+    config = dict(TINY, class_dropout_prob=0.1, learn_sigma=False, **options)
     model = models.LightningDiT(**config).eval()
     randomise(model, seed)
     data = inputs(seed, continuous_t=True)
     result = dict(data, out=run(model, data["x"], data["t"], data["y"]).numpy())
     result["config_json"] = np.array(json.dumps(config))
     result["num_parameters"] = np.int64(sum(p.numel() for p in model.parameters()))
-    result.update({f"param/{k}": v for k, v in state_arrays(model).items()})
-    np.savez(out / f"{stem_of('lightningdit')}.npz", **result)
-
-
-def stem_of(name: str) -> str:
-    return f"{name}_tiny"
+    for k, v in state_arrays(model).items():
+        result[f"param/{k}"] = v if k.startswith("feat_rope.") or k == "pos_embed" else v.astype(np.float16)
+    np.savez(out / f"{stem}.npz", **result)
 
 
 def counts(dit, sit, repa) -> dict:
@@ -203,7 +198,10 @@ def main() -> None:
     make_dit_like(sit, "SiT", 1, True, args.out, "sit_tiny", with_params=True)
     make_repa(repa, False, 2, args.out, "repa_tiny")
     if args.lightningdit:
-        make_lightningdit(args.lightningdit, 4, args.out)
+        every = dict(use_qknorm=True, use_swiglu=True, use_rope=True, use_rmsnorm=True)
+        make_lightningdit(args.lightningdit, 4, args.out, "lightningdit_tiny", **every)
+        layernorm_qk = dict(use_qknorm=True, use_swiglu=False, use_rope=True, use_rmsnorm=False)
+        make_lightningdit(args.lightningdit, 5, args.out, "lightningdit_tiny_layernorm_qk", **layernorm_qk)
 
     # The tiny DiT's weights as the reference's train.py saves a checkpoint ({"model", "ema", ...})
     # and as a plain state dict (the published DiT-XL-2-256x256.pt layout), .pt and .npz.
