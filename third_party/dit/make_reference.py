@@ -60,6 +60,13 @@ def state_arrays(model: torch.nn.Module) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
 
 
+def half(key: str, value: np.ndarray) -> np.ndarray:
+    """A redrawn weight as float16 (exact); the fixed buffers (pos_embed, rotary tables) as they are."""
+    fixed = key == "pos_embed" or key.startswith("feat_rope.")
+    assert fixed or np.array_equal(value.astype(np.float16).astype(value.dtype), value), key
+    return value if fixed else value.astype(np.float16)
+
+
 def inputs(seed: int, continuous_t: bool) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((BATCH, TINY["in_channels"], 8, 8)).astype(np.float32)
@@ -105,8 +112,8 @@ def make_dit_like(
     result.update(cfg_case(model, data, 4.0))
     result["config_json"] = np.array(json.dumps({**TINY, "class_dropout_prob": 0.1, "learn_sigma": True}))
     result["num_parameters"] = np.int64(sum(p.numel() for p in model.parameters()))
-    if with_params:
-        result.update({f"param/{k}": v for k, v in state_arrays(model).items()})
+    if with_params:  # float16: exact (randomise rounds them); pos_embed float32
+        result.update({f"param/{k}": half(k, v) for k, v in state_arrays(model).items()})
     np.savez(out / f"{stem}.npz", **result)
     return state_arrays(model)
 
@@ -130,7 +137,7 @@ def make_repa(models, qk_norm: bool, seed: int, out: Path, stem: str) -> None:
     result = dict(data, out=x.numpy(), z0=zs[0].numpy(), z1=zs[1].numpy())
     result["config_json"] = np.array(json.dumps(config))
     result["num_parameters"] = np.int64(sum(p.numel() for p in model.parameters()))
-    result.update({f"param/{k}": v for k, v in state_arrays(model).items()})
+    result.update({f"param/{k}": half(k, v) for k, v in state_arrays(model).items()})
     np.savez(out / f"{stem}.npz", **result)
 
 
@@ -148,8 +155,7 @@ def make_lightningdit(root: Path, seed: int, out: Path, stem: str, **options) ->
     result = dict(data, out=run(model, data["x"], data["t"], data["y"]).numpy())
     result["config_json"] = np.array(json.dumps(config))
     result["num_parameters"] = np.int64(sum(p.numel() for p in model.parameters()))
-    for k, v in state_arrays(model).items():
-        result[f"param/{k}"] = v if k.startswith("feat_rope.") or k == "pos_embed" else v.astype(np.float16)
+    result.update({f"param/{k}": half(k, v) for k, v in state_arrays(model).items()})
     np.savez(out / f"{stem}.npz", **result)
 
 
