@@ -66,6 +66,7 @@ _REGISTERING_MODULES = (
     "dew.networks.mlp",
     "dew.networks.byte_transformer",
     "dew.networks.video_unet",
+    "dew.networks.dit",
     "dew.networks.edm2_unet",
     "dew.networks.edm2_precond",
     "dew.encoding.class_label",

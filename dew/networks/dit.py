@@ -1,0 +1,302 @@
+"""DiT and SiT: the class-conditional latent transformers of Peebles & Xie 2023 and Ma et al. 2024,
+exactly as facebookresearch/DiT ``models.py`` and willisma/SiT ``models.py`` build them, in haiku and
+channels-last. Registered in ``dew.models`` under the references' names — ``DiT-S/2`` … ``DiT-XL/8``
+and ``SiT-S/2`` … ``SiT-XL/8`` (S, B, L, XL × patch 2, 4, 8) — and as ``dit`` / ``sit`` whose
+size comes from the config fields ``depth``, ``hidden_size``, ``num_heads``, ``patch_size``.
+
+The call (inside ``hk.transform``; ``net = dew.models["SiT-XL/2"](**options)``)::
+
+    out = net(x, t, y, *, h=None, is_training=False, force_drop_ids=None, return_features=False)
+
+- ``x`` [B, H, W, C] (channels-last latents; H = W, a multiple of ``patch_size``);
+- ``t`` [B] (or a scalar): DiT's integer diffusion step 0…999 or SiT's continuous t in [0, 1],
+  embedded the same way (sinusoidal, 256 frequencies, then an MLP);
+- ``y`` [B] int class labels; ``num_classes`` is the null class classifier-free guidance uses
+  (the label table has that row when ``null_class``, by default when ``class_dropout_prob`` > 0
+  as in DiT; MeanFlow builds ``class_dropout_prob=0.0`` and keeps it: ``null_class=True``);
+- ``h`` [B]: the second time input of MeanFlow (Gsunshine/meanflow ``models_dit.py``: h = t − r
+  through its own ``h_embedder``, c = t_emb + h_emb + y_emb); only with ``time_inputs=("t", "h")``;
+- ``is_training``: label dropout (``class_dropout_prob``) draws ``hk.next_rng_key()``;
+  ``force_drop_ids`` [B] (1 = null class) replaces the draw, as the reference's;
+- returns [B, H, W, C_out], C_out = 2C with ``learn_sigma`` (DiT: ε then the variance
+  interpolation v) else C; SiT builds ``learn_sigma=True`` but returns the first C channels only
+  (``sigma_output=False``: the published SiT checkpoints hold the 2C-channel final layer);
+- ``return_features=True`` returns ``(out, features)`` for REPA (sihyun-yu/REPA ``models/sit.py``):
+  ``features`` is the tuple of projector outputs [B, T, z_dim] (one per ``projector_dims`` entry,
+  each REPA's ``build_mlp`` with ``projector_hidden`` units) on the tokens after block
+  ``encoder_depth``; with no projectors, the tuple holds those tokens [B, T, hidden_size].
+
+``net.forward_with_cfg(x, t, y, cfg_scale, h=None, cfg_channels=3)`` is the reference's guided
+forward: the first half of the batch is run twice (labels ``y`` hold the conditional then the null
+labels) and guidance uncond + s·(cond − uncond) acts on the first ``cfg_channels`` channels only
+("for exact reproducibility", as DiT and SiT do); the other channels pass through.
+
+Parameters carry the reference's names and counts (``dew.networks.dit_layers``); the fixed
+sin-cos ``pos_embed`` (``requires_grad=False`` in the reference) is a constant, not a parameter,
+so dew counts the reference's trainable parameters: e.g. DiT-XL/2 at 32×32 latents has
+675,129,632 in the reference's ``parameters()``, 256·1152 of which are ``pos_embed``.
+``dew.interop.dit_checkpoint`` converts a reference state dict. The LightningDiT options ``norm``,
+``mlp``, ``qk_norm`` and ``rotary`` (``dit_layers``) are off by default (= the reference).
+``remat`` (``dew.networks.songunet.REMAT_POLICIES``: ``none``, ``blocks``, ``blocks_save_dots``)
+recomputes each block's activations in the backward pass: less memory, the same function.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dew import registry
+from dew.networks import dit_layers as L
+from dew.networks.songunet import REMAT_POLICIES
+from dew.schema import ConfigError
+
+SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16)}
+"""size -> (depth, hidden_size, num_heads), the references' ``DiT_models`` / ``SiT_models``."""
+
+PATCH_SIZES = (2, 4, 8)
+TIME_INPUTS = (("t",), ("t", "h"))
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu_tanh", "swiglu")
+
+
+def _fail(field: str, value: object, accepted: str) -> ConfigError:
+    return ConfigError(f"DiT: {field}={value!r} is invalid: expected {accepted}")
+
+
+def check_options(
+    *,
+    depth: int,
+    hidden_size: int,
+    num_heads: int,
+    patch_size: int,
+    class_dropout_prob: float = 0.1,
+    input_size: int | None = None,
+    time_inputs: Sequence[str] = ("t",),
+    encoder_depth: int | None = None,
+    projector_dims: Sequence[int] = (),
+    norm: str = "layernorm",
+    mlp: str = "gelu_tanh",
+    rotary: bool = False,
+    remat: str = "none",
+) -> None:
+    """Raise ``ConfigError`` (one line: the field, the value, what is accepted) for options the
+    network cannot be built with; callable at config time, before anything is traced or written."""
+    for field, value in (("depth", depth), ("hidden_size", hidden_size), ("num_heads", num_heads)):
+        if not isinstance(value, int) or value < 1:
+            raise _fail(field, value, "a positive int")
+    if not isinstance(patch_size, int) or patch_size < 1:
+        raise _fail("patch_size", patch_size, "a positive int")
+    if hidden_size % num_heads:
+        raise _fail("num_heads", num_heads, f"a divisor of hidden_size={hidden_size}")
+    if hidden_size % 4:
+        raise _fail("hidden_size", hidden_size, "a multiple of 4 (the 2-D sin-cos position embedding)")
+    if input_size is not None and (input_size < 1 or input_size % patch_size):
+        raise ConfigError(
+            f"DiT: patch_size={patch_size} does not divide input_size={input_size}: "
+            "expected a patch size that divides the latent resolution"
+        )
+    if tuple(time_inputs) not in TIME_INPUTS:
+        raise _fail("time_inputs", tuple(time_inputs), " or ".join(map(str, TIME_INPUTS)))
+    if encoder_depth is not None and not 1 <= encoder_depth <= depth:
+        raise ConfigError(
+            f"DiT: encoder_depth={encoder_depth} is beyond the network: expected 1..depth={depth}"
+        )
+    if projector_dims and encoder_depth is None:
+        raise _fail("encoder_depth", None, "a block index 1..depth when projector_dims is set")
+    if not 0.0 <= class_dropout_prob < 1.0:
+        raise _fail("class_dropout_prob", class_dropout_prob, "a probability in [0, 1)")
+    if norm not in NORMS:
+        raise _fail("norm", norm, f"one of {NORMS}")
+    if mlp not in MLPS:
+        raise _fail("mlp", mlp, f"one of {MLPS}")
+    if rotary and (hidden_size // num_heads) % 4:
+        raise _fail("rotary", rotary, "False unless hidden_size / num_heads is a multiple of 4")
+    if remat not in REMAT_POLICIES:
+        raise _fail("remat", remat, f"one of {tuple(REMAT_POLICIES)}")
+
+
+class DiT(hk.Module):
+    """The DiT / SiT transformer; the module docstring states the call."""
+
+    def __init__(
+        self,
+        depth: int = 28,
+        hidden_size: int = 1152,
+        num_heads: int = 16,
+        patch_size: int = 2,
+        mlp_ratio: float = 4.0,
+        class_dropout_prob: float = 0.1,
+        num_classes: int = 1000,
+        null_class: bool | None = None,
+        learn_sigma: bool = True,
+        sigma_output: bool = True,
+        input_size: int | None = None,
+        time_inputs: Sequence[str] = ("t",),
+        encoder_depth: int | None = None,
+        projector_dims: Sequence[int] = (),
+        projector_hidden: int = 2048,
+        norm: str = "layernorm",
+        mlp: str = "gelu_tanh",
+        qk_norm: bool = False,
+        rotary: bool = False,
+        remat: str = "none",
+        name: str | None = "dit",
+    ):
+        check_options(
+            depth=depth,
+            hidden_size=hidden_size,
+            num_heads=num_heads,
+            patch_size=patch_size,
+            class_dropout_prob=class_dropout_prob,
+            input_size=input_size,
+            time_inputs=time_inputs,
+            encoder_depth=encoder_depth,
+            projector_dims=projector_dims,
+            norm=norm,
+            mlp=mlp,
+            rotary=rotary,
+            remat=remat,
+        )
+        super().__init__(name=name)
+        self.depth, self.hidden_size, self.num_heads, self.patch_size = (
+            depth,
+            hidden_size,
+            num_heads,
+            patch_size,
+        )
+        self.mlp_ratio, self.class_dropout_prob, self.num_classes = mlp_ratio, class_dropout_prob, num_classes
+        self.null_class = null_class
+        self.learn_sigma, self.sigma_output, self.input_size = learn_sigma, sigma_output, input_size
+        self.time_inputs, self.encoder_depth = tuple(time_inputs), encoder_depth
+        self.projector_dims, self.projector_hidden = tuple(projector_dims), projector_hidden
+        self.norm, self.mlp, self.qk_norm, self.rotary, self.remat = norm, mlp, qk_norm, rotary, remat
+
+    def _grid(self, x: jax.Array) -> int:
+        _, height, width, _ = x.shape
+        if self.input_size is not None and (height, width) != (self.input_size, self.input_size):
+            raise ConfigError(
+                f"DiT: input {height}x{width} does not match input_size={self.input_size}: "
+                "expected square latents of that size"
+            )
+        if height != width or height % self.patch_size:
+            raise ConfigError(
+                f"DiT: patch_size={self.patch_size} does not divide the latent resolution "
+                f"{height}x{width}: expected square latents whose side is a multiple of the patch size"
+            )
+        return height // self.patch_size
+
+    def __call__(
+        self,
+        x: jax.Array,
+        t: jax.Array,
+        y: jax.Array,
+        *,
+        h: jax.Array | None = None,
+        is_training: bool = False,
+        force_drop_ids: jax.Array | None = None,
+        return_features: bool = False,
+    ) -> jax.Array | tuple[jax.Array, tuple[jax.Array, ...]]:
+        grid = self._grid(x)
+        batch, _, _, in_channels = x.shape
+        if ("h" in self.time_inputs) != (h is not None):
+            raise ValueError(
+                f"DiT: h={'None' if h is None else 'given'} with time_inputs={self.time_inputs}: "
+                "pass h exactly when the network is built with time_inputs=('t', 'h')"
+            )
+        if return_features and self.encoder_depth is None:
+            raise ValueError(
+                "DiT: return_features=True needs encoder_depth (the block whose tokens it returns)"
+            )
+        dtype = x.dtype
+        pos_embed = L.get_2d_sincos_pos_embed(self.hidden_size, grid).astype(np.float32)
+        tokens = L.PatchEmbed(self.patch_size, self.hidden_size, name="x_embedder")(x)
+        tokens = tokens + jnp.asarray(pos_embed, dtype)[None]
+        t = jnp.broadcast_to(jnp.asarray(t).reshape(-1), (batch,))
+        c = L.TimestepEmbedder(self.hidden_size, name="t_embedder")(t, dtype)
+        if h is not None:
+            h = jnp.broadcast_to(jnp.asarray(h).reshape(-1), (batch,))
+            c = c + L.TimestepEmbedder(self.hidden_size, name="h_embedder")(h, dtype)
+        embedder = L.LabelEmbedder(
+            self.num_classes, self.hidden_size, self.class_dropout_prob, self.null_class, name="y_embedder"
+        )
+        c = c + embedder(jnp.asarray(y, jnp.int32), is_training, force_drop_ids, dtype)
+
+        rotary = L.rotary_tables(self.hidden_size // self.num_heads, grid) if self.rotary else None
+        features: tuple[jax.Array, ...] = ()
+        for i in range(self.depth):
+            block = L.DiTBlock(
+                self.num_heads,
+                self.mlp_ratio,
+                norm=self.norm,
+                mlp=self.mlp,
+                qk_norm=self.qk_norm,
+                rotary=rotary,
+                name=f"blocks_{i}",
+            )
+            if self.remat == "none":
+                tokens = block(tokens, c)
+            else:
+                policy = REMAT_POLICIES[self.remat]
+                tokens = hk.remat(lambda x_, c_, b=block: b(x_, c_), policy=policy)(tokens, c)
+            if i + 1 == self.encoder_depth:
+                features = tuple(
+                    L.projector(tokens, self.projector_hidden, z, j)
+                    for j, z in enumerate(self.projector_dims)
+                ) or (tokens,)
+
+        out_channels = 2 * in_channels if self.learn_sigma else in_channels
+        p = self.patch_size
+        out = L.FinalLayer(p * p * out_channels, norm=self.norm, name="final_layer")(tokens, c)
+        out = unpatchify(out, grid, p, out_channels)
+        if self.learn_sigma and not self.sigma_output:
+            out = out[..., :in_channels]
+        return (out, features) if return_features else out
+
+    def forward_with_cfg(
+        self,
+        x: jax.Array,
+        t: jax.Array,
+        y: jax.Array,
+        cfg_scale: float | jax.Array,
+        *,
+        h: jax.Array | None = None,
+        cfg_channels: int = 3,
+    ) -> jax.Array:
+        """The reference's ``forward_with_cfg``; ``y`` = [labels; null labels] over a batch of 2B."""
+        half = x[: x.shape[0] // 2]
+        out = self(jnp.concatenate([half, half], axis=0), t, y, h=h)
+        eps, rest = out[..., :cfg_channels], out[..., cfg_channels:]
+        cond, uncond = jnp.split(eps, 2, axis=0)
+        half_eps = uncond + cfg_scale * (cond - uncond)
+        return jnp.concatenate([jnp.concatenate([half_eps, half_eps], axis=0), rest], axis=-1)
+
+
+def unpatchify(x: jax.Array, grid: int, p: int, channels: int) -> jax.Array:
+    """[B, grid², p·p·C] -> [B, grid·p, grid·p, C]: token (i, j)'s (a, b, c) entry is pixel
+    (i·p + a, j·p + b), channel c (the reference's ``einsum('nhwpqc->nchpwq')``, channels-last)."""
+    b = x.shape[0]
+    x = x.reshape(b, grid, grid, p, p, channels).transpose(0, 1, 3, 2, 4, 5)
+    return x.reshape(b, grid * p, grid * p, channels)
+
+
+def _sized(size: str, patch: int, **extra) -> functools.partial:
+    depth, hidden, heads = SIZES[size]
+    return functools.partial(DiT, depth=depth, hidden_size=hidden, num_heads=heads, patch_size=patch, **extra)
+
+
+SIT = {"sigma_output": False}
+"""What SiT changes: the same network (``learn_sigma=True`` built, as SiT's ``train.py``), its
+forward returning the first C channels; t is continuous in [0, 1] (the caller's business)."""
+
+registry.models.register("dit", DiT)
+registry.models.register("sit", functools.partial(DiT, **SIT))
+for _size in SIZES:
+    for _patch in PATCH_SIZES:
+        registry.models.register(f"DiT-{_size}/{_patch}", _sized(_size, _patch))
+        registry.models.register(f"SiT-{_size}/{_patch}", _sized(_size, _patch, **SIT))
