@@ -1,5 +1,9 @@
 """Denoising score matching in the EDM frame (Karras et al. 2022, Eq. 2, 7, 8 and Table 1), for
-any ``Process`` preset, with class-label or text conditions and condition dropout for CFG."""
+any ``Process`` preset, with class-label or text conditions and condition dropout for CFG.
+
+``Diffusion`` is built whole by its constructor (``from_config`` computes the arguments:
+``diffusion_config.arguments``); its sampling, previews and scoring call the pure functions of
+``diffusion_sampling``, ``diffusion_preview`` and ``diffusion_scoring`` with its own values."""
 
 from __future__ import annotations
 
