@@ -127,9 +127,9 @@ def _tiny_objective():
         channels_per_head=8,
         logvar_channels=8,
     )
-    objective = EDM2(InputSpec(Field("image", (8, 8, 1)), {}), registry.presets["EDM"], model, {})
-    objective.P_mean, objective.P_std = -0.4, 1.0
-    return objective
+    return EDM2(
+        InputSpec(Field("image", (8, 8, 1)), {}), registry.presets["EDM"], model, {}, P_mean=-0.4, P_std=1.0
+    )
 
 
 def test_edm2_loss_is_the_reference_formula():

@@ -39,6 +39,7 @@ from dew.artifacts import ImageGrid
 from dew.inputs import Field, InputSpec
 from dew.networks import sd_vae
 from dew.objectives.latent_space import vae_config
+from dew.objectives.whole import BuiltWhole
 from dew.schema import ConfigError, Key, Section, at_least
 from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
 
@@ -69,7 +70,7 @@ def init_params(rng: jax.Array, config: sd_vae.VAEConfig) -> Params:
     return params
 
 
-class Autoencoder(Objective):
+class Autoencoder(Objective, metaclass=BuiltWhole):
     """Trains ``sd_vae``'s encoder and decoder at ``vae`` on the ``image`` field (module docstring)."""
 
     def __init__(

@@ -25,6 +25,7 @@ import numpy as np
 from dew import registry
 from dew.artifacts import Representations
 from dew.inputs import Field, InputSpec
+from dew.objectives.whole import BuiltWhole
 from dew.schema import ConfigError, Key, Section, at_least
 from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
 
@@ -72,7 +73,7 @@ def nt_xent(z: jax.Array, temperature: float) -> tuple[jax.Array, jax.Array]:
     return loss, jnp.mean(jnp.argmax(logits, axis=-1) == positive)
 
 
-class Contrastive(Objective):
+class Contrastive(Objective, metaclass=BuiltWhole):
     """Self-supervised encoder on the ``image`` field (labels are never used in training)."""
 
     def __init__(

@@ -1,14 +1,22 @@
 """The ``diffusion`` objective's config section (``config.objective`` when its name is
-"diffusion") and its sampling settings, also checked when given at inference time."""
+"diffusion"), its sampling settings (also checked when given at inference time), and the
+constructor arguments a resolved config gives (``arguments``: all ``from_config`` computes)."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+from typing import Any
+
+import numpy as np
 
 from dew import registry
 from dew.augment.settings import CONFIG as AUGMENT
+from dew.encoding.class_label import UNCONDITIONAL
+from dew.inputs import Condition, Field, InputSpec
+from dew.objectives import diffusion_augment, latent_space, scatter
 from dew.objectives.latent_space import CONFIG as LATENT
-from dew.schema import Key, Section, at_least
+from dew.schema import ConfigError, Key, Section, at_least
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,3 +94,71 @@ CONFIG = Section(
         ),
     },
 )
+
+
+def arguments(config: Any, source: Any) -> dict[str, Any]:
+    """The ``Diffusion`` constructor's arguments for ``config.objective``/``config.model`` and a
+    dataset ``source`` (the training split's): ``Diffusion(**arguments(config, source))`` is
+    what ``from_config`` builds. The latent space's VAE, when configured, is loaded here.
+
+    ``config.objective.condition`` picks the conditioning: ``text`` (the source's ``text`` field
+    through the jointly trained ``byte_text`` encoder), ``class_label`` (its ``label`` field), or
+    ``none``; ``auto`` takes text when the source has a ``text`` field, else class labels when it
+    has ``num_classes``. Either is passed to the model under its ``label`` keyword; a
+    text-conditioned model's previews draw each class's prompt (the source's ``class_prompts``,
+    else the class numbers). ``config.objective.sampling`` sets how previews sample; point
+    samples ([N, D]) are shown over the extent of the data's first 4096 points."""
+    o = config.objective
+    if config.model.name is None:
+        raise ConfigError(
+            f"config.model.name=None is invalid: the diffusion objective needs a network, one of "
+            f"{registry.models.names()}"
+        )
+    column = source.fields[source.sample_field]
+    latent = latent_space.from_config(o.get("latent"))
+    shape = tuple(column.shape[1:])
+    sample_field = Field(source.sample_field, shape if latent is None else latent.sample_shape(shape))
+    if latent is not None and o.augment.p > 0:
+        raise ConfigError(
+            f"config.objective.augment.p={o.augment.p} is invalid with config.objective.latent: "
+            "EDM's AugmentPipe acts on pixels; expected 0"
+        )
+    choice = o.condition
+    if choice == "auto":
+        choice = "text" if "text" in source.fields else ("class_label" if source.num_classes else "none")
+    if choice == "class_label" and not source.num_classes:
+        raise ConfigError(f"config.objective.condition='class_label': {source.name} has no classes")
+    if choice == "text" and "text" not in source.fields:
+        raise ConfigError(f"config.objective.condition='text': {source.name} has no 'text' field")
+    conditions: dict[str, Condition] = {}
+    encoders: dict[str, Any] = {}
+    if choice == "class_label":
+        conditions["label"] = Condition("class_label", Field("label", (), "int32"), UNCONDITIONAL)
+        encoders["label"] = functools.partial(registry.encoders["class_label"], source.num_classes)
+    elif choice == "text":
+        length = int(source.fields["text"].shape[1])
+        conditions["label"] = Condition("byte_text", Field("text", (length,), "int32"), "")
+        encoders["label"] = functools.partial(registry.encoders["byte_text"], max_length=length)
+    augment, augment_labels = diffusion_augment.from_config(config, sample_field.shape)
+    model_cfg = {k: v for k, v in config.model.items() if k != "name"}
+    class_prompts = None
+    if choice == "text":
+        class_prompts = source.class_prompts or tuple(str(c) for c in range(source.num_classes or 0))
+    extent = None
+    if len(sample_field.shape) == 1:  # points: previews are scatter plots over the data's extent
+        extent = scatter.extent_of(np.asarray(column[: min(len(column), 4096)]))
+    return {
+        "input_spec": InputSpec(sample_field, conditions),
+        "process": registry.presets[o.preset],
+        "model": functools.partial(registry.models[config.model.name], **model_cfg),
+        "encoders": encoders,
+        "condition_dropout": o.condition_dropout,
+        "sampling": Sampling(**o.sampling.to_dict()),
+        "augment": augment,
+        "augment_labels": augment_labels,
+        "compute_dtype": config.precision.compute if "precision" in config else "float32",
+        "num_classes": source.num_classes if conditions else None,
+        "class_prompts": class_prompts,
+        "latent": latent,
+        "extent": extent,
+    }

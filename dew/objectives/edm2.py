@@ -25,9 +25,12 @@ import jax
 import jax.numpy as jnp
 
 from dew import registry
+from dew.diffusion.process import Process
+from dew.inputs import InputSpec
 from dew.networks.edm2_layers import project_weights
 from dew.objectives.diffusion import Diffusion, ModuleFactory
 from dew.objectives.diffusion_config import CONFIG as DIFFUSION_CONFIG
+from dew.objectives.diffusion_config import arguments
 from dew.schema import ConfigError, Key, Section
 from dew.training.objective import Aux, Batch, Params, Stats, Step
 
@@ -58,11 +61,27 @@ def _is_network_module(module: str) -> bool:
 
 
 class EDM2(Diffusion):
-    """The ``diffusion`` objective with EDM2's network interface, loss and weight projection."""
+    """The ``diffusion`` objective with EDM2's network interface, loss and weight projection:
+    ln σ ~ N(``P_mean``, ``P_std``²) in training and the loss weight's ``sigma_data`` (EDM2Loss's
+    arguments); every other argument is the ``diffusion`` objective's."""
 
-    P_mean: float = -0.4
-    P_std: float = 1.0
-    sigma_data: float = 0.5
+    def __init__(
+        self,
+        input_spec: InputSpec,
+        process: Process,
+        model: ModuleFactory,
+        encoders: Mapping[str, ModuleFactory],
+        condition_dropout: float = 0.0,
+        *,
+        P_mean: float = -0.4,
+        P_std: float = 1.0,
+        sigma_data: float = 0.5,
+        **options: Any,
+    ):
+        if not (P_std > 0 and sigma_data > 0):
+            raise ValueError(f"EDM2: P_std={P_std} and sigma_data={sigma_data} must both be > 0")
+        self.P_mean, self.P_std, self.sigma_data = float(P_mean), float(P_std), float(sigma_data)
+        super().__init__(input_spec, process, model, encoders, condition_dropout, **options)
 
     def _accept(self, augment: Any, augment_labels: bool, compute_dtype: str) -> tuple[None, bool, str]:
         """No augmentation, no augmentation labels, float32: EDM2 trains without EDM's
@@ -149,13 +168,7 @@ class EDM2(Diffusion):
                 f"config.objective.sigma_data={o.sigma_data} differs from config.model.sigma_data="
                 f"{m.sigma_data}; expected them equal (the loss weight and the preconditioning share it)"
             )
-        objective = super().from_config(config, source)
-        objective.P_mean, objective.P_std, objective.sigma_data = (
-            float(o.P_mean),
-            float(o.P_std),
-            float(o.sigma_data),
-        )
-        return objective
+        return cls(**arguments(config, source), P_mean=o.P_mean, P_std=o.P_std, sigma_data=o.sigma_data)
 
 
 registry.objectives.register("edm2", EDM2)

@@ -22,6 +22,7 @@ import numpy as np
 from dew import registry
 from dew.artifacts import TextSamples, TokenScores
 from dew.inputs import Field, InputSpec
+from dew.objectives.whole import BuiltWhole
 from dew.schema import ConfigError, Key, Section, at_least
 from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
 
@@ -42,7 +43,7 @@ def byte_piece(token: int) -> str:
     return f"\\x{b:02x}"
 
 
-class LanguageModel(Objective):
+class LanguageModel(Objective, metaclass=BuiltWhole):
     """Autoregressive byte model. ``model`` builds the network ([B, T] ids -> [B, T, vocab]).
 
     ``score_rows`` (optional) are held-out batches rows (``tokens``, ``weights``) that the
