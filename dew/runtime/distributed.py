@@ -478,6 +478,7 @@ class PeerWatch:
 
     def lost(self, now: float) -> PeerLost | None:
         """The peer judged lost at ``now`` (monotonic seconds), or None."""
+
         def who(peer: int) -> str:
             return f"process {peer} of {self.count}" + (" (the coordinator)" if peer == 0 else "")
 
