@@ -202,7 +202,9 @@ def run() -> None:
         from dew.runtime.distributed import stop_processes
 
         stop_processes()
-    if code not in (0, 2):
+    from dew.runtime.distributed import watching
+
+    if code not in (0, 2) or watching():  # in a group: leave it without JAX's shutdown barrier
         end_process(code)  # reported, everything dew opened is closed: nothing may print after
     sys.exit(code)
 

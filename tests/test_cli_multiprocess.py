@@ -351,3 +351,27 @@ def test_a_stopped_peer_stops_the_other_process_with_one_line_exit_1_and_a_trace
                 if p.poll() is None:
                     p.kill()
                     p.communicate()
+
+
+def test_process_0_refused_after_the_group_formed_stops_its_peer_in_one_line_and_neither_aborts(tmp_path):
+    """Process 0 alone finds the workdir busy (exit 2) once the group is up: it marks that it
+    leaves and waits for its peer to go, and the peer stops with dew's line (exit 1), instead of
+    process 0 aborting in JAX's shutdown barrier."""
+    import fcntl
+
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    with open(workdir / "run.lock", "w") as held:  # another live run's lock
+        fcntl.flock(held, fcntl.LOCK_EX)
+        results = finish(launch(workdir, str(tmp_path / "cache"), **{"runtime.heartbeat_timeout": 10}), 300)
+    (code0, _, err0), (code1, _, err1) = results
+    lines0, lines1 = (
+        [x for x in dew_stderr(subprocess.CompletedProcess([], c, o, e)) if not x.startswith("warning: ")]
+        for c, o, e in results
+    )
+    assert code0 == 2 and len(lines0) == 1 and "is in use by a running dew run" in lines0[0], err0[-3000:]
+    assert code1 == 1 and lines1[0] == (
+        "error: process 0 of 2 (the coordinator) left the run with exit status 2 (see its output), so this "
+        "process stops too"
+    ), err1[-3000:]
+    assert len(lines1) == 2 and lines1[1].startswith("  full traceback: "), lines1

@@ -450,7 +450,7 @@ class PeerWatch:
         self.lock = threading.Lock()
         for target, name in ((self._publish, "dew-heartbeat"), (self._judge, "dew-peer-watch")):
             threading.Thread(target=target, name=name, daemon=True).start()
-        atexit.register(self.close, "left")  # an exit that is neither done nor ``leave``: say so
+        atexit.register(self.leave, "left")  # an exit that is neither done nor ``leave``: say so
 
     def _read(self) -> dict[int, str]:
         if self.index == 0:
@@ -532,6 +532,41 @@ class PeerWatch:
         thread.join(wait)
         self.ended.set()
 
+    def wait_for_peers(self, limit: float) -> None:
+        """Process 0, leaving: wait (at most ``limit`` seconds) until every peer whose heartbeat
+        was alive has marked that it left or finished. The coordination service lives in this
+        process, and a peer still connected when it goes is aborted by JAX's client at once
+        (its error polling fails: no Python callback can intercept that), so the peers, told by
+        the mark, leave first."""
+        if self.index != 0:
+            return
+        now = time.monotonic()
+        deadline = now + limit
+        # peer -> (its last value, when it changed): a peer that stops beating is not waited for
+        beating = {p: (v, now) for p, (v, since) in self.seen.items() if now - since <= self.timeout}
+        while beating and time.monotonic() < deadline:
+            try:
+                values = dict(self._read())
+            except Exception:
+                return
+            now = time.monotonic()
+            for peer, (value, since) in list(beating.items()):
+                new = values.get(peer)
+                silent = new == value and now - since > 3 * self.interval + 1
+                if silent or str(new).startswith(("done", "left")):
+                    del beating[peer]
+                elif new != value:
+                    beating[peer] = (new, now)
+            if beating:
+                time.sleep(self.interval / 2)
+
+    def leave(self, mark: str) -> None:
+        """``close(mark)`` and, in process 0, ``wait_for_peers`` (their grace and a few polls)."""
+        if self.ended.is_set():
+            return
+        self.close(mark)
+        self.wait_for_peers(self.grace + 4 * self.interval + 5.0)
+
 
 _WATCH: PeerWatch | None = None
 
@@ -551,9 +586,17 @@ def _thread_stacks() -> str:
 
 def leave(status: int) -> None:
     """Tell the peers this process leaves the run with ``status`` (its heartbeat stops), before it
-    exits without JAX's shutdown (``dew.failures.end_process``); a no-op outside a watched run."""
+    exits without JAX's shutdown (``dew.failures.end_process``); process 0 waits for the peers
+    to leave first (``PeerWatch.wait_for_peers``). A no-op outside a watched run."""
     if _WATCH is not None:
-        _WATCH.close(f"left:{status}")
+        _WATCH.leave(f"left:{status}")
+
+
+def watching() -> bool:
+    """Whether this process watches its peers (``agree`` started it, nothing ended it): a process
+    that exits now should ``leave`` and end without JAX's shutdown barrier, which peers that
+    leave too never reach (its failure aborts the process)."""
+    return _WATCH is not None and not _WATCH.ended.is_set()
 
 
 def barrier(name: str, timeout: float) -> None:
@@ -599,4 +642,5 @@ __all__ = [
     "requested",
     "start_processes",
     "stop_processes",
+    "watching",
 ]
