@@ -12,10 +12,9 @@ Given explicitly, all three values are needed. Nothing of the sort found: one pr
 nothing is started. ``start_processes`` then calls ``jax.distributed.initialize`` before JAX
 starts its backend, with ``config.runtime.coordinator_timeout`` (how long a process waits for
 the coordinator, process 0, to answer) and ``config.runtime.heartbeat_timeout`` (after how long
-without a heartbeat a process counts as dead; the coordination service then stops every other
-process with JAX's "another task died" error instead of leaving it waiting in a collective; on
-CPU a gloo collective with the dead peer usually fails first, "Connection closed by peer").
-On CPU, cross-process collectives run over gloo (``jax_cpu_collectives_implementation``).
+without a heartbeat a process counts as dead and the others stop instead of waiting for it in a
+collective; on CPU a gloo collective with a killed peer usually fails first, "Connection reset
+by peer"). On CPU, cross-process collectives run over gloo (``jax_cpu_collectives_implementation``).
 
 JAX's client aborts the process (SIGABRT, a C++ stack, no Python exception) when the group does
 not form within its initialisation timeout or a peer misses its heartbeats, and a Python callback
@@ -35,7 +34,16 @@ beyond dew's (``JAX_GRACE``):
   publishes a heartbeat of its own there (``PeerWatch``): process 0 watches every other process,
   the others watch process 0, and a peer whose heartbeat stops for ``heartbeat_timeout`` seconds
   (dead, stopped with SIGSTOP, hung), or that left the run with a failure, stops this process
-  through the caller's ``stop`` (``python -m dew.main``: one line, exit 1, a traceback file).
+  through the caller's ``stop`` (``python -m dew.main``: one line, exit 1, a traceback file);
+- a process that leaves with a failure or bad input marks it (``leave``) and ends without JAX's
+  shutdown barrier, which its peers never reach; process 0 first waits for its peers to go.
+
+What stays JAX's: when process 0 dies outright (SIGKILL, a crash), the others' clients see the
+coordination service vanish and abort at once from a C++ thread (their error polling fails),
+before any Python code can run; and a process stopped for longer than ``heartbeat_timeout`` +
+``JAX_GRACE`` is aborted by JAX when it resumes. ``python -m dew.main`` starts the watch; a
+script that calls ``dew.runtime.start`` itself gets the deadline while connecting, not the
+agreement check or the watch (``agree`` is public for it).
 
 Devices: under a cluster that puts several tasks on a node, JAX gives each task the device of
 its local rank (one process per GPU); with one task per node (``srun --ntasks-per-node=1``, or
