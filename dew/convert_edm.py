@@ -102,9 +102,15 @@ def read_pickle(path: str, base, overrides: Sequence[str] = ()) -> tuple[object,
     try:
         snapshot = load_snapshot(path)
         network = network_config(snapshot)
+        state_dict = snapshot.state_dict()
     except (PickleRefused, NotAnEDMNetwork, UnsupportedNetwork) as e:
         raise ConversionError(
             f"--pickle: {e}" if str(e).startswith(path) else f"--pickle: {path}: {e}"
+        ) from None
+    except (ValueError, TypeError, ArithmeticError) as e:  # a record of values no network has
+        raise ConversionError(
+            f"--pickle: {path}: the network's constructor arguments cannot be read "
+            f"({type(e).__name__}: {str(e)[:200]})"
         ) from None
     with base.unlocked():
         base.model = ConfigDict(network.model)
@@ -119,7 +125,7 @@ def read_pickle(path: str, base, overrides: Sequence[str] = ()) -> tuple[object,
         check_data(open_split(config.dataset, "train"), network, config.dataset.name)
     except UnsupportedNetwork as e:
         raise ConversionError(f"--pickle: {e}") from None
-    return config, snapshot.state_dict(), {"pickle": os.path.abspath(path), **network.details}
+    return config, state_dict, {"pickle": os.path.abspath(path), **network.details}
 
 
 def fit_to_template(converted: dict, template: Mapping) -> dict:

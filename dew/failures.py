@@ -3,7 +3,8 @@
 Bad input gets one line. A failure gets at most three on stderr: ``error: <what failed>``, the relevant cause
 (the innermost exception the message does not already say), and where the full traceback was
 written: ``<workdir>/logs/error-<UTC time>.log`` (or the system's temporary directory when the
-workdir cannot take it, e.g. a full disk). Exit status: 2 for bad input (``ConfigError``,
+workdir cannot take it, e.g. a full disk; a failure's ``__notes__``, such as the threads' stacks
+when a peer process was lost, are part of it). Exit status: 2 for bad input (``ConfigError``,
 ``UnknownNameError``, and their subclasses such as a resume that does not fit the config; a
 workdir that is busy or cannot be written; a damaged ``run.json``), which writes nothing; 1 for
 any other failure.
@@ -84,7 +85,11 @@ def root_cause(error: BaseException) -> BaseException | None:
 def end_process(code: int) -> None:
     """Exit now with ``code``, after flushing the streams and the log handlers: a failure was
     reported, so no library thread's teardown (orbax's executors and event loops) may print
-    after it."""
+    after it. In a multi-process run the peers learn first that this process leaves
+    (``dew.runtime.distributed.leave``), so they stop with a line of their own."""
+    from dew.runtime.distributed import leave
+
+    leave(code)
     sys.stdout.flush()
     sys.stderr.flush()
     logging.shutdown()

@@ -111,6 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        if platform.processes is not None:  # one config in every process; a lost peer stops this one
+            rt = config.runtime
+            stop = lambda e: end_process(report(e, workdir if os.path.isdir(workdir) else None))  # noqa: E731
+            distributed.agree(config, rt.coordinator_timeout, rt.heartbeat_timeout, stop)
         trainer = Trainer(config, workdir, resolved=True)  # validates everything; touches no file
         import jax
 
@@ -198,7 +202,9 @@ def run() -> None:
         from dew.runtime.distributed import stop_processes
 
         stop_processes()
-    if code not in (0, 2):
+    from dew.runtime.distributed import watching
+
+    if code not in (0, 2) or watching():  # in a group: leave it without JAX's shutdown barrier
         end_process(code)  # reported, everything dew opened is closed: nothing may print after
     sys.exit(code)
 

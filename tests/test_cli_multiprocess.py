@@ -2,9 +2,10 @@
 the pair trains; a SIGTERM to one of them stops both at the same step with one checkpoint and
 the preemption exit code; the pair relaunched ends bit-identical to a pair that was never
 interrupted; the interrupted pair's checkpoint resumes on a single process; and when one process
-of a pair is killed outright the other stops with an error instead of waiting. Bad input for a
-process group (a device count the processes do not divide, an unreachable coordinator, a
-partial set of flags) exits 2 with one line, having written nothing."""
+of a pair is killed outright, or stopped (SIGSTOP), the other stops with one line of dew's, exit 1
+and a traceback file, instead of waiting or aborting. Bad input for a process group (a device
+count the processes do not divide, an unreachable coordinator, a partial set of flags, process 0
+started alone, processes whose configs differ) exits 2 with one line, having written nothing."""
 
 from __future__ import annotations
 
@@ -69,16 +70,20 @@ def environment() -> dict[str, str]:
     return {**env, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
 
 
-def launch(workdir, cache, processes: int = 2, **overrides) -> list[subprocess.Popen]:
-    """``processes`` processes of one run (one: no flags), started at once."""
+def launch(
+    workdir, cache, processes: int = 2, own: list[dict] | None = None, **overrides
+) -> list[subprocess.Popen]:
+    """``processes`` processes of one run (one: no flags), started at once; ``own[i]``: config
+    overrides of process ``i`` alone."""
     port = free_port()
     flags = [
         [f"--coordinator=127.0.0.1:{port}", f"--num_processes={processes}", f"--process_id={i}"]
         for i in range(processes)
     ]
+    own = own or [{}] * processes
     return [
         subprocess.Popen(
-            command(workdir, cache, *(flags[i] if processes > 1 else []), **overrides),
+            command(workdir, cache, *(flags[i] if processes > 1 else []), **{**overrides, **own[i]}),
             cwd=ROOT,
             env=environment(),
             stdout=subprocess.PIPE,
@@ -275,3 +280,98 @@ def test_a_partial_process_group_exits_2_naming_what_is_missing(tmp_path):
         "--num_processes, --process_id"
     ]
     assert not workdir.exists()
+
+
+def test_processes_whose_configs_differ_all_exit_2_naming_the_first_differing_key(tmp_path):
+    workdir = tmp_path / "run"
+    own = [{}, {"optimizer.learning_rate": 0.003, "dataset.batch_size": 32}]
+    results = finish(launch(workdir, str(tmp_path / "cache"), own=own), timeout=300)
+    want = [
+        "error: the processes of this run resolved different configs: config.dataset.batch_size is 16 in "
+        "process 0 and 32 in process 1 of 2; start every process with the same config and overrides"
+    ]
+    for i, (code, out, err) in enumerate(results):
+        lines = dew_stderr(subprocess.CompletedProcess([], code, out, err))
+        assert (code, [x for x in lines if not x.startswith("[Gloo]")]) == (2, want), f"process {i}: {err}"
+    assert not workdir.exists()
+
+
+def test_process_0_started_alone_exits_2_with_one_line_within_the_coordinator_timeout(tmp_path):
+    workdir = tmp_path / "run"
+    address = f"127.0.0.1:{free_port()}"
+    group = (f"--coordinator={address}", "--num_processes=2", "--process_id=0")
+    result, seconds = run_alone(workdir, *group, **{"runtime.coordinator_timeout": 3})
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert dew_stderr(result) == [
+        "error: the process group did not form within 3 s (config.runtime.coordinator_timeout): process 0 "
+        f"of 2 reached the coordinator {address} (from flags) and waited for the others to join; start "
+        "all 2 processes with the same coordinator and process count"
+    ], result.stderr[-3000:]
+    assert 3 <= seconds < 3 + 60, seconds  # dew's deadline, not JAX's abort 30 s later
+    assert not workdir.exists()
+
+
+@pytest.mark.slow
+def test_a_stopped_peer_stops_the_other_process_with_one_line_exit_1_and_a_traceback_file(tmp_path):
+    """SIGSTOP to process 1 of one pair and to process 0 (the coordinator) of another: the process
+    left running stops within the heartbeat timeout with dew's line, exit 1 and a traceback
+    file (JAX's client would abort it with SIGABRT and a C++ stack)."""
+    cache, heartbeat = str(tmp_path / "cache"), 10
+    long_run = {"train.num_steps": 10**6, "checkpoint.every": 0, "runtime.heartbeat_timeout": heartbeat}
+    pairs = {stopped: launch(tmp_path / f"stop{stopped}", cache, **long_run) for stopped in (1, 0)}
+    try:
+        for stopped, pair in pairs.items():
+            wait_for(
+                pair[0],
+                lambda d=tmp_path / f"stop{stopped}": any(r["category"] == "train" for r in complete_rows(d)),
+                f"a train row of the pair whose process {stopped} is stopped",
+            )
+        for stopped, pair in pairs.items():
+            pair[stopped].send_signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        for stopped, pair in pairs.items():
+            survivor = pair[1 - stopped]
+            out, err = survivor.communicate(timeout=heartbeat + 60)
+            waited = time.monotonic() - stopped_at
+            lines = dew_stderr(subprocess.CompletedProcess([], survivor.returncode, out, err))
+            assert survivor.returncode == 1, f"pair {stopped}: exit {survivor.returncode}\n{err[-3000:]}"
+            who = f"process {stopped} of 2{'' if stopped else ' (the coordinator)'}"
+            lost = f"error: {who} stopped answering: "
+            assert len(lines) == 2 and lines[0].startswith(lost), lines
+            assert "(config.runtime.heartbeat_timeout=10); it died, was stopped or hangs" in lines[0]
+            logs = str(tmp_path / f"stop{stopped}" / "logs")
+            assert lines[1].startswith(f"  full traceback: {logs}"), lines
+            with open(lines[1].split(": ", 1)[1]) as f:
+                text = f.read()
+            assert "PeerLost" in text and "--- thread MainThread" in text, text[:2000]
+            assert heartbeat <= waited < heartbeat + 45, waited  # the heartbeat bounds it, not JAX's + 30 s
+    finally:
+        for pair in pairs.values():
+            for p in pair:
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
+
+
+def test_process_0_refused_after_the_group_formed_stops_its_peer_in_one_line_and_neither_aborts(tmp_path):
+    """Process 0 alone finds the workdir busy (exit 2) once the group is up: it marks that it
+    leaves and waits for its peer to go, and the peer stops with dew's line (exit 1), instead of
+    process 0 aborting in JAX's shutdown barrier."""
+    import fcntl
+
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    with open(workdir / "run.lock", "w") as held:  # another live run's lock
+        fcntl.flock(held, fcntl.LOCK_EX)
+        results = finish(launch(workdir, str(tmp_path / "cache"), **{"runtime.heartbeat_timeout": 10}), 300)
+    (code0, _, err0), (code1, _, err1) = results
+    lines0, lines1 = (
+        [x for x in dew_stderr(subprocess.CompletedProcess([], c, o, e)) if not x.startswith("warning: ")]
+        for c, o, e in results
+    )
+    assert code0 == 2 and len(lines0) == 1 and "is in use by a running dew run" in lines0[0], err0[-3000:]
+    assert code1 == 1 and lines1[0] == (
+        "error: process 0 of 2 (the coordinator) left the run with exit status 2 (see its output), so this "
+        "process stops too"
+    ), err1[-3000:]
+    assert len(lines1) == 2 and lines1[1].startswith("  full traceback: "), lines1

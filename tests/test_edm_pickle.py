@@ -208,3 +208,157 @@ def test_tensor_layouts_and_dtypes_read_as_torch_wrote_them():
         assert tensors[key].shape == value.shape, key
         assert tensors[key].dtype == value.dtype, key  # bfloat16 is read as float32, as stored
         np.testing.assert_array_equal(tensors[key], value, err_msg=key)
+
+
+# --- hostile pickles: bounded by the file's size, one line each ----------------------------------
+
+
+def _persistent(class_name: str, state: bytes) -> bytes:
+    """Opcodes pushing a ``torch_utils.persistence`` object of ``class_name`` whose state is a
+    dict of the key/value opcode pairs ``state``."""
+    meta = {"type": "class", "version": 6, "module_src": "", "class_name": class_name}
+    return (
+        _global("torch_utils.persistence", "_reconstruct_persistent_obj")
+        + b"("
+        + _inline(meta)[:-1]  # the meta dict's SETITEMS still open: 'state' -> the state, then close
+        + _inline("state")
+        + b"}("
+        + state
+        + b"uu"
+        + b"tR"
+    )
+
+
+def _network(net_state: bytes = b"", model_state: bytes = b"") -> bytes:
+    """A snapshot whose ``ema`` is an EDMPrecond around a SongUNet, complete enough for the reader
+    to reach ``net_state`` / ``model_state`` (more key/value opcode pairs of each's state)."""
+    numbers = {"img_resolution": 8, "img_channels": 1, "label_dim": 0, "sigma_data": 0.5}
+    numbers |= {"sigma_min": 0.0, "sigma_max": float("inf")}
+    model = _persistent("SongUNet", _inline("_init_kwargs") + _inline({}) + model_state)
+    net = b"".join(_inline(k) + _inline(v) for k, v in numbers.items())
+    net += _inline("_modules") + b"}" + _inline("model") + model + b"s" + net_state
+    if b"_init_kwargs" not in net_state:
+        net += _inline("_init_kwargs") + _inline({})
+    return _snapshot_of(_persistent("EDMPrecond", net))
+
+
+def _legacy_storage(values: np.ndarray) -> bytes:
+    """Opcodes pushing ``torch.storage._load_from_bytes(b)`` of a float32 storage holding ``values``,
+    ``b`` as torch's legacy ``torch.save`` writes it."""
+    from dew.interop.edm_pickle import LEGACY_MAGIC, LEGACY_PROTOCOL
+
+    record = (
+        pickle.dumps(LEGACY_MAGIC, protocol=2)
+        + pickle.dumps(LEGACY_PROTOCOL, protocol=2)
+        + pickle.dumps({"little_endian": True}, protocol=2)
+        + b"\x80\x02("
+        + _inline("storage")
+        + _global("torch", "FloatStorage")
+        + _inline("k0")
+        + _inline("cpu")
+        + _inline(int(values.size))
+        + b"Nt"  # view None, TUPLE
+        + b"Q."  # BINPERSID, STOP
+        + pickle.dumps(["k0"], protocol=2)
+        + np.int64(values.size).tobytes()
+        + values.astype("<f4").tobytes()
+    )
+    as_bytes = pickle.dumps(record, protocol=3)[2:-1]  # BINBYTES (protocol 2 pickles bytes by a call)
+    return _global("torch.storage", "_load_from_bytes") + b"(" + as_bytes + b"tR"
+
+
+def _tensor(storage: bytes, size: tuple, stride: tuple) -> bytes:
+    return (
+        _global("torch._utils", "_rebuild_tensor_v2")
+        + b"("
+        + storage
+        + _inline(0)
+        + _inline(size)
+        + _inline(stride)
+        + _inline(False)
+        + _inline(None)
+        + b"tR"
+    )
+
+
+def _bounded_load(data: bytes, tmp_path, capsys) -> tuple[int, str, int]:
+    """``python -m dew.convert_edm --pickle`` of ``data``: exit status, stderr, and the peak of
+    the memory Python and numpy allocated meanwhile (tracemalloc)."""
+    import tracemalloc
+
+    path = tmp_path / "hostile.pkl"
+    path.write_bytes(data)
+    tracemalloc.start()
+    try:
+        code, err = _convert(path, tmp_path / "w", capsys)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert not (tmp_path / "w").exists()
+    return code, err, peak
+
+
+# What reading any of these may take: the reader's own working set (a few MB for convert_edm's
+# imports already done) and the file's bounded multiple, far below the hostile files' hundreds of MB.
+PEAK = 32 << 20
+
+
+def test_a_memo_index_far_beyond_the_file_is_refused_before_the_memo_is_sized(tmp_path, capsys):
+    # 9 bytes: PROTO 2, NONE, LONG_BINPUT 2**25, STOP; CPython's unpickler would grow its memo
+    # array to 2**26 pointers (512 MB) to store one None.
+    data = b"\x80\x02N" + b"r" + (2**25).to_bytes(4, "little") + b"."
+    code, err, peak = _bounded_load(data, tmp_path, capsys)
+    assert peak < PEAK, peak
+    assert code == 2 and err.startswith("error: --pickle: ") and "\n" not in err, err
+    assert "memo index 33554432 after 2 opcodes" in err, err
+
+
+def test_shared_references_that_expand_past_the_file_are_refused_in_one_line(tmp_path, capsys):
+    nested: list = [0.0]
+    for _ in range(40):  # 2**40 leaves as a reader walks them; ~200 bytes pickled
+        nested = [nested, nested]
+    data = _network(_inline("_init_kwargs") + _inline({"x": nested}))
+    assert len(data) < 2000
+    code, err, peak = _bounded_load(data, tmp_path, capsys)
+    assert peak < PEAK, peak
+    assert code == 2 and err.startswith("error: --pickle: ") and "\n" not in err, err
+    assert "its objects expand to more than" in err and "ema._init_kwargs.x" in err, err
+
+
+def test_a_stride_0_tensor_is_refused_before_it_is_allocated(tmp_path, capsys):
+    # One stored float, read as an 8192 x 8192 tensor (256 MB) by repeating it (stride 0).
+    tensor = _tensor(_legacy_storage(np.ones(1, np.float32)), (8192, 8192), (0, 0))
+    data = _network(model_state=_inline("_parameters") + b"}" + _inline("weight") + tensor + b"s")
+    assert len(data) < 1000
+    code, err, peak = _bounded_load(data, tmp_path, capsys)
+    assert peak < PEAK, peak
+    assert code == 2 and err.startswith("error: --pickle: ") and "\n" not in err, err
+    assert "holds 67108864 elements, more than its 1-element storage" in err, err
+
+
+def test_a_self_referencing_argument_list_is_one_line_not_a_recursion_error(tmp_path, capsys):
+    loop: list = [1]
+    loop.append(loop)
+    data = _network(_inline("_init_kwargs") + _inline({"channel_mult": loop}))
+    code, err, _ = _bounded_load(data, tmp_path, capsys)
+    assert code == 2 and err.startswith("error: --pickle: ") and "\n" not in err, err
+    assert "ema._init_kwargs.channel_mult[1] refers back to a list that contains it" in err, err
+
+
+def test_a_parameter_that_is_a_string_is_one_line_naming_it(tmp_path, capsys):
+    data = _network(model_state=_inline("_parameters") + _inline({"weight": "not a tensor"}))
+    code, err, _ = _bounded_load(data, tmp_path, capsys)
+    assert code == 2 and err.startswith("error: --pickle: ") and "\n" not in err, err
+    assert "the network's parameter model.weight is a str, not a tensor" in err, err
+
+
+def test_the_bounds_leave_real_snapshots_alone():
+    """The published layouts (a shared storage, views, bfloat16) and both tiny snapshots load
+    within the bounds of their own sizes."""
+    from dew.interop.edm_pickle import Bounds
+
+    for name in ("tensor-layouts.pkl", "network-snapshot-tiny.pkl", "network-snapshot-tiny-adm.pkl"):
+        with open(THIRD_PARTY / name, "rb") as f:
+            reader = RestrictedUnpickler(f)
+            reader.load()
+        assert 0 < reader.bounds.built <= Bounds.ARRAY_FACTOR * reader.bounds.size, name

@@ -90,6 +90,79 @@ def test_a_torn_last_line_is_dropped_and_its_point_scored_again(tmp_path):
     assert list(log.done()) == [("coarse", Point(0.05, 1.0, ()))]
 
 
+@pytest.mark.parametrize(
+    "line, says",
+    [
+        ('{"pass": "coarse", "sigma_rel": 0.1, "gui', "not JSON (Unterminated string"),
+        ("[1, 2]", "a JSON list, not an object"),
+        (
+            '{"pass": "medium", "sigma_rel": 0.1, "guidance": 1, "interval": [], "per_class": 2, "score": 1}',
+            "pass='medium': expected 'coarse' or 'fine'",
+        ),
+        (
+            '{"pass": "coarse", "sigma_rel": -1, "guidance": 1, "interval": [], "per_class": 2, "score": 1}',
+            "sigma_rel=-1: expected a number > 0",
+        ),
+        (
+            '{"pass": "coarse", "sigma_rel": 0.1, "guidance": 1, "interval": [3], "per_class": 2, '
+            '"score": 1}',
+            "interval=[3]: expected [] or [lo, hi]",
+        ),
+        (
+            '{"pass": "coarse", "sigma_rel": 0.1, "guidance": 1, "interval": [], "per_class": 5, "score": 1}',
+            "per_class=5 in the coarse pass, whose settings say 2",
+        ),
+        ('{"pass": "coarse", "sigma_rel": 0.1, "guidance": 1, "interval": [], "per_class": 2}', "no 'score'"),
+        (
+            '{"pass": "coarse", "sigma_rel": 0.05, "guidance": 1, "interval": [], "per_class": 2, '
+            '"score": 3}',
+            "the coarse point sigma_rel=0.050 guidance=1 interval=all again (first at line 1)",
+        ),
+    ],
+)
+def test_a_malformed_line_of_the_points_is_refused_naming_the_file_and_line(tmp_path, line, says):
+    """Any line but a torn last one: refused (a record read wrong would be a wrong result)."""
+    log = sweep_grid.ResultsLog(str(tmp_path))
+    log.append({"pass": "coarse", **Point(0.05, 1.0, ()).record(), "per_class": 2, "score": 1.0})
+    with open(log.path, "a") as f:
+        f.write(line + "\n")
+    log.append({"pass": "fine", **Point(0.05, 1.0, ()).record(), "per_class": 4, "score": 0.5})
+    with pytest.raises(sweep_grid.SweepError) as caught:
+        log.done({"coarse": 2, "fine": 4})
+    message = str(caught.value)
+    assert message.startswith(f"{log.path} line 2 is malformed: ") and says in message, message
+    assert "\n" not in message
+
+
+def test_each_pass_is_drawn_on_its_own_axis_with_its_sample_count(tmp_path):
+    """A Fréchet distance falls with the sample count: the fine pass (30 per class, ~3x lower)
+    gets its own panel and axis, so its points spread over the panel instead of sitting in a
+    band at the bottom of the coarse pass's axis."""
+    from PIL import Image
+
+    from dew.sweep.plot import draw_sweep, samples_text
+
+    coarse = [(0.03, 1.0305), (0.05, 1.0356), (0.08, 1.0391), (0.12, 1.039), (0.18, 1.047), (0.25, 1.1071)]
+    fine = [(0.03, 0.3459), (0.0387, 0.3398), (0.05, 0.3372), (0.0632, 0.3367)]
+    records = [
+        {"pass": name, **Point(s, 1.0, ()).record(), "per_class": n, "score": v}
+        for name, n, points in (("coarse", 10, coarse), ("fine", 30, fine))
+        for s, v in points
+    ]
+    path = str(tmp_path / "sweep.png")
+    draw_sweep(records, records[-1], "digits_frechet_distance", path, classes=10)
+    image = np.asarray(Image.open(path).convert("RGB"))
+    colour = np.all(image == (31, 119, 180), axis=-1)  # the series' colour (PALETTE[0])
+    height, width = colour.shape
+    legend = width - 170
+    halves = (colour[:, : (80 + legend) // 2], colour[:, (80 + legend) // 2 : legend])
+    spans = [np.ptp(np.nonzero(half.any(axis=1))[0]) for half in halves]
+    plot_height = height - 78 - 60
+    assert all(span > 0.6 * plot_height for span in spans), (spans, plot_height)
+    assert samples_text([10] * 6, 10) == "10 per class x 10 classes = 100 samples"
+    assert samples_text([30] * 4, None) == "30 samples per class"
+
+
 # --- on a trained run --------------------------------------------------------------------------
 
 
@@ -205,7 +278,7 @@ def test_the_sweep_scores_the_phema_reconstruction_resumes_and_writes_the_table(
     assert csv_lines[0].startswith("pass,sigma_rel") and len(csv_lines) == 1 + len(records)
     from PIL import Image
 
-    assert Image.open(os.path.join(out, "sweep.png")).size == (760, 480)
+    assert Image.open(os.path.join(out, "sweep.png")).size == (1010, 500)  # a panel per pass
 
     # Other settings in the same --out: refused, naming each difference, nothing written.
     before = _read(os.path.join(out, "points.jsonl"))
@@ -213,6 +286,19 @@ def test_the_sweep_scores_the_phema_reconstruction_resumes_and_writes_the_table(
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "seed=1 (it was 0)" in err and "top=2 (it was 1)" in err, err
     assert _read(os.path.join(out, "points.jsonl")) == before
+
+    # A damaged record (a score edited into a string): the resume refuses it in one line naming
+    # the file and line, before anything is scored or written.
+    points = os.path.join(out, "points.jsonl")
+    lines = before.splitlines(keepends=True)
+    lines[1] = lines[1].replace('"score": ', '"score": "x', 1).replace(', "seconds"', '", "seconds"', 1)
+    with open(points, "w") as f:
+        f.write("".join(lines))
+    damaged = _read(points)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"error: {points} line 2 is malformed: score='x"), err
+    assert _read(points) == damaged
 
 
 @pytest.mark.parametrize(

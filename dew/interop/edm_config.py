@@ -99,10 +99,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _shown(value: Any) -> str:
+    """``repr(value)`` cut to a length a one-line message can carry."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _number(obj: PickledModule, name: str) -> float:
     value = obj.state.get(name)
     if isinstance(value, bool) or not isinstance(value, int | float | np.number):
-        raise NotAnEDMNetwork(f"{obj.class_name}.{name} is {value!r}, not a number")
+        raise NotAnEDMNetwork(f"{obj.class_name}.{name} is {_shown(value)}, not a number")
     return float(value)
 
 
@@ -154,9 +160,10 @@ def network_config(snapshot: EDMSnapshot) -> NetworkConfig:
     expected_interface = {"img_resolution": resolution, "in_channels": channels, "out_channels": channels}
     for key, value in expected_interface.items():
         if key in kwargs and kwargs[key] != value:
-            raise NotAnEDMNetwork(f"{arch}.{key}={kwargs[key]!r} but EDMPrecond has {value}")
+            raise NotAnEDMNetwork(f"{arch}.{key}={_shown(kwargs[key])} but EDMPrecond has {value}")
     if kwargs.get("label_dim", label_dim) != label_dim:
-        raise NotAnEDMNetwork(f"{arch}.label_dim={kwargs['label_dim']!r} but EDMPrecond has {label_dim}")
+        found = _shown(kwargs["label_dim"])
+        raise NotAnEDMNetwork(f"{arch}.label_dim={found} but EDMPrecond has {label_dim}")
     arguments = {k: _plain(kwargs.get(k, default)) for k, default in REFERENCE_DEFAULTS[arch].items()}
     label_dropout = float(arguments.pop("label_dropout"))
     # label_dim stays dew's None (the width of the label the objective passes): check_data makes

@@ -25,6 +25,15 @@ builds plain data: a ``PickledModule`` (class name, constructor arguments, state
 every persistent object and module container (``module_src`` is hashed, never run), numpy arrays
 in place of tensors. Any other global (``os.system``, ``builtins.eval``, ...) is a
 ``PickleRefused`` naming it, raised before anything it names is looked up.
+
+What it builds is bounded by the file's size (``dew.interop.pickle_bounds``), so a small
+hostile file cannot take the memory: each pickle's opcodes are read first and a memo index
+beyond their count is refused before the unpickler sizes its memo by it; a tensor may not hold
+more elements than its storage (a stride-0 tensor of a one-element storage would otherwise be
+allocated whole), and the arrays built together may not exceed a multiple of the file's size,
+checked before each is allocated; the object graph loaded is walked once and refused when it
+refers to itself, nests deeper than any network's record, or expands (shared references counted
+at each use, as a reader of the record walks them) to more objects than the file could describe.
 """
 
 from __future__ import annotations
@@ -33,15 +42,15 @@ import collections
 import dataclasses
 import hashlib
 import io
+import math
+import os
 import pickle
 from collections.abc import Mapping
 from typing import Any, BinaryIO
 
 import numpy as np
 
-
-class PickleRefused(pickle.UnpicklingError):
-    """A pickle asking for a global (or a construct) that is not part of an NVlabs/edm network."""
+from dew.interop.pickle_bounds import Bounds, PickleRefused, active, charge, check_graph, check_opcodes
 
 
 class NotAnEDMNetwork(ValueError):
@@ -91,14 +100,14 @@ class PickledModule:
                 out[prefix + name] = _array(value, prefix + name)
         for name, child in self.children().items():
             if not isinstance(child, PickledModule):
-                raise NotAnEDMNetwork(f"{prefix}{name}: a {type(child).__name__}, not a module")
+                raise NotAnEDMNetwork(f"child {prefix}{name} is a {type(child).__name__}, not a module")
             out.update(child.state_dict(f"{prefix}{name}."))
         return out
 
 
 def _array(value: Any, name: str) -> np.ndarray:
     if not isinstance(value, np.ndarray):
-        raise NotAnEDMNetwork(f"{name}: a {type(value).__name__}, not a tensor")
+        raise NotAnEDMNetwork(f"parameter {name} is a {type(value).__name__}, not a tensor")
     return value
 
 
@@ -188,6 +197,7 @@ class _LegacyUnpickler(pickle.Unpickler):
         if not isinstance(numel, int) or not 0 <= numel * storage_type.dtype.itemsize <= self.size:
             raise PickleRefused(f"a tensor storage of {numel!r} elements in a {self.size}-byte record")
         if key not in self.roots:
+            charge(numel * storage_type.dtype.itemsize, f"tensor storage {key} ({numel} elements)")
             self.roots[key] = (storage_type, np.zeros(numel, storage_type.dtype))
         root = self.roots[key][1]
         if view is None:
@@ -207,15 +217,20 @@ def _load_from_bytes(data: Any) -> np.ndarray:
     if data[:2] == b"PK":
         raise PickleRefused("a tensor storage in torch's zip format (this reader takes the legacy format)")
     f = io.BytesIO(data)
+
+    def load(unpickler: _LegacyUnpickler) -> Any:
+        check_opcodes(f, "a tensor storage")
+        return unpickler.load()
+
     header = _LegacyUnpickler(f, len(data))
-    if header.load() != LEGACY_MAGIC or header.load() != LEGACY_PROTOCOL:
+    if load(header) != LEGACY_MAGIC or load(header) != LEGACY_PROTOCOL:
         raise PickleRefused("a tensor storage without torch's legacy magic number / protocol 1001")
-    sys_info = header.load()
+    sys_info = load(header)
     if not isinstance(sys_info, dict) or sys_info.get("little_endian") is not True:
         raise PickleRefused("a tensor storage not written little-endian")
     body = _LegacyUnpickler(f, len(data))
-    result = body.load()
-    keys = _LegacyUnpickler(f, len(data)).load()
+    result = load(body)
+    keys = load(_LegacyUnpickler(f, len(data)))
     if not isinstance(keys, list) or set(keys) != set(body.roots):
         raise PickleRefused("a tensor storage whose key list does not match its storages")
     for key in keys:
@@ -230,6 +245,7 @@ def _load_from_bytes(data: Any) -> np.ndarray:
     if not isinstance(result, np.ndarray):
         raise PickleRefused("torch.storage._load_from_bytes holding no storage")
     if result.dtype == np.dtype(STORAGE_DTYPES["BFloat16Storage"]):  # the top half of a float32
+        charge(4 * result.size, f"a bfloat16 storage of {result.size} elements as float32")
         result = (result.astype(np.uint32) << 16).view(np.float32)
     return result
 
@@ -249,6 +265,8 @@ def _rebuild_tensor_v2(
         and len(size) == len(stride)
     ):
         raise PickleRefused(f"a tensor with offset {offset!r}, size {size!r}, stride {stride!r}")
+    if len(size) > 32:
+        raise PickleRefused(f"a tensor of {len(size)} dimensions")
     if 0 in size:
         return np.zeros(size, storage.dtype)
     last = offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True))
@@ -256,6 +274,13 @@ def _rebuild_tensor_v2(
         raise PickleRefused(
             f"a tensor of size {size} reading element {last} of a {storage.size}-element storage"
         )
+    numel = math.prod(size)
+    if numel > storage.size:  # only repeated (stride-0) elements could make it so: never saved
+        raise PickleRefused(
+            f"a tensor of size {size} (stride {stride}) holds {numel} elements, more than its "
+            f"{storage.size}-element storage"
+        )
+    charge(numel * storage.itemsize, f"a tensor of size {size}")
     view = np.lib.stride_tricks.as_strided(
         storage[offset:], shape=size, strides=tuple(s * storage.itemsize for s in stride), writeable=False
     )
@@ -306,8 +331,34 @@ ALLOWED = {
 """Every global an NVlabs/edm network pickle refers to, each mapped to a stand-in from this module."""
 
 
+def _module_items(value: Any) -> list | None:
+    """A reconstructed module's state as ``(attribute, value)`` pairs, for ``check_graph``."""
+    if isinstance(value, PickledModule):
+        return list(value.state.items()) if isinstance(value.state, dict) else []
+    return None
+
+
 class RestrictedUnpickler(pickle.Unpickler):
-    """``pickle.Unpickler`` that resolves only ``ALLOWED`` (to this module's stand-ins)."""
+    """``pickle.Unpickler`` that resolves only ``ALLOWED`` (to this module's stand-ins), and
+    builds no more than ``Bounds`` of the file's size allows (``size``: default, the file's
+    length from where it is read)."""
+
+    def __init__(self, file: BinaryIO, size: int | None = None) -> None:
+        super().__init__(file)
+        self.file = file
+        if size is None:
+            here = file.tell()
+            size = file.seek(0, os.SEEK_END) - here
+            file.seek(here)
+        self.bounds = Bounds(int(size))
+
+    def load(self) -> Any:
+        """The object the pickle describes, or ``PickleRefused`` when it exceeds ``bounds``."""
+        check_opcodes(self.file)
+        with active(self.bounds):
+            top = super().load()
+        check_graph(top, self.bounds, expand=_module_items)
+        return top
 
     def find_class(self, module: str, name: str) -> Any:
         try:
@@ -349,9 +400,11 @@ def read_snapshot(file: BinaryIO, name: str = "the pickle") -> EDMSnapshot:
     try:
         top = RestrictedUnpickler(file).load()
     except PickleRefused as e:
-        raise PickleRefused(f"{name}: {e}") from None
+        raise PickleRefused(f"{name}: {str(e).removeprefix('the pickle: ')}") from None
     except Exception as e:  # a truncated or corrupt file: whatever the unpickler stopped on
-        raise NotAnEDMNetwork(f"{name} is not a readable pickle ({type(e).__name__}: {e})") from None
+        raise NotAnEDMNetwork(
+            f"{name} is not a readable pickle ({type(e).__name__}: {str(e)[:200]})"
+        ) from None
     if not isinstance(top, dict) or not isinstance(top.get("ema"), PickledModule):
         what = (
             f"a dict with keys {sorted(map(str, top))[:6]}"
@@ -361,6 +414,10 @@ def read_snapshot(file: BinaryIO, name: str = "the pickle") -> EDMSnapshot:
         raise NotAnEDMNetwork(
             f"{name} holds {what}, not an NVlabs/edm network snapshot (a dict whose 'ema' is the network)"
         )
+    try:  # every parameter and buffer a tensor, every child a module: named if not
+        top["ema"].state_dict()
+    except NotAnEDMNetwork as e:
+        raise NotAnEDMNetwork(f"{name}: the network's {e}") from None
     loss, augment, dataset = top.get("loss_fn"), top.get("augment_pipe"), top.get("dataset_kwargs")
     return EDMSnapshot(
         network=top["ema"],

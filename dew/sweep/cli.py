@@ -209,6 +209,8 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     out = os.path.abspath(args.out or os.path.join(workdir, "sweep"))
     log = sweep_grid.ResultsLog(out)
     resuming = log.check_settings(settings)
+    if resuming:  # a malformed record is refused now, before anything is scored
+        log.done({sweep_grid.COARSE: args.coarse_per_class, sweep_grid.FINE: args.fine_per_class})
     return {
         "main": main,
         "snapshots": snapshots,
@@ -323,7 +325,13 @@ def best_record(records: Sequence[dict[str, Any]], goal: str) -> dict[str, Any]:
     return fine[sweep_grid.ranked({q: r["score"] for q, r in fine.items()}, goal)[0]]
 
 
-def write_results(out: str, settings: dict[str, Any], records: Sequence[dict[str, Any]], goal: str) -> dict:
+def write_results(
+    out: str,
+    settings: dict[str, Any],
+    records: Sequence[dict[str, Any]],
+    goal: str,
+    classes: int | None = None,
+) -> dict:
     from dew.sweep.plot import draw_sweep
 
     best = best_record(records, goal)
@@ -341,7 +349,7 @@ def write_results(out: str, settings: dict[str, Any], records: Sequence[dict[str
         )
     sweep_grid.write_atomically(os.path.join(out, "sweep.csv"), text.getvalue())
     png = os.path.join(out, "sweep.png")
-    draw_sweep(records, best, settings["metric"], png + ".tmp")
+    draw_sweep(records, best, settings["metric"], png + ".tmp", classes)
     os.replace(png + ".tmp", png)
     return result
 
@@ -367,7 +375,8 @@ def run(args: argparse.Namespace, plan_: dict[str, Any] | None = None) -> dict[s
         log=log,
         progress=lambda line: print(line, flush=True),
     )
-    result = write_results(log.out, p["settings"], records, p["goal"])
+    classes = getattr(p["main"].objective, "num_classes", None) or 1  # the scorer's labels
+    result = write_results(log.out, p["settings"], records, p["goal"], classes)
     print(table(records, p["goal"]), flush=True)
     best = Point.from_record(result["best"])
     print(f"best: {best.label()}  {p['settings']['metric']} {result['best']['score']:.6g}", flush=True)

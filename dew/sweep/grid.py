@@ -14,7 +14,8 @@ answer is the best fine-pass point.
 
 Resume: each scored point is one line of JSON appended to ``points.jsonl`` with a single
 ``write`` and an fsync; a rerun reads the log (a torn last line, from a crash mid-write, is
-dropped), skips the points it holds and continues; the settings it was started with are in
+dropped; any other malformed line is refused, naming the file and line: ``read_points``),
+skips the points it holds and continues; the settings it was started with are in
 ``settings.json`` and a rerun with other settings is refused, naming each one that differs.
 """
 
@@ -163,19 +164,15 @@ class ResultsLog:
         if not os.path.exists(path):
             write_atomically(path, json.dumps(dict(settings), indent=1, sort_keys=True) + "\n")
 
-    def done(self) -> dict[tuple[str, Point], dict[str, Any]]:
-        """(pass, point) -> its record, for every complete line of the log."""
+    def done(self, per_class: Mapping[str, int] | None = None) -> dict[tuple[str, Point], dict[str, Any]]:
+        """(pass, point) -> its record, for every complete line of the log (a torn last line,
+        from a crash mid-write, is dropped). Every line is checked (``check_record``; with
+        ``per_class``, each pass's sample count too): a malformed one raises ``SweepError``
+        naming the file and line, since a record read wrong would put a wrong point in the
+        results."""
         if not os.path.exists(self.path):
             return {}
-        with open(self.path) as f:
-            text = f.read()
-        records = {}
-        for line in text.split("\n")[:-1] if not text.endswith("\n") else text.split("\n"):
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            records[(r["pass"], Point.from_record(r))] = r
-        return records
+        return read_points(self.path, per_class)
 
     def append(self, record: Mapping[str, Any]) -> None:
         line = (json.dumps(dict(record), sort_keys=True) + "\n").encode()
@@ -185,6 +182,89 @@ class ResultsLog:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def check_record(r: Any, per_class: Mapping[str, int] | None = None) -> str | None:
+    """What is wrong with one line of ``points.jsonl`` read as JSON, or None: a dict with
+    ``pass`` (coarse/fine), ``sigma_rel`` > 0, ``guidance``, ``interval`` ([] or [lo, hi]),
+    ``guide_sigma_rel`` (null or > 0), ``per_class`` (an int >= 1, the pass's own when
+    ``per_class`` is given) and ``score`` (a number; NaN for a point whose samples were not
+    finite); ``seconds`` >= 0 when present."""
+    if not isinstance(r, dict):
+        return f"a JSON {type(r).__name__}, not an object"
+    for key in ("pass", "sigma_rel", "guidance", "interval", "per_class", "score"):
+        if key not in r:
+            return f"no {key!r}"
+    if r["pass"] not in (COARSE, FINE):
+        return f"pass={r['pass']!r}: expected {COARSE!r} or {FINE!r}"
+    if not (_number(r["sigma_rel"]) and math.isfinite(r["sigma_rel"]) and r["sigma_rel"] > 0):
+        return f"sigma_rel={r['sigma_rel']!r}: expected a number > 0"
+    if not (_number(r["guidance"]) and math.isfinite(r["guidance"])):
+        return f"guidance={r['guidance']!r}: expected a finite number"
+    interval = r["interval"]
+    if not (
+        isinstance(interval, list)
+        and len(interval) in (0, 2)
+        and all(_number(v) and math.isfinite(v) for v in interval)
+    ):
+        return f"interval={interval!r}: expected [] or [lo, hi]"
+    guide = r.get("guide_sigma_rel")
+    if guide is not None and not (_number(guide) and math.isfinite(guide) and guide > 0):
+        return f"guide_sigma_rel={guide!r}: expected null or a number > 0"
+    count = r["per_class"]
+    if not (isinstance(count, int) and not isinstance(count, bool) and count >= 1):
+        return f"per_class={count!r}: expected an int >= 1"
+    if per_class is not None and r["pass"] in per_class and count != per_class[r["pass"]]:
+        return f"per_class={count} in the {r['pass']} pass, whose settings say {per_class[r['pass']]}"
+    if not _number(r["score"]):
+        return f"score={r['score']!r}: expected a number"
+    seconds = r.get("seconds")
+    if seconds is not None and not (_number(seconds) and seconds >= 0):
+        return f"seconds={seconds!r}: expected a number >= 0"
+    return None
+
+
+def read_points(
+    path: str, per_class: Mapping[str, int] | None = None
+) -> dict[tuple[str, Point], dict[str, Any]]:
+    """The records of the ``points.jsonl`` at ``path`` by (pass, point), every line checked
+    (``check_record``); a torn last line is dropped. Raises ``SweepError`` naming the file and
+    line of the first malformed one, or of a point recorded twice."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SweepError(f"{path} cannot be read as the sweep's points: {e}") from None
+    lines = text.split("\n")
+    if not text.endswith("\n"):
+        lines = lines[:-1]  # a torn last line, from a crash mid-write: that point is scored again
+    records: dict[tuple[str, Point], dict[str, Any]] = {}
+    where: dict[tuple[str, Point], int] = {}
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError as e:
+            problem: str | None = f"not JSON ({e.msg} at column {e.colno})"
+        else:
+            problem = check_record(r, per_class)
+        if problem is None:
+            key = (r["pass"], Point.from_record(r))
+            if key in records:
+                problem = f"the {key[0]} point {key[1].label()} again (first at line {where[key]})"
+        if problem is not None:
+            raise SweepError(
+                f"{path} line {number} is malformed: {problem}; the sweep's record is refused: "
+                "restore the line, or delete it to score that point again"
+            )
+        records[key] = r
+        where[key] = number
+    return records
 
 
 def write_atomically(path: str, text: str | bytes) -> None:
@@ -213,7 +293,7 @@ def run_search(
     fields, ``per_class``, ``score`` and ``seconds``. Points in ``log`` are not scored again."""
     import time
 
-    done = log.done()
+    done = log.done({COARSE: coarse_per_class, FINE: fine_per_class})
     records: list[dict[str, Any]] = []
 
     def one_pass(name: str, todo: Sequence[Point], per_class: int) -> dict[Point, float]:
