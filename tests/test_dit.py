@@ -1,5 +1,7 @@
-"""dew's DiT / SiT (dew.networks.dit) against facebookresearch/DiT, willisma/SiT and
-sihyun-yu/REPA's own ``models.py`` (goldens: third_party/dit, made by make_reference.py).
+"""dew's DiT / SiT (dew.networks.dit) against the references' own network code on random weights
+(goldens in third_party/dit): facebookresearch/DiT and willisma/SiT ``models.py``, sihyun-yu/REPA
+``models/sit.py`` (make_reference.py), hustvl/LightningDiT's options and Gsunshine/meanflow's
+flax DiT with the second time input (make_meanflow_reference.py).
 
 Float32 bounds: each output is a chain of at most 12 matrix products/reductions (patch
 embedding, timestep MLP ×2, per block qkv, attention q·k and p·v, proj, fc1, fc2, adaLN; final
