@@ -1,5 +1,7 @@
-"""dew's DiT / SiT (dew.networks.dit) against facebookresearch/DiT, willisma/SiT and
-sihyun-yu/REPA's own ``models.py`` (goldens: third_party/dit, made by make_reference.py).
+"""dew's DiT / SiT (dew.networks.dit) against the references' own network code on random weights
+(goldens in third_party/dit): facebookresearch/DiT and willisma/SiT ``models.py``, sihyun-yu/REPA
+``models/sit.py`` (make_reference.py), hustvl/LightningDiT's options and Gsunshine/meanflow's
+flax DiT with the second time input (make_meanflow_reference.py).
 
 Float32 bounds: each output is a chain of at most 12 matrix products/reductions (patch
 embedding, timestep MLP ×2, per block qkv, attention q·k and p·v, proj, fc1, fc2, adaLN; final
@@ -169,6 +171,36 @@ def test_lightningdit_options_match_reference(name, options):
     params = reference_params(state)
     out = apply("dit", tiny(config, **options), params, nhwc(ref["x"]), ref["t"], ref["y"].astype(np.int32))
     np.testing.assert_allclose(out, nhwc(ref["out"]), atol=bound(ref["out"]), rtol=0)
+
+
+def meanflow_module(path: str) -> tuple[str, str]:
+    """Gsunshine/meanflow's flax path -> (dew module, parameter): ``blocks/layers_0/attn/qkv/
+    _flax_linear/kernel`` -> (``dit/blocks_0/attn/qkv``, ``weight``); flax's Dense kernels are
+    [in, out] and its convolution HWIO, dew's layouts."""
+    parts = [p for p in path.split("/") if p not in ("_flax_linear", "_flax_embedding")]
+    merged: list[str] = []
+    for part in parts[:-1]:
+        if part.startswith("layers_") and merged:
+            merged[-1] += "_" + part[len("layers_") :]
+        else:
+            merged.append(part)
+    return "/".join(["dit", *merged]), {"kernel": "weight", "embedding": "weight"}.get(parts[-1], parts[-1])
+
+
+@pytest.mark.default_compiler
+def test_meanflow_dit_matches_reference():
+    """``time_inputs=("t", "h")`` against Gsunshine/meanflow's own flax DiT (c = t_emb + h_emb +
+    y_emb), built as its ``meanflow.py`` builds it: no label dropout, the null row kept."""
+    ref = golden("meanflow_dit_tiny")
+    config = json.loads(str(ref["config_json"]))
+    params: dict = {}
+    for key, value in ref.items():
+        if key.startswith("param/"):
+            module, name = meanflow_module(key[len("param/") :])
+            params.setdefault(module, {})[name] = jnp.asarray(value, jnp.float32)
+    options = tiny(config, time_inputs=("t", "h"), null_class=True)
+    out = apply("dit", options, params, ref["x"], ref["t"], ref["y"], h=ref["h"])
+    np.testing.assert_allclose(out, ref["out"], atol=bound(ref["out"]), rtol=0)
 
 
 def _count(model: str, size: int = 32, **options) -> int:

@@ -37,6 +37,8 @@ so dew counts the reference's trainable parameters: e.g. DiT-XL/2 at 32×32 late
 675,129,632 in the reference's ``parameters()``, 256·1152 of which are ``pos_embed``.
 ``dew.interop.dit_checkpoint`` converts a reference state dict. The LightningDiT options ``norm``,
 ``mlp``, ``qk_norm`` and ``rotary`` (``dit_layers``) are off by default (= the reference).
+Each is checked against the reference's own code on random weights (tests/test_dit.py, goldens
+in third_party/dit): DiT, SiT, REPA's projectors, LightningDiT's options, MeanFlow's (t, h) DiT.
 ``remat`` (``dew.networks.songunet.REMAT_POLICIES``: ``none``, ``blocks``, ``blocks_save_dots``)
 recomputes each block's activations in the backward pass: less memory, the same function.
 """
