@@ -21,7 +21,9 @@ from dew.training.state import TrainState
 
 def tiny_state(step: int) -> TrainState:
     params = {"w": jnp.arange(6.0).reshape(2, 3) + step, "b": jnp.arange(3.0) - step}
-    opt_state = jax.tree.map(lambda x: x + 0.5 if x.dtype == jnp.float32 else x, optax.adam(1e-3).init(params))
+    opt_state = jax.tree.map(
+        lambda x: x + 0.5 if x.dtype == jnp.float32 else x, optax.adam(1e-3).init(params)
+    )
     return TrainState(
         step=jnp.int32(step),
         params=params,
