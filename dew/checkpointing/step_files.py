@@ -87,12 +87,19 @@ class StepFiles:
             )
 
     def check_step(self, count: int) -> None:
-        """The restored step count must agree with the step the checkpoint was saved under."""
-        recorded = self.custom().get("step")
-        if recorded is None or int(recorded) != count or count != self.step:
+        """The restored step count must agree with the one the checkpoint's metadata records:
+        ``num_steps`` when the save recorded it (a stix save keyed by a step number of its own),
+        else the step it was saved under; and the metadata's key must be this step's."""
+        custom = self.custom()
+        key, recorded = custom.get("step"), custom.get("num_steps", custom.get("step"))
+        try:
+            agrees = int(key) == self.step and int(recorded) == count
+        except (TypeError, ValueError):
+            agrees = False
+        if not agrees:
             raise CheckpointRestorationError(
                 f"checkpoint step {self.step} in {self.directory}: the restored state is at step {count}, "
-                f"its metadata records step {recorded}"
+                f"its metadata records step {recorded}" + ("" if key == recorded else f" under key {key}")
             )
 
     def metadata(self, items: list[str] | None = None) -> dict[str, Any]:

@@ -48,6 +48,7 @@ class Store:
         self._manager: ocp.CheckpointManager | None = None
         self._writing = False  # whether the open manager is a writer's (see ``manager``)
         self._metrics: dict[int, dict[str, float] | None] = {}
+        self.last_aside: epath.Path | None = None  # where ``set_aside`` last moved steps
 
     def manager(self, *, writing: bool = False) -> ocp.CheckpointManager:
         """The orbax manager; ``writing=True`` (a save) reopens a reading one as a writer.
@@ -123,6 +124,8 @@ class Store:
         custom = {
             "format": layout.FORMAT,
             "step": step,
+            # the state's own step count: ``step`` unless a stix save keyed it otherwise
+            "num_steps": int(np.asarray(jax.device_get(state.step))),
             "process_count": jax.process_count(),
             "empty_items": empty,
             "metrics": metrics,
@@ -130,6 +133,9 @@ class Store:
         }
         if ema is not None:
             custom["ema"] = dict(ema)
+        rng_impl = layout.key_impl(state.rng)
+        if rng_impl is not None:  # a typed key: ``extra.rng`` holds its data (layout.typed_rng)
+            custom["rng_impl"] = rng_impl
         if self.read_only:
             raise CheckpointWriteError(
                 f"checkpoint step {step} was not written: {self.directory} is read-only here"
@@ -197,6 +203,7 @@ class Store:
         for step in steps:
             self._metrics.pop(step, None)
         self._sync_steps()
+        self.last_aside = aside
         return aside
 
     def clear(self) -> None:
