@@ -69,6 +69,7 @@ class Checkpoints:
         read_only: bool = False,
         retention: Retention | None = None,
         ema: Mapping[str, Any] | None = None,
+        ocdbt: bool = True,
     ):
         if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
             raise ValueError(f"Checkpoints: keep must be None (keep all) or an int >= 1, got {keep!r}")
@@ -83,6 +84,7 @@ class Checkpoints:
             paths.directory(directory),
             retention or Retention(newest=keep, best=1 if keep_best else 0, metric=best_metric),
             read_only=read_only,
+            ocdbt=ocdbt,
         )
         self.directory = os.fspath(self.store.directory)
         self.local_directory = None if local_directory is None else os.path.abspath(local_directory)
@@ -205,9 +207,11 @@ class Checkpoints:
         self.writer.submit(self._write_local, step, snapshot(with_law(state, self.ema)), row)
 
     def wait(self) -> None:
-        """Block until pending async writes (and uploads) have landed; re-raise the first that
-        failed. Deliberately unguarded: a checkpoint that did not land is data loss."""
+        """Block until pending async writes (and uploads) have landed, and pruned steps are
+        removed; re-raise the first write that failed. Deliberately unguarded: a checkpoint that
+        did not land is data loss."""
         self.writer.wait()
+        self.store.wait_removals()
 
     def abandon(self) -> None:
         """Stop waiting for the write in flight, for a process about to exit (a second Ctrl-C
