@@ -18,7 +18,8 @@ shrink the write). Parts:
 * ``loop``: a jitted tiny train step (~``--step_ms`` of work) run ``--steps`` times with a save
   every ``--every`` steps, against the same loop without saves, in alternating rounds: the
   extra wall time per save is the loop time a save costs, all included (the GIL and the cores
-  the writer thread takes, waiting for a save still in flight).
+  the writer thread takes, waiting for a save still in flight); where the writer's thread runs at
+  a lower priority (``dew.checkpointing.writer.WRITER_NICENESS``), also at the loop's own.
 
 Variants alternate within each round (ABAB...) so machine noise hits all of them; medians are
 reported, with every round's value.
@@ -40,6 +41,7 @@ import numpy as np
 import optax
 
 from dew.checkpointing import Checkpoints
+from dew.checkpointing import writer as writer_module
 from dew.training.state import TrainState
 
 #: The tiny state's parameter shapes: a width-16 residual MLP on 2-D data (the suite's mixture runs).
@@ -222,13 +224,18 @@ def part_loop(
 
     saves = steps // every
     names = ["no saves", *[f"async {fmt}" for fmt in formats]]
+    if hasattr(writer_module, "WRITER_NICENESS"):  # the writer's priority, lowered and not
+        default_niceness = writer_module.WRITER_NICENESS
+        names += [f"async {fmt} niceness 0" for fmt in formats if default_niceness]
     walls: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(rounds + 1):
         for name in names:
             checkpoints = None
             if name != "no saves":
                 fmt = name.split()[1]
-                path = os.path.join(root, f"loop-{round_index}-{fmt}")
+                path = os.path.join(root, f"loop-{round_index}-{name.replace(' ', '-')}")
+                if hasattr(writer_module, "WRITER_NICENESS"):
+                    writer_module.WRITER_NICENESS = 0 if name.endswith("niceness 0") else default_niceness
                 checkpoints = open_checkpoints(path, fmt)
             wall = run(checkpoints)
             if checkpoints is not None:

@@ -115,3 +115,16 @@ def test_pruned_steps_are_removed_off_the_writers_path_and_gone_after_wait(tmp_p
     c.wait()
     assert sorted(os.listdir(tmp_path / "c")) == ["2"]
     c.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="thread priorities are Linux's")
+def test_the_writer_and_remover_threads_run_at_a_lower_priority_than_the_loop(tmp_path):
+    from dew.checkpointing.writer import WRITER_NICENESS, Writer
+
+    here = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen = []
+    writer = Writer(asynchronous=True)
+    writer.submit(lambda: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+    writer.close()
+    assert WRITER_NICENESS > 0 and seen == [min(here + WRITER_NICENESS, 19)]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == here  # the loop's is its own

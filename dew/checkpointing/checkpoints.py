@@ -50,7 +50,11 @@ class Checkpoints:
     ``upload(path)`` is called after each persistent save lands. ``ema`` is the run's EMA as
     ``dew.averaging.ema.record`` describes it (β's law, tracked leaves, accumulation); every save
     records it, so ``restore_ema`` debiases on its own. ``read_only=True`` opens another
-    run's directory for restoring only. With several processes every process must make the same
+    run's directory for restoring only. ``ocdbt`` is the orbax format the items are written in
+    (OCDBT, the default, was faster for small and large states alike: ``benchmarks/checkpoint.py``;
+    False: one zarr array per leaf); either is read. A pruned step is renamed out of the
+    directory's steps at once and its files removed on a thread of their own (``wait`` and
+    ``close`` wait for that too). With several processes every process must make the same
     calls in the same order: ``latest_step()``, ``local_step()`` and saves are collectives, and
     ``latest``/``best`` are the seed's property spellings of ``latest_step()``/``best_step()``.
     """
@@ -216,8 +220,10 @@ class Checkpoints:
     def abandon(self) -> None:
         """Stop waiting for the write in flight, for a process about to exit (a second Ctrl-C
         during a save): ``wait`` and ``close`` return at once after this. A save cut short
-        leaves ``<step>.orbax-checkpoint-tmp``, which the next run's first save cleans up."""
+        leaves ``<step>.orbax-checkpoint-tmp``, which the next run's first save cleans up (and a
+        pruned step not yet removed, ``.deleting-<step>-*``, which its next prune removes)."""
         self.writer.abandon()
+        self.store.abandon_removals()
 
     def close(self) -> None:
         """Wait for pending writes, then release the manager and the writer thread."""

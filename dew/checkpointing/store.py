@@ -34,6 +34,7 @@ from dew.checkpointing.errors import (
 )
 from dew.checkpointing.retention import Retention
 from dew.checkpointing.step_files import StepFiles
+from dew.checkpointing.writer import yield_to_the_loop
 from dew.data.dataset import DataPartition
 from dew.training.state import TrainState
 
@@ -92,6 +93,14 @@ class Store:
                 registry.add(name, ocp.args.PyTreeRestore, handler)
             self._manager = ocp.CheckpointManager(self.directory, options=options, handler_registry=registry)
         return self._manager
+
+    def abandon_removals(self) -> None:
+        """Stop waiting for removals (a process about to exit); what is left, out of the step
+        namespace already, the next delete removes."""
+        self._removing.clear()
+        if self._remover is not None:
+            self._remover.shutdown(wait=False, cancel_futures=True)
+            self._remover = None
 
     def close(self) -> None:
         self.wait_removals()
@@ -206,7 +215,7 @@ class Store:
         nothing waits for it but ``wait_removals`` (``Checkpoints.wait``, ``close``)."""
         if self._remover is None:
             self._remover = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="dew-checkpoints-remove"
+                1, thread_name_prefix="dew-checkpoints-remove", initializer=yield_to_the_loop
             )
         self._removing.append((doomed, self._remover.submit(doomed.rmtree)))
 
