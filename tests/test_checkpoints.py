@@ -164,11 +164,14 @@ def test_restoring_what_is_not_there_is_a_named_error(tmp_path):
         checkpoints.restore(TEMPLATE, step=9)
 
 
-def test_a_step_that_disagrees_with_the_state_surfaces_from_wait(tmp_path):
-    checkpoints = Checkpoints(str(tmp_path / "c"))
-    checkpoints.save(4, state_at(3), None)
+def test_a_step_that_disagrees_with_the_state_is_refused_at_the_call_and_loses_no_save(tmp_path):
+    checkpoints = Checkpoints(str(tmp_path / "c"))  # asynchronous
+    checkpoints.save(2, state_at(2), None)
     with pytest.raises(ValueError, match="step 4 but the state is at step 3"):
-        checkpoints.wait()
+        checkpoints.save(4, state_at(3), None)  # refused before anything is queued
+    checkpoints.save(3, state_at(3), None)  # the next save is not the one that pays for it
+    checkpoints.wait()
+    assert checkpoints.all_steps() == [2, 3]
 
 
 def test_saving_a_step_twice_is_an_error_not_a_silent_skip(tmp_path):

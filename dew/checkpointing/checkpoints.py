@@ -178,13 +178,15 @@ class Checkpoints:
         The state is saved under the step it is at; with ``keyed=True`` (the stix ``Checkpointer``)
         ``step`` is only the checkpoint's key, and the state's own step count is recorded beside
         it (``num_steps``), which a restore checks. Whatever can be refused without waiting for
-        the device (a bad step, a step already on disk, a metric that is not a number, a
-        read-only directory) is refused here, before anything is queued, so a save's mistake
-        never surfaces only at the next save.
+        the device's current step (a bad step, a state at another step, a step already on disk,
+        a metric that is not a number, a read-only directory) is refused here, before anything
+        is queued, so a save's mistake never surfaces only at the next save.
         """
         self._writable()
         step, rows = layout.step_number(step), positions.global_rows(saved, share)
         metrics = None if metrics is None else {k: _metric(k, v) for k, v in metrics.items()}
+        if not keyed:  # reads the step count: waits for the step that made it, not for a write
+            layout.check_step(step, state)
         self.writer.wait()  # one write in flight at most: a failed one stops here
         if self.store.path(step).exists():
             raise CheckpointWriteError(
@@ -195,7 +197,7 @@ class Checkpoints:
             dataset_state = jax.tree.map(host_copy, dataset_state)
         ema = self.ema if ema is None else dict(ema)
         state = with_law(state, ema)
-        self.writer.submit(self._write, step, snapshot(state), rows, metrics, dataset_state, ema, keyed)
+        self.writer.submit(self._write, step, snapshot(state), rows, metrics, dataset_state, ema)
 
     def save_local(
         self, step: int, state: TrainState, saved: bytes | None, *, share: DataPartition | None = None
@@ -206,8 +208,9 @@ class Checkpoints:
         if self.local_directory is None:
             raise ValueError("Checkpoints.save_local: no local_directory was given")
         self._writable()
-        self.writer.wait()
         step, row = layout.step_number(step), positions.local_row(saved, share)
+        layout.check_step(step, state)  # at the call, as ``save`` does
+        self.writer.wait()
         self.writer.submit(self._write_local, step, snapshot(with_law(state, self.ema)), row)
 
     def wait(self) -> None:
@@ -397,10 +400,7 @@ class Checkpoints:
         metrics: Any,
         dataset: Any,
         ema: Any,
-        keyed: bool = False,
     ) -> None:
-        if not keyed:
-            layout.check_step(step, state)
         self.store.write(step, state, rows, metrics, dataset, law_record(state, ema))
         if self.upload is not None:
             pending = self.upload(self.path(step))
@@ -408,7 +408,6 @@ class Checkpoints:
                 pending.result()
 
     def _write_local(self, step: int, state: TrainState, row: dict[str, np.ndarray] | None) -> None:
-        layout.check_step(step, state)
         shards, meta = local.describe(step, state)
         record = law_record(state, self.ema)
         if record is not None:
