@@ -164,19 +164,22 @@ def test_restoring_what_is_not_there_is_a_named_error(tmp_path):
         checkpoints.restore(TEMPLATE, step=9)
 
 
-def test_a_step_that_disagrees_with_the_state_surfaces_from_wait(tmp_path):
-    checkpoints = Checkpoints(str(tmp_path / "c"))
-    checkpoints.save(4, state_at(3), None)
+def test_a_step_that_disagrees_with_the_state_is_refused_at_the_call_and_loses_no_save(tmp_path):
+    checkpoints = Checkpoints(str(tmp_path / "c"))  # asynchronous
+    checkpoints.save(2, state_at(2), None)
     with pytest.raises(ValueError, match="step 4 but the state is at step 3"):
-        checkpoints.wait()
+        checkpoints.save(4, state_at(3), None)  # refused before anything is queued
+    checkpoints.save(3, state_at(3), None)  # the next save is not the one that pays for it
+    checkpoints.wait()
+    assert checkpoints.all_steps() == [2, 3]
 
 
 def test_saving_a_step_twice_is_an_error_not_a_silent_skip(tmp_path):
     checkpoints = Checkpoints(str(tmp_path / "c"))
     checkpoints.save(2, state_at(2), None)
-    checkpoints.save(2, state_at(2), None)
-    with pytest.raises(CheckpointWriteError, match="step 2 was not written"):
-        checkpoints.wait()
+    with pytest.raises(CheckpointWriteError, match="step 2 was not written"):  # at the call, not later
+        checkpoints.save(2, state_at(2), None)
+    checkpoints.wait()
 
 
 def test_a_step_count_that_disagrees_with_the_checkpoint_metadata_raises(tmp_path):
@@ -185,11 +188,15 @@ def test_a_step_count_that_disagrees_with_the_checkpoint_metadata_raises(tmp_pat
     checkpoints.wait()
     meta_path = tmp_path / "c" / "5" / "_CHECKPOINT_METADATA"
     meta = json.loads(meta_path.read_text())
-    meta["custom_metadata"]["step"] = 6
+    meta["custom_metadata"]["num_steps"] = 6
     meta_path.write_text(json.dumps(meta))
     reopened = Checkpoints(str(tmp_path / "c"))
     with pytest.raises(ValueError, match="restored state is at step 5, its metadata records step 6"):
         reopened.restore(TEMPLATE, step=5)
+    meta["custom_metadata"].update(num_steps=5, step=6)  # the key it records is another step's
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="its metadata records step 5 under key 6"):
+        Checkpoints(str(tmp_path / "c")).restore(TEMPLATE, step=5)
 
 
 def test_resume_flags_keep_the_fresh_optimizer_state_and_rng(tmp_path):

@@ -109,8 +109,11 @@ def test_checkpointer_save_of_the_state_alone_then_restore_ema_of_a_template(run
         np.array_equal(a, b)
         for a, b in zip(jax.tree.leaves(restored.ema_law), jax.tree.leaves(state.ema_law), strict=True)
     )
-    # without the law in extra there is nothing to debias with: the record was what made it work
+    # a state without a law is saved with an assumed default in the metadata record only: with
+    # that record gone there is nothing to debias with (the record was what made it work)
     checkpointer.save(state.replace(ema_law=None, step=state.step + 3), 9, 0.5)
+    assert checkpointer.checkpoints.ema_record(9)["assumed"] is True
+    drop_metadata_record(tmp_path / "c" / "9")
     with pytest.raises(ValueError, match="records no EMA law"):
         checkpointer.restore_ema(template, step=9)
 

@@ -16,13 +16,17 @@ import numpy as np
 
 from dew.averaging import ema as ema_lib
 from dew.averaging.ema import EMASpec
-from dew.checkpointing.checkpoints import Checkpoints
+from dew.checkpointing.checkpoints import ASSUMED, Checkpoints
 from dew.checkpointing.retention import Retention
 from dew.checkpointing.stix_config import CheckpointerConfig
 from dew.training.state import TrainState
 
 #: The metric a stix save reports, and ranks by.
 EVAL_LOSS = "eval_loss"
+
+
+def _spec(decay: float | EMASpec) -> EMASpec:
+    return decay if isinstance(decay, EMASpec) else EMASpec(decay=float(decay))
 
 
 def stix_retention(max_to_keep: int | None, keep_best: bool) -> Retention:
@@ -41,7 +45,8 @@ class Checkpointer:
     ``config`` is a ``CheckpointerConfig`` (or a mapping of its fields). Dew extensions, all
     keyword-only and optional: ``upload(path)`` is called after each save lands (it may return a
     future that ``wait_until_finished`` waits for), ``read_only=True`` opens a foreign directory
-    for restoring only.
+    for restoring only, ``ema_decay`` (a β or an ``EMASpec``) is the EMA law of states that carry
+    none of their own (built by hand rather than by ``make_init``).
     """
 
     Config = CheckpointerConfig
@@ -52,12 +57,15 @@ class Checkpointer:
         *,
         upload: Callable[[str], Any] | None = None,
         read_only: bool = False,
+        ema_decay: float | EMASpec | None = None,
     ):
         if isinstance(config, Mapping):
             config = CheckpointerConfig(**config)
         if not isinstance(config, CheckpointerConfig):
             raise TypeError(f"Checkpointer: config must be a CheckpointerConfig, got {type(config).__name__}")
         self.config = config
+        self.ema_decay = None if ema_decay is None else _spec(ema_decay)
+        self._told_default = False
         self.checkpoints = Checkpoints(
             config.checkpoint_dir,
             retention=stix_retention(config.max_to_keep, config.keep_best),
@@ -86,31 +94,58 @@ class Checkpointer:
     ) -> None:
         """Persist ``training_state`` under ``step`` as independently-loadable items.
 
-        The state is split across orbax items ``params``, ``opt_state``, ``ema_params`` (the
-        raw, non-debiased EMA) and ``extra`` (the small scalars: step count, rng key and the
-        EMA's law, ``TrainState.ema_law``, which ``make_init`` sets), so each can be restored
-        on its own and ``restore_ema`` debiases from ``ema_params`` + ``extra``; ``eval_loss``
-        ranks the checkpoint (stored in its metrics as ``eval_loss``); ``dataset_state`` is any
-        pytree (e.g. a grain iterator state), saved when not None. A step that ``should_save``
-        declines is skipped (orbax's cadence). Dew extension: ``ema_decay`` (a β or an
-        ``EMASpec``) gives the law of a state that carries none (one that does must agree).
+        ``step`` is the checkpoint's key, whatever step count the state holds (that count is
+        recorded beside it, and a restore checks it). The state is split across orbax items
+        ``params``, ``opt_state``, ``ema_params`` (the raw, non-debiased EMA) and ``extra`` (the
+        small scalars: step count, rng key and the EMA's law), so each can be restored on its own
+        and ``restore_ema`` debiases from ``ema_params`` + ``extra``; ``eval_loss`` ranks the
+        checkpoint (stored in its metrics as ``eval_loss``); ``dataset_state`` is any pytree (e.g.
+        a grain iterator state), saved when not None. A step that ``should_save`` declines is
+        skipped (orbax's cadence). A step already on disk, or a bad argument, is refused here,
+        before anything is queued (with asynchronous writes too).
+
+        The EMA's law recorded is the state's own (``TrainState.ema_law``, set by ``make_init``),
+        else ``ema_decay`` (dew extension: a β or an ``EMASpec``; this call's, else the
+        constructor's), else ``EMASpec()``'s default (decay 0.999), said once in one line, kept
+        in the step's metadata only (the state round-trips as given) and marked as assumed, so
+        that ``restore_ema(decay=...)`` may replace it. An ``ema_decay`` that contradicts the law
+        a state carries is an error.
         """
         if not self.should_save(step):
             return
-        if ema_decay is not None:
-            spec = ema_decay if isinstance(ema_decay, EMASpec) else EMASpec(decay=float(ema_decay))
-            if training_state.ema_law is None:
-                training_state = training_state.replace(ema_law=ema_lib.law(spec, training_state.params))
-            else:
-                carried, _ = ema_lib.from_law(jax.device_get(training_state.ema_law), training_state.params)
-                if not ema_lib.same_law(carried, spec):
-                    raise ValueError(
-                        f"Checkpointer.save: ema_decay={ema_decay!r} contradicts the EMA law the state "
-                        f"carries (decay={carried.decay}, half_life={carried.half_life}, "
-                        f"ramp_up={carried.ramp_up}); leave ema_decay unset"
-                    )
+        training_state, record = self._with_law(training_state, ema_decay)
         metrics = {EVAL_LOSS: float(np.asarray(jax.device_get(eval_loss)))}
-        self.checkpoints.save(step, training_state, None, metrics, dataset_state=dataset_state)
+        self.checkpoints.save(
+            step, training_state, None, metrics, dataset_state=dataset_state, ema=record, keyed=True
+        )
+
+    def _with_law(
+        self, state: TrainState, ema_decay: float | EMASpec | None
+    ) -> tuple[TrainState, dict[str, Any] | None]:
+        """``state`` carrying an EMA law, and the record to keep when that law is assumed."""
+        given = _spec(ema_decay) if ema_decay is not None else self.ema_decay
+        if state.ema_law is not None:
+            if given is not None:
+                carried, _ = ema_lib.from_law(jax.device_get(state.ema_law), state.params)
+                if not ema_lib.same_law(carried, given):
+                    raise ValueError(
+                        f"Checkpointer.save: ema_decay={ema_decay if ema_decay is not None else given!r} "
+                        f"contradicts the EMA law the state carries (decay={carried.decay}, "
+                        f"half_life={carried.half_life}, ramp_up={carried.ramp_up}); leave ema_decay unset"
+                    )
+            return state, None
+        if given is not None:
+            return state.replace(ema_law=ema_lib.law(given, state.params)), None
+        default = EMASpec()
+        if not self._told_default:
+            self._told_default = True
+            print(
+                f"Checkpointer: the state carries no EMA law and no ema_decay was given; recording the "
+                f"default decay {default.decay} for restore_ema (pass ema_decay= to record the run's)",
+                flush=True,
+            )
+        # Kept in the step's metadata only: the state round-trips as it was given.
+        return state, {**ema_lib.record(default, state.params), ASSUMED: True}
 
     def restore(
         self,
@@ -130,18 +165,19 @@ class Checkpointer:
         Raises ``CheckpointRestorationError`` (a ``ValueError``) when the restored step count
         disagrees with the one recorded in the checkpoint's metadata, or ``step`` is not stored.
         """
-        if step is None and self.latest_step() is None:
-            return None
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                return None
         state, _ = self.checkpoints.resume(
             training_state,
             step,
             restore_optimizer_state=restore_optimizer_state,
             restore_rng_key=restore_rng_key,
         )
-        restored_step = int(np.asarray(jax.device_get(state.step)))
         dataset = None
         if dataset_state is not None:
-            dataset = self.checkpoints.restore_dataset_state(dataset_state, restored_step)
+            dataset = self.checkpoints.restore_dataset_state(dataset_state, step)
         return state, dataset
 
     def restore_ema(
@@ -154,9 +190,11 @@ class Checkpointer:
         ``ema / (1 - decay ** num_steps)``. ``template`` is a params pytree of the right structure
         (shape/dtype, optionally sharded), or None for host arrays; ``step`` defaults to
         ``latest_step()``. The decay (or half-life schedule), the accumulation and the tracked
-        leaves are ``extra``'s (the state's ``ema_law``); ``decay`` (dew extension) is needed
-        only for a state saved without one. Raises ``ValueError``
-        (``CheckpointRestorationError``) if no checkpoint exists or no decay is known.
+        leaves are ``extra``'s (the state's ``ema_law``, or the law ``save`` recorded for a state
+        without one); ``decay`` (dew extension) checks it, replaces a law ``save`` assumed by
+        default, and is needed for a checkpoint that records none (written by another saver).
+        Raises ``ValueError`` (``CheckpointRestorationError``) if no checkpoint exists or no
+        decay is known.
         """
         return self.checkpoints.restore_ema(template, step, decay=decay)
 

@@ -50,7 +50,11 @@ class Checkpoints:
     ``upload(path)`` is called after each persistent save lands. ``ema`` is the run's EMA as
     ``dew.averaging.ema.record`` describes it (β's law, tracked leaves, accumulation); every save
     records it, so ``restore_ema`` debiases on its own. ``read_only=True`` opens another
-    run's directory for restoring only. With several processes every process must make the same
+    run's directory for restoring only. ``ocdbt`` is the orbax format the items are written in
+    (OCDBT, the default, was faster for small and large states alike: ``benchmarks/checkpoint.py``;
+    False: one zarr array per leaf); either is read. A pruned step is renamed out of the
+    directory's steps at once and its files removed on a thread of their own (``wait`` and
+    ``close`` wait for that too). With several processes every process must make the same
     calls in the same order: ``latest_step()``, ``local_step()`` and saves are collectives, and
     ``latest``/``best`` are the seed's property spellings of ``latest_step()``/``best_step()``.
     """
@@ -69,6 +73,7 @@ class Checkpoints:
         read_only: bool = False,
         retention: Retention | None = None,
         ema: Mapping[str, Any] | None = None,
+        ocdbt: bool = True,
     ):
         if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
             raise ValueError(f"Checkpoints: keep must be None (keep all) or an int >= 1, got {keep!r}")
@@ -83,6 +88,7 @@ class Checkpoints:
             paths.directory(directory),
             retention or Retention(newest=keep, best=1 if keep_best else 0, metric=best_metric),
             read_only=read_only,
+            ocdbt=ocdbt,
         )
         self.directory = os.fspath(self.store.directory)
         self.local_directory = None if local_directory is None else os.path.abspath(local_directory)
@@ -158,6 +164,7 @@ class Checkpoints:
         share: DataPartition | None = None,
         dataset_state: Any = None,
         ema: Mapping[str, Any] | None = None,
+        keyed: bool = False,
     ) -> None:
         """Write ``state`` under ``step``, asynchronously.
 
@@ -167,11 +174,25 @@ class Checkpoints:
         surfaces from ``wait`` (or the next save); it is never swallowed. ``dataset_state`` is any
         pytree (numbers, strings, arrays: e.g. a grain iterator's state) stored beside the state
         (process 0's); ``ema`` (default: the constructor's) is the EMA record kept with the step.
+
+        The state is saved under the step it is at; with ``keyed=True`` (the stix ``Checkpointer``)
+        ``step`` is only the checkpoint's key, and the state's own step count is recorded beside
+        it (``num_steps``), which a restore checks. Whatever can be refused without waiting for
+        the device's current step (a bad step, a state at another step, a step already on disk,
+        a metric that is not a number, a read-only directory) is refused here, before anything
+        is queued, so a save's mistake never surfaces only at the next save.
         """
         self._writable()
-        self.writer.wait()  # one write in flight at most: a failed one stops here
         step, rows = layout.step_number(step), positions.global_rows(saved, share)
-        metrics = None if metrics is None else {k: float(v) for k, v in metrics.items()}
+        metrics = None if metrics is None else {k: _metric(k, v) for k, v in metrics.items()}
+        if not keyed:  # reads the step count: waits for the step that made it, not for a write
+            layout.check_step(step, state)
+        self.writer.wait()  # one write in flight at most: a failed one stops here
+        if self.store.path(step).exists():
+            raise CheckpointWriteError(
+                f"checkpoint step {step} was not written: {self.directory} already holds it; a run "
+                "saves each step once (a rollback moves newer steps aside first)"
+            )
         if dataset_state is not None:
             dataset_state = jax.tree.map(host_copy, dataset_state)
         ema = self.ema if ema is None else dict(ema)
@@ -187,20 +208,25 @@ class Checkpoints:
         if self.local_directory is None:
             raise ValueError("Checkpoints.save_local: no local_directory was given")
         self._writable()
-        self.writer.wait()
         step, row = layout.step_number(step), positions.local_row(saved, share)
+        layout.check_step(step, state)  # at the call, as ``save`` does
+        self.writer.wait()
         self.writer.submit(self._write_local, step, snapshot(with_law(state, self.ema)), row)
 
     def wait(self) -> None:
-        """Block until pending async writes (and uploads) have landed; re-raise the first that
-        failed. Deliberately unguarded: a checkpoint that did not land is data loss."""
+        """Block until pending async writes (and uploads) have landed, and pruned steps are
+        removed; re-raise the first write that failed. Deliberately unguarded: a checkpoint that
+        did not land is data loss."""
         self.writer.wait()
+        self.store.wait_removals()
 
     def abandon(self) -> None:
         """Stop waiting for the write in flight, for a process about to exit (a second Ctrl-C
         during a save): ``wait`` and ``close`` return at once after this. A save cut short
-        leaves ``<step>.orbax-checkpoint-tmp``, which the next run's first save cleans up."""
+        leaves ``<step>.orbax-checkpoint-tmp``, which the next run's first save cleans up (and a
+        pruned step not yet removed, ``.deleting-<step>-*``, which its next prune removes)."""
         self.writer.abandon()
+        self.store.abandon_removals()
 
     def close(self) -> None:
         """Wait for pending writes, then release the manager and the writer thread."""
@@ -239,10 +265,11 @@ class Checkpoints:
             return local.set_aside(self.tiers.local_path, step)
         return os.fspath(self.store.set_aside([step], "move", label="damaged")) + f"/{step}"
 
-    def roll_back(self, step: int, how: str = "move") -> list[int]:
+    def roll_back(self, step: int, how: str = "move", *, announce: bool = True) -> list[int]:
         """Make ``step`` the newest checkpoint: the persistent steps after it are moved into a
-        sibling directory (``how="move"``) or deleted (``"delete"``), a newer local step is
-        deleted. Returns the steps set aside; logs what was done and where."""
+        sibling directory (``how="move"``; ``store.last_aside`` names it) or deleted
+        (``"delete"``), a newer local step is deleted. Returns the steps set aside; logs what was
+        done and where (``announce=False``: the caller says it)."""
         if how not in ("move", "delete"):
             raise ValueError(f"Checkpoints.roll_back: how must be 'move' or 'delete', got {how!r}")
         self._writable()
@@ -252,7 +279,7 @@ class Checkpoints:
         local_newer = self.local_step()
         if local_newer is not None and local_newer > step:
             local.remove(self.local_path)
-        if newer or (local_newer is not None and local_newer > step):
+        if announce and (newer or (local_newer is not None and local_newer > step)):
             where = f"moved to {os.fspath(aside)}" if aside is not None else "deleted"
             log.warning(
                 "rolled back to step %d: persistent steps %s %s%s",
@@ -354,17 +381,26 @@ class Checkpoints:
         step = self.tiers.resolve(step)
         where = f"checkpoint step {step} in {self.directory}"
         ema, count, law = self.tiers.ema(template, step)
+        record = self.tiers.ema_record(step)
         if law is not None:
             recorded = ema_lib.from_law(law, ema)
         else:  # a checkpoint from before extra held the law: its metadata record, if any
-            record = self.tiers.ema_record(step)
             recorded = None if record is None else ema_lib.from_record(dict(record))
+        if (record or {}).get(ASSUMED) and decay is not None:
+            recorded = None  # a default the saver assumed: the caller's law replaces it
         spec, k = layout.ema_to_use(recorded, decay, accumulation, where)
         return ema_lib.debias(ema, spec, num_updates(count, k))
 
     # --- internals --------------------------------------------------------------------------------
-    def _write(self, step: int, state: TrainState, rows: Any, metrics: Any, dataset: Any, ema: Any) -> None:
-        layout.check_step(step, state)
+    def _write(
+        self,
+        step: int,
+        state: TrainState,
+        rows: Any,
+        metrics: Any,
+        dataset: Any,
+        ema: Any,
+    ) -> None:
         self.store.write(step, state, rows, metrics, dataset, law_record(state, ema))
         if self.upload is not None:
             pending = self.upload(self.path(step))
@@ -372,7 +408,6 @@ class Checkpoints:
                 pending.result()
 
     def _write_local(self, step: int, state: TrainState, row: dict[str, np.ndarray] | None) -> None:
-        layout.check_step(step, state)
         shards, meta = local.describe(step, state)
         record = law_record(state, self.ema)
         if record is not None:
@@ -389,9 +424,18 @@ class Checkpoints:
             raise ValueError(f"Checkpoints: {self.directory} was opened read_only; it cannot be written")
 
 
+def _metric(name: str, value: Any) -> float:
+    """A reported metric as a float; anything else is refused, naming it."""
+    try:
+        return float(np.asarray(jax.device_get(value)))
+    except (TypeError, ValueError):
+        raise ValueError(f"Checkpoints.save: metric {name!r}={value!r:.80} is not a number") from None
+
+
 def with_law(state: TrainState, record: Mapping[str, Any] | None) -> TrainState:
-    """``state`` carrying an EMA law: its own, else the one ``record`` (``ema.record``) names."""
-    if state.ema_law is not None or record is None:
+    """``state`` carrying an EMA law: its own, else the one ``record`` (``ema.record``) names
+    (not an assumed default: that stays in the step's metadata)."""
+    if state.ema_law is not None or record is None or record.get(ASSUMED):
         return state
     spec, k = ema_lib.from_record(dict(record))
     return state.replace(ema_law=ema_lib.law(spec, state.params, k))
@@ -403,4 +447,16 @@ def law_record(state: TrainState, record: Mapping[str, Any] | None) -> dict[str,
     if state.ema_law is None:
         return None if record is None else dict(record)
     spec, k = ema_lib.from_law(jax.device_get(state.ema_law), state.params)
-    return ema_lib.record(spec, state.params, k)
+    out = ema_lib.record(spec, state.params, k)
+    if (
+        record is not None
+        and record.get(ASSUMED)
+        and ema_lib.same_law(ema_lib.from_record(dict(record))[0], spec)
+    ):
+        out[ASSUMED] = True
+    return out
+
+
+#: In a step's EMA record: the law is a default assumed for a state that carried none and was
+#: given none (``Checkpointer``), so ``restore_ema(decay=...)`` may replace it.
+ASSUMED = "assumed"

@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from dew.averaging.ema import EMASpec
 from dew.checkpointing.checkpointer import Checkpointer
 from dew.checkpointing.checkpoints import Checkpoints
 from dew.checkpointing.errors import CheckpointRestorationError, ConfigValidationError
@@ -34,7 +35,8 @@ class TrainingIOHandler:
     defaults: no checkpointing). ``data_upload_fn(path)`` is called with each checkpoint's
     directory once it has landed; it may return a future, which ``wait_until_finished`` waits
     for. With ``clear_previous_checkpoints`` the checkpoints already in ``checkpoint_dir`` are
-    deleted on construction.
+    deleted on construction. ``ema_decay`` (dew extension, keyword-only: a β or an ``EMASpec``)
+    is the EMA law recorded for states that carry none of their own (``Checkpointer``).
     """
 
     Config = TrainingIOHandlerConfig
@@ -43,6 +45,8 @@ class TrainingIOHandler:
         self,
         config: TrainingIOHandlerConfig | Mapping[str, Any] | None = None,
         data_upload_fn: Callable[[str | os.PathLike], Future | None] | None = None,
+        *,
+        ema_decay: float | EMASpec | None = None,
     ):
         if config is None:
             config = TrainingIOHandlerConfig()
@@ -62,6 +66,7 @@ class TrainingIOHandler:
         self.data_upload_fn = data_upload_fn
         self._loggers: list[Logger] = []
         self._best_loss: float | None = None
+        self._rolled_back_to: int | None = None  # newer steps move aside at the first save past it
         if config.checkpoint_dir is not None and config.clear_previous_checkpoints:
             Checkpoints(config.checkpoint_dir, keep=None).clear()
         self.checkpointer: Checkpointer | None = None
@@ -75,6 +80,7 @@ class TrainingIOHandler:
                     enable_async_checkpointing=config.enable_async_checkpointing,
                 ),
                 upload=data_upload_fn,
+                ema_decay=ema_decay,
             )
 
     # --- logging ----------------------------------------------------------------------------------
@@ -104,6 +110,17 @@ class TrainingIOHandler:
         every earlier one is logged under ``LoggingCategory.BEST_MODEL``."""
         if self.checkpointer is None or not self.checkpointer.should_save(step_number):
             return
+        if self._rolled_back_to is not None and step_number > self._rolled_back_to:
+            restored, self._rolled_back_to = self._rolled_back_to, None
+            newer = self.checkpointer.checkpoints.roll_back(restored, announce=False)
+            if newer:
+                aside = self.checkpointer.checkpoints.store.last_aside
+                print(
+                    f"step {step_number} continues from the restored step {restored}: the newer steps "
+                    f"{newer} are moved to {aside}",
+                    flush=True,
+                )
+                self._best_loss = None  # the best may have been one of them
         loss = float(np.asarray(jax.device_get(eval_loss)))
         if self._best_loss is None:  # the best already on disk (a resumed run)
             best = self.checkpointer.best_step()
@@ -126,9 +143,11 @@ class TrainingIOHandler:
         A restore is requested by ``restore_checkpoint_if_exists`` or ``step_to_restore``;
         without one the inputs come back unchanged. It reads ``restore_dir`` (default:
         ``checkpoint_dir``); the optimizer state is restored when both the argument and
-        ``config.restore_optimizer_state`` say so. Rolling the run's own directory back to an
-        older ``step_to_restore`` moves the newer steps into a sibling directory (logged), so
-        later saves never collide with them. Attached loggers get
+        ``config.restore_optimizer_state`` say so. Restoring an older ``step_to_restore`` of the
+        run's own directory changes nothing on disk: the newer steps are moved into a sibling
+        directory (``<checkpoint_dir>.rolled-back-<time>/``, said in one line) when the run first
+        saves past the restored step, so later saves never collide with them and a restore
+        that is not followed by training leaves the directory as it was. Attached loggers get
         ``CLEANUP_AFTER_CKPT_RESTORATION`` at the restored step. Returns the restored state and
         dataset state (None when ``dataset_state`` is None or the checkpoint holds none), or the
         inputs unchanged if no checkpoint exists.
@@ -154,10 +173,6 @@ class TrainingIOHandler:
         step = c.step_to_restore
         if step is None and source.latest_step() is None:
             return training_state, dataset_state
-        if source is self.checkpointer and step is not None:
-            newer = self.checkpointer.checkpoints.roll_back(step)
-            if newer:
-                print(f"rolled back to step {step}: newer steps {newer} set aside", flush=True)
         restored = source.restore(
             training_state,
             dataset_state,
@@ -167,7 +182,9 @@ class TrainingIOHandler:
         )
         assert restored is not None  # a step exists (checked above, or restore raised)
         state, dataset = restored
-        restored_step = int(np.asarray(jax.device_get(state.step)))
+        restored_step = step if step is not None else source.latest_step()
+        if source is self.checkpointer and any(s > restored_step for s in source.all_steps()):
+            self._rolled_back_to = restored_step
         self.log(LoggingCategory.CLEANUP_AFTER_CKPT_RESTORATION, {}, restored_step)
         return state, dataset
 

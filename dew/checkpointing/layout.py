@@ -6,7 +6,9 @@ A checkpoint holds separately restorable items:
     params/      the live parameters
     opt_state/   the optimizer state
     ema_params/  the raw (not debiased) EMA, so ``restore_ema`` needs neither of the above
-    extra/       the small scalars: step, rng key, the EMA's law (``ema``: β's law, the
+    extra/       the small scalars: step, rng key (a typed key, ``jax.random.key``, as its raw
+                 ``uint32`` data; its implementation's name in the step's metadata, ``rng_impl``),
+                 the EMA's law (``ema``: β's law, the
                  micro-batches per update, the tracked leaves; ``dew.averaging.ema.law``) and,
                  under a dynamic loss scale, its state (``loss_scale``: scale, good steps)
     pending/     gradient sums of an unfinished accumulation (only when the state has them)
@@ -52,7 +54,7 @@ def items_from_state(state: Any) -> dict[str, Any]:
     items = {
         "params": state.params,
         "opt_state": state.opt_state,
-        "extra": {"step": state.step, "rng": state.rng},
+        "extra": {"step": state.step, "rng": raw_key(state.rng)},
     }
     for field, item in AVERAGE_FIELDS:
         tree = getattr(state, field)
@@ -83,6 +85,64 @@ def state_from_items(items: Mapping[str, Any]) -> TrainState:
         **averages,
         **{LAW_FIELD: extra.get(LAW_EXTRA_KEY)},
     )
+
+
+# --- typed PRNG keys -------------------------------------------------------------------------------
+def key_impl(leaf: Any) -> str | None:
+    """The PRNG implementation's name (``"threefry2x32"``, ``"rbg"``, ...) of a typed key leaf
+    (``jax.random.key``: an array or a ``ShapeDtypeStruct``); None for anything else, e.g. a
+    raw ``uint32`` key (``jax.random.PRNGKey``)."""
+    dtype = getattr(leaf, "dtype", None)
+    if dtype is None or not jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return None
+    if isinstance(leaf, jax.Array):
+        return str(jax.random.key_impl(leaf))
+    names: list[str] = []
+    jax.eval_shape(
+        lambda k: names.append(str(jax.random.key_impl(k))) or k, jax.ShapeDtypeStruct(leaf.shape, dtype)
+    )
+    return names[0]
+
+
+def raw_key(leaf: Any) -> Any:
+    """A typed key as the ``uint32`` data a checkpoint stores (``jax.random.key_data``; for a
+    ``ShapeDtypeStruct``, its shape and dtype, placed like the key); anything else as it is."""
+    if key_impl(leaf) is None:
+        return leaf
+    if isinstance(leaf, jax.Array):
+        return jax.random.key_data(leaf)
+    data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(leaf.shape, leaf.dtype))
+    return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=getattr(leaf, "sharding", None))
+
+
+def typed_rng(state: TrainState, template: Any, recorded: str | None, where: str) -> TrainState:
+    """``state`` (as restored: its key is raw ``uint32`` data) with the key in the form asked for:
+    the template's typed key when the template has one (from a checkpoint of a typed key of the
+    same implementation, or of a raw key of the same shape, as written before typed keys were
+    recorded), a typed key of the ``recorded`` implementation without a template, else the raw
+    data as stored. A typed template of another implementation than the recorded one raises
+    ``CheckpointRestorationError`` naming both."""
+    wanted = check_key(template, recorded, where)
+    if state.rng is None or wanted is None:
+        return state
+    return state.replace(rng=jax.random.wrap_key_data(state.rng, impl=wanted))
+
+
+def check_key(template: Any, recorded: str | None, where: str) -> str | None:
+    """The key implementation a restore gives (``typed_rng``: the template's, else the recorded
+    one; None: raw data), checked before anything is read: a typed template of another
+    implementation than the recorded one raises ``CheckpointRestorationError`` naming both."""
+    from dew.checkpointing.errors import CheckpointRestorationError
+
+    if recorded is not None and not isinstance(recorded, str):
+        raise CheckpointRestorationError(f"{where} is damaged: its metadata records rng_impl={recorded!r}")
+    wanted = recorded if template is None else key_impl(template.rng)
+    if template is not None and wanted is not None and recorded is not None and wanted != recorded:
+        raise CheckpointRestorationError(
+            f"{where}: its PRNG key is a {recorded!r} key, the template's a {wanted!r} key; restore onto "
+            f"a key made with jax.random.key(..., impl={recorded!r})"
+        )
+    return wanted
 
 
 # --- naming leaves the way orbax does ------------------------------------------------------------

@@ -133,6 +133,9 @@ def describe(step: int, state: TrainState) -> tuple[list[list[np.ndarray]], dict
         # Each item's tree as the persistent tier's metadata gives it (``stored``).
         "trees": layout.skeleton(layout.items_from_state(state)),
     }
+    rng_impl = layout.key_impl(state.rng)
+    if rng_impl is not None:  # a typed key: its data is stored (layout.typed_rng)
+        meta["rng_impl"] = rng_impl
     return shards, meta
 
 

@@ -14,7 +14,10 @@ The start that wrote checkpoint step S is the last one that resumed from a step 
 data position it restores was written with. A resume that finds checkpoints but no ``run.json``
 says so and records ``"lost_history": [{"time", "before_step", "reason"}, ...]``: the starts
 before ``before_step`` are unknown. A damaged ``run.json`` is never replaced: reading it raises
-``RunMetadataError`` naming it.
+``RunMetadataError`` naming it, in one line, and so does one whose history is malformed (a key
+of the wrong type, a start that is not an object, a negative step, a batch size or process count
+that is not a positive int: ``check_history``), so a resume never carries its data position
+over by a number that is not one.
 """
 
 from __future__ import annotations
@@ -25,7 +28,12 @@ import shutil
 from collections.abc import Mapping
 from typing import Any
 
-from dew.checkpointing.run_metadata import RUN_METADATA, read_run_metadata, save_run_metadata
+from dew.checkpointing.run_metadata import (
+    RUN_METADATA,
+    RunMetadataError,
+    read_run_metadata,
+    save_run_metadata,
+)
 
 #: What a run writes besides checkpoints: set aside together by ``set_aside_records``.
 RECORD_DIRS = ("tracking", "previews")
@@ -37,10 +45,73 @@ def _version() -> str:
     return getattr(dew, "__version__", "unknown")
 
 
+def _int(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _problem(metadata: Mapping[str, Any]) -> str | None:
+    """What is malformed in a run's ``run.json`` (the keys dew reads back), or None."""
+    for key in ("label", "dew_version"):
+        if metadata.get(key) is not None and not isinstance(metadata[key], str):
+            return f"{key} is {metadata[key]!r:.60}, expected a string"
+    if "config" in metadata and not isinstance(metadata["config"], dict):
+        return f"config is {metadata['config']!r:.60}, expected an object"
+    history = metadata.get("starts", [])
+    if not isinstance(history, list):
+        return f"starts is {history!r:.60}, expected a list of start records"
+    for i, entry in enumerate(history):
+        where = f"starts[{i}]"
+        if not isinstance(entry, dict):
+            return f"{where} is {entry!r:.60}, expected an object"
+        if not isinstance(entry.get("config"), dict):
+            return f"{where}.config is {entry.get('config')!r:.60}, expected an object"
+        for key, low in (("resumed_from", 0), ("processes", 1)):
+            if entry.get(key) is not None and not _int(entry[key], low):
+                return f"{where}.{key} is {entry[key]!r:.60}, expected an int >= {low}"
+        for key in ("time", "dew_version"):
+            if entry.get(key) is not None and not isinstance(entry[key], str):
+                return f"{where}.{key} is {entry[key]!r:.60}, expected a string"
+        dataset = entry["config"].get("dataset")
+        if dataset is not None and not isinstance(dataset, dict):
+            return f"{where}.config.dataset is {dataset!r:.60}, expected an object"
+        batch = (dataset or {}).get("batch_size")
+        if batch is not None and not _int(batch, 1):
+            return f"{where}.config.dataset.batch_size is {batch!r:.60}, expected an int >= 1"
+    lost = metadata.get("lost_history", [])
+    if not isinstance(lost, list):
+        return f"lost_history is {lost!r:.60}, expected a list"
+    for i, entry in enumerate(lost):
+        if not isinstance(entry, dict) or not _int(entry.get("before_step"), 0):
+            return f"lost_history[{i}] is {entry!r:.60}, expected an object with before_step, an int >= 0"
+    return None
+
+
+def check_history(workdir: str, metadata: Mapping[str, Any]) -> None:
+    """Raise ``RunMetadataError`` (one line, naming the file and the key) when ``metadata``, read
+    from ``workdir``'s ``run.json``, is not a run history this module wrote."""
+    problem = _problem(metadata)
+    if problem is not None:
+        raise RunMetadataError(
+            f"{os.path.join(workdir, RUN_METADATA)} is malformed: {problem}; it holds the run's config and "
+            "start history. Restore it from a copy, or move it aside to go on with a new history (the "
+            "checkpoints stay usable)"
+        )
+
+
+def read_run(workdir: str) -> dict[str, Any] | None:
+    """``workdir``'s ``run.json`` as a dew run wrote it, checked (``check_history``); None when
+    absent. The stix ``read_run_metadata`` reads any JSON object; dew's own readers use this."""
+    metadata = read_run_metadata(workdir)
+    if metadata is not None:
+        check_history(workdir, metadata)
+    return metadata
+
+
 def starts(workdir: str) -> list[dict[str, Any]]:
     """The recorded starts of the run in ``workdir``, oldest first ([] when there is none). A
-    ``run.json`` written before starts were recorded counts as one start of unknown origin."""
-    metadata = read_run_metadata(workdir)
+    ``run.json`` written before starts were recorded counts as one start of unknown origin.
+    A malformed one raises ``RunMetadataError`` naming it (``check_history``)."""
+    metadata = read_run(workdir)
     if metadata is None:
         return []
     if "starts" in metadata:
@@ -60,7 +131,7 @@ def record_start(
 ) -> dict[str, Any]:
     """Append this start to ``run.json`` (creating it); return the entry written. ``extra`` are
     run-level keys kept at the top beside ``config`` (e.g. the EMA record ``restore_ema`` reads)."""
-    previous = read_run_metadata(workdir)
+    previous = read_run(workdir)
     history = starts(workdir)
     entry = {
         "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -116,4 +187,12 @@ def set_aside_records(workdir: str) -> str | None:
     return target
 
 
-__all__ = ["RECORD_DIRS", "record_start", "set_aside_records", "starts", "writer_of"]
+__all__ = [
+    "RECORD_DIRS",
+    "check_history",
+    "read_run",
+    "record_start",
+    "set_aside_records",
+    "starts",
+    "writer_of",
+]

@@ -43,6 +43,13 @@ class StepFiles:
                 f"checkpoint {self.path} is damaged: step metadata {meta!r:.100}",
                 path=str(self.path / STEP_METADATA),
             )
+        problem = custom_problem(meta.get("custom_metadata") or {})
+        if problem is not None:
+            raise CheckpointDamagedError(
+                f"checkpoint step {self.step} is damaged: {self.path / STEP_METADATA} records {problem}",
+                step=self.step,
+                path=str(self.path / STEP_METADATA),
+            )
         return meta
 
     def custom(self) -> dict[str, Any]:
@@ -87,12 +94,19 @@ class StepFiles:
             )
 
     def check_step(self, count: int) -> None:
-        """The restored step count must agree with the step the checkpoint was saved under."""
-        recorded = self.custom().get("step")
-        if recorded is None or int(recorded) != count or count != self.step:
+        """The restored step count must agree with the one the checkpoint's metadata records:
+        ``num_steps`` when the save recorded it (a stix save keyed by a step number of its own),
+        else the step it was saved under; and the metadata's key must be this step's."""
+        custom = self.custom()
+        key, recorded = custom.get("step"), custom.get("num_steps", custom.get("step"))
+        try:
+            agrees = int(key) == self.step and int(recorded) == count
+        except (TypeError, ValueError):
+            agrees = False
+        if not agrees:
             raise CheckpointRestorationError(
                 f"checkpoint step {self.step} in {self.directory}: the restored state is at step {count}, "
-                f"its metadata records step {recorded}"
+                f"its metadata records step {recorded}" + ("" if key == recorded else f" under key {key}")
             )
 
     def metadata(self, items: list[str] | None = None) -> dict[str, Any]:
@@ -134,6 +148,50 @@ class StepFiles:
             return
         for item in items:
             integrity.verify_item(self.step, item, self.path / item)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _count(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def custom_problem(custom: dict[str, Any]) -> str | None:
+    """What is malformed in dew's part of a step's metadata (the keys ``Store.write`` records and
+    a restore reads back), or None."""
+    for key in ("step", "num_steps"):
+        if key in custom and not _count(custom[key], 0):
+            return f"{key}={custom[key]!r:.60} (expected an int >= 0)"
+    empty = custom.get("empty_items", [])
+    if not isinstance(empty, list) or not all(isinstance(item, str) for item in empty):
+        return f"empty_items={empty!r:.60} (expected a list of item names)"
+    metrics = custom.get("metrics")
+    if metrics is not None and (
+        not isinstance(metrics, dict) or not all(_number(v) for v in metrics.values())
+    ):
+        return f"metrics={metrics!r:.60} (expected an object of numbers)"
+    if "rng_impl" in custom and not isinstance(custom["rng_impl"], str):
+        return f"rng_impl={custom['rng_impl']!r:.60} (expected a PRNG implementation's name)"
+    if "checksummed" in custom and not isinstance(custom["checksummed"], bool):
+        return f"checksummed={custom['checksummed']!r:.60} (expected true or false)"
+    ema = custom.get("ema")
+    if ema is None:
+        return None
+    if not isinstance(ema, dict) or not _number(ema.get("decay")) or not 0 <= ema["decay"] < 1:
+        return f"ema={ema!r:.80} (expected an EMA record whose decay is a number in [0, 1))"
+    for key in ("half_life", "ramp_up"):
+        if ema.get(key) is not None and not (_number(ema[key]) and ema[key] > 0):
+            return f"ema.{key}={ema[key]!r:.60} (expected a number > 0 or null)"
+    if "accumulation" in ema and not _count(ema["accumulation"], 1):
+        return f"ema.accumulation={ema['accumulation']!r:.60} (expected an int >= 1)"
+    tracked = ema.get("tracked")
+    if tracked is not None and (
+        not isinstance(tracked, list) or not all(isinstance(t, str) for t in tracked)
+    ):
+        return f"ema.tracked={tracked!r:.60} (expected a list of leaf paths or null)"
+    return None
 
 
 @functools.cache

@@ -10,6 +10,7 @@ nothing written or read is pickled.
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import logging
 import uuid
@@ -33,6 +34,7 @@ from dew.checkpointing.errors import (
 )
 from dew.checkpointing.retention import Retention
 from dew.checkpointing.step_files import StepFiles
+from dew.checkpointing.writer import yield_to_the_loop
 from dew.data.dataset import DataPartition
 from dew.training.state import TrainState
 
@@ -43,24 +45,40 @@ log = logging.getLogger("dew.checkpoints")
 class Store:
     """The orbax checkpoints of one directory (``epath.Path``); the manager opens on first use."""
 
-    def __init__(self, directory: epath.Path, retention: Retention, *, read_only: bool = False):
+    def __init__(
+        self,
+        directory: epath.Path,
+        retention: Retention,
+        *,
+        read_only: bool = False,
+        ocdbt: bool = True,
+    ):
         self.directory, self.retention, self.read_only = directory, retention, read_only
+        # The items' format: orbax's OCDBT (one key-value store per item), or one zarr array per
+        # leaf. OCDBT wrote dew's states faster at every size measured (benchmarks/checkpoint.py);
+        # a reader reads either.
+        self.ocdbt = ocdbt
         self._manager: ocp.CheckpointManager | None = None
         self._writing = False  # whether the open manager is a writer's (see ``manager``)
+        self._ocdbt = True  # the format the open manager's handlers write
         self._metrics: dict[int, dict[str, float] | None] = {}
+        self.last_aside: epath.Path | None = None  # where ``set_aside`` last moved steps
+        self._remover: concurrent.futures.ThreadPoolExecutor | None = None  # ``_remove_later``
+        self._removing: list[tuple[epath.Path, concurrent.futures.Future]] = []
 
-    def manager(self, *, writing: bool = False) -> ocp.CheckpointManager:
-        """The orbax manager; ``writing=True`` (a save) reopens a reading one as a writer.
+    def manager(self, *, writing: bool = False, ocdbt: bool = True) -> ocp.CheckpointManager:
+        """The orbax manager; ``writing=True`` (a save) reopens a reading one as a writer, and a
+        writer of the other format (``ocdbt``) as one of this. Either reads both formats.
 
         Only a writer cleans up unfinished saves (``<step>.orbax-checkpoint-tmp``) or creates the
         directory: a manager opened to list or read steps leaves every file alone, so reading a
         live run's directory (``pipeline``, ``dew.sample``, a resume's first look) never removes
         the save that run has in flight. A run's first save cleans up what a killed
         predecessor left; the workdir lock makes that run the only writer."""
-        if writing and self._manager is not None and not self._writing:
+        if writing and self._manager is not None and (not self._writing or self._ocdbt != ocdbt):
             self.close()
         if self._manager is None:
-            self._writing = writing and not self.read_only
+            self._writing, self._ocdbt = writing and not self.read_only, ocdbt
             options = ocp.CheckpointManagerOptions(
                 enable_async_checkpointing=False,  # the Writer's thread keeps it off the loop
                 cleanup_tmp_directories=self._writing,
@@ -70,13 +88,25 @@ class Store:
             )
             registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
             for name in (*layout.STATE_ITEMS, layout.DATA_ITEM, layout.DATASET_ITEM):
-                handler = ChecksummedPyTreeHandler()
+                handler = ChecksummedPyTreeHandler(use_ocdbt=ocdbt)
                 registry.add(name, ocp.args.PyTreeSave, handler)
                 registry.add(name, ocp.args.PyTreeRestore, handler)
             self._manager = ocp.CheckpointManager(self.directory, options=options, handler_registry=registry)
         return self._manager
 
+    def abandon_removals(self) -> None:
+        """Stop waiting for removals (a process about to exit); what is left, out of the step
+        namespace already, the next delete removes."""
+        self._removing.clear()
+        if self._remover is not None:
+            self._remover.shutdown(wait=False, cancel_futures=True)
+            self._remover = None
+
     def close(self) -> None:
+        self.wait_removals()
+        if self._remover is not None:
+            self._remover.shutdown()
+            self._remover = None
         if self._manager is not None:
             self._manager.close()
         self._manager = None
@@ -123,6 +153,8 @@ class Store:
         custom = {
             "format": layout.FORMAT,
             "step": step,
+            # the state's own step count: ``step`` unless a stix save keyed it otherwise
+            "num_steps": int(np.asarray(jax.device_get(state.step))),
             "process_count": jax.process_count(),
             "empty_items": empty,
             "metrics": metrics,
@@ -130,6 +162,9 @@ class Store:
         }
         if ema is not None:
             custom["ema"] = dict(ema)
+        rng_impl = layout.key_impl(state.rng)
+        if rng_impl is not None:  # a typed key: ``extra.rng`` holds its data (layout.typed_rng)
+            custom["rng_impl"] = rng_impl
         if self.read_only:
             raise CheckpointWriteError(
                 f"checkpoint step {step} was not written: {self.directory} is read-only here"
@@ -140,7 +175,7 @@ class Store:
                 f"{self.steps()}; a run saves each step once (a rollback moves newer steps aside first)"
             )
         try:
-            manager = self.manager(writing=True)
+            manager = self.manager(writing=True, ocdbt=self.ocdbt)
             manager.save(step, args=ocp.args.Composite(**items), custom_metadata=custom, force=True)
             manager.wait_until_finished()
         except Exception as e:
@@ -163,15 +198,36 @@ class Store:
         if jax.process_count() > 1:  # every process has read what it needs of these steps
             multihost_utils.sync_global_devices("dew-checkpoints-before-delete")
         if jax.process_index() == 0:
+            self.wait_removals()
             for stale in self.directory.glob(f"{_DELETING}*"):
                 stale.rmtree()  # left by a run killed mid-delete
             for step in steps:
                 doomed = self.directory / f"{_DELETING}{step}-{uuid.uuid4().hex}"
-                self.path(step).rename(doomed)
-                doomed.rmtree()
+                self.path(step).rename(doomed)  # the step is gone from here on
+                self._remove_later(doomed)
         for step in steps:
             self._metrics.pop(step, None)
         self._sync_steps()
+
+    def _remove_later(self, doomed: epath.Path) -> None:
+        """Remove a directory already renamed out of the step namespace on a thread of its own:
+        removing a step's files took longer than writing one (benchmarks/checkpoint.py), and
+        nothing waits for it but ``wait_removals`` (``Checkpoints.wait``, ``close``)."""
+        if self._remover is None:
+            self._remover = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="dew-checkpoints-remove", initializer=yield_to_the_loop
+            )
+        self._removing.append((doomed, self._remover.submit(doomed.rmtree)))
+
+    def wait_removals(self) -> None:
+        """Block until the steps being removed are gone. One that cannot be removed is said in
+        one line (it is out of the step namespace already; the next delete tries again)."""
+        while self._removing:
+            doomed, future = self._removing.pop(0)
+            try:
+                future.result()
+            except Exception as e:
+                log.warning("could not remove the deleted checkpoint %s: %s", doomed, first_line(e))
 
     def _sync_steps(self) -> None:
         """After this store changed the step directories: processes meet, orbax rereads them."""
@@ -197,6 +253,7 @@ class Store:
         for step in steps:
             self._metrics.pop(step, None)
         self._sync_steps()
+        self.last_aside = aside
         return aside
 
     def clear(self) -> None:

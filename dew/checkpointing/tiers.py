@@ -100,14 +100,20 @@ class Tiers:
             meta = local.read_meta(self.local_path, step)
             problem = local.placement_problem(meta, template)
             if _everywhere(problem is None):  # processes must agree, or their reads would diverge
-                return local.restore(self.local_path, step, meta, template, share)
+                state, position = local.restore(self.local_path, step, meta, template, share)
+                where = f"local checkpoint step {step} in {self.local_path}"
+                return layout.typed_rng(state, template, meta.get("rng_impl"), where), position
             if step not in self.all_steps():
                 raise CheckpointRestorationError(
                     f"checkpoint step {step} is only in the local directories ({self.local_path}) and "
                     "cannot be restored onto this placement: "
                     f"{problem or 'another process placement differs from the one it wrote'}"
                 )
-        return self.store.restore(step, template, share, read_opt_state)
+        recorded = self.store.files(step).custom().get("rng_impl")
+        where = f"checkpoint step {step} in {os.fspath(self.store.directory)}"
+        layout.check_key(template, recorded, where)
+        state, position = self.store.restore(step, template, share, read_opt_state)
+        return layout.typed_rng(state, template, recorded, where), position
 
     def _fit_law(self, template: TrainState | None, step: int) -> TrainState | None:
         """``template`` whose ``ema_law`` fits what ``step`` stores: unset when the step stores

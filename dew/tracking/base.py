@@ -50,7 +50,9 @@ Logger = Callable[[LoggingCategory, dict[str, Any], int], None]
 
 
 def convert_mse_to_rmse(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Keys containing ``mse_`` become ``rmse_`` with the square root of their (scalar) value.
+    """Keys containing ``mse_`` become ``rmse_`` with the square root of their value: a number's
+    root, or an array's element by element (a per-channel MSE becomes a per-channel RMSE, as a
+    NumPy array). Non-numeric values under such a key are kept as they are.
 
     Applied at log time, to values already averaged over the logging window: the square root
     must come after the mean.
@@ -59,9 +61,16 @@ def convert_mse_to_rmse(values: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in values.items():
         if "mse_" in key and "rmse_" not in key and is_scalar(value):
             out[key.replace("mse_", "rmse_")] = math.sqrt(to_float(value))
+        elif "mse_" in key and "rmse_" not in key and _is_numeric_array(value):
+            out[key.replace("mse_", "rmse_")] = np.sqrt(np.asarray(value))
         else:
             out[key] = value
     return out
+
+
+def _is_numeric_array(value: Any) -> bool:
+    dtype = getattr(value, "dtype", None)
+    return hasattr(value, "shape") and dtype is not None and np.dtype(dtype).kind in "fiu"
 
 
 def is_scalar(value: Any) -> bool:
