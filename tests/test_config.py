@@ -57,6 +57,10 @@ def test_bad_overrides_name_the_key(override, message):
             ["--config.objective.sampling.solver=rk4"],
             "config.objective.sampling.solver: unknown samplers 'rk4'",
         ),
+        (  # a registered sampler of another objective (SiT's) is not a σ solver
+            ["--config.objective.sampling.solver=transport_ode"],
+            r"config.objective.sampling.solver='transport_ode' is invalid: expected a σ solver",
+        ),
         (["--config.ema.decay=1.5"], r"config.ema.decay=1.5 is invalid: expected a float in \[0, 1\)"),
         (["--config.tracking.backends=('local','tensorbored')"], "config.tracking.backends"),
         (

@@ -76,6 +76,7 @@ CASES = {
     "autoencoder": ("autoencoder", "latent_digits_vae.py", {"objective.vae_channels": (8, 8)}),
     "contrastive": ("contrastive", "probe.py", {"objective.probe_train": 4}),
     "language": ("language", "lm.py", {"objective.score_rows": 1}),
+    "meanflow": ("meanflow", "meanflow.py", {}),
 }
 
 

@@ -16,6 +16,7 @@ from dew.encoding.class_label import UNCONDITIONAL
 from dew.inputs import Condition, Field, InputSpec
 from dew.objectives import diffusion_augment, latent_space, scatter
 from dew.objectives.latent_space import CONFIG as LATENT
+from dew.sampling.solvers import Solver
 from dew.schema import ConfigError, Key, Section, at_least
 
 
@@ -34,12 +35,23 @@ def _interval_ok(interval: tuple[float, ...]) -> bool:
     return interval == () or (len(interval) == 2 and 0 <= interval[0] < interval[1])
 
 
+def sigma_solvers() -> list[str]:
+    """The registered samplers that integrate dew's σ-parameterised ODE/SDE (``Solver``s): what
+    ``objective.sampling.solver`` accepts. Other registered samplers (SiT's transport samplers,
+    MeanFlow's) belong to their own objectives."""
+    return sorted(n for n in registry.samplers.names() if isinstance(registry.samplers[n], Solver))
+
+
+def _is_sigma_solver(name: str) -> bool:
+    return name in sigma_solvers()
+
+
 def check_sampling(s: Sampling) -> None:
     """The sampling section's checks, for settings given at inference time."""
     if not (isinstance(s.steps, int) and s.steps >= 2):
         raise ValueError(f"steps={s.steps!r} is invalid: expected an int >= 2")
-    if s.solver not in registry.samplers:
-        raise ValueError(f"solver={s.solver!r} is invalid: expected one of {sorted(registry.samplers)}")
+    if not _is_sigma_solver(s.solver):
+        raise ValueError(f"solver={s.solver!r} is invalid: expected one of {sigma_solvers()}")
     if not (isinstance(s.per_class, int) and s.per_class >= 1):
         raise ValueError(f"per_class={s.per_class!r} is invalid: expected an int >= 1")
     if not (isinstance(s.guidance, int | float) and s.guidance >= 0):
@@ -72,7 +84,13 @@ CONFIG = Section(
             "how previews are sampled",
             {
                 "steps": Key(18, "sampler points from σ_max to 0", **at_least(2, "an int >= 2")),
-                "solver": Key("heun", "registered solver (dew.samplers)", registry="samplers"),
+                "solver": Key(
+                    "heun",
+                    "registered solver (dew.samplers)",
+                    registry="samplers",
+                    check=_is_sigma_solver,
+                    accepted="a σ solver (a dew.sampling.solvers.Solver, e.g. euler, heun, dpmpp_2m)",
+                ),
                 "per_class": Key(
                     10,
                     "samples per class (one grid row each); in all, without classes",
