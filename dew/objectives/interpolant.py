@@ -34,6 +34,7 @@ from dew.diffusion.interpolants import LOSS_WEIGHTS, PATHS, PREDICTIONS
 from dew.diffusion.transport import Transport
 from dew.inputs import Condition, Field, InputSpec
 from dew.objectives import scatter
+from dew.objectives.whole import BuiltWhole
 from dew.sampling.transport_ode import TransportODE
 from dew.sampling.transport_sde import TransportSDE
 from dew.schema import ConfigError, Key, Section, at_least
@@ -67,7 +68,7 @@ class Preview:
     per_class: int = 8
 
 
-class Interpolant(Objective):
+class Interpolant(Objective, metaclass=BuiltWhole):
     """The transport loss of one ``Transport`` for a network F(x, t[, y]).
 
     ``num_classes`` is the label count of a class-conditional network (None: unconditional).

@@ -49,6 +49,7 @@ from dew.objectives.meanflow_loss import (
     draw_meanflow,
     meanflow_loss,
 )
+from dew.objectives.whole import BuiltWhole
 from dew.sampling.meanflow import check_schedule, sample_mean_flow
 from dew.schema import ConfigError, Key, Section, at_least
 from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
@@ -156,7 +157,7 @@ def sample_field(config: Any, source: Any) -> tuple[Field, Any, tuple[int, ...] 
     return Field(source.sample_field, model_shape), latent, latent.image_shape(model_shape)
 
 
-class MeanFlow(Objective):
+class MeanFlow(Objective, metaclass=BuiltWhole):
     """MeanFlow training and one-/few-step sampling (module docstring); built whole here."""
 
     precisions = ("float32",)
