@@ -39,11 +39,13 @@ class Children:
         self.calls: list[tuple[str, str]] = []
         self.times, self.shapes = times, shapes
 
+    def trace(self, source):
+        self.calls.append(("shapes", "ynnpack"))
+        return self.shapes
+
     def __call__(self, mode, payload, environment):
         library = cpu_convolutions.library_in_flags(environment.get("XLA_FLAGS", "")) or "ynnpack"
         self.calls.append((mode, library))
-        if mode == "shapes":
-            return self.shapes
         assert payload["batch"] == self.shapes["batch"]
         return {"times": {c: self.times[library][c] for c in map(json.dumps, payload["convolutions"])}}
 
@@ -59,7 +61,15 @@ def machine(monkeypatch):
 
 def auto(cache, children, **kw):
     return choose(
-        "auto", "auto", shapes=SOURCE, devices=2, cache=str(cache), runner=children, environ=CPU, **kw
+        "auto",
+        "auto",
+        shapes=SOURCE,
+        devices=2,
+        cache=str(cache),
+        runner=children,
+        tracer=children.trace,
+        environ=CPU,
+        **kw,
     )
 
 
@@ -128,12 +138,21 @@ def test_the_cache_key_follows_cpu_jaxlib_and_shapes(machine, tmp_path, change):
         children = Children(shapes={**SHAPES, "batch": 32})
     else:
         devices = 1
-    choose("auto", "auto", shapes=source, devices=devices, cache=str(cache), runner=children, environ=CPU)
+    choose(
+        "auto",
+        "auto",
+        shapes=source,
+        devices=devices,
+        cache=str(cache),
+        runner=children,
+        tracer=children.trace,
+        environ=CPU,
+    )
     measured = [mode for mode, _ in children.calls]
-    # A new CPU or jaxlib measures again with the same traced shapes (jaxlib also re-traces them);
-    # a new shape source traces and measures.
+    # A new CPU, jaxlib, device count or shape source measures again, and traces the run's shapes
+    # first every time it measures: the run's own checks come before any measurement.
     assert measured.count("time") == 2, children.calls
-    assert ("shapes" in measured) == (change in ("jaxlib", "shapes", "devices"))
+    assert measured[0] == "shapes" and measured.count("shapes") == 1
     assert len(json.loads(cache.read_text())["decisions"]) == 2
     key = kernel_choice.decision_key
     assert key("a", "1", 2, 64, [BIG]) != key("b", "1", 2, 64, [BIG]) != key("a", "2", 2, 64, [BIG])
@@ -145,14 +164,37 @@ def test_a_forced_choice_overrides_the_cache(machine, tmp_path):
     assert auto(cache, Children()).library == "eigen"
     children = Children()
     forced = choose(
-        "ynnpack", "xla", shapes=SOURCE, devices=2, cache=str(cache), runner=children, environ=CPU
+        "ynnpack",
+        "xla",
+        shapes=SOURCE,
+        devices=2,
+        cache=str(cache),
+        runner=children,
+        tracer=children.trace,
+        environ=CPU,
     )
     assert (forced.library, forced.per_tap, forced.how) == ("ynnpack", frozenset(), "forced by config")
     # The library forced, the gradient measured: YNNPACK's cached times decide the classes.
-    half = choose("ynnpack", "auto", shapes=SOURCE, devices=2, cache=str(cache), runner=children, environ=CPU)
+    half = choose(
+        "ynnpack",
+        "auto",
+        shapes=SOURCE,
+        devices=2,
+        cache=str(cache),
+        runner=children,
+        tracer=children.trace,
+        environ=CPU,
+    )
     assert (half.library, half.per_tap) == ("ynnpack", frozenset({tuple(BIG)})) and "cached" in half.how
     every = choose(
-        "auto", "per_tap", shapes=SOURCE, devices=2, cache=str(cache), runner=children, environ=CPU
+        "auto",
+        "per_tap",
+        shapes=SOURCE,
+        devices=2,
+        cache=str(cache),
+        runner=children,
+        tracer=children.trace,
+        environ=CPU,
     )
     assert every.library == "eigen" and every.kernel_choice().per_tap_weight_gradient_from == 1
     assert children.calls == []
@@ -160,7 +202,14 @@ def test_a_forced_choice_overrides_the_cache(machine, tmp_path):
     flagged = {**CPU, "XLA_FLAGS": f"{CPU['XLA_FLAGS']} {cpu_convolutions.EIGEN_ROUTE}"}
     assert (
         choose(
-            "ynnpack", "xla", shapes=SOURCE, devices=2, cache=None, runner=children, environ=flagged
+            "ynnpack",
+            "xla",
+            shapes=SOURCE,
+            devices=2,
+            cache=None,
+            runner=children,
+            tracer=children.trace,
+            environ=flagged,
         ).library
         == "eigen"
     )
@@ -182,6 +231,7 @@ def test_a_resumed_run_keeps_its_recorded_choice(machine, tmp_path):
         cache=str(cache),
         recorded=recorded,
         runner=children,
+        tracer=children.trace,
         environ=CPU,
     )
     assert (told.library, told.per_tap) == ("eigen", frozenset())  # told otherwise: the config wins
@@ -196,6 +246,7 @@ def test_an_accelerator_measures_nothing(machine, tmp_path):
         devices=1,
         cache=str(tmp_path / "k.json"),
         runner=children,
+        tracer=children.trace,
         environ={"JAX_PLATFORMS": "cuda"},
     )
     assert children.calls == [] and decision.library == "ynnpack" and "not the CPU" in decision.how
@@ -213,6 +264,7 @@ def test_start_measures_once_records_and_resumes(machine, tmp_path):
 
     children = Children()
     machine.setattr(kernel_choice, "run_probe", children)
+    machine.setattr(kernel_choice.ShapeSource, "trace", children.trace)
     machine.setattr(host_devices, "backend_started", lambda: False)
     machine.setattr(cpu_convolutions, "_backend_started", lambda: False)
     machine.setenv("XLA_FLAGS", CPU["XLA_FLAGS"])
@@ -288,11 +340,27 @@ def test_asked_not_to_measure_the_cpu_flag_rule_is_taken_and_named(machine, tmp_
     environ = {**CPU, kernel_choice.BY_RULE_VARIABLE: "1"}
     cache = tmp_path / "cache.json"
     ruled = choose(
-        "auto", "auto", shapes=SOURCE, devices=2, cache=str(cache), runner=children, environ=environ
+        "auto",
+        "auto",
+        shapes=SOURCE,
+        devices=2,
+        cache=str(cache),
+        runner=children,
+        tracer=children.trace,
+        environ=environ,
     )
     assert children.calls == [] and not cache.exists()
     assert ruled.how == f"CPU-flag rule: {kernel_choice.BY_RULE_VARIABLE}=1 asks for no measurement"
-    forced = choose("eigen", "xla", shapes=SOURCE, devices=2, cache=None, runner=children, environ=environ)
+    forced = choose(
+        "eigen",
+        "xla",
+        shapes=SOURCE,
+        devices=2,
+        cache=None,
+        runner=children,
+        tracer=children.trace,
+        environ=environ,
+    )
     assert (forced.library, forced.how) == ("eigen", "forced by config") and children.calls == []
 
 
