@@ -276,14 +276,14 @@ def write_cache(path: str, data: Mapping[str, Any]) -> None:
 
 
 def writable(path: str) -> bool:
-    """Whether the cache file ``path`` can be written (its directory made, if need be, and
-    writable; a directory in its place is not): checked before anything is measured."""
+    """Whether the directory of the cache file ``path`` can be made, if need be, and written:
+    checked before anything is measured (a workdir that cannot be written stops the run anyway)."""
     directory = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError:
         return False
-    return os.access(directory, os.W_OK) and not os.path.isdir(path)
+    return os.access(directory, os.W_OK)
 
 
 def cache_path(compilation_cache_directory: str | None, workdir: str | None) -> str | None:
@@ -436,18 +436,18 @@ def _without_backend(platform: str = "cpu") -> Any:
     ``jax.default_backend()`` at trace time (which would start the backend and fix XLA's flags
     before the kernel choice could set them). Only measured runs trace here, and they are
     measured only where the backend will be the CPU (``cpu_backend_expected``). Raises
-    RuntimeError if tracing started the backend anyway."""
+    RuntimeError if tracing started the backend (it was not started before)."""
     import jax
 
     from dew.runtime.host_devices import backend_started
 
-    real = jax.default_backend
+    before, real = backend_started(), jax.default_backend
     jax.default_backend = lambda: platform
     try:
         yield
     finally:
         jax.default_backend = real
-    if backend_started():
+    if not before and backend_started():
         raise RuntimeError("tracing the run's network started JAX's backend")
 
 

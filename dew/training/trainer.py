@@ -40,7 +40,7 @@ from dew.training.trainer_config import check_workdir, config_schema, make_optim
 def recorded_kernels(workdir: str) -> dict | None:
     """The kernel decision a run recorded in its ``run.json`` (what a resume keeps), or None: no
     run there yet, or a ``run.json`` the restore reports on its own."""
-    from dew.checkpointing.run_metadata import read_run_metadata
+    from dew.checkpointing.run_history import read_run_metadata  # run_metadata's, via the public module
 
     if not os.path.isdir(workdir):
         return None
