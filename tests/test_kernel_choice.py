@@ -442,7 +442,7 @@ def test_a_directory_or_an_unwritable_cache_measures_says_so_once_and_leaves_not
     """A directory in the cache file's place (the machine's copy, the workdir's): measured, said
     once per file, no temporary file left; a cache directory that cannot be written at all (the
     run's workdir cannot be either) measures nothing."""
-    machine.setattr(kernel_choice, "_unwritable", set())
+    machine.setattr(kernel_choice, "_unwritable", set(), raising=False)
     cache, shared = tmp_path / "run" / "k.json", tmp_path / "machine" / kernel_choice.CACHE_FILE
     cache.mkdir(parents=True)
     shared.mkdir(parents=True)
@@ -460,7 +460,7 @@ def test_a_directory_or_an_unwritable_cache_measures_says_so_once_and_leaves_not
 
 
 def test_an_unwritable_cache_is_said_once(machine, tmp_path):
-    machine.setattr(kernel_choice, "_unwritable", set())
+    machine.setattr(kernel_choice, "_unwritable", set(), raising=False)
     shared = tmp_path / "machine" / kernel_choice.CACHE_FILE
     shared.mkdir(parents=True)
     lines = []
