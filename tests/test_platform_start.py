@@ -41,3 +41,54 @@ def test_after_start_nothing_is_said(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert platform.start_for("Trainer") is None
+
+
+WARM = """
+import json, sys
+import jax, jax.numpy as jnp
+from jax import monitoring
+
+events = []
+monitoring.register_event_listener(lambda name, **kw: events.append(name))
+from dew.runtime import start
+
+platform = start(workdir=sys.argv[1])
+jax.jit(lambda x: jnp.sin(x) * 2 + 1)(jnp.ones(3)).block_until_ready()
+print(json.dumps({"directory": platform.compilation_cache, "events": events}))
+"""
+
+
+def test_a_warm_machine_cache_skips_compiling(tmp_path):
+    """The machine's compilation cache by default: a program one run compiled is not compiled
+    again by a run in a new workdir (a cache hit, no miss); ``DEW_CACHE_DIR=off`` keeps each
+    run's own ``cache/jax``."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "HOME": str(tmp_path / "home")}
+    env["JAX_PLATFORMS"] = "cpu"
+
+    def run(workdir, **extra):
+        done = subprocess.run(
+            [sys.executable, "-c", WARM, str(tmp_path / workdir)],
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+        )
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    cold, warm = run("first"), run("second")
+    machine = str(tmp_path / "home" / ".cache" / "dew" / "jax")
+    assert cold["directory"] == warm["directory"] == machine
+    assert "/jax/compilation_cache/cache_misses" in cold["events"]
+    assert "/jax/compilation_cache/cache_hits" in warm["events"]
+    assert "/jax/compilation_cache/cache_misses" not in warm["events"]
+    apart = run("third", DEW_CACHE_DIR="off")
+    assert apart["directory"] == str(tmp_path / "third" / "cache" / "jax")
+    assert "/jax/compilation_cache/cache_misses" in apart["events"]

@@ -1,8 +1,8 @@
 """The CPU kernels a run uses, chosen by timing them on the machine at hand, as
 ``torch.backends.cudnn.benchmark`` does, instead of by a CPU-flag rule.
 
-Two choices change how fast XLA:CPU trains a convolutional network, never what it computes
-beyond float32 reassociation (each choice is one program, bit-for-bit reproducible):
+Two choices change how fast XLA:CPU trains a convolutional network, never what it computes beyond
+float32 reassociation (each choice is one program, bit-for-bit reproducible):
 
 - the convolution library (``config.runtime.cpu_convolutions``): YNNPACK, XLA's default, or
   Eigen (``dew.runtime.cpu_convolutions``). It is an XLA flag read once, when JAX starts its CPU
@@ -11,22 +11,24 @@ beyond float32 reassociation (each choice is one program, bit-for-bit reproducib
   XLA's, or the sum over kernel taps (``dew.networks.edm_layers``), chosen class by class.
 
 ``choose`` makes the decision before this process starts JAX. With ``auto`` it times, for every
-shape class the run's network traces (``dew.kernels.record_convolutions``; traced in a child
-process, ``python -m dew.kernel_probe``, a process boundary rather than an import), the
-convolution's forward pass and both gradients at the run's batch over the run's CPU devices, with
-each library and each weight gradient, and keeps the fastest: the library whose convolutions,
-each class weighted by how often the network uses it and taking its faster weight gradient,
-cost the step least; then, under that library, the per-tap gradient for exactly the classes
-where it was faster. Within ``TIE`` (2 %) the default (YNNPACK, XLA's gradient) is kept.
+shape class the run's network traces (``dew.kernels.record_convolutions``; traced in THIS process
+before its backend starts, so the caller's registrations are in effect, by a function named rather
+than imported: ``ShapeSource``), in a child process per library given only the shapes (``python -m
+dew.kernel_probe time``), the convolution's forward pass and both gradients at the run's batch
+over the run's CPU devices, with each library and each weight gradient, and keeps the fastest: the
+library whose convolutions, each class weighted by how often the network uses it and taking its
+faster weight gradient, cost the step least; then, under that library, the per-tap gradient for
+exactly the classes where it was faster. Within ``TIE`` (2 %) the default (YNNPACK, XLA's
+gradient) is kept.
 
-The decision is cached as JSON (``CACHE_FILE``, beside the compilation cache, and a copy for the
-whole machine in ``machine_cache_path``: ``~/.cache/dew``) keyed by the CPU (``cpu_model``), the
-jaxlib version, the device count, the batch and the shape classes, and the traced shape classes
-by the config sections that shape the network, so a second run of the same configuration, in
-the same workdir or a new one, starts no child process. A forced value in the config overrides
-the cache; a resumed run uses the choice recorded in its ``run.json`` (``Decision.record``) for
-every setting left at ``auto``. Nothing is measured unless the backend will be the CPU: with an
-accelerator the settings change nothing (``cpu_backend_expected``).
+The decision is cached as JSON (``CACHE_FILE``, in the workdir's ``cache`` folder, and a copy for
+the whole machine in ``machine_cache_path``: ``~/.cache/dew``, beside its compiled programs) keyed
+by the CPU (``cpu_model``), the jaxlib version, the device count, the batch and the shape classes,
+and the traced shape classes by the config sections that shape the network, so a second run of the
+same configuration, in the same workdir or a new one, starts no child process. A forced value in
+the config overrides the cache; a resumed run uses the choice recorded in its ``run.json``
+(``Decision.record``) for every setting left at ``auto``. Nothing is measured unless the backend
+will be the CPU: with an accelerator the settings change nothing (``cpu_backend_expected``).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dew import kernels
-from dew.runtime import cpu_convolutions
+from dew.runtime import compilation_cache, cpu_convolutions
 
 LIBRARY_CHOICES = cpu_convolutions.CHOICES  # auto, eigen, ynnpack
 WEIGHT_GRADIENT_CHOICES = ("auto", "xla", "per_tap")
@@ -286,29 +288,23 @@ def writable(path: str) -> bool:
     return os.access(directory, os.W_OK)
 
 
-def cache_path(compilation_cache_directory: str | None, workdir: str | None) -> str | None:
-    """``CACHE_FILE`` beside the compilation cache directory (in its parent: for the default
-    ``<workdir>/cache/jax``, ``<workdir>/cache/kernel_choice.json``); with the compilation cache
-    off, in ``<workdir>/cache``; None without either."""
-    if compilation_cache_directory:
-        return os.path.join(os.path.dirname(os.path.abspath(compilation_cache_directory)), CACHE_FILE)
+def cache_path(workdir: str | None) -> str | None:
+    """The workdir's copy of the decisions, ``<workdir>/cache/kernel_choice.json``; None without
+    a workdir (the machine's copy serves)."""
     return None if workdir is None else os.path.join(workdir, "cache", CACHE_FILE)
 
 
-MACHINE_CACHE_VARIABLE = "DEW_CACHE_DIR"
+MACHINE_CACHE_VARIABLE = compilation_cache.MACHINE_VARIABLE
 
 
 def machine_cache_path(environ: Mapping[str, str] | None = None) -> str | None:
     """The machine's own copy of the decisions, shared by every workdir on it (a decision is a
-    fact about the CPU, jaxlib and shapes, not about one run): ``CACHE_FILE`` in
-    ``$DEW_CACHE_DIR``, else ``$XDG_CACHE_HOME/dew``, else ``~/.cache/dew``. ``DEW_CACHE_DIR=off``
-    (or empty) keeps decisions in the workdir only."""
-    environ = os.environ if environ is None else environ
-    if MACHINE_CACHE_VARIABLE in environ:
-        directory = environ[MACHINE_CACHE_VARIABLE]
-        return None if directory in ("", "off") else os.path.join(directory, CACHE_FILE)
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "dew", CACHE_FILE)
+    fact about the CPU, jaxlib and shapes, not about one run): ``CACHE_FILE`` in the machine's
+    dew folder (``compilation_cache.machine_directory``: ``$DEW_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/dew``, else ``~/.cache/dew``). ``DEW_CACHE_DIR=off`` (or empty) keeps
+    decisions in the workdir only."""
+    directory = compilation_cache.machine_directory(environ)
+    return None if directory is None else os.path.join(directory, CACHE_FILE)
 
 
 #: Cache files this process could not write and has said so about (once per file).

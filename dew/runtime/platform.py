@@ -53,8 +53,10 @@ CONFIG = Section(
         ),
         "compilation_cache": Key(
             "",
-            "directory of JAX's persistent compilation cache ('': <workdir>/cache/jax; 'off': none; "
-            "JAX_COMPILATION_CACHE_DIR wins)",
+            "directory of JAX's persistent compilation cache ('': the machine's, shared by every "
+            "workdir: ~/.cache/dew/jax, moved by DEW_CACHE_DIR, <workdir>/cache/jax with "
+            "DEW_CACHE_DIR=off; 'off': none; JAX_COMPILATION_CACHE_DIR wins; "
+            "dew.runtime.compilation_cache)",
         ),
         "coordinator_timeout": Key(
             300,
@@ -241,7 +243,7 @@ def start(
             section.get("cpu_weight_gradient", "auto"),
             shapes=None if processes is not None else shapes or run_shapes(config, devices),
             devices=devices,
-            cache=kernel_choice.cache_path(directory, workdir),
+            cache=kernel_choice.cache_path(workdir),
             machine_cache=kernel_choice.machine_cache_path(),
             recorded=recorded,
             recorded_in=recorded_in,
