@@ -157,18 +157,28 @@ class PlatformNotApplied(UserWarning):
 
 
 def start_for(
-    what: str, config: Any = None, workdir: str | None = None, *, say: bool = True, **options: Any
+    what: str,
+    config: Any = None,
+    workdir: str | None = None,
+    *,
+    say: bool = True,
+    warn: bool = True,
+    **options: Any,
 ) -> Platform | None:
     """What a ``Trainer``, ``pipeline`` or ``evaluate`` built in a user's own code calls first:
     ``start(config, workdir, **options)`` when nobody has and JAX has not started its backend (the
     same decision, caches and ``kernel choice:`` line as ``python -m dew.main``; the lines are
     printed when ``say``, as that command prints them); nothing when ``start`` was called; where
     JAX started first, one ``PlatformNotApplied`` warning (once per caller, Python's default
-    filter) saying what was missed and how to get it. ``what`` names the caller. A setting this
+    filter) saying what was missed and how to get it, unless not ``warn`` (a reader such as
+    ``dew.pipeline``, inside commands that touch JAX first: it misses only the convolution
+    library's rule and the compilation cache). ``what`` names the caller. A setting this
     machine cannot honour is a ``ConfigError`` naming the key."""
     if _started is not None:
         return None
     if host_devices.backend_started():
+        if not warn:
+            return None
         warnings.warn(
             f"{what} built after JAX started, without dew.runtime.start: this process keeps XLA's "
             "default devices and kernels (not one CPU device per core, not the measured convolution "
@@ -201,20 +211,22 @@ def start(
     recorded: dict | None = None,
     recorded_in: str = "run.json",
 ) -> Platform:
-    """Set up this process from a resolved run config's ``runtime`` section (None: its defaults)
-    and return what was chosen. ``workdir`` places the default compilation cache and the kernel
-    choice's cache; ``present_devices=False`` leaves the CPU device count as it is (a reader that
-    samples on one device, as ``python -m dew.sample`` does). ``processes``: the process group to
-    join (``python -m dew.main``'s flags); None reads it from the environment or a cluster JAX
-    detects, unless ``detect_processes=False`` (``distributed.requested``). ``shapes``: where the
-    run's convolution shapes come from (default: ``run_shapes``); ``recorded``: the kernel decision
-    a resumed run recorded (``run.json``'s ``kernels``), kept for settings left at ``auto``. In a
-    process group nothing is measured (each process would time its own machine and might choose
-    differently): the recorded decision, a forced one, or the CPU-flag rule. Raises
-    ValueError for a setting this machine cannot honour (e.g. ``cpu_convolutions='eigen'`` on an
-    XLA without the flag), naming the key; ``distributed.ProcessGroupError`` (a ValueError) for
-    a process group that cannot be formed, and ``ConfigError`` for ``config.mesh.devices`` that
-    the process count does not divide, before any peer is waited for."""
+    """Set up this process from a resolved run config's ``runtime`` section (None: its defaults) and return
+    what was chosen. ``workdir`` holds the kernel choice's own copy (without one, the machine's
+    cache serves; the compilation cache is the machine's by default: ``compilation_cache``);
+    ``present_devices=False`` leaves the CPU device count as it is (a reader that samples on one
+    device, as ``python -m dew.sample`` does). ``processes``: the process group to join (``python -m
+    dew.main``'s flags); None reads it from the environment or a cluster JAX detects, unless
+    ``detect_processes=False`` (``distributed.requested``). ``shapes``: where the run's convolution
+    shapes come from (default: ``run_shapes``); ``recorded``: the kernel decision a resumed run
+    recorded (``run.json``'s ``kernels``), kept for settings left at ``auto``. In a process group
+    (also one the caller joined with ``jax.distributed.initialize``) nothing is measured (each
+    process would time its own machine and might choose differently): the recorded decision, a
+    forced one, or the CPU-flag rule. Raises ValueError for a setting this machine cannot honour
+    (e.g. ``cpu_convolutions='eigen'`` on an XLA without the flag), naming the key;
+    ``distributed.ProcessGroupError`` (a ValueError) for a process group that cannot be formed, and
+    ``ConfigError`` for ``config.mesh.devices`` that the process count does not divide, before any
+    peer is waited for."""
     section = config.runtime if config is not None and "runtime" in config else _DEFAULTS
     if processes is None and detect_processes:
         processes = distributed.requested(initialization_timeout=section["coordinator_timeout"])
@@ -238,10 +250,13 @@ def start(
         choice = cpu_convolutions.weight_gradient_choice()
     else:
         devices = host_devices.flagged_count(os.environ.get("XLA_FLAGS", "")) or 1
+        import jax  # no backend: whether the user's code joined a process group itself
+
+        grouped = processes is not None or jax.distributed.is_initialized()
         decision = kernel_choice.choose(
             section["cpu_convolutions"],
             section.get("cpu_weight_gradient", "auto"),
-            shapes=None if processes is not None else shapes or run_shapes(config, devices),
+            shapes=None if grouped else shapes or run_shapes(config, devices),
             devices=devices,
             cache=kernel_choice.cache_path(workdir),
             machine_cache=kernel_choice.machine_cache_path(),
