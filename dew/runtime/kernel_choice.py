@@ -256,7 +256,7 @@ def read_cache(path: str | None, log: Callable[[str], None] | None = None) -> di
             except ValueError as e:
                 dropped.append(str(e))
     if dropped and log is not None:
-        more = f" and {len(dropped) - 1} more" if len(dropped) > 1 else ""
+        more = f"; {len(dropped) - 1} more" if len(dropped) > 1 else ""
         log(f"the kernel cache {path} has malformed entries ({dropped[0]}{more}): measuring again")
     return out
 
