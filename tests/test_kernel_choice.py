@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT
 
 from dew import kernels
-from dew.runtime import cpu_convolutions, host_devices, kernel_choice
+from dew.runtime import cpu_convolutions, host_devices, kernel_cache, kernel_choice
 from dew.runtime.kernel_choice import Decision, ShapeSource, choose
 
 CPU = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
@@ -442,7 +442,7 @@ def test_a_directory_or_an_unwritable_cache_measures_says_so_once_and_leaves_not
     """A directory in the cache file's place (the machine's copy, the workdir's): measured, said
     once per file, no temporary file left; a cache directory that cannot be written at all (the
     run's workdir cannot be either) measures nothing."""
-    machine.setattr(kernel_choice, "_unwritable", set(), raising=False)
+    machine.setattr(kernel_cache, "_unwritable", set(), raising=False)
     cache, shared = tmp_path / "run" / "k.json", tmp_path / "machine" / kernel_choice.CACHE_FILE
     cache.mkdir(parents=True)
     shared.mkdir(parents=True)
@@ -460,7 +460,7 @@ def test_a_directory_or_an_unwritable_cache_measures_says_so_once_and_leaves_not
 
 
 def test_an_unwritable_cache_is_said_once(machine, tmp_path):
-    machine.setattr(kernel_choice, "_unwritable", set(), raising=False)
+    machine.setattr(kernel_cache, "_unwritable", set(), raising=False)
     shared = tmp_path / "machine" / kernel_choice.CACHE_FILE
     shared.mkdir(parents=True)
     lines = []
