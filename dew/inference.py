@@ -182,6 +182,10 @@ def pipeline(
     from dew.training.trainer_config import resolve_config
 
     del dew
+    from dew.runtime import platform
+
+    # Built before JAX started (a user's script): the platform's choices, as python -m dew.sample makes them.
+    platform.start_for("dew.pipeline", say=False, warn=False, present_devices=False, detect_processes=False)
     workdir, named = _locate(source)
     if step is not None and named is not None and step != named:
         raise PipelineError(f"pipeline: source names step {named} but step={step} was asked for")

@@ -1,26 +1,26 @@
-"""The measurement child of ``dew.runtime.kernel_choice``: ``python -m dew.kernel_probe MODE``,
-its payload a JSON object on stdin, its answer one JSON line on stdout.
+"""What ``dew.runtime.kernel_choice`` measures, and its measurement child.
 
-- ``shapes``: call ``payload["function"]`` ("module:function") with ``payload["args"]``; it
-  returns the run's convolution shape classes, ``{"batch": B, "convolutions": [[h, w, in, out,
-  k, pad, uses], ...]}`` (``trainer_convolutions`` traces a run's network from its config);
-- ``time``: for each shape class, the seconds of one convolution's forward pass and both
-  gradients at batch B over all of this process's CPU devices (the batch split over them as a
-  run splits it), with XLA's weight gradient and with the per-tap one
+- ``trainer_convolutions`` (called in the run's own process, before JAX starts its backend, so
+  the caller's registrations are in effect): the run's convolution shape classes, ``{"batch": B,
+  "convolutions": [[h, w, in, out, k, pad, uses], ...]}``, traced from its config after the checks
+  the Trainer makes before it needs a device;
+- ``python -m dew.kernel_probe time``, its payload a JSON object on stdin (only shapes: nothing
+  the user configured or registered), its answer one JSON line on stdout: for each shape class,
+  the seconds of one convolution's forward pass and both gradients at batch B over all of this
+  process's CPU devices (the batch split over them as a run splits it), with XLA's weight
+  gradient and with the per-tap one
   (``dew.networks.edm_layers``): ``{"times": {class: {"xla": s, "per_tap": s}}}``. The library
   is whatever this process's ``XLA_FLAGS`` chose; the parent starts one child per library.
 
-An entry-layer module: it builds what a run builds (the Trainer, the EDM layers) in a process
-of its own, so that the runtime below can measure before its own process starts JAX.
+An entry-layer module: it builds what a run builds (the objective, its init, the EDM layers), so
+that the runtime below can measure before its own process starts JAX.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 import time
-from collections.abc import Mapping
 from typing import Any
 
 #: Each candidate is called until this many seconds have passed (at least ``MIN_CALLS`` times,
@@ -32,20 +32,66 @@ MAX_CALLS = 15
 CLEAR = 2.0
 
 
-def trainer_convolutions(config: Mapping[str, Any], workdir: str) -> dict:
-    """The convolution shape classes of the run ``config`` describes, and how often each is
-    used: the Trainer is built (its state's shapes are a trace of the network) while
-    ``dew.kernels`` records every convolution; batch: the per-step batch of one micro-step."""
-    import ml_collections
+def trainer_convolutions(config: Any, devices: int) -> dict:
+    """The convolution shape classes of the run ``config`` (a resolved run config) describes, and
+    how often each is used, traced in THIS process without starting JAX's backend, so that the
+    caller's registrations (a data set or model registered in the experiment file or the user's
+    script) are in effect. Batch: the per-step batch of one micro-step.
+
+    The checks the Trainer makes before it needs a device come first, with the Trainer's own
+    functions, so a config the Trainer would refuse raises here too (and nothing is measured): the
+    mesh's axes against the ``devices`` the run will have, the batch sizes against its
+    data-parallel axes and against the data (train and validation), the objective and the
+    compute precision. Then the state's init is traced abstractly (``jax.eval_shape``, as the
+    Trainer traces it) while ``dew.kernels`` records every convolution."""
+    import jax
+    import numpy as np
 
     from dew import kernels
-    from dew.training.trainer import Trainer
+    from dew.averaging.averager import Averages
+    from dew.data.dataset import Dataset
+    from dew.training import sharding
+    from dew.training.build import build_objective, open_split
+    from dew.training.precision import from_config as precision_from_config
+    from dew.training.steps import make_init
+    from dew.training.trainer_config import make_optimizer, resolve_config
 
-    c = ml_collections.ConfigDict(dict(config))
+    c = resolve_config(config)  # as the Trainer resolves it (a resolved config stays as it is)
+    spec = sharding.spec_from_config(c.mesh)
+    available = int(devices)
+    if spec.devices is not None:
+        if spec.devices > available:
+            raise ValueError(f"config.mesh.devices={spec.devices} but only {available} devices exist")
+        available = spec.devices
+    shape = spec.shape(available)
+    data_parallel = shape["data"] * shape.get("fsdp", 1)
+    sizes = {"dataset.batch_size": int(c.dataset.batch_size)}
+    if c.eval.get("batch_size") is not None:
+        sizes["eval.batch_size"] = int(c.eval.batch_size)
+    for field, size in sizes.items():
+        if size % data_parallel:
+            raise ValueError(f"config.{field}={size} does not split over {data_parallel} devices")
+    train, validation = open_split(c.dataset, "train"), open_split(c.dataset, "validation")
+    Dataset(train, sizes["dataset.batch_size"], seed=c.seed, shuffle=True)
+    Dataset(validation, sizes.get("eval.batch_size", sizes["dataset.batch_size"]), seed=c.seed, shuffle=False)
+    objective = build_objective(c, train)
+    if c.precision.compute not in objective.precisions:
+        raise ValueError(f"config.precision.compute={c.precision.compute!r} is not one of the objective's")
+    init = make_init(
+        objective,
+        make_optimizer(c),
+        Averages.from_config(c),
+        accumulation=c.train.accumulation,
+        precision=precision_from_config(c.precision),
+    )
+    batch = {
+        k: jax.ShapeDtypeStruct((sizes["dataset.batch_size"], *v.shape[1:]), v.dtype)
+        for k, v in train.fields.items()
+    }
     with kernels.record_convolutions() as seen:
-        Trainer(c, workdir, resolved=True)
-    batch = int(c.dataset.batch_size) // int(c.train.get("accumulation", 1) or 1)
-    return {"batch": batch, "convolutions": [[*shape, uses] for shape, uses in sorted(seen.items())]}
+        jax.eval_shape(init, jax.ShapeDtypeStruct((2,), np.uint32), batch)
+    per_step = sizes["dataset.batch_size"] // int(c.train.get("accumulation", 1) or 1)
+    return {"batch": per_step, "convolutions": [[*shape, uses] for shape, uses in sorted(seen.items())]}
 
 
 def time_convolutions(batch: int, convolutions: list[list[int]]) -> dict:
@@ -97,15 +143,11 @@ def time_convolutions(batch: int, convolutions: list[list[int]]) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or argv[0] not in ("shapes", "time"):
-        print("usage: python -m dew.kernel_probe shapes|time < payload.json", file=sys.stderr)
+    if argv != ["time"]:
+        print("usage: python -m dew.kernel_probe time < payload.json", file=sys.stderr)
         return 2
     payload = json.loads(sys.stdin.read())
-    if argv[0] == "shapes":
-        module, _, name = payload["function"].partition(":")
-        answer = getattr(importlib.import_module(module), name)(**payload["args"])
-    else:
-        answer = time_convolutions(int(payload["batch"]), payload["convolutions"])
+    answer = time_convolutions(int(payload["batch"]), payload["convolutions"])
     print(json.dumps(answer), flush=True)
     return 0
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT
 
 from dew import kernels
-from dew.runtime import cpu_convolutions, host_devices, kernel_choice
+from dew.runtime import cpu_convolutions, host_devices, kernel_cache, kernel_choice
 from dew.runtime.kernel_choice import Decision, ShapeSource, choose
 
 CPU = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
@@ -39,10 +39,14 @@ class Children:
         self.calls: list[tuple[str, str]] = []
         self.times, self.shapes = times, shapes
 
+    def trace(self, source):
+        self.calls.append(("shapes", "ynnpack"))
+        return self.shapes
+
     def __call__(self, mode, payload, environment):
         library = cpu_convolutions.library_in_flags(environment.get("XLA_FLAGS", "")) or "ynnpack"
         self.calls.append((mode, library))
-        if mode == "shapes":
+        if mode == "shapes":  # no child traces shapes now; kept to run these tests on older code
             return self.shapes
         assert payload["batch"] == self.shapes["batch"]
         return {"times": {c: self.times[library][c] for c in map(json.dumps, payload["convolutions"])}}
@@ -59,7 +63,15 @@ def machine(monkeypatch):
 
 def auto(cache, children, **kw):
     return choose(
-        "auto", "auto", shapes=SOURCE, devices=2, cache=str(cache), runner=children, environ=CPU, **kw
+        "auto",
+        "auto",
+        shapes=SOURCE,
+        devices=2,
+        cache=str(cache),
+        runner=children,
+        tracer=children.trace,
+        environ=CPU,
+        **kw,
     )
 
 
@@ -128,12 +140,21 @@ def test_the_cache_key_follows_cpu_jaxlib_and_shapes(machine, tmp_path, change):
         children = Children(shapes={**SHAPES, "batch": 32})
     else:
         devices = 1
-    choose("auto", "auto", shapes=source, devices=devices, cache=str(cache), runner=children, environ=CPU)
+    choose(
+        "auto",
+        "auto",
+        shapes=source,
+        devices=devices,
+        cache=str(cache),
+        runner=children,
+        tracer=children.trace,
+        environ=CPU,
+    )
     measured = [mode for mode, _ in children.calls]
-    # A new CPU or jaxlib measures again with the same traced shapes (jaxlib also re-traces them);
-    # a new shape source traces and measures.
+    # A new CPU, jaxlib, device count or shape source measures again, and traces the run's shapes
+    # first every time it measures: the run's own checks come before any measurement.
     assert measured.count("time") == 2, children.calls
-    assert ("shapes" in measured) == (change in ("jaxlib", "shapes", "devices"))
+    assert measured[0] == "shapes" and measured.count("shapes") == 1
     assert len(json.loads(cache.read_text())["decisions"]) == 2
     key = kernel_choice.decision_key
     assert key("a", "1", 2, 64, [BIG]) != key("b", "1", 2, 64, [BIG]) != key("a", "2", 2, 64, [BIG])
@@ -145,14 +166,37 @@ def test_a_forced_choice_overrides_the_cache(machine, tmp_path):
     assert auto(cache, Children()).library == "eigen"
     children = Children()
     forced = choose(
-        "ynnpack", "xla", shapes=SOURCE, devices=2, cache=str(cache), runner=children, environ=CPU
+        "ynnpack",
+        "xla",
+        shapes=SOURCE,
+        devices=2,
+        cache=str(cache),
+        runner=children,
+        tracer=children.trace,
+        environ=CPU,
     )
     assert (forced.library, forced.per_tap, forced.how) == ("ynnpack", frozenset(), "forced by config")
     # The library forced, the gradient measured: YNNPACK's cached times decide the classes.
-    half = choose("ynnpack", "auto", shapes=SOURCE, devices=2, cache=str(cache), runner=children, environ=CPU)
+    half = choose(
+        "ynnpack",
+        "auto",
+        shapes=SOURCE,
+        devices=2,
+        cache=str(cache),
+        runner=children,
+        tracer=children.trace,
+        environ=CPU,
+    )
     assert (half.library, half.per_tap) == ("ynnpack", frozenset({tuple(BIG)})) and "cached" in half.how
     every = choose(
-        "auto", "per_tap", shapes=SOURCE, devices=2, cache=str(cache), runner=children, environ=CPU
+        "auto",
+        "per_tap",
+        shapes=SOURCE,
+        devices=2,
+        cache=str(cache),
+        runner=children,
+        tracer=children.trace,
+        environ=CPU,
     )
     assert every.library == "eigen" and every.kernel_choice().per_tap_weight_gradient_from == 1
     assert children.calls == []
@@ -160,7 +204,14 @@ def test_a_forced_choice_overrides_the_cache(machine, tmp_path):
     flagged = {**CPU, "XLA_FLAGS": f"{CPU['XLA_FLAGS']} {cpu_convolutions.EIGEN_ROUTE}"}
     assert (
         choose(
-            "ynnpack", "xla", shapes=SOURCE, devices=2, cache=None, runner=children, environ=flagged
+            "ynnpack",
+            "xla",
+            shapes=SOURCE,
+            devices=2,
+            cache=None,
+            runner=children,
+            tracer=children.trace,
+            environ=flagged,
         ).library
         == "eigen"
     )
@@ -182,6 +233,7 @@ def test_a_resumed_run_keeps_its_recorded_choice(machine, tmp_path):
         cache=str(cache),
         recorded=recorded,
         runner=children,
+        tracer=children.trace,
         environ=CPU,
     )
     assert (told.library, told.per_tap) == ("eigen", frozenset())  # told otherwise: the config wins
@@ -196,6 +248,7 @@ def test_an_accelerator_measures_nothing(machine, tmp_path):
         devices=1,
         cache=str(tmp_path / "k.json"),
         runner=children,
+        tracer=children.trace,
         environ={"JAX_PLATFORMS": "cuda"},
     )
     assert children.calls == [] and decision.library == "ynnpack" and "not the CPU" in decision.how
@@ -213,6 +266,7 @@ def test_start_measures_once_records_and_resumes(machine, tmp_path):
 
     children = Children()
     machine.setattr(kernel_choice, "run_probe", children)
+    machine.setattr(kernel_choice.ShapeSource, "trace", children.trace)
     machine.setattr(host_devices, "backend_started", lambda: False)
     machine.setattr(cpu_convolutions, "_backend_started", lambda: False)
     machine.setenv("XLA_FLAGS", CPU["XLA_FLAGS"])
@@ -288,11 +342,27 @@ def test_asked_not_to_measure_the_cpu_flag_rule_is_taken_and_named(machine, tmp_
     environ = {**CPU, kernel_choice.BY_RULE_VARIABLE: "1"}
     cache = tmp_path / "cache.json"
     ruled = choose(
-        "auto", "auto", shapes=SOURCE, devices=2, cache=str(cache), runner=children, environ=environ
+        "auto",
+        "auto",
+        shapes=SOURCE,
+        devices=2,
+        cache=str(cache),
+        runner=children,
+        tracer=children.trace,
+        environ=environ,
     )
     assert children.calls == [] and not cache.exists()
     assert ruled.how == f"CPU-flag rule: {kernel_choice.BY_RULE_VARIABLE}=1 asks for no measurement"
-    forced = choose("eigen", "xla", shapes=SOURCE, devices=2, cache=None, runner=children, environ=environ)
+    forced = choose(
+        "eigen",
+        "xla",
+        shapes=SOURCE,
+        devices=2,
+        cache=None,
+        runner=children,
+        tracer=children.trace,
+        environ=environ,
+    )
     assert (forced.library, forced.how) == ("eigen", "forced by config") and children.calls == []
 
 
@@ -322,3 +392,149 @@ def test_the_layers_report_their_shape_classes():
     with kernels.record_convolutions() as seen:
         jax.eval_shape(hk.transform(net).init, jax.random.PRNGKey(0), jnp.zeros((2, 5, 5, 3)))
     assert dict(seen) == {(5, 5, 3, 4, 3, 1): 1, (5, 5, 4, 4, 3, 1): 1}
+
+
+def _damaged(text):
+    """Each way a cache file can be valid JSON of another shape, keyed as ``choose`` keys it."""
+
+    def edit(data):
+        decisions, shapes = data["decisions"], data["shapes"]
+        (key,), (shape_key,) = list(decisions), list(shapes)
+        if text == "lists":
+            return {"decisions": [], "shapes": []}
+        if text == "no-times":
+            del decisions[key]["times"]
+        elif text == "string-decision":
+            decisions[key] = "eigen"
+        elif text == "no-convolutions":
+            del shapes[shape_key]["convolutions"]
+            del decisions[key]  # so the shapes are needed
+        elif text == "missing-class":
+            del decisions[key]["times"]["eigen"][json.dumps(SMALL)]
+        elif text == "array":
+            return [1, 2]
+        return data
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "damage", ["lists", "no-times", "string-decision", "no-convolutions", "missing-class", "array"]
+)
+def test_a_malformed_cache_is_a_hint_said_measured_again_and_replaced(machine, tmp_path, damage):
+    """A cache of the right JSON but the wrong shape: one line naming the file, measured again,
+    the entry replaced (the next start reads it), never an error."""
+    cache = tmp_path / "k.json"
+    first = auto(cache, Children())
+    cache.write_text(json.dumps(_damaged(damage)(json.loads(cache.read_text()))))
+    lines, children = [], Children()
+    again = auto(cache, children, log=lines.append)
+    assert ("time", "ynnpack") in children.calls and again.how.startswith("measured")
+    assert (again.library, again.per_tap) == (first.library, first.per_tap)
+    named = [line for line in lines if str(cache) in line]
+    assert len(named) == 1, lines
+    children = Children()
+    assert auto(cache, children).how.startswith("cached from") and children.calls == []
+    assert [p.name for p in tmp_path.iterdir()] == ["k.json"]
+
+
+def test_a_directory_or_an_unwritable_cache_measures_says_so_once_and_leaves_nothing(machine, tmp_path):
+    """A directory in the cache file's place (the machine's copy, the workdir's): measured, said
+    once per file, no temporary file left; a cache directory that cannot be written at all (the
+    run's workdir cannot be either) measures nothing."""
+    machine.setattr(kernel_cache, "_unwritable", set(), raising=False)
+    cache, shared = tmp_path / "run" / "k.json", tmp_path / "machine" / kernel_choice.CACHE_FILE
+    cache.mkdir(parents=True)
+    shared.mkdir(parents=True)
+    for _ in range(2):
+        lines = []
+        decided = auto(cache, Children(), machine_cache=str(shared), log=lines.append)
+        assert decided.how.startswith("measured")
+        assert [p.name for p in cache.parent.iterdir()] == ["k.json"]
+        assert [p.name for p in shared.parent.iterdir()] == [kernel_choice.CACHE_FILE]
+    said = [line for line in lines if "cannot write" in line]
+    assert said == [], lines  # said by the first start only
+    children = Children()  # /proc takes no new directory, whoever asks (root too)
+    unmeasured = auto("/proc/dew-no-such-run/cache/k.json", children)
+    assert ("time", "ynnpack") not in children.calls and "cannot be written" in unmeasured.how
+
+
+def test_an_unwritable_cache_is_said_once(machine, tmp_path):
+    machine.setattr(kernel_cache, "_unwritable", set(), raising=False)
+    shared = tmp_path / "machine" / kernel_choice.CACHE_FILE
+    shared.mkdir(parents=True)
+    lines = []
+    auto(tmp_path / "k.json", Children(), machine_cache=str(shared), log=lines.append)
+    said = [line for line in lines if "cannot write" in line]
+    assert len(said) == 1 and str(shared) in said[0], lines
+
+
+def test_no_xla_flags_in_the_environment_is_not_an_error(machine):
+    """The CPU-flag rule without ``XLA_FLAGS`` (a newcomer's environment): no KeyError."""
+    for shapes in (None, SOURCE):
+        decision = choose(
+            "auto",
+            "auto",
+            shapes=shapes,
+            devices=1,
+            cache=None,
+            runner=Children(),
+            tracer=Children().trace,
+            environ={"JAX_PLATFORMS": "cpu", kernel_choice.BY_RULE_VARIABLE: "1"},
+        )
+        assert decision.how.startswith("CPU-flag rule")
+    assert choose("auto", "auto", shapes=None, devices=1, cache=None, environ={}).per_tap is None
+
+
+def test_a_config_the_run_refuses_is_not_measured(machine, tmp_path):
+    """The run's shapes are traced (with its checks) before anything is measured: a trace that
+    raises leaves the rule's decision, and the run's own check reports the problem."""
+
+    def refusing(source):
+        raise ValueError("config.dataset.batch_size=4096 is invalid")
+
+    children = Children()
+    decision = choose(
+        "auto",
+        "auto",
+        shapes=SOURCE,
+        devices=2,
+        cache=str(tmp_path / "k.json"),
+        runner=children,
+        tracer=refusing,
+        environ=CPU,
+    )
+    assert children.calls == [] and not (tmp_path / "k.json").exists()
+    assert "did not trace" in decision.how
+
+
+def test_the_shapes_are_traced_in_this_process_with_its_registrations():
+    """``trainer_convolutions`` sees a data set registered in this process and leaves JAX's
+    backend as it was; its classes are the EDM layers' (a one-level U-Net of 8 channels)."""
+    from ml_collections import ConfigDict
+
+    from dew import registry
+    from dew.data.sources.digits import digits
+    from dew.runtime import platform
+    from dew.training.trainer_config import resolve_config
+
+    name = "digits_registered_here"
+    if name not in registry.datasets:
+        registry.datasets.register(name, digits)
+    config = resolve_config(
+        ConfigDict(
+            {
+                "dataset": {"name": name, "batch_size": 16},
+                "model": {
+                    "name": "songunet",
+                    "model_channels": 8,
+                    "num_blocks": 1,
+                    "channel_mult": (1,),
+                    "attn_resolutions": (),
+                },
+            }
+        )
+    )
+    traced = kernel_choice.ShapeSource.trace(platform.run_shapes(config, 2))
+    assert traced["batch"] == 16
+    assert [8, 8, 8, 8, 3, 1] in [row[:6] for row in traced["convolutions"]]

@@ -1,8 +1,8 @@
 """The CPU kernels a run uses, chosen by timing them on the machine at hand, as
 ``torch.backends.cudnn.benchmark`` does, instead of by a CPU-flag rule.
 
-Two choices change how fast XLA:CPU trains a convolutional network, never what it computes
-beyond float32 reassociation (each choice is one program, bit-for-bit reproducible):
+Two choices change how fast XLA:CPU trains a convolutional network, never what it computes beyond
+float32 reassociation (each choice is one program, bit-for-bit reproducible):
 
 - the convolution library (``config.runtime.cpu_convolutions``): YNNPACK, XLA's default, or
   Eigen (``dew.runtime.cpu_convolutions``). It is an XLA flag read once, when JAX starts its CPU
@@ -11,26 +11,29 @@ beyond float32 reassociation (each choice is one program, bit-for-bit reproducib
   XLA's, or the sum over kernel taps (``dew.networks.edm_layers``), chosen class by class.
 
 ``choose`` makes the decision before this process starts JAX. With ``auto`` it times, for every
-shape class the run's network traces (``dew.kernels.record_convolutions``; traced in a child
-process, ``python -m dew.kernel_probe``, a process boundary rather than an import), the
-convolution's forward pass and both gradients at the run's batch over the run's CPU devices, with
-each library and each weight gradient, and keeps the fastest: the library whose convolutions,
-each class weighted by how often the network uses it and taking its faster weight gradient,
-cost the step least; then, under that library, the per-tap gradient for exactly the classes
-where it was faster. Within ``TIE`` (2 %) the default (YNNPACK, XLA's gradient) is kept.
+shape class the run's network traces (``dew.kernels.record_convolutions``; traced in THIS process
+before its backend starts, so the caller's registrations are in effect, by a function named rather
+than imported: ``ShapeSource``), in a child process per library given only the shapes (``python -m
+dew.kernel_probe time``), the convolution's forward pass and both gradients at the run's batch
+over the run's CPU devices, with each library and each weight gradient, and keeps the fastest: the
+library whose convolutions, each class weighted by how often the network uses it and taking its
+faster weight gradient, cost the step least; then, under that library, the per-tap gradient for
+exactly the classes where it was faster. Within ``TIE`` (2 %) the default (YNNPACK, XLA's
+gradient) is kept.
 
-The decision is cached as JSON (``CACHE_FILE``, beside the compilation cache, and a copy for the
-whole machine in ``machine_cache_path``: ``~/.cache/dew``) keyed by the CPU (``cpu_model``), the
-jaxlib version, the device count, the batch and the shape classes, and the traced shape classes
-by the config sections that shape the network, so a second run of the same configuration, in
-the same workdir or a new one, starts no child process. A forced value in the config overrides
-the cache; a resumed run uses the choice recorded in its ``run.json`` (``Decision.record``) for
-every setting left at ``auto``. Nothing is measured unless the backend will be the CPU: with an
-accelerator the settings change nothing (``cpu_backend_expected``).
+The decision is cached as JSON (``CACHE_FILE``, in the workdir's ``cache`` folder, and a copy for
+the whole machine in ``machine_cache_path``: ``~/.cache/dew``, beside its compiled programs) keyed
+by the CPU (``cpu_model``), the jaxlib version, the device count, the batch and the shape classes,
+and the traced shape classes by the config sections that shape the network, so a second run of the
+same configuration, in the same workdir or a new one, starts no child process. A forced value in
+the config overrides the cache; a resumed run uses the choice recorded in its ``run.json``
+(``Decision.record``) for every setting left at ``auto``. Nothing is measured unless the backend
+will be the CPU: with an accelerator the settings change nothing (``cpu_backend_expected``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -40,19 +43,29 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dew import kernels
 from dew.runtime import cpu_convolutions
+from dew.runtime.kernel_cache import (
+    CACHE_FILE,
+    LIBRARIES,
+    MACHINE_CACHE_VARIABLE,
+    WEIGHT_GRADIENTS,
+    _remember,
+    cache_path,
+    machine_cache_path,
+    read_cache,
+    valid_decision,
+    valid_shapes,
+    writable,
+    write_cache,
+)
 
 LIBRARY_CHOICES = cpu_convolutions.CHOICES  # auto, eigen, ynnpack
 WEIGHT_GRADIENT_CHOICES = ("auto", "xla", "per_tap")
-LIBRARIES = ("ynnpack", "eigen")
-WEIGHT_GRADIENTS = ("xla", "per_tap")
-CACHE_FILE = "kernel_choice.json"
 PROBE_MODULE = "dew.kernel_probe"
 #: Relative margin within which the default (YNNPACK, XLA's gradient) is kept over a faster one.
 TIE = 0.02
@@ -158,74 +171,11 @@ def decision_key(
     return _digest({"cpu": cpu, "jaxlib": jaxlib, "devices": devices, "batch": batch, "classes": classes})
 
 
-def read_cache(path: str | None) -> dict:
-    if path is None or not os.path.exists(path):
-        return {"decisions": {}, "shapes": {}}
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return {"decisions": {}, "shapes": {}}  # a damaged cache is measured anew and rewritten
-    if not isinstance(data, dict):
-        return {"decisions": {}, "shapes": {}}
-    data.setdefault("decisions", {})
-    data.setdefault("shapes", {})
-    return data
-
-
-def write_cache(path: str, data: Mapping[str, Any]) -> None:
-    """Write atomically (a concurrent reader sees the old file or the new one)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".kernel_choice.", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
-
-
-def cache_path(compilation_cache_directory: str | None, workdir: str | None) -> str | None:
-    """``CACHE_FILE`` beside the compilation cache directory (in its parent: for the default
-    ``<workdir>/cache/jax``, ``<workdir>/cache/kernel_choice.json``); with the compilation cache
-    off, in ``<workdir>/cache``; None without either."""
-    if compilation_cache_directory:
-        return os.path.join(os.path.dirname(os.path.abspath(compilation_cache_directory)), CACHE_FILE)
-    return None if workdir is None else os.path.join(workdir, "cache", CACHE_FILE)
-
-
-MACHINE_CACHE_VARIABLE = "DEW_CACHE_DIR"
-
-
-def machine_cache_path(environ: Mapping[str, str] | None = None) -> str | None:
-    """The machine's own copy of the decisions, shared by every workdir on it (a decision is a
-    fact about the CPU, jaxlib and shapes, not about one run): ``CACHE_FILE`` in
-    ``$DEW_CACHE_DIR``, else ``$XDG_CACHE_HOME/dew``, else ``~/.cache/dew``. ``DEW_CACHE_DIR=off``
-    (or empty) keeps decisions in the workdir only."""
-    environ = os.environ if environ is None else environ
-    if MACHINE_CACHE_VARIABLE in environ:
-        directory = environ[MACHINE_CACHE_VARIABLE]
-        return None if directory in ("", "off") else os.path.join(directory, CACHE_FILE)
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "dew", CACHE_FILE)
-
-
-def _remember(path: str | None, part: str, key: str, value: Any, *, quietly: bool = False) -> None:
-    """Add one entry (``part``: ``"decisions"`` or ``"shapes"``) to the cache file at ``path``.
-    ``quietly``: a file that cannot be written (the machine's copy in a read-only home) only means
-    the next workdir measures again, so that error is not the run's."""
-    if path is None:
-        return
-    data = read_cache(path)
-    data[part][key] = value
-    try:
-        write_cache(path, data)
-    except OSError:
-        if not quietly:
-            raise
-
-
 def run_probe(mode: str, payload: Mapping[str, Any], environment: Mapping[str, str]) -> dict:
-    """One measurement child, ``python -m dew.kernel_probe <mode>``: the payload on its stdin,
-    its answer the last line of its stdout (JSON). The child's compilation cache is off."""
+    """One measurement child, ``python -m dew.kernel_probe <mode>`` (``time``: only convolution
+    shapes, nothing the user configured): the payload on its stdin, its answer the last line of
+    its stdout (JSON). The child's compilation cache is off. Raises RuntimeError naming the
+    child's last line of stderr when it fails."""
     env = dict(environment)
     env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     done = subprocess.run(
@@ -297,12 +247,61 @@ def applied_record() -> dict | None:
 @dataclasses.dataclass(frozen=True)
 class ShapeSource:
     """Where the run's convolution shape classes come from: ``function`` ("module:function",
-    called in the measurement child with ``args``, returning ``{"batch", "convolutions"}``), and
-    ``key``, what the traced classes depend on (the cache's key for them)."""
+    called in THIS process, before JAX starts its backend, with ``args``; it returns
+    ``{"batch", "convolutions"}`` and raises for a config the run would refuse), and ``key``,
+    what the traced classes depend on (JSON; the cache's key for them). Named rather than
+    imported: the function builds what a run builds, in the layers above the runtime."""
 
     function: str
     args: Mapping[str, Any]
     key: Any
+
+    def trace(self) -> dict:
+        """Call ``function`` without starting JAX's backend (see ``_without_backend``)."""
+        module, _, name = self.function.partition(":")
+        traced = getattr(importlib.import_module(module), name)
+        with _without_backend():
+            return valid_shapes(traced(**self.args))
+
+
+#: ``tracer(source) -> {"batch", "convolutions"}``: the run's traced shapes (``ShapeSource.trace``).
+Tracer = Callable[[ShapeSource], dict]
+
+
+@contextlib.contextmanager
+def _without_backend(platform: str = "cpu") -> Any:
+    """Trace as if JAX's default backend were ``platform`` without starting it: layers ask
+    ``jax.default_backend()`` at trace time (which would start the backend and fix XLA's flags
+    before the kernel choice could set them). Only measured runs trace here, and they are
+    measured only where the backend will be the CPU (``cpu_backend_expected``). Raises
+    RuntimeError if tracing started the backend (it was not started before)."""
+    import jax
+
+    from dew.runtime.host_devices import backend_started
+
+    before, real = backend_started(), jax.default_backend
+    jax.default_backend = lambda: platform
+    try:
+        yield
+    finally:
+        jax.default_backend = real
+    if not before and backend_started():
+        raise RuntimeError("tracing the run's network started JAX's backend")
+
+
+def _rule(
+    libraries: Sequence[str], gradients: Sequence[str], environ: Mapping[str, str], why: str
+) -> Decision:
+    """The CPU-flag rule (``dew.runtime.cpu_convolutions``), for ``why`` nothing was measured."""
+    library = libraries[0]
+    if len(libraries) > 1 and cpu_convolutions.eigen_measured_faster():
+        library = "eigen"
+    if len(gradients) == 1:
+        forced_gradient = frozenset() if gradients[0] == "xla" else None
+        return Decision(library, forced_gradient, f"config; {why}", 1 if gradients[0] == "per_tap" else None)
+    flags = library_environment(library, environ).get("XLA_FLAGS", "")
+    rule = cpu_convolutions.weight_gradient_choice(xla_flags=flags).per_tap_weight_gradient_from
+    return Decision(library, None, f"CPU-flag rule: {why}", rule)
 
 
 def choose(
@@ -316,6 +315,7 @@ def choose(
     recorded: Mapping[str, Any] | None = None,
     recorded_in: str = "run.json",
     runner: Runner | None = None,
+    tracer: Tracer | None = None,
     environ: Mapping[str, str] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> Decision:
@@ -324,10 +324,20 @@ def choose(
     ``library_setting``/``gradient_setting``: ``config.runtime.cpu_convolutions`` /
     ``cpu_weight_gradient``. ``recorded``: the decision a resumed run recorded (``Decision.record``),
     used for the settings left at ``auto``. ``cache``: the workdir's decisions (beside its
-    compilation cache); ``machine_cache``: the machine's (``machine_cache_path``), read when the
-    workdir has none and written with every measurement, so a new workdir on a measured machine
-    starts no child either. ``XLA_FLAGS`` already choosing the library wins over
-    everything for the library. ``runner``: the measurement children (default ``run_probe``).
+    compilation cache; None without a workdir); ``machine_cache``: the machine's
+    (``machine_cache_path``), read when the workdir has none and written with every measurement,
+    so a new workdir on a measured machine measures nothing either. ``XLA_FLAGS`` already
+    choosing the library wins over everything for the library. ``tracer``: the run's shapes
+    (default ``ShapeSource.trace``, in this process); ``runner``: the timing children (default
+    ``run_probe``). ``log``: where the lines a person should see go (a measurement starting, a
+    cache set aside or not written).
+
+    Nothing is measured for a config the run will refuse: the shapes are traced first, with the
+    run's own checks, and a trace that raises leaves the rule's decision, so the run stops where
+    and as it would without a measurement. Neither is anything measured when the workdir's cache
+    cannot be written (the run cannot write its workdir either). A cache file is a hint: what
+    is malformed in it is said, measured again and replaced; one that cannot be written is said
+    once. A timing child that fails leaves the rule's decision, said in one line.
     Raises ValueError for an unknown setting."""
     if library_setting not in LIBRARY_CHOICES:
         raise ValueError(
@@ -340,6 +350,7 @@ def choose(
             f"{', '.join(map(repr, WEIGHT_GRADIENT_CHOICES))}, got {gradient_setting!r}"
         )
     runner = run_probe if runner is None else runner
+    tracer = ShapeSource.trace if tracer is None else tracer
     environ = dict(os.environ if environ is None else environ)
     flagged = cpu_convolutions.library_in_flags(environ.get("XLA_FLAGS", ""))
     libraries = (flagged,) if flagged else (LIBRARIES if library_setting == "auto" else (library_setting,))
@@ -368,43 +379,59 @@ def choose(
         return dataclasses.replace(chosen, library=library)
     if not cpu_backend_expected(environ):
         return Decision(libraries[0], frozenset(), "not measured: the backend is not the CPU")
-    why = "no convolutions of a measured model to time"  # another model; a reader (dew.sample)
     if environ.get(BY_RULE_VARIABLE) == "1":
-        shapes, why = None, f"{BY_RULE_VARIABLE}=1 asks for no measurement"
-    if shapes is None:  # the CPU-flag rule
-        library = libraries[0]
-        if len(libraries) > 1 and cpu_convolutions.eigen_measured_faster():
-            library = "eigen"
-        if len(gradients) == 1:
-            return forced(library, f"config; {why}")
-        flags = library_environment(library, environ)["XLA_FLAGS"]
-        rule = cpu_convolutions.weight_gradient_choice(xla_flags=flags).per_tap_weight_gradient_from
-        return Decision(library, None, f"CPU-flag rule: {why}", rule)
+        return _rule(libraries, gradients, environ, f"{BY_RULE_VARIABLE}=1 asks for no measurement")
+    if shapes is None:  # another model; a reader without a run config (dew.sample)
+        return _rule(libraries, gradients, environ, "no convolutions of a measured model to time")
 
-    workdir, machine = read_cache(cache), read_cache(machine_cache)
+    workdir, machine = read_cache(cache, log), read_cache(machine_cache, log)
     data = {part: {**machine[part], **workdir[part]} for part in ("decisions", "shapes")}
     cpu, jaxlib = cpu_model(), jaxlib_version()
     shape_key = _digest({"source": shapes.key, "devices": devices, "jaxlib": jaxlib})
     started = time.perf_counter()
-    traced = data["shapes"].get(shape_key)
-    if traced is None:
-        traced = runner("shapes", {"function": shapes.function, "args": dict(shapes.args)}, environ)
-        _remember(cache, "shapes", shape_key, traced)
-        _remember(machine_cache, "shapes", shape_key, traced, quietly=True)
+    traced, checked = data["shapes"].get(shape_key), False
+
+    def trace() -> dict:
+        nonlocal checked
+        answer = tracer(shapes)
+        checked = True
+        _remember(cache, "shapes", shape_key, answer, log)
+        _remember(machine_cache, "shapes", shape_key, answer, log)
+        return answer
+
+    try:
+        traced = traced or trace()
+    except Exception as e:  # the run's own checks raise it again, where and as they would
+        return _rule(libraries, gradients, environ, f"not measured, the run's shapes did not trace ({e})")
     classes = [tuple(int(v) for v in c[:6]) for c in traced["convolutions"]]
     uses = [int(row[6]) for row in traced["convolutions"]]
     counts = {json.dumps(list(c)): n for c, n in zip(classes, uses, strict=True)}
     key = decision_key(cpu, jaxlib, devices, int(traced["batch"]), classes)
     cached = data["decisions"].get(key)
+    if cached is not None and set(cached["counts"]) != set(counts):
+        cached = None  # a digest collision or a hand edit: not these shapes
     if cached is None or any(lib not in cached["times"] for lib in libraries):
+        try:
+            if not checked:
+                trace()  # the run's checks, before anything is measured
+        except Exception as e:
+            return _rule(libraries, gradients, environ, f"not measured, the run's shapes did not trace ({e})")
+        if cache is not None and not writable(cache):
+            return _rule(libraries, gradients, environ, f"not measured, {cache} cannot be written")
         times = dict(cached["times"]) if cached else {}
-        for library in libraries:
-            if library in times:
-                continue
+        try:
+            for library in libraries:
+                if library in times:
+                    continue
+                if log is not None:
+                    log(f"timing {len(classes)} convolution shape classes with {library} (once per machine)")
+                payload = {"batch": int(traced["batch"]), "convolutions": [list(c) for c in classes]}
+                times[library] = runner("time", payload, library_environment(library, environ))["times"]
+            cached = valid_decision({"counts": counts, "times": times})
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
             if log is not None:
-                log(f"timing {len(classes)} convolution shape classes with {library} (once per machine)")
-            payload = {"batch": int(traced["batch"]), "convolutions": [list(c) for c in classes]}
-            times[library] = runner("time", payload, library_environment(library, environ))["times"]
+                log(f"the kernel measurement failed ({e}): using the CPU-flag rule")
+            return _rule(libraries, gradients, environ, "the measurement failed")
         cached = {
             "cpu": cpu,
             "jaxlib": jaxlib,
@@ -415,13 +442,13 @@ def choose(
             "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "measure_s": round(time.perf_counter() - started, 2),
         }
-        _remember(cache, "decisions", key, cached)
-        _remember(machine_cache, "decisions", key, cached, quietly=True)
+        _remember(cache, "decisions", key, cached, log)
+        _remember(machine_cache, "decisions", key, cached, log)
         source = f"measured in {cached['measure_s']:.1f} s"
     elif key in workdir["decisions"]:
         source = f"cached from {cache}"
     else:  # measured on this machine for another workdir: the workdir keeps its own copy too
-        _remember(cache, "decisions", key, cached)
+        _remember(cache, "decisions", key, cached, log)
         source = f"cached for this machine in {machine_cache}"
     library, per_tap, totals = decide(cached["times"], cached["counts"], libraries, gradients)
     if len(gradients) == 1:
@@ -450,6 +477,10 @@ __all__ = [
     "decision_key",
     "jaxlib_version",
     "machine_cache_path",
+    "read_cache",
     "run_probe",
     "set_applied",
+    "valid_decision",
+    "valid_shapes",
+    "write_cache",
 ]

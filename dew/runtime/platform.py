@@ -21,11 +21,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import warnings
 from typing import Any
 
 from dew import kernels
 from dew.runtime import compilation_cache, cpu_convolutions, distributed, host_devices, kernel_choice
-from dew.schema import Key, Section, at_least
+from dew.schema import ConfigError, Key, Section, at_least
 
 CONFIG = Section(
     "the process and its platform, set up by dew.runtime.platform before JAX starts",
@@ -52,8 +53,10 @@ CONFIG = Section(
         ),
         "compilation_cache": Key(
             "",
-            "directory of JAX's persistent compilation cache ('': <workdir>/cache/jax; 'off': none; "
-            "JAX_COMPILATION_CACHE_DIR wins)",
+            "directory of JAX's persistent compilation cache ('': the machine's, shared by every "
+            "workdir: ~/.cache/dew/jax, moved by DEW_CACHE_DIR, <workdir>/cache/jax with "
+            "DEW_CACHE_DIR=off; 'off': none; JAX_COMPILATION_CACHE_DIR wins; "
+            "dew.runtime.compilation_cache)",
         ),
         "coordinator_timeout": Key(
             300,
@@ -124,18 +127,77 @@ MEASURED_MODELS = ("songunet", "dhariwalunet")
 SHAPING_SECTIONS = ("dataset", "model", "objective", "mesh")
 
 
-def run_shapes(config: Any, workdir: str | None) -> kernel_choice.ShapeSource | None:
-    """Where ``choose`` finds a run's convolution shape classes: traced from its config by the
-    measurement child (``dew.kernel_probe.trainer_convolutions``); None for a model that is not
+def run_shapes(config: Any, devices: int) -> kernel_choice.ShapeSource | None:
+    """Where ``choose`` finds a run's convolution shape classes: traced from its config, in this
+    process and before JAX starts, by ``dew.kernel_probe.trainer_convolutions`` (the caller's
+    registrations in effect), over the ``devices`` the run will have; None for a model that is not
     one of ``MEASURED_MODELS`` or no run config."""
     if config is None or "model" not in config or config.model.get("name") not in MEASURED_MODELS:
         return None
     as_dict = json.loads(json.dumps(config.to_dict(), default=str))
     key = {name: as_dict.get(name) for name in SHAPING_SECTIONS}
     key["accumulation"] = as_dict.get("train", {}).get("accumulation")
+    key["eval_batch"] = as_dict.get("eval", {}).get("batch_size")
     return kernel_choice.ShapeSource(
-        "dew.kernel_probe:trainer_convolutions", {"config": as_dict, "workdir": workdir or ""}, key
+        "dew.kernel_probe:trainer_convolutions", {"config": config, "devices": devices}, key
     )
+
+
+_started: Platform | None = None
+
+
+def started() -> Platform | None:
+    """What ``start`` set up in this process (None: it was not called)."""
+    return _started
+
+
+class PlatformNotApplied(UserWarning):
+    """A Trainer, pipeline or evaluation was built after JAX started its backend without
+    ``dew.runtime.start``: the process keeps XLA's defaults (``start_for``)."""
+
+
+def start_for(
+    what: str,
+    config: Any = None,
+    workdir: str | None = None,
+    *,
+    say: bool = True,
+    warn: bool = True,
+    **options: Any,
+) -> Platform | None:
+    """What a ``Trainer``, ``pipeline`` or ``evaluate`` built in a user's own code calls first:
+    ``start(config, workdir, **options)`` when nobody has and JAX has not started its backend (the
+    same decision, caches and ``kernel choice:`` line as ``python -m dew.main``; the lines are
+    printed when ``say``, as that command prints them); nothing when ``start`` was called; where
+    JAX started first, one ``PlatformNotApplied`` warning (once per caller, Python's default
+    filter) saying what was missed and how to get it, unless not ``warn`` (a reader such as
+    ``dew.pipeline``, inside commands that touch JAX first: it misses only the convolution
+    library's rule and the compilation cache). ``what`` names the caller. A setting this
+    machine cannot honour is a ``ConfigError`` naming the key."""
+    if _started is not None:
+        return None
+    if host_devices.backend_started():
+        if not warn:
+            return None
+        warnings.warn(
+            f"{what} built after JAX started, without dew.runtime.start: this process keeps XLA's "
+            "default devices and kernels (not one CPU device per core, not the measured convolution "
+            "kernels); call dew.runtime.start(config, workdir) before anything touches a device, as "
+            "python -m dew.main does",
+            PlatformNotApplied,
+            stacklevel=3,
+        )
+        return None
+    try:
+        platform = start(config, workdir, **options)
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if say and kernel_choice.cpu_backend_expected():
+        for line in platform.lines():
+            print(f"dew: {line}", flush=True)
+    return platform
 
 
 def start(
@@ -149,20 +211,22 @@ def start(
     recorded: dict | None = None,
     recorded_in: str = "run.json",
 ) -> Platform:
-    """Set up this process from a resolved run config's ``runtime`` section (None: its defaults)
-    and return what was chosen. ``workdir`` places the default compilation cache and the kernel
-    choice's cache; ``present_devices=False`` leaves the CPU device count as it is (a reader that
-    samples on one device, as ``python -m dew.sample`` does). ``processes``: the process group to
-    join (``python -m dew.main``'s flags); None reads it from the environment or a cluster JAX
-    detects, unless ``detect_processes=False`` (``distributed.requested``). ``shapes``: where the
-    run's convolution shapes come from (default: ``run_shapes``); ``recorded``: the kernel decision
-    a resumed run recorded (``run.json``'s ``kernels``), kept for settings left at ``auto``. In a
-    process group nothing is measured (each process would time its own machine and might choose
-    differently): the recorded decision, a forced one, or the CPU-flag rule. Raises
-    ValueError for a setting this machine cannot honour (e.g. ``cpu_convolutions='eigen'`` on an
-    XLA without the flag), naming the key; ``distributed.ProcessGroupError`` (a ValueError) for
-    a process group that cannot be formed, and ``ConfigError`` for ``config.mesh.devices`` that
-    the process count does not divide, before any peer is waited for."""
+    """Set up this process from a resolved run config's ``runtime`` section (None: its defaults) and return
+    what was chosen. ``workdir`` holds the kernel choice's own copy (without one, the machine's
+    cache serves; the compilation cache is the machine's by default: ``compilation_cache``);
+    ``present_devices=False`` leaves the CPU device count as it is (a reader that samples on one
+    device, as ``python -m dew.sample`` does). ``processes``: the process group to join (``python -m
+    dew.main``'s flags); None reads it from the environment or a cluster JAX detects, unless
+    ``detect_processes=False`` (``distributed.requested``). ``shapes``: where the run's convolution
+    shapes come from (default: ``run_shapes``); ``recorded``: the kernel decision a resumed run
+    recorded (``run.json``'s ``kernels``), kept for settings left at ``auto``. In a process group
+    (also one the caller joined with ``jax.distributed.initialize``) nothing is measured (each
+    process would time its own machine and might choose differently): the recorded decision, a
+    forced one, or the CPU-flag rule. Raises ValueError for a setting this machine cannot honour
+    (e.g. ``cpu_convolutions='eigen'`` on an XLA without the flag), naming the key;
+    ``distributed.ProcessGroupError`` (a ValueError) for a process group that cannot be formed, and
+    ``ConfigError`` for ``config.mesh.devices`` that the process count does not divide, before any
+    peer is waited for."""
     section = config.runtime if config is not None and "runtime" in config else _DEFAULTS
     if processes is None and detect_processes:
         processes = distributed.requested(initialization_timeout=section["coordinator_timeout"])
@@ -178,6 +242,7 @@ def start(
         local = [size // count_of for size in _batch_sizes(config or {}) if size % count_of == 0]
         count = host_devices.host_device_count(section["host_devices"], local)
         presented = host_devices.present_host_devices(count)
+    global _started
     directory = compilation_cache.cache_directory(section["compilation_cache"], workdir)
     decision = None
     if host_devices.backend_started():  # XLA read its flags already: nothing can change now
@@ -185,12 +250,15 @@ def start(
         choice = cpu_convolutions.weight_gradient_choice()
     else:
         devices = host_devices.flagged_count(os.environ.get("XLA_FLAGS", "")) or 1
+        import jax  # no backend: whether the user's code joined a process group itself
+
+        grouped = processes is not None or jax.distributed.is_initialized()
         decision = kernel_choice.choose(
             section["cpu_convolutions"],
             section.get("cpu_weight_gradient", "auto"),
-            shapes=None if processes is not None else shapes or run_shapes(config, workdir),
+            shapes=None if grouped else shapes or run_shapes(config, devices),
             devices=devices,
-            cache=kernel_choice.cache_path(directory, workdir),
+            cache=kernel_choice.cache_path(workdir),
             machine_cache=kernel_choice.machine_cache_path(),
             recorded=recorded,
             recorded_in=recorded_in,
@@ -202,7 +270,8 @@ def start(
     kernel_choice.set_applied(decision)
     if directory is not None:
         compilation_cache.enable_compilation_cache(directory)
-    return Platform(presented, convolutions, choice, directory, processes=processes, decision=decision)
+    _started = Platform(presented, convolutions, choice, directory, processes=processes, decision=decision)
+    return _started
 
 
-__all__ = ["CONFIG", "Platform", "start"]
+__all__ = ["CONFIG", "Platform", "PlatformNotApplied", "start", "start_for", "started"]

@@ -57,6 +57,9 @@ def evaluate(
     """
     if num_batches < 1:
         raise ValueError(f"evaluate: num_batches must be >= 1, got {num_batches}")
+    from dew.runtime import platform
+
+    platform.start_for("evaluate", say=False, present_devices=False, detect_processes=False)
     prefix = list(itertools.islice(iter(batches), num_batches))
     count = agreed_count(len(prefix))
     if count == 0:

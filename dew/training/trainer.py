@@ -18,7 +18,7 @@ from dew.checkpointing.checkpoints import Checkpoints
 from dew.checkpointing.restore import RestorePolicy
 from dew.checkpointing.run_history import record_start
 from dew.checkpointing.settings import checkpoint_settings
-from dew.runtime import distributed, kernel_choice
+from dew.runtime import distributed, kernel_choice, platform
 from dew.runtime.precompile import BackgroundCompile
 from dew.schema import ConfigError
 from dew.tracking.console import Progress
@@ -35,6 +35,19 @@ from dew.training.programs import Programs, debiased_ema
 from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage, SnapshotStage
 from dew.training.state import TrainState
 from dew.training.trainer_config import check_workdir, config_schema, make_optimizer, resolve_config
+
+
+def recorded_kernels(workdir: str) -> dict | None:
+    """The kernel decision a run recorded in its ``run.json`` (what a resume keeps), or None: no
+    run there yet, or a ``run.json`` the restore reports on its own."""
+    from dew.checkpointing.run_history import read_run_metadata  # run_metadata's, via the public module
+
+    if not os.path.isdir(workdir):
+        return None
+    try:
+        return (read_run_metadata(workdir) or {}).get("kernels")
+    except (OSError, ValueError):
+        return None
 
 
 class Trainer:
@@ -57,6 +70,8 @@ class Trainer:
     ):
         self.config = c = config if resolved else resolve_config(config)
         self.workdir = check_workdir(workdir)
+        # Built in a user's own code before JAX started: the platform's choices, as dew.main makes them.
+        platform.start_for("Trainer", c, self.workdir, recorded=recorded_kernels(self.workdir))
         self.mesh, self.layout = mesh_and_layout(c)  # bad input fails before any work
         self.train_source, self.val_source = (
             open_split(c.dataset, "train"),

@@ -1,0 +1,206 @@
+"""The kernel choice's cache files: where they are, and reading them as hints.
+
+A decision measured on this machine (``dew.runtime.kernel_choice``) is kept twice as JSON: in the
+workdir (``cache_path``) and for the whole machine (``machine_cache_path``, beside the machine's
+compiled programs). Both files are hints, never trusted: ``read_cache`` keeps only well-formed
+entries (``valid_decision``, ``valid_shapes``) and says in one line, naming the file, what it set
+aside, so the caller measures that again and replaces it; ``_remember`` writes atomically, leaves
+no temporary file behind, and says once per file when one cannot be written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from dew.runtime import compilation_cache
+
+CACHE_FILE = "kernel_choice.json"
+#: The candidates a decision times: convolution libraries, weight gradients (default first).
+LIBRARIES = ("ynnpack", "eigen")
+WEIGHT_GRADIENTS = ("xla", "per_tap")
+
+
+def _empty() -> dict:
+    return {"decisions": {}, "shapes": {}}
+
+
+def _classes_of(value: Any, width: int) -> list[tuple[int, ...]]:
+    """``value`` as a list of int tuples of ``width`` (>= 0, the first one >= 1), or ValueError."""
+    if not isinstance(value, list) or not value:
+        raise ValueError("expected a non-empty list of shape classes")
+    out = []
+    for row in value:
+        if (
+            not isinstance(row, list)
+            or len(row) != width
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in row)
+        ):
+            raise ValueError(f"shape class {row!r} is not {width} ints >= 0")
+        out.append(tuple(row))
+    return out
+
+
+def valid_shapes(entry: Any) -> dict:
+    """A traced-shapes entry (``{"batch": B >= 1, "convolutions": [[h, w, in, out, k, pad, uses],
+    ...]}``) as it is, or ValueError saying what is wrong with it."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"a shapes entry is a {type(entry).__name__}, not an object")
+    batch = entry.get("batch")
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise ValueError(f"a shapes entry has batch {batch!r}, not an int >= 1")
+    _classes_of(entry.get("convolutions"), 7)
+    return entry
+
+
+def valid_decision(entry: Any) -> dict:
+    """A measured-decision entry (``counts``: class -> uses; ``times``: library -> class ->
+    {"xla": s, "per_tap": s}, every counted class timed) as it is, or ValueError."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"a decision is a {type(entry).__name__}, not an object")
+    counts, times = entry.get("counts"), entry.get("times")
+    if not isinstance(counts, dict) or not counts:
+        raise ValueError("a decision has no 'counts' object")
+    for name, uses in counts.items():
+        try:
+            _classes_of([json.loads(name)], 6)
+        except ValueError as e:
+            raise ValueError(f"a decision counts {name!r}: {e}") from None
+        if not isinstance(uses, int) or isinstance(uses, bool) or uses < 1:
+            raise ValueError(f"a decision counts {uses!r} uses of {name}")
+    if not isinstance(times, dict) or not times:
+        raise ValueError("a decision has no 'times' object")
+    for library, rows in times.items():
+        if library not in LIBRARIES or not isinstance(rows, dict):
+            raise ValueError(f"a decision times library {library!r} as {type(rows).__name__}")
+        for name in counts:
+            row = rows.get(name)
+            if not isinstance(row, dict) or not all(
+                isinstance(row.get(g), int | float) and not isinstance(row.get(g), bool) and row[g] >= 0
+                for g in WEIGHT_GRADIENTS
+            ):
+                raise ValueError(f"a decision has no times of {library} for shape class {name}")
+    return entry
+
+
+def read_cache(path: str | None, log: Callable[[str], None] | None = None) -> dict:
+    """The cache file at ``path`` as ``{"decisions": {...}, "shapes": {...}}``, keeping only the
+    entries that are well formed (``valid_decision``, ``valid_shapes``). A cache is a hint: a file
+    that cannot be read, is not such an object or holds malformed entries is never an error; it
+    is said in one line naming the file (``log``), and what it lacks is measured again and
+    replaced. No file (or no ``path``): empty, silently."""
+    if path is None or not os.path.lexists(path):
+        return _empty()
+
+    def set_aside(why: str) -> dict:
+        if log is not None:
+            log(f"the kernel cache {path} is unusable ({why}): measuring again and replacing it")
+        return _empty()
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        return set_aside(f"{type(e).__name__}: {e}")
+    if not isinstance(data, dict):
+        return set_aside(f"a JSON {type(data).__name__}, not an object")
+    out, dropped = _empty(), []
+    for part, check in (("decisions", valid_decision), ("shapes", valid_shapes)):
+        entries = data.get(part, {})
+        if not isinstance(entries, dict):
+            dropped.append(f"its {part!r} is a JSON {type(entries).__name__}, not an object")
+            continue
+        for key, entry in entries.items():
+            try:
+                out[part][key] = check(entry)
+            except ValueError as e:
+                dropped.append(str(e))
+    if dropped and log is not None:
+        more = f"; {len(dropped) - 1} more" if len(dropped) > 1 else ""
+        log(f"the kernel cache {path} has malformed entries ({dropped[0]}{more}): measuring again")
+    return out
+
+
+def write_cache(path: str, data: Mapping[str, Any]) -> None:
+    """Write atomically (a concurrent reader sees the old file or the new one); the temporary
+    file never outlives a failed write. Raises OSError."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".kernel_choice.", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def writable(path: str) -> bool:
+    """Whether the directory of the cache file ``path`` can be made, if need be, and written:
+    checked before anything is measured (a workdir that cannot be written stops the run anyway)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(directory, os.W_OK)
+
+
+def cache_path(workdir: str | None) -> str | None:
+    """The workdir's copy of the decisions, ``<workdir>/cache/kernel_choice.json``; None without
+    a workdir (the machine's copy serves)."""
+    return None if workdir is None else os.path.join(workdir, "cache", CACHE_FILE)
+
+
+MACHINE_CACHE_VARIABLE = compilation_cache.MACHINE_VARIABLE
+
+
+def machine_cache_path(environ: Mapping[str, str] | None = None) -> str | None:
+    """The machine's own copy of the decisions, shared by every workdir on it (a decision is a
+    fact about the CPU, jaxlib and shapes, not about one run): ``CACHE_FILE`` in the machine's
+    dew folder (``compilation_cache.machine_directory``: ``$DEW_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/dew``, else ``~/.cache/dew``). ``DEW_CACHE_DIR=off`` (or empty) keeps
+    decisions in the workdir only."""
+    directory = compilation_cache.machine_directory(environ)
+    return None if directory is None else os.path.join(directory, CACHE_FILE)
+
+
+#: Cache files this process could not write and has said so about (once per file).
+_unwritable: set[str] = set()
+
+
+def _remember(path: str | None, part: str, key: str, value: Any, log: Callable[[str], None] | None) -> None:
+    """Add one entry (``part``: ``"decisions"`` or ``"shapes"``) to the cache file at ``path``,
+    keeping its well-formed entries (a malformed file is replaced). A file that cannot be written
+    only means the next run measures again: said once per file (``log``), never an error."""
+    if path is None:
+        return
+    data = read_cache(path)
+    data[part][key] = value
+    try:
+        write_cache(path, data)
+    except OSError as e:
+        if path not in _unwritable and log is not None:
+            log(
+                f"cannot write the kernel cache {path} ({type(e).__name__}: {e}): the next run measures again"
+            )
+        _unwritable.add(path)
+
+
+__all__ = [
+    "CACHE_FILE",
+    "MACHINE_CACHE_VARIABLE",
+    "cache_path",
+    "machine_cache_path",
+    "read_cache",
+    "valid_decision",
+    "valid_shapes",
+    "writable",
+    "write_cache",
+]
