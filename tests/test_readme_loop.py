@@ -1,6 +1,7 @@
 """The README's "Using the pieces in your own loop" runs as written: its code block, taken from
-the README itself, in a fresh process (``dew.runtime.start`` must come before JAX starts), with
-only the network shrunk and the loop shortened."""
+the README itself, in a fresh process (the Trainer, built before JAX starts, applies
+``dew.runtime.start`` itself: the devices and kernel choice below are its), with only the network
+shrunk and the loop shortened."""
 
 from __future__ import annotations
 
