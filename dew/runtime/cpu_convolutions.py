@@ -3,7 +3,7 @@
 XLA:CPU hands each convolution to YNNPACK unless told otherwise; with
 ``--xla_cpu_experimental_ynn_fusion_type=-individual_convolution`` it runs them with Eigen's
 spatial convolution instead (matmuls and reductions stay with YNNPACK). On an x86 CPU with AVX2 and
-without AVX-512 (AMD Zen 2, measured in ``benchmarks/RESULTS.md``, issue 12) Eigen's are much
+without AVX-512 (AMD Zen 2, measured in ``benchmarks/RESULTS.md``) Eigen's are much
 faster: a 32×32 64→64 convolution at batch 64 runs forward in 31 against 71 ms, forward and both
 gradients in 122 against 949 ms; the 16×16 EDM U-Net's train step takes 10 % less time and the
 32×32×3 one 17 % less, and both compile faster. On an AVX-512 CPU (AMD Zen 5) Eigen's single
@@ -16,8 +16,8 @@ leaves XLA's default everywhere else (AVX-512 CPUs, where it makes no difference
 ARM, not measured with Eigen; accelerators, where the flag does nothing).
 
 These rules are the fallback: for the EDM U-Nets ``dew.runtime.kernel_choice`` times both
-libraries and both weight gradients on the machine at hand instead (issue 35: on an Intel
-AVX-512 CPU the rules left the train step at 0.61-0.78× NVlabs/edm's), and passes the library
+libraries and both weight gradients on the machine at hand instead (on an Intel AVX-512 CPU the
+rules left the train step at 0.61-0.78× NVlabs/edm's), and passes the library
 it chose to ``route_convolutions``; other models and readers without a run config keep the rules.
 
 The flag is read once, when JAX starts its CPU backend, so the choice is made before anything
@@ -120,7 +120,7 @@ def xla_weight_grad_is_slow(features: dict[str, bool] | None = None, xla_flags: 
     """Whether XLA's convolution weight gradient degrades on large images here: YNNPACK's, on x86
     CPUs without AVX-512.
 
-    Measured on three CPUs (``benchmarks/RESULTS.md``, issue 12), XLA:CPU's weight gradient of a
+    Measured on three CPUs (``benchmarks/RESULTS.md``), XLA:CPU's weight gradient of a
     32×32 convolution through YNNPACK (XLA's default library) against the per-tap sum, and the
     32×32×3 train step with each: AVX+FMA only, 7-8× slower per layer, the step 2.6× slower; AVX2
     (Zen 2), 5.3× per layer, the step 1.9× slower; AVX-512 (avx512f/bw/bf16), the faster of the

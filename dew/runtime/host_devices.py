@@ -5,7 +5,7 @@ over the cores, but the rest of a step (group norms, activations, the optimizer 
 layout copies) runs on the device's one thread, so a single device leaves cores idle for much of
 a convolutional step. Presenting one device per core and splitting each batch over them (the
 mesh's data axis, as on any multi-device machine) keeps them all busy: the 16x16 EDM U-Net's
-train step runs 1.23x faster on two cores (``benchmarks/RESULTS.md``, issue 12).
+train step runs 1.23x faster on two cores (``benchmarks/RESULTS.md``).
 
 The device count is an XLA flag read once, when JAX starts its CPU backend, so it must be set
 before anything touches a device: ``dew.runtime.platform`` presents ``config.runtime.host_devices``

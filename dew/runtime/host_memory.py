@@ -5,7 +5,7 @@ the execution ends: 187 MB per device for the 16×16 EDM U-Net's train step at b
 32×32×3. glibc serves blocks that large with ``mmap`` and returns them with ``munmap``, so every
 step maps its temporary buffer anew and the kernel faults it in page by page: 91,500 minor faults
 and ~0.15-0.2 s of kernel time per 16×16 step on two CPU devices, 700,000 faults and 1.2-1.7 s at
-32×32 (``benchmarks/RESULTS.md``, issue 12). With glibc's tunable ``glibc.malloc.hugetlb=1``
+32×32 (``benchmarks/RESULTS.md``). With glibc's tunable ``glibc.malloc.hugetlb=1``
 ``malloc`` asks for transparent huge pages on the memory it maps (``madvise(MADV_HUGEPAGE)``), so
 the same buffer costs ~1,100 faults of 2 MiB pages and the step 15-20 % less time, with no change
 to which thread allocates where (compile time is unchanged).

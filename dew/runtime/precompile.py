@@ -7,7 +7,7 @@ step's programs in a thread while the state is built (XLA compiles in C++, outsi
 and the compiled executables land in JAX's in-memory cache, where the step's first call finds
 them: the same shapes, shardings and options, so the same program and the same numbers.
 On 2 CPU cores the digits network's start-up (jitted init then step compile, 2 devices) went
-from 37.7-40.7 s to 27.5-37.2 s of wall time (4 + 4 fresh processes; issue 12).
+from 37.7-40.7 s to 27.5-37.2 s of wall time (4 + 4 fresh processes).
 """
 
 from __future__ import annotations
