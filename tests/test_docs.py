@@ -60,3 +60,20 @@ def test_the_readme_is_a_front_door():
     assert len(text.splitlines()) <= 200
     for link in re.findall(r"\]\((docs/[^)#]+)", text):
         assert (ROOT / link).is_file(), link
+
+
+def test_no_tracker_issue_numbers_in_the_project():
+    """Code, docs and records say what a thing does, never which tracker issue asked for it."""
+    import subprocess as sp
+
+    files = sp.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    pattern = re.compile(r"\bissue[ -]?#?\d+\b", re.IGNORECASE)
+    kinds = (".py", ".md", ".yml", ".toml", ".txt", "Makefile")
+    found = []
+    for name in files:
+        if not name.endswith(kinds) or name == "tests/test_docs.py":
+            continue
+        for number, line in enumerate((ROOT / name).read_text(errors="replace").splitlines(), 1):
+            if pattern.search(line):
+                found.append(f"{name}:{number}: {line.strip()[:80]}")
+    assert not found, "\n".join(found)
