@@ -35,8 +35,8 @@ as a fraction of the CPU's peak: cores (``--threads``) × clock × float32 FLOP 
 last from the vector width the CPU's flags report (16 lanes with AVX-512, 8 with AVX2) × 2 for a
 fused multiply-add × ``--fma_units`` (2 for Intel's server cores with two 512-bit FMA units and
 for AMD Zen 2/3 at 256 bits; AMD Zen 4 runs a 512-bit operation as two 256-bit halves, so
-``--fma_units=1`` gives its peak), and the clock from ``/proc/cpuinfo`` (``--cpu_ghz``: the all-core clock, where the
-nominal one misleads).
+``--fma_units=1`` gives its peak), and the clock from ``/proc/cpuinfo`` (``--cpu_ghz``: the
+all-core clock, where the nominal one misleads).
 
 ``--gpu`` runs dew's side alone on an accelerator in bfloat16 and float32 and reports achieved
 FLOP/s against ``--peak_tflops`` (XLA's cost analysis of the compiled step).
