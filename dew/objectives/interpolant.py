@@ -59,12 +59,48 @@ def transport_sampler(name: str) -> TransportSampler:
 
 @dataclasses.dataclass(frozen=True)
 class Preview:
-    """How ``Interpolant.preview`` draws: a registered transport sampler, its number of steps
-    (``num_steps``), and ``per_class`` samples per class (in all, without classes)."""
+    """How ``Interpolant.preview`` (and ``dew.pipeline``) draws: a registered transport sampler,
+    its number of steps (``num_steps``), ``per_class`` samples per class (in all, without
+    classes), and classifier-free guidance (``Guidance``: ``cfg_scale``, ``cfg_channels``,
+    ``guidance_interval``)."""
 
     sampler: str = "transport_ode"
     steps: int = 50
     per_class: int = 8
+    cfg_scale: float = 1.0
+    cfg_channels: int = 3
+    guidance_interval: tuple[float, float] = (0.0, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Guidance:
+    """SiT's ``sample.py`` guidance: the batch doubled with the null class (label
+    ``num_classes``), the network's ``forward_with_cfg`` at ``cfg_scale`` on the first
+    ``cfg_channels`` output channels (3, as SiT's), the first half kept; applied only for t in
+    ``interval`` = [t_lo, t_hi] (SiT's time: 0 noise, 1 data), the conditional output elsewhere
+    (REPA's guidance interval; REPA's own time runs the other way, so its [low, high] is
+    [1 − high, 1 − low] here). ``cfg_scale`` 1 is no guidance (one conditional call)."""
+
+    cfg_scale: float = 1.0
+    cfg_channels: int = 3
+    interval: tuple[float, float] = (0.0, 1.0)
+
+    def __post_init__(self) -> None:
+        lo, hi = (float(v) for v in self.interval)
+        object.__setattr__(self, "interval", (lo, hi))
+        if not (isinstance(self.cfg_scale, int | float) and self.cfg_scale >= 1.0):
+            raise ValueError(f"cfg_scale={self.cfg_scale!r} is invalid: expected a float >= 1")
+        if not (isinstance(self.cfg_channels, int) and self.cfg_channels >= 1):
+            raise ValueError(f"cfg_channels={self.cfg_channels!r} is invalid: expected an int >= 1")
+        if not 0.0 <= lo <= hi <= 1.0:
+            raise ValueError(
+                f"guidance_interval={self.interval!r} is invalid: expected (t_lo, t_hi) with "
+                "0 <= t_lo <= t_hi <= 1"
+            )
+
+    @classmethod
+    def of(cls, preview: Preview) -> Guidance:
+        return cls(preview.cfg_scale, preview.cfg_channels, tuple(preview.guidance_interval))
 
 
 class Interpolant(Objective):
@@ -95,6 +131,7 @@ class Interpolant(Objective):
         self.preview_settings = preview
         self.extent = extent
         self.sampler = dataclasses.replace(transport_sampler(preview.sampler), num_steps=preview.steps)
+        self.guidance = Guidance.of(preview)
         conditional = num_classes is not None
 
         def forward(x: jax.Array, t: jax.Array, y: jax.Array | None) -> jax.Array:
@@ -110,6 +147,8 @@ class Interpolant(Objective):
             return out
 
         self._net = hk.transform(forward)
+        self._guided = hk.transform(functools.partial(_guided_forward, model, learn_sigma))
+        self._jitted: dict[tuple, Callable[..., Any]] = {}
 
     # --- pure pieces ------------------------------------------------------------------------------
     def _labels(self, batch: Batch) -> jax.Array | None:
@@ -136,6 +175,24 @@ class Interpolant(Objective):
         terms = self.transport.training_losses(model, x1, t, x0)
         return jnp.mean(terms["loss"]), ({}, Aux())
 
+    def guided_network(self, params: Params, labels: jax.Array, guidance: Guidance):
+        """model(x, t) on the doubled batch [x; x] with y = [labels; null]: ``forward_with_cfg``
+        for t inside the guidance interval, the plain network (conditional first half) outside."""
+        y = jnp.concatenate([labels, jnp.full(labels.shape, self.num_classes, labels.dtype)])
+        lo, hi = guidance.interval
+
+        def model(x: jax.Array, t: jax.Array) -> jax.Array:
+            def guided() -> jax.Array:
+                return self._guided.apply(params, None, x, t, y, guidance.cfg_scale, guidance.cfg_channels)
+
+            if (lo, hi) == (0.0, 1.0):
+                return guided()
+            now = jnp.reshape(t, (-1,))[0]
+            inside = (now >= lo) & (now <= hi)
+            return jax.lax.cond(inside, guided, lambda: self._net.apply(params, None, x, t, y))
+
+        return model
+
     def generate(
         self,
         params: Params,
@@ -143,16 +200,23 @@ class Interpolant(Objective):
         labels: jax.Array | None = None,
         num: int | None = None,
         sampler: TransportSampler | None = None,
+        guidance: Guidance | None = None,
     ) -> jax.Array:
         """Samples from noise drawn with ``rng``: one per label (or ``num`` without classes),
-        through ``sampler`` (default: the preview's)."""
+        through ``sampler`` (default: the preview's) with ``guidance`` (default: the preview's;
+        class-conditional only): SiT's ``sample.py``, z ~ N(0, I) doubled with the null class
+        and the first half of the result kept."""
         sampler = sampler or self.sampler
+        guidance = guidance or self.guidance
         count = labels.shape[0] if labels is not None else num
         if count is None:
             raise ValueError("generate: give labels (class-conditional) or num (unconditional)")
         noise_rng, step_rng = jax.random.split(rng)
         z = jax.random.normal(noise_rng, (count, *self.input_spec.sample.shape))
-        return sampler.sample(self.transport, self.network(params, labels), z, step_rng)
+        if labels is None or guidance.cfg_scale == 1.0:
+            return sampler.sample(self.transport, self.network(params, labels), z, step_rng)
+        model = self.guided_network(params, labels, guidance)
+        return sampler.sample(self.transport, model, jnp.concatenate([z, z]), step_rng)[:count]
 
     # --- what a person sees -----------------------------------------------------------------------
     def preview(self, params: Params, rng: jax.Array) -> ImageGrid:
@@ -168,13 +232,54 @@ class Interpolant(Objective):
             raise NotImplementedError(
                 f"Interpolant.preview draws images [H, W, 1|3] or 2-D points, not {shape}"
             )
-        if self.num_classes is None:
-            draw = jax.jit(functools.partial(self.generate, num=per))
-            images, columns = draw(params, rng), per
-        else:
+        return self._draw_grid(params, rng, self.preview_settings)
+
+    def _draw_grid(self, params: Params, rng: jax.Array, settings: Preview) -> ImageGrid:
+        """``settings.per_class`` images of every class (or in all), as ``preview`` draws them."""
+        per = settings.per_class
+        key = dataclasses.astuple(settings)
+        if key not in self._jitted:
+            sampler = dataclasses.replace(transport_sampler(settings.sampler), num_steps=settings.steps)
+            num = per if self.num_classes is None else None
+            self._jitted[key] = jax.jit(
+                functools.partial(self.generate, num=num, sampler=sampler, guidance=Guidance.of(settings))
+            )
+        labels = None
+        if self.num_classes is not None:
             labels = jnp.repeat(jnp.arange(self.num_classes, dtype=jnp.int32), per)
-            images, columns = jax.jit(self.generate)(params, rng, labels), per
-        return ImageGrid(np.clip(np.asarray(images, np.float32), -1.0, 1.0), columns=columns)
+        images = self._jitted[key](params, rng, labels)
+        return ImageGrid(np.clip(np.asarray(images, np.float32), -1.0, 1.0), columns=per)
+
+    # --- inference (dew.pipeline) -------------------------------------------------------------
+    def inference_options(self) -> dict[str, Any]:
+        """What ``dew.pipeline`` accepts; the defaults are the run's preview settings."""
+        return {"classes": None, **dataclasses.asdict(self.preview_settings), "seed": 0}
+
+    def infer(self, params: Params, *, classes, seed: int, **settings: Any) -> ImageGrid:
+        """Images [H, W, 1|3]: without ``classes``, ``per_class`` of every class exactly as
+        ``preview`` draws them (``seed`` = the run's seed reproduces its previews); with
+        ``classes``, one per entry (in one row)."""
+        settings["guidance_interval"] = tuple(settings["guidance_interval"])
+        preview = Preview(**settings)
+        Guidance.of(preview)  # checked: one line naming the option
+        transport_sampler(preview.sampler)
+        shape = self.input_spec.sample.shape
+        if len(shape) != 3 or shape[-1] not in (1, 3):
+            raise ValueError(f"infer draws images [H, W, 1|3], not {shape}")
+        rng = jax.random.PRNGKey(seed)
+        if classes is None:
+            return self._draw_grid(params, rng, preview)
+        classes = (classes,) if isinstance(classes, int) else tuple(classes)
+        if not self.num_classes or not classes:
+            raise ValueError(f"classes={classes!r}: this model has no classes")
+        bad = [c for c in classes if not (isinstance(c, int | np.integer) and 0 <= c < self.num_classes)]
+        if bad:
+            raise ValueError(f"classes {bad} are out of range: expected ints in [0, {self.num_classes})")
+        sampler = dataclasses.replace(transport_sampler(preview.sampler), num_steps=preview.steps)
+        images = jax.jit(functools.partial(self.generate, sampler=sampler, guidance=Guidance.of(preview)))(
+            params, rng, jnp.asarray(classes, jnp.int32)
+        )
+        return ImageGrid(np.clip(np.asarray(images, np.float32), -1.0, 1.0), columns=min(len(classes), 10))
 
     # --- config ---------------------------------------------------------------------------------------
     @classmethod
@@ -217,11 +322,24 @@ class Interpolant(Objective):
         )
 
 
+def _guided_forward(
+    model: ModuleFactory, learn_sigma: bool, x: jax.Array, t: jax.Array, y: jax.Array, scale, channels: int
+) -> jax.Array:
+    """The network's ``forward_with_cfg`` (its variance half dropped as SiT's forward does)."""
+    out = model().forward_with_cfg(x, t, y, scale, cfg_channels=channels)
+    return out[..., : x.shape[-1]] if learn_sigma else out
+
+
 def _validate(section: Any, path: str) -> None:
     Transport.create(
         section.path, section.prediction, section.loss_weight, section.train_eps, section.sample_eps
     )
     transport_sampler(section.sampling.sampler)
+    s = section.sampling
+    try:
+        Guidance(s.cfg_scale, s.cfg_channels, tuple(s.guidance_interval))
+    except ValueError as e:
+        raise ConfigError(f"config.objective.sampling.{e}") from None
 
 
 CONFIG = Section(
@@ -248,6 +366,13 @@ CONFIG = Section(
                 "sampler": Key("transport_ode", "registered transport sampler (dew.samplers)"),
                 "steps": Key(50, "the sampler's num_steps", **at_least(2, "an int >= 2")),
                 "per_class": Key(8, "samples per class (one grid row each)", **at_least(1, "an int >= 1")),
+                "cfg_scale": Key(
+                    1.0, "classifier-free guidance scale (1: none)", **at_least(1, "a float >= 1")
+                ),
+                "cfg_channels": Key(3, "output channels guidance applies to (SiT: the first 3)"),
+                "guidance_interval": Key(
+                    (0.0, 1.0), "guide only for t in [t_lo, t_hi] (SiT time: 0 noise, 1 data)", item=float
+                ),
             },
         ),
     },
