@@ -126,3 +126,24 @@ def test_bad_guidance_is_one_line(guidance, message):
     with pytest.raises(ValueError) as e:
         obj.infer(params, classes=None, seed=0, **{**args, **guidance})
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_class_dropout_acts_while_training_only():
+    """DiT/SiT networks drop labels to the null class only when called with is_training=True."""
+    import dew  # noqa: F401
+    from dew.training.objective import Step
+
+    spec = InputSpec(
+        Field("image", (8, 8, 3)), {"label": Condition("class_label", Field("label", (), "int32"), 10)}
+    )
+    model = functools.partial(registry.models["sit"], **{**TINY, "class_dropout_prob": 0.9999999})
+    obj = Interpolant(spec, Transport.create(), model, num_classes=10, preview=Preview(steps=4))
+    batch = {"image": jax.random.normal(jax.random.key(0), (4, 8, 8, 3)), "label": jnp.arange(4)}
+    _, params = objective()
+    null = {**batch, "label": jnp.full((4,), 10, jnp.int32)}
+    rng = jax.random.key(5)
+    train, _ = obj.loss(params, rng, batch, Step(jnp.int32(0), is_training=True))
+    dropped, _ = obj.loss(params, rng, null, Step(jnp.int32(0), is_training=False))
+    held, _ = obj.loss(params, rng, batch, Step(jnp.int32(0), is_training=False))
+    np.testing.assert_allclose(train, dropped, rtol=8 * np.finfo(np.float32).eps)
+    assert abs(float(train) - float(held)) > 1e-4

@@ -33,7 +33,8 @@ from dew.artifacts import ImageGrid
 from dew.diffusion.interpolants import LOSS_WEIGHTS, PATHS, PREDICTIONS
 from dew.diffusion.transport import Transport
 from dew.inputs import Condition, Field, InputSpec
-from dew.objectives import scatter
+from dew.objectives import latent_space, scatter
+from dew.objectives.meanflow import sample_field, takes_arguments
 from dew.sampling.transport_ode import TransportODE
 from dew.sampling.transport_sde import TransportSDE
 from dew.schema import ConfigError, Key, Section, at_least
@@ -110,7 +111,10 @@ class Interpolant(Objective):
     ``extent`` is the half-width of a 2-D point preview's picture (None: the samples' own).
     ``learn_sigma``: the network returns twice the sample's channels (last axis), as DiT and SiT
     networks built with ``learn_sigma=True`` do; the transport uses the first half, as SiT's
-    ``forward`` does (``x, _ = x.chunk(2, dim=1)``).
+    ``forward`` does (``x, _ = x.chunk(2, dim=1)``). ``latent``/``image_shape``: the VAE space
+    the samples live in (``config.objective.latent``, ``dew.objectives.latent_space``: raw
+    latents in the data, final latents drawn per step, samples decoded for previews and
+    inference), as SiT trains on SD-VAE latents.
     """
 
     def __init__(
@@ -122,6 +126,8 @@ class Interpolant(Objective):
         preview: Preview = Preview(),
         extent: float | None = None,
         learn_sigma: bool = False,
+        latent: latent_space.LatentSpace | None = None,
+        image_shape: tuple[int, ...] | None = None,
     ):
         if num_classes is not None and "label" not in input_spec.conditions:
             raise ValueError("Interpolant: num_classes is set but the input spec has no 'label' condition")
@@ -132,11 +138,15 @@ class Interpolant(Objective):
         self.extent = extent
         self.sampler = dataclasses.replace(transport_sampler(preview.sampler), num_steps=preview.steps)
         self.guidance = Guidance.of(preview)
+        self.latent, self.image_shape = latent, image_shape
         conditional = num_classes is not None
+        # DiT/SiT networks drop labels (CFG's null class) only when told they are training
+        dropout = takes_arguments(model, ("is_training",))
 
-        def forward(x: jax.Array, t: jax.Array, y: jax.Array | None) -> jax.Array:
+        def forward(x: jax.Array, t: jax.Array, y: jax.Array | None, is_training: bool = False) -> jax.Array:
             net = model()
-            out = net(x, t, y) if conditional else net(x, t)
+            flags = {"is_training": is_training} if dropout else {}
+            out = net(x, t, y, **flags) if conditional else net(x, t, **flags)
             if learn_sigma:
                 if out.shape[-1] != 2 * x.shape[-1]:
                     raise ValueError(
@@ -158,16 +168,18 @@ class Interpolant(Objective):
 
     def network(self, params: Params, labels: jax.Array | None, rng: jax.Array | None = None):
         """model(x, t): the network for fixed labels (``rng``: its dropout key while training)."""
-        return lambda x, t: self._net.apply(params, rng, x, t, labels)
+        return lambda x, t: self._net.apply(params, rng, x, t, labels, rng is not None)
 
     def init(self, rng: jax.Array, batch: Batch) -> Params:
         x = batch[self.input_spec.sample.name]
+        x = x if self.latent is None else self.latent.mean(x)
         return self._net.init(rng, x, jnp.zeros(x.shape[:1], x.dtype), self._labels(batch))
 
     def loss(
         self, params: Params, rng: jax.Array, batch: Batch, step: Step
     ) -> tuple[jax.Array, tuple[Stats, Aux]]:
         x1 = batch[self.input_spec.sample.name]
+        x1 = x1 if self.latent is None else self.latent.draw(x1, rng)
         t_rng, noise_rng, net_rng = jax.random.split(rng, 3)
         t = self.transport.sample_t(t_rng, x1.shape[0])
         x0 = jax.random.normal(noise_rng, x1.shape, x1.dtype)
@@ -228,7 +240,7 @@ class Interpolant(Objective):
             labels = None if self.num_classes is None else jnp.arange(per, dtype=jnp.int32) % self.num_classes
             points = np.asarray(jax.jit(functools.partial(self.generate, num=per))(params, rng, labels))
             return scatter.scatter_grid(points, self.extent or scatter.extent_of(points))
-        if len(shape) != 3 or shape[-1] not in (1, 3):
+        if len(self.image_shape or shape) != 3 or (self.image_shape or shape)[-1] not in (1, 3):
             raise NotImplementedError(
                 f"Interpolant.preview draws images [H, W, 1|3] or 2-D points, not {shape}"
             )
@@ -247,8 +259,14 @@ class Interpolant(Objective):
         labels = None
         if self.num_classes is not None:
             labels = jnp.repeat(jnp.arange(self.num_classes, dtype=jnp.int32), per)
-        images = self._jitted[key](params, rng, labels)
-        return ImageGrid(np.clip(np.asarray(images, np.float32), -1.0, 1.0), columns=per)
+        return self._grid(self._jitted[key](params, rng, labels), per)
+
+    def _grid(self, samples: jax.Array, columns: int) -> ImageGrid:
+        """Samples as images in [−1, 1] (decoded by the VAE for latent samples)."""
+        images = np.asarray(jax.device_get(samples), np.float32)
+        if self.latent is not None:
+            images = self.latent.to_images(images)
+        return ImageGrid(np.clip(images, -1.0, 1.0), columns=columns)
 
     # --- inference (dew.pipeline) -------------------------------------------------------------
     def inference_options(self) -> dict[str, Any]:
@@ -263,7 +281,7 @@ class Interpolant(Objective):
         preview = Preview(**settings)
         Guidance.of(preview)  # checked: one line naming the option
         transport_sampler(preview.sampler)
-        shape = self.input_spec.sample.shape
+        shape = self.image_shape or self.input_spec.sample.shape
         if len(shape) != 3 or shape[-1] not in (1, 3):
             raise ValueError(f"infer draws images [H, W, 1|3], not {shape}")
         rng = jax.random.PRNGKey(seed)
@@ -279,7 +297,7 @@ class Interpolant(Objective):
         images = jax.jit(functools.partial(self.generate, sampler=sampler, guidance=Guidance.of(preview)))(
             params, rng, jnp.asarray(classes, jnp.int32)
         )
-        return ImageGrid(np.clip(np.asarray(images, np.float32), -1.0, 1.0), columns=min(len(classes), 10))
+        return self._grid(images, min(len(classes), 10))
 
     # --- config ---------------------------------------------------------------------------------------
     @classmethod
@@ -300,7 +318,7 @@ class Interpolant(Objective):
             )
         transport = Transport.create(o.path, o.prediction, o.loss_weight, o.train_eps, o.sample_eps)
         column = source.fields[source.sample_field]
-        sample = Field(source.sample_field, tuple(column.shape[1:]))
+        sample, latent, image_shape = sample_field(config, source)
         choice = o.condition
         if choice == "auto":
             choice = "class_label" if source.num_classes else "none"
@@ -319,6 +337,8 @@ class Interpolant(Objective):
             Preview(**o.sampling.to_dict()),
             scatter.extent_of(np.asarray(column[: min(len(column), 4096)])) if sample.shape == (2,) else None,
             o.learn_sigma,
+            latent,
+            image_shape,
         )
 
 
@@ -355,6 +375,7 @@ CONFIG = Section(
         "learn_sigma": Key(
             False, "the network returns 2C channels (DiT/SiT learn_sigma); the loss uses the first C"
         ),
+        "latent": latent_space.CONFIG,
         "condition": Key(
             "auto",
             "conditioning: class_label, none, or auto (labels when the data has classes)",
