@@ -136,3 +136,24 @@ def test_bad_input_is_one_line_exit_2_nothing_written(data, tmp_path, settings, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
     assert not workdir.exists()
+
+
+@pytest.mark.parametrize("experiment", ["dit.py:DiT-S/2", "sit.py:SiT-S/2"])
+def test_the_experiments_train_on_latents_and_sample_decoded_images(data, tmp_path, experiment):
+    """Each experiment shrunk to the tiny network and the random VAE's latents: two updates
+    through the Trainer with a preview, then dew.pipeline draws decoded 32x32 RGB images."""
+    from dew.config import apply_overrides, load_config
+    from dew.training.trainer import Trainer
+
+    name = "sit" if experiment.startswith("sit") else "dit"
+    settings = [
+        item[len("--") :]
+        for item in overrides(data, **{"model.name": name, "train.num_steps": 2, "preview.every": 2})
+    ]
+    config = apply_overrides(load_config(f"{ROOT / 'experiments' / experiment}"), settings)
+    Trainer(config, str(tmp_path / "run")).run()
+    assert (tmp_path / "run" / "previews" / "samples.png").is_file()
+    task = pipeline(str(tmp_path / "run"))
+    assert task.step == 2 and task.options["cfg_scale"] == 1.5
+    grid = task(classes=(0, 9), cfg_scale=4.0)
+    assert grid.images.shape == (2, 32, 32, 3) and np.isfinite(grid.images).all()
