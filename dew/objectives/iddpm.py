@@ -92,7 +92,7 @@ class IDDPM(Objective):
     sampling is unguided). ``latent``/``image_shape``: the VAE space samples are decoded from.
     """
 
-    precisions = ("float32", "bfloat16")
+    precisions = ("float32",)
 
     def __init__(
         self,
