@@ -150,3 +150,48 @@ def test_bad_input_is_one_line(objective, model, message):
     with pytest.raises(ConfigError) as e:
         built(objective, **model)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.default_compiler
+def test_guided_sampling_matches_dit_sample_py_on_the_tiny_reference_network():
+    """third_party/dit/dit_tiny_sample.npz: DiT's own create_diffusion("10").p_sample_loop through
+    its forward_with_cfg (cfg 4.0, the batch doubled with the null class) on the tiny DiT whose
+    weights are dit_tiny_state_dict.npz, with its per-step draws stored; dew's sampling model and
+    loop on the same draws."""
+    import json
+
+    from dew.inputs import Condition, Field, InputSpec
+    from dew.interop import dit_checkpoint
+    from dew.objectives.iddpm import Process
+
+    golden = dict(np.load(ROOT / "third_party" / "dit" / "dit_tiny_sample.npz", allow_pickle=False))
+    config = json.loads(str(np.load(ROOT / "third_party" / "dit" / "dit_tiny.npz")["config_json"]))
+    state = dict(np.load(ROOT / "third_party" / "dit" / "dit_tiny_state_dict.npz", allow_pickle=False))
+    options = {k: config[k] for k in ("depth", "hidden_size", "num_heads", "patch_size", "num_classes")}
+    params = dit_checkpoint.convert(state, "dit", options, top="dit")
+    side, channels = config["input_size"], config["in_channels"]
+    spec = InputSpec(
+        Field("image", (side, side, channels)),
+        {"label": Condition("class_label", Field("label", (), "int32"), config["num_classes"])},
+    )
+    import functools
+
+    from dew import registry
+
+    obj = IDDPM(
+        spec, functools.partial(registry.models["dit"], **options), config["num_classes"], process=Process()
+    )
+    model, guided = obj.sampling_model(params, jnp.asarray(golden["labels"]), float(golden["cfg_scale"]), 3)
+    assert guided
+    z = np.ascontiguousarray(golden["z"].transpose(0, 2, 3, 1))
+    noises = np.ascontiguousarray(golden["noises"].transpose(0, 1, 3, 4, 2))
+    diffusion = obj.process.diffusion(str(int(golden["steps"])))
+    out = diffusion.sample_loop(
+        model, jnp.concatenate([z, z]), step_noises=jnp.asarray(noises), clip_denoised=False, trajectory=False
+    )[:2]
+    want = golden["samples"].transpose(0, 2, 3, 1)
+    # tests/test_dit.py's per-call bound for guided output (9 · 4·12·16 u, relative to the
+    # output's magnitude), added once per step: the loop's linear maps (x / sqrt(alpha_t), the
+    # noise added) amplify the state and its error alike, so relative errors add step by step
+    bound = int(golden["steps"]) * 9 * 4 * 12 * 16 * 2.0**-24 * float(np.max(np.abs(want)))
+    np.testing.assert_allclose(out, want, atol=bound, rtol=0)

@@ -175,20 +175,26 @@ class IDDPM(Objective):
         y = labels if labels is not None else jnp.zeros((n,), jnp.int32)
         noise_rng, step_rng = jax.random.split(rng)
         z = jax.random.normal(noise_rng, (n, *self.input_spec.sample.shape), jnp.float32)
-        guided = self.num_classes is not None and cfg_scale != 1.0
+        model, guided = self.sampling_model(params, y, cfg_scale, cfg_channels)
         if guided:
             z = jnp.concatenate([z, z], axis=0)
-            y = jnp.concatenate([y, jnp.full((n,), self.num_classes, jnp.int32)], axis=0)
-
-        def model(x: jax.Array, t: jax.Array) -> jax.Array:
-            if guided:
-                return self._net.apply(params, None, x, t, y, False, cfg_scale, cfg_channels)
-            return self._net.apply(params, None, x, t, y, False)
-
         out = diffusion.sample_loop(
             model, z, rng=step_rng, clip_denoised=False, method=method, trajectory=False
         )
         return out[:n]
+
+    def sampling_model(
+        self, params: Params, labels: jax.Array, cfg_scale: float, cfg_channels: int = 3
+    ) -> tuple[Callable[[jax.Array, jax.Array], jax.Array], bool]:
+        """(model(x, t), guided): the network for ``labels`` as the sampling loop calls it. When
+        guided (classes and ``cfg_scale`` != 1) it is ``forward_with_cfg`` on the doubled batch
+        [x; x] with y = [labels; null class], as DiT's ``sample.py`` passes it to
+        ``p_sample_loop``; the caller doubles the noise and keeps the first half."""
+        guided = self.num_classes is not None and cfg_scale != 1.0
+        if not guided:
+            return (lambda x, t: self._net.apply(params, None, x, t, labels, False)), False
+        y = jnp.concatenate([labels, jnp.full(labels.shape, self.num_classes, jnp.int32)], axis=0)
+        return (lambda x, t: self._net.apply(params, None, x, t, y, False, cfg_scale, cfg_channels)), True
 
     def draw(self, params: Params, rng: jax.Array, *, per_class: int, **settings: Any) -> jax.Array:
         """``per_class`` samples of every class, class-major (unconditional: ``per_class``)."""
