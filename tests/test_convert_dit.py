@@ -25,6 +25,13 @@ DIT = ROOT / "third_party" / "dit"
 GOLDEN = np.load(DIT / "dit_tiny.npz", allow_pickle=False)
 NETWORK = json.loads(str(GOLDEN["config_json"]))  # DiT(input_size=8, ..., num_classes=10)
 
+
+def bound(reference: np.ndarray) -> float:
+    """tests/test_dit.py's float32 bound for these networks (4·12·16 u·max|out|), plus the EMA's
+    debiasing (θ·(1 − β) / (1 − β): a few u relative, inside the factor 4)."""
+    return 4 * 12 * 16 * 2.0**-24 * float(np.max(np.abs(reference)))
+
+
 spec = importlib.util.spec_from_file_location(
     "latent_digits_data", ROOT / "experiments" / "latent_digits_data.py"
 )
@@ -77,6 +84,7 @@ def run(data, workdir, checkpoint, *extra, **settings) -> int:
     )
 
 
+@pytest.mark.default_compiler
 @pytest.mark.parametrize("checkpoint", ["dit_tiny_state_dict.npz", "dit_tiny_checkpoint.pt"])
 def test_the_references_checkpoint_becomes_a_run_that_samples(data, tmp_path, checkpoint):
     if checkpoint.endswith(".pt"):
@@ -90,9 +98,7 @@ def test_the_references_checkpoint_becomes_a_run_that_samples(data, tmp_path, ch
     out = task.objective._net.apply(
         task.params, None, x, jnp.asarray(GOLDEN["t"]), jnp.asarray(GOLDEN["y"]), False
     )
-    # float32 through 2 blocks of width 64 (tests/test_dit.py's bound), the EMA's debiasing a
-    # division by 1 − (1 − 1e-4·…)¹ that rounds to within a few ulps
-    np.testing.assert_allclose(out.transpose(0, 3, 1, 2), GOLDEN["out"], atol=2e-4, rtol=2e-4)
+    np.testing.assert_allclose(out.transpose(0, 3, 1, 2), GOLDEN["out"], atol=bound(GOLDEN["out"]), rtol=0)
     done = subprocess.run(
         [sys.executable, "-m", "dew.sample", f"--workdir={workdir}", "--classes=(1,2,3)", "--cfg_scale=4.0"],
         capture_output=True,
@@ -164,3 +170,27 @@ def test_the_experiments_train_on_latents_and_sample_decoded_images(data, tmp_pa
     assert task.step == 2 and task.options["cfg_scale"] == 1.5
     grid = task(classes=(0, 9), cfg_scale=4.0)
     assert grid.images.shape == (2, 32, 32, 3) and np.isfinite(grid.images).all()
+
+
+@pytest.mark.default_compiler
+def test_a_sit_state_dict_becomes_a_sit_run(data, tmp_path):
+    """SiT's own network's weights (third_party/dit/sit_tiny.npz, as param/<state dict key>) as
+    an .npz state dict, converted with experiments/sit.py: the run's network is SiT's forward."""
+    golden = dict(np.load(DIT / "sit_tiny.npz", allow_pickle=False))
+    state = {k[len("param/") :]: v.astype(np.float32) for k, v in golden.items() if k.startswith("param/")}
+    path = tmp_path / "sit_state_dict.npz"
+    np.savez(path, **state)
+    workdir = tmp_path / "run"
+    argv = [
+        f"--checkpoint={path}",
+        f"--config={ROOT / 'experiments' / 'sit.py'}:SiT-S/2",
+        f"--workdir={workdir}",
+        *overrides(data, **{"model.name": "sit", "objective.sampling.steps": 3}),
+    ]
+    assert convert_dit.main(argv) == 0
+    task = pipeline(str(workdir))
+    x = jnp.asarray(golden["x"]).transpose(0, 2, 3, 1)
+    network = task.objective.network(task.params, jnp.asarray(golden["y"]))
+    out = network(x, jnp.asarray(golden["t"]))
+    np.testing.assert_allclose(out.transpose(0, 3, 1, 2), golden["out"], atol=bound(golden["out"]), rtol=0)
+    assert task(classes=(1, 2)).images.shape == (2, 32, 32, 3)
