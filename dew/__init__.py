@@ -76,6 +76,7 @@ _REGISTERING_MODULES = (
     "dew.sampling.transport_sde",
     "dew.objectives.diffusion",
     "dew.objectives.interpolant",
+    "dew.objectives.iddpm",
     "dew.objectives.edm2",
     "dew.objectives.language",
     "dew.objectives.contrastive",

@@ -51,6 +51,7 @@ UNITS: dict[str, int] = {
     "dew.phema": ENTRY,
     "dew.sweep": ENTRY,
     "dew.convert_edm": ENTRY,
+    "dew.convert_dit": ENTRY,
     "dew.kernel_probe": ENTRY,  # the kernel choice's measurement child (a process, not an import)
 }
 

@@ -369,10 +369,12 @@ class GaussianDiffusion:
         clip_denoised: bool = True,
         method: str = "ddpm",
         eta: float = 0.0,
+        trajectory: bool = True,
     ) -> Array:
         """``p_sample_loop`` (``method="ddpm"``) or ``ddim_sample_loop`` (``"ddim"``) from
         ``noise`` at the last step down to step 0: the states after each step,
-        [num_timesteps, *noise.shape] (the last row is the sample). Step k's (k = 0 first) noise
+        [num_timesteps, *noise.shape] (the last row is the sample), or with ``trajectory=False``
+        only the sample (no [num_timesteps, ...] buffer). Step k's (k = 0 first) noise
         is ``step_noises[k]`` or a draw from ``rng`` folded with k. DiT samples with
         ``clip_denoised=False``."""
         one_of("method", method, ("ddpm", "ddim"))
@@ -392,7 +394,7 @@ class GaussianDiffusion:
                 x_next, _ = self.p_sample(model, x, t, z, clip_denoised)
             else:
                 x_next, _ = self.ddim_sample(model, x, t, z, clip_denoised, eta)
-            return x_next, x_next
+            return x_next, (x_next if trajectory else None)
 
-        _, states = jax.lax.scan(body, noise, (jnp.arange(self.num_timesteps), indices))
-        return states
+        last, states = jax.lax.scan(body, noise, (jnp.arange(self.num_timesteps), indices))
+        return states if trajectory else last

@@ -33,7 +33,8 @@ from dew.artifacts import ImageGrid
 from dew.diffusion.interpolants import LOSS_WEIGHTS, PATHS, PREDICTIONS
 from dew.diffusion.transport import Transport
 from dew.inputs import Condition, Field, InputSpec
-from dew.objectives import scatter
+from dew.objectives import latent_space, scatter
+from dew.objectives.meanflow import sample_field, takes_arguments
 from dew.objectives.whole import BuiltWhole
 from dew.sampling.transport_ode import TransportODE
 from dew.sampling.transport_sde import TransportSDE
@@ -60,12 +61,48 @@ def transport_sampler(name: str) -> TransportSampler:
 
 @dataclasses.dataclass(frozen=True)
 class Preview:
-    """How ``Interpolant.preview`` draws: a registered transport sampler, its number of steps
-    (``num_steps``), and ``per_class`` samples per class (in all, without classes)."""
+    """How ``Interpolant.preview`` (and ``dew.pipeline``) draws: a registered transport sampler,
+    its number of steps (``num_steps``), ``per_class`` samples per class (in all, without
+    classes), and classifier-free guidance (``Guidance``: ``cfg_scale``, ``cfg_channels``,
+    ``guidance_interval``)."""
 
     sampler: str = "transport_ode"
     steps: int = 50
     per_class: int = 8
+    cfg_scale: float = 1.0
+    cfg_channels: int = 3
+    guidance_interval: tuple[float, float] = (0.0, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Guidance:
+    """SiT's ``sample.py`` guidance: the batch doubled with the null class (label
+    ``num_classes``), the network's ``forward_with_cfg`` at ``cfg_scale`` on the first
+    ``cfg_channels`` output channels (3, as SiT's), the first half kept; applied only for t in
+    ``interval`` = [t_lo, t_hi] (SiT's time: 0 noise, 1 data), the conditional output elsewhere
+    (REPA's guidance interval; REPA's own time runs the other way, so its [low, high] is
+    [1 − high, 1 − low] here). ``cfg_scale`` 1 is no guidance (one conditional call)."""
+
+    cfg_scale: float = 1.0
+    cfg_channels: int = 3
+    interval: tuple[float, float] = (0.0, 1.0)
+
+    def __post_init__(self) -> None:
+        lo, hi = (float(v) for v in self.interval)
+        object.__setattr__(self, "interval", (lo, hi))
+        if not (isinstance(self.cfg_scale, int | float) and self.cfg_scale >= 1.0):
+            raise ValueError(f"cfg_scale={self.cfg_scale!r} is invalid: expected a float >= 1")
+        if not (isinstance(self.cfg_channels, int) and self.cfg_channels >= 1):
+            raise ValueError(f"cfg_channels={self.cfg_channels!r} is invalid: expected an int >= 1")
+        if not 0.0 <= lo <= hi <= 1.0:
+            raise ValueError(
+                f"guidance_interval={self.interval!r} is invalid: expected (t_lo, t_hi) with "
+                "0 <= t_lo <= t_hi <= 1"
+            )
+
+    @classmethod
+    def of(cls, preview: Preview) -> Guidance:
+        return cls(preview.cfg_scale, preview.cfg_channels, tuple(preview.guidance_interval))
 
 
 class Interpolant(Objective, metaclass=BuiltWhole):
@@ -75,7 +112,10 @@ class Interpolant(Objective, metaclass=BuiltWhole):
     ``extent`` is the half-width of a 2-D point preview's picture (None: the samples' own).
     ``learn_sigma``: the network returns twice the sample's channels (last axis), as DiT and SiT
     networks built with ``learn_sigma=True`` do; the transport uses the first half, as SiT's
-    ``forward`` does (``x, _ = x.chunk(2, dim=1)``).
+    ``forward`` does (``x, _ = x.chunk(2, dim=1)``). ``latent``/``image_shape``: the VAE space
+    the samples live in (``config.objective.latent``, ``dew.objectives.latent_space``: raw
+    latents in the data, final latents drawn per step, samples decoded for previews and
+    inference), as SiT trains on SD-VAE latents.
     """
 
     def __init__(
@@ -87,6 +127,8 @@ class Interpolant(Objective, metaclass=BuiltWhole):
         preview: Preview = Preview(),
         extent: float | None = None,
         learn_sigma: bool = False,
+        latent: latent_space.LatentSpace | None = None,
+        image_shape: tuple[int, ...] | None = None,
     ):
         if num_classes is not None and "label" not in input_spec.conditions:
             raise ValueError("Interpolant: num_classes is set but the input spec has no 'label' condition")
@@ -96,11 +138,16 @@ class Interpolant(Objective, metaclass=BuiltWhole):
         self.preview_settings = preview
         self.extent = extent
         self.sampler = dataclasses.replace(transport_sampler(preview.sampler), num_steps=preview.steps)
+        self.guidance = Guidance.of(preview)
+        self.latent, self.image_shape = latent, image_shape
         conditional = num_classes is not None
+        # DiT/SiT networks drop labels (CFG's null class) only when told they are training
+        dropout = takes_arguments(model, ("is_training",))
 
-        def forward(x: jax.Array, t: jax.Array, y: jax.Array | None) -> jax.Array:
+        def forward(x: jax.Array, t: jax.Array, y: jax.Array | None, is_training: bool = False) -> jax.Array:
             net = model()
-            out = net(x, t, y) if conditional else net(x, t)
+            flags = {"is_training": is_training} if dropout else {}
+            out = net(x, t, y, **flags) if conditional else net(x, t, **flags)
             if learn_sigma:
                 if out.shape[-1] != 2 * x.shape[-1]:
                     raise ValueError(
@@ -111,6 +158,8 @@ class Interpolant(Objective, metaclass=BuiltWhole):
             return out
 
         self._net = hk.transform(forward)
+        self._guided = hk.transform(functools.partial(_guided_forward, model, learn_sigma))
+        self._jitted: dict[tuple, Callable[..., Any]] = {}
 
     # --- pure pieces ------------------------------------------------------------------------------
     def _labels(self, batch: Batch) -> jax.Array | None:
@@ -120,22 +169,42 @@ class Interpolant(Objective, metaclass=BuiltWhole):
 
     def network(self, params: Params, labels: jax.Array | None, rng: jax.Array | None = None):
         """model(x, t): the network for fixed labels (``rng``: its dropout key while training)."""
-        return lambda x, t: self._net.apply(params, rng, x, t, labels)
+        return lambda x, t: self._net.apply(params, rng, x, t, labels, rng is not None)
 
     def init(self, rng: jax.Array, batch: Batch) -> Params:
         x = batch[self.input_spec.sample.name]
+        x = x if self.latent is None else self.latent.mean(x)
         return self._net.init(rng, x, jnp.zeros(x.shape[:1], x.dtype), self._labels(batch))
 
     def loss(
         self, params: Params, rng: jax.Array, batch: Batch, step: Step
     ) -> tuple[jax.Array, tuple[Stats, Aux]]:
         x1 = batch[self.input_spec.sample.name]
+        x1 = x1 if self.latent is None else self.latent.draw(x1, rng)
         t_rng, noise_rng, net_rng = jax.random.split(rng, 3)
         t = self.transport.sample_t(t_rng, x1.shape[0])
         x0 = jax.random.normal(noise_rng, x1.shape, x1.dtype)
         model = self.network(params, self._labels(batch), net_rng if step.is_training else None)
         terms = self.transport.training_losses(model, x1, t, x0)
         return jnp.mean(terms["loss"]), ({}, Aux())
+
+    def guided_network(self, params: Params, labels: jax.Array, guidance: Guidance):
+        """model(x, t) on the doubled batch [x; x] with y = [labels; null]: ``forward_with_cfg``
+        for t inside the guidance interval, the plain network (conditional first half) outside."""
+        y = jnp.concatenate([labels, jnp.full(labels.shape, self.num_classes, labels.dtype)])
+        lo, hi = guidance.interval
+
+        def model(x: jax.Array, t: jax.Array) -> jax.Array:
+            def guided() -> jax.Array:
+                return self._guided.apply(params, None, x, t, y, guidance.cfg_scale, guidance.cfg_channels)
+
+            if (lo, hi) == (0.0, 1.0):
+                return guided()
+            now = jnp.reshape(t, (-1,))[0]
+            inside = (now >= lo) & (now <= hi)
+            return jax.lax.cond(inside, guided, lambda: self._net.apply(params, None, x, t, y))
+
+        return model
 
     def generate(
         self,
@@ -144,16 +213,23 @@ class Interpolant(Objective, metaclass=BuiltWhole):
         labels: jax.Array | None = None,
         num: int | None = None,
         sampler: TransportSampler | None = None,
+        guidance: Guidance | None = None,
     ) -> jax.Array:
         """Samples from noise drawn with ``rng``: one per label (or ``num`` without classes),
-        through ``sampler`` (default: the preview's)."""
+        through ``sampler`` (default: the preview's) with ``guidance`` (default: the preview's;
+        class-conditional only): SiT's ``sample.py``, z ~ N(0, I) doubled with the null class
+        and the first half of the result kept."""
         sampler = sampler or self.sampler
+        guidance = guidance or self.guidance
         count = labels.shape[0] if labels is not None else num
         if count is None:
             raise ValueError("generate: give labels (class-conditional) or num (unconditional)")
         noise_rng, step_rng = jax.random.split(rng)
         z = jax.random.normal(noise_rng, (count, *self.input_spec.sample.shape))
-        return sampler.sample(self.transport, self.network(params, labels), z, step_rng)
+        if labels is None or guidance.cfg_scale == 1.0:
+            return sampler.sample(self.transport, self.network(params, labels), z, step_rng)
+        model = self.guided_network(params, labels, guidance)
+        return sampler.sample(self.transport, model, jnp.concatenate([z, z]), step_rng)[:count]
 
     # --- what a person sees -----------------------------------------------------------------------
     def preview(self, params: Params, rng: jax.Array) -> ImageGrid:
@@ -165,17 +241,64 @@ class Interpolant(Objective, metaclass=BuiltWhole):
             labels = None if self.num_classes is None else jnp.arange(per, dtype=jnp.int32) % self.num_classes
             points = np.asarray(jax.jit(functools.partial(self.generate, num=per))(params, rng, labels))
             return scatter.scatter_grid(points, self.extent or scatter.extent_of(points))
-        if len(shape) != 3 or shape[-1] not in (1, 3):
+        if len(self.image_shape or shape) != 3 or (self.image_shape or shape)[-1] not in (1, 3):
             raise NotImplementedError(
                 f"Interpolant.preview draws images [H, W, 1|3] or 2-D points, not {shape}"
             )
-        if self.num_classes is None:
-            draw = jax.jit(functools.partial(self.generate, num=per))
-            images, columns = draw(params, rng), per
-        else:
+        return self._draw_grid(params, rng, self.preview_settings)
+
+    def _draw_grid(self, params: Params, rng: jax.Array, settings: Preview) -> ImageGrid:
+        """``settings.per_class`` images of every class (or in all), as ``preview`` draws them."""
+        per = settings.per_class
+        key = dataclasses.astuple(settings)
+        if key not in self._jitted:
+            sampler = dataclasses.replace(transport_sampler(settings.sampler), num_steps=settings.steps)
+            num = per if self.num_classes is None else None
+            self._jitted[key] = jax.jit(
+                functools.partial(self.generate, num=num, sampler=sampler, guidance=Guidance.of(settings))
+            )
+        labels = None
+        if self.num_classes is not None:
             labels = jnp.repeat(jnp.arange(self.num_classes, dtype=jnp.int32), per)
-            images, columns = jax.jit(self.generate)(params, rng, labels), per
-        return ImageGrid(np.clip(np.asarray(images, np.float32), -1.0, 1.0), columns=columns)
+        return self._grid(self._jitted[key](params, rng, labels), per)
+
+    def _grid(self, samples: jax.Array, columns: int) -> ImageGrid:
+        """Samples as images in [−1, 1] (decoded by the VAE for latent samples)."""
+        images = np.asarray(jax.device_get(samples), np.float32)
+        if self.latent is not None:
+            images = self.latent.to_images(images)
+        return ImageGrid(np.clip(images, -1.0, 1.0), columns=columns)
+
+    # --- inference (dew.pipeline) -------------------------------------------------------------
+    def inference_options(self) -> dict[str, Any]:
+        """What ``dew.pipeline`` accepts; the defaults are the run's preview settings."""
+        return {"classes": None, **dataclasses.asdict(self.preview_settings), "seed": 0}
+
+    def infer(self, params: Params, *, classes, seed: int, **settings: Any) -> ImageGrid:
+        """Images [H, W, 1|3]: without ``classes``, ``per_class`` of every class exactly as
+        ``preview`` draws them (``seed`` = the run's seed reproduces its previews); with
+        ``classes``, one per entry (in one row)."""
+        settings["guidance_interval"] = tuple(settings["guidance_interval"])
+        preview = Preview(**settings)
+        Guidance.of(preview)  # checked: one line naming the option
+        transport_sampler(preview.sampler)
+        shape = self.image_shape or self.input_spec.sample.shape
+        if len(shape) != 3 or shape[-1] not in (1, 3):
+            raise ValueError(f"infer draws images [H, W, 1|3], not {shape}")
+        rng = jax.random.PRNGKey(seed)
+        if classes is None:
+            return self._draw_grid(params, rng, preview)
+        classes = (classes,) if isinstance(classes, int) else tuple(classes)
+        if not self.num_classes or not classes:
+            raise ValueError(f"classes={classes!r}: this model has no classes")
+        bad = [c for c in classes if not (isinstance(c, int | np.integer) and 0 <= c < self.num_classes)]
+        if bad:
+            raise ValueError(f"classes {bad} are out of range: expected ints in [0, {self.num_classes})")
+        sampler = dataclasses.replace(transport_sampler(preview.sampler), num_steps=preview.steps)
+        images = jax.jit(functools.partial(self.generate, sampler=sampler, guidance=Guidance.of(preview)))(
+            params, rng, jnp.asarray(classes, jnp.int32)
+        )
+        return self._grid(images, min(len(classes), 10))
 
     # --- config ---------------------------------------------------------------------------------------
     @classmethod
@@ -196,7 +319,7 @@ class Interpolant(Objective, metaclass=BuiltWhole):
             )
         transport = Transport.create(o.path, o.prediction, o.loss_weight, o.train_eps, o.sample_eps)
         column = source.fields[source.sample_field]
-        sample = Field(source.sample_field, tuple(column.shape[1:]))
+        sample, latent, image_shape = sample_field(config, source)
         choice = o.condition
         if choice == "auto":
             choice = "class_label" if source.num_classes else "none"
@@ -215,7 +338,17 @@ class Interpolant(Objective, metaclass=BuiltWhole):
             Preview(**o.sampling.to_dict()),
             scatter.extent_of(np.asarray(column[: min(len(column), 4096)])) if sample.shape == (2,) else None,
             o.learn_sigma,
+            latent,
+            image_shape,
         )
+
+
+def _guided_forward(
+    model: ModuleFactory, learn_sigma: bool, x: jax.Array, t: jax.Array, y: jax.Array, scale, channels: int
+) -> jax.Array:
+    """The network's ``forward_with_cfg`` (its variance half dropped as SiT's forward does)."""
+    out = model().forward_with_cfg(x, t, y, scale, cfg_channels=channels)
+    return out[..., : x.shape[-1]] if learn_sigma else out
 
 
 def _validate(section: Any, path: str) -> None:
@@ -223,6 +356,11 @@ def _validate(section: Any, path: str) -> None:
         section.path, section.prediction, section.loss_weight, section.train_eps, section.sample_eps
     )
     transport_sampler(section.sampling.sampler)
+    s = section.sampling
+    try:
+        Guidance(s.cfg_scale, s.cfg_channels, tuple(s.guidance_interval))
+    except ValueError as e:
+        raise ConfigError(f"config.objective.sampling.{e}") from None
 
 
 CONFIG = Section(
@@ -238,6 +376,7 @@ CONFIG = Section(
         "learn_sigma": Key(
             False, "the network returns 2C channels (DiT/SiT learn_sigma); the loss uses the first C"
         ),
+        "latent": latent_space.CONFIG,
         "condition": Key(
             "auto",
             "conditioning: class_label, none, or auto (labels when the data has classes)",
@@ -249,6 +388,13 @@ CONFIG = Section(
                 "sampler": Key("transport_ode", "registered transport sampler (dew.samplers)"),
                 "steps": Key(50, "the sampler's num_steps", **at_least(2, "an int >= 2")),
                 "per_class": Key(8, "samples per class (one grid row each)", **at_least(1, "an int >= 1")),
+                "cfg_scale": Key(
+                    1.0, "classifier-free guidance scale (1: none)", **at_least(1, "a float >= 1")
+                ),
+                "cfg_channels": Key(3, "output channels guidance applies to (SiT: the first 3)"),
+                "guidance_interval": Key(
+                    (0.0, 1.0), "guide only for t in [t_lo, t_hi] (SiT time: 0 noise, 1 data)", item=float
+                ),
             },
         ),
     },

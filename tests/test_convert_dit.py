@@ -1,0 +1,196 @@
+"""``python -m dew.convert_dit``: the checkpoint DiT's own code saved (random weights, tiny size,
+``third_party/dit/dit_tiny_checkpoint.pt`` and its state dict as ``.npz``) becomes a dew run
+whose network reproduces the reference's output, that ``dew.pipeline`` and ``python -m
+dew.sample`` read; a checkpoint of another size and a patch size that does not divide the latent
+resolution are one line, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import ROOT
+
+from dew import convert_dit
+from dew.inference import pipeline
+
+DIT = ROOT / "third_party" / "dit"
+GOLDEN = np.load(DIT / "dit_tiny.npz", allow_pickle=False)
+NETWORK = json.loads(str(GOLDEN["config_json"]))  # DiT(input_size=8, ..., num_classes=10)
+
+
+def bound(reference: np.ndarray) -> float:
+    """tests/test_dit.py's float32 bound for these networks (4·12·16 u·max|out|), plus the EMA's
+    debiasing (θ·(1 − β) / (1 − β): a few u relative, inside the factor 4)."""
+    return 4 * 12 * 16 * 2.0**-24 * float(np.max(np.abs(reference)))
+
+
+spec = importlib.util.spec_from_file_location(
+    "latent_digits_data", ROOT / "experiments" / "latent_digits_data.py"
+)
+data_script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(data_script)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """12 digits as 32x32 RGB encoded into 8x8x(4+4) raw latents by a random-weight VAE, 10 classes."""
+    root = tmp_path_factory.mktemp("latents")
+    assert data_script.main([f"--dest={root}", "--max_images=12", "--random_vae"]) == 0
+    return root
+
+
+def overrides(data, **extra) -> list[str]:
+    """experiments/dit.py shrunk to the tiny reference network and the random VAE's latents."""
+    vae = data_script.VAE
+    settings = {
+        "dataset.path": str(data / "latents"),
+        "dataset.batch_size": 4,
+        "objective.latent.weights": str(data / "random_vae.safetensors"),
+        "objective.latent.allow_unpinned": True,  # the random VAE has no published digest
+        "objective.latent.vae_channels": tuple(vae.block_out_channels),
+        "objective.latent.vae_layers_per_block": vae.layers_per_block,
+        "objective.latent.vae_groups": vae.norm_num_groups,
+        "objective.sampling.steps": 3,
+        "model.name": "dit",
+        "model.depth": NETWORK["depth"],
+        "model.hidden_size": NETWORK["hidden_size"],
+        "model.num_heads": NETWORK["num_heads"],
+        "model.patch_size": NETWORK["patch_size"],
+        "model.num_classes": NETWORK["num_classes"],
+        "model.input_size": NETWORK["input_size"],
+        "mesh.devices": 1,
+        **extra,
+    }
+    return [f"--config.{k}={v if isinstance(v, str) else repr(v)}" for k, v in settings.items()]
+
+
+def run(data, workdir, checkpoint, *extra, **settings) -> int:
+    return convert_dit.main(
+        [
+            f"--checkpoint={checkpoint}",
+            f"--config={ROOT / 'experiments' / 'dit.py'}:DiT-S/2",
+            f"--workdir={workdir}",
+            *overrides(data, **settings),
+            *extra,
+        ]
+    )
+
+
+@pytest.mark.default_compiler
+@pytest.mark.parametrize("checkpoint", ["dit_tiny_state_dict.npz", "dit_tiny_checkpoint.pt"])
+def test_the_references_checkpoint_becomes_a_run_that_samples(data, tmp_path, checkpoint):
+    if checkpoint.endswith(".pt"):
+        pytest.importorskip("torch")
+    workdir = tmp_path / "run"
+    assert run(data, workdir, DIT / checkpoint) == 0
+    task = pipeline(str(workdir))
+    assert task.step == 1 and task.options["steps"] == 3 and task.options["cfg_scale"] == 1.5
+    # the restored (debiased EMA) network is the reference's: its output on the golden inputs
+    x = jnp.asarray(GOLDEN["x"]).transpose(0, 2, 3, 1)
+    out = task.objective._net.apply(
+        task.params, None, x, jnp.asarray(GOLDEN["t"]), jnp.asarray(GOLDEN["y"]), False
+    )
+    np.testing.assert_allclose(out.transpose(0, 3, 1, 2), GOLDEN["out"], atol=bound(GOLDEN["out"]), rtol=0)
+    done = subprocess.run(
+        [sys.executable, "-m", "dew.sample", f"--workdir={workdir}", "--classes=(1,2,3)", "--cfg_scale=4.0"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    written = done.stdout.split()
+    assert len(written) == 1 and os.path.isfile(written[0]) and written[0].endswith(".png")
+    # python -m dew.fid --workdir reads it: the run draws decoded images by per_class and seed
+    from dew.fid.inputs import draw_batches, load_pipeline
+
+    fid_task = load_pipeline(argparse.Namespace(workdir=str(workdir), step=None, raw=False))
+    batches = list(draw_batches(fid_task, 12, seed=0, batch_size=8))
+    assert [b.shape for b in batches] == [(8, 32, 32, 3), (2, 32, 32, 3), (2, 32, 32, 3)]
+    record = json.loads((workdir / "run.json").read_text())
+    assert record["converted"]["checkpoint"].endswith(checkpoint)
+
+
+def test_the_model_weights_are_taken_only_when_asked(data, tmp_path):
+    state = dict(np.load(DIT / "dit_tiny_state_dict.npz", allow_pickle=False))
+    both = tmp_path / "train_checkpoint.npz"  # train.py's {"ema", "model"} as prefixed keys
+    np.savez(
+        both,
+        **{f"ema/{k}": v for k, v in state.items()},
+        **{f"model/{k}": v + (k != "pos_embed") for k, v in state.items()},
+    )
+    assert run(data, tmp_path / "ema", both) == 0
+    assert run(data, tmp_path / "model", both, "--which=model") == 0
+    ema, model = pipeline(str(tmp_path / "ema")), pipeline(str(tmp_path / "model"))
+    w = "dit/x_embedder/proj"
+    np.testing.assert_allclose(model.params[w]["bias"] - ema.params[w]["bias"], 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"model.hidden_size": 128}, "x_embedder.proj.weight has shape"),  # a state dict of another size
+        ({"model.depth": 3}, "blocks.2."),
+        ({"model.patch_size": 3}, "patch_size=3 does not divide"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_nothing_written(data, tmp_path, settings, message, capsys):
+    workdir = tmp_path / "run"
+    capsys.readouterr()
+    assert run(data, workdir, DIT / "dit_tiny_state_dict.npz", **settings) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not workdir.exists()
+
+
+@pytest.mark.parametrize("experiment", ["dit.py:DiT-S/2", "sit.py:SiT-S/2"])
+def test_the_experiments_train_on_latents_and_sample_decoded_images(data, tmp_path, experiment):
+    """Each experiment shrunk to the tiny network and the random VAE's latents: two updates
+    through the Trainer with a preview, then dew.pipeline draws decoded 32x32 RGB images."""
+    from dew.config import apply_overrides, load_config
+    from dew.training.trainer import Trainer
+
+    name = "sit" if experiment.startswith("sit") else "dit"
+    settings = [
+        item[len("--") :]
+        for item in overrides(data, **{"model.name": name, "train.num_steps": 2, "preview.every": 2})
+    ]
+    config = apply_overrides(load_config(f"{ROOT / 'experiments' / experiment}"), settings)
+    Trainer(config, str(tmp_path / "run")).run()
+    assert (tmp_path / "run" / "previews" / "samples.png").is_file()
+    task = pipeline(str(tmp_path / "run"))
+    assert task.step == 2 and task.options["cfg_scale"] == 1.5
+    grid = task(classes=(0, 9), cfg_scale=4.0)
+    assert grid.images.shape == (2, 32, 32, 3) and np.isfinite(grid.images).all()
+
+
+@pytest.mark.default_compiler
+def test_a_sit_state_dict_becomes_a_sit_run(data, tmp_path):
+    """SiT's own network's weights (third_party/dit/sit_tiny.npz, as param/<state dict key>) as
+    an .npz state dict, converted with experiments/sit.py: the run's network is SiT's forward."""
+    golden = dict(np.load(DIT / "sit_tiny.npz", allow_pickle=False))
+    state = {k[len("param/") :]: v.astype(np.float32) for k, v in golden.items() if k.startswith("param/")}
+    path = tmp_path / "sit_state_dict.npz"
+    np.savez(path, **state)
+    workdir = tmp_path / "run"
+    argv = [
+        f"--checkpoint={path}",
+        f"--config={ROOT / 'experiments' / 'sit.py'}:SiT-S/2",
+        f"--workdir={workdir}",
+        *overrides(data, **{"model.name": "sit", "objective.sampling.steps": 3}),
+    ]
+    assert convert_dit.main(argv) == 0
+    task = pipeline(str(workdir))
+    x = jnp.asarray(golden["x"]).transpose(0, 2, 3, 1)
+    network = task.objective.network(task.params, jnp.asarray(golden["y"]))
+    out = network(x, jnp.asarray(golden["t"]))
+    np.testing.assert_allclose(out.transpose(0, 3, 1, 2), golden["out"], atol=bound(golden["out"]), rtol=0)
+    assert task(classes=(1, 2)).images.shape == (2, 32, 32, 3)
