@@ -61,8 +61,20 @@ FID_SAMPLING = {
 
 
 def get_config(arg: str | None = None) -> ConfigDict:
-    """``arg``: a size as the reference names it, ``SiT-XL/2`` by default (train.py's)."""
+    """``arg``: a size as the reference names it, ``SiT-XL/2`` by default (train.py's), or
+    ``digits`` (the CPU-scale run of ``experiments/dit.py``'s ``digits``, with SiT's objective)."""
     arg = arg or "SiT-XL/2"
+    if arg == "digits":
+        objective = ConfigDict(
+            {
+                "name": "interpolant",
+                "path": "Linear",
+                "prediction": "velocity",
+                "condition": "class_label",
+                "sampling": {"sampler": "transport_ode_heun2", "steps": 35, "per_class": 10},
+            }
+        )
+        return DIT.digits(objective, "sit")
     size = arg.removeprefix("SiT-")
     if size not in SIZES:
         raise ValueError(

@@ -77,6 +77,8 @@ CASES = {
     "contrastive": ("contrastive", "probe.py", {"objective.probe_train": 4}),
     "language": ("language", "lm.py", {"objective.score_rows": 1}),
     "meanflow": ("meanflow", "meanflow.py", {}),
+    "interpolant": ("interpolant", "sit.py:digits", {}),
+    "iddpm": ("iddpm", "dit.py:digits", {}),
 }
 
 

@@ -38,6 +38,7 @@ from dew.diffusion.iddpm import SCHEDULES, GaussianDiffusion
 from dew.inputs import Condition, Field, InputSpec
 from dew.objectives import latent_space
 from dew.objectives.meanflow import sample_field, takes_arguments
+from dew.objectives.whole import BuiltWhole
 from dew.schema import ConfigError, Key, Section, at_least
 from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
 
@@ -85,7 +86,7 @@ class IDDPMSampling:
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid: expected {accepted}")
 
 
-class IDDPM(Objective):
+class IDDPM(Objective, metaclass=BuiltWhole):
     """DiT's IDDPM training and guided ancestral sampling (module docstring); built whole here.
 
     ``num_classes`` is the label count (None: unconditional, the network gets label 0 and
