@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import haiku as hk
@@ -34,6 +34,7 @@ from dew.diffusion.interpolants import LOSS_WEIGHTS, PATHS, PREDICTIONS
 from dew.diffusion.transport import Transport
 from dew.inputs import Condition, Field, InputSpec
 from dew.objectives import latent_space, scatter
+from dew.objectives.diffusion_scoring import preview_scores
 from dew.objectives.meanflow import sample_field, takes_arguments
 from dew.objectives.whole import BuiltWhole
 from dew.sampling.transport_ode import TransportODE
@@ -246,6 +247,23 @@ class Interpolant(Objective, metaclass=BuiltWhole):
                 f"Interpolant.preview draws images [H, W, 1|3] or 2-D points, not {shape}"
             )
         return self._draw_grid(params, rng, self.preview_settings)
+
+    def score(self, preview: Any, metrics: Mapping[str, Callable[..., float]]) -> dict[str, float]:
+        """Each metric(images, labels) on an image preview (``diffusion_scoring.preview_scores``:
+        ``per_class`` rows per class, class-major); a preview holding non-finite samples reports
+        ``nonfinite_samples`` instead; 2-D point previews take no metric."""
+        nonfinite = 0
+        if preview is not None:
+            rows = np.asarray(preview.images).reshape(len(preview.images), -1)
+            nonfinite = int(np.sum(~np.isfinite(rows).all(axis=1)))
+        return preview_scores(
+            preview,
+            metrics,
+            sample_shape=tuple(self.image_shape or self.input_spec.sample.shape),
+            num_classes=self.num_classes,
+            per_class=self.preview_settings.per_class,
+            nonfinite=nonfinite,
+        )
 
     def _draw_grid(self, params: Params, rng: jax.Array, settings: Preview) -> ImageGrid:
         """``settings.per_class`` images of every class (or in all), as ``preview`` draws them."""
