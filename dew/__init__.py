@@ -71,6 +71,7 @@ _REGISTERING_MODULES = (
     "dew.networks.edm2_precond",
     "dew.encoding.class_label",
     "dew.encoding.byte_text",
+    "dew.encoding.representation",
     "dew.sampling.solvers",
     "dew.sampling.transport_ode",
     "dew.sampling.transport_sde",
