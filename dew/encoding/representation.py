@@ -99,19 +99,23 @@ def _dinov2_load(size: str, path: str | None = None, *, allow_unpinned: bool = F
     return dinov2.resample_position_embeddings(params, config, repa_resolution(resolution) // 14)
 
 
-def _dinov2_tokens(
-    size: str,
+def dinov2_tokens(
+    config: Any,
     params: Params,
     images: jax.Array,
     value_range: tuple[float, float] = (0.0, 255.0),
     resolution: int | None = None,
 ) -> jax.Array:
+    """REPA's DINOv2 tokens: ``preprocess_raw_image`` then ``x_norm_patchtokens`` of the ViT
+    ``config`` (a ``dew.scoring.dinov2.ViTConfig`` or its name, ``vitb14``/``vitl14``) whose
+    params came from ``load`` (position grid already resampled): [B, (side/14)², embed_dim]."""
     from dew.scoring import dinov2
 
+    if isinstance(config, str):
+        config = _dinov2_config(config)
     side = repa_resolution(resolution or images.shape[1])
-    config = dinov2.repa_config(_dinov2_config(size), side // 14)
     x = dinov2.repa_preprocess(images, side, value_range)
-    return dinov2.network(config, "patch").apply(params, x)
+    return dinov2.network(dinov2.repa_config(config, side // 14), "patch").apply(params, x)
 
 
 for _name, _size, _dim in (("dinov2-vit-b", "vitb14", 768), ("dinov2-vit-l", "vitl14", 1024)):
@@ -121,7 +125,7 @@ for _name, _size, _dim in (("dinov2-vit-b", "vitb14", 768), ("dinov2-vit-l", "vi
             _name,
             _dim,
             functools.partial(_dinov2_load, _size),
-            functools.partial(_dinov2_tokens, _size),
+            functools.partial(dinov2_tokens, _size),
             _dinov2_num_tokens,
         ),
     )

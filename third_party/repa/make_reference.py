@@ -66,6 +66,8 @@ def siloss_case(repa: str) -> dict[str, np.ndarray]:
             zs = [torch.tanh(patches @ a[f"w{k}"] + t.view(n, 1, 1) * a[f"u{k}"]) for k in range(len(Z_DIMS))]
             return v, zs
 
+    # float32 and float64 runs draw different noise (randn_like follows the images' dtype): each
+    # run's noise is stored with it (noise32 float32, noise64 float64)
     for dtype, tag in ((torch.float32, "32"), (torch.float64, "64")):
         model = StandIn(out, dtype)
         loss_fn = SILoss(prediction="v", path_type="linear", weighting="uniform")
@@ -81,7 +83,7 @@ def siloss_case(repa: str) -> dict[str, np.ndarray]:
         assert torch.equal(seen_t, t.to(dtype).flatten())
         assert torch.allclose(seen_x, (1 - t.to(dtype)) * x + t.to(dtype) * noise, rtol=0, atol=0)
         out["t"] = t.flatten().numpy().astype(np.float32)
-        out["noise"] = noise.to(torch.float32).numpy()
+        out[f"noise{tag}"] = noise.numpy()
         out[f"denoising{tag}"] = denoising.detach().numpy().astype(np.float64)
         out[f"proj_loss{tag}"] = np.asarray(float(proj), np.float64)
         out[f"total{tag}"] = np.asarray(float(denoising.mean() + proj.mean() * 0.5), np.float64)
@@ -125,7 +127,8 @@ def dinov2_case(repa: str, dinov2_dir: str) -> dict[str, np.ndarray]:
     model.pos_embed.data = timm.layers.pos_embed.resample_abs_pos_embed(model.pos_embed.data, [16, 16])
     model.head = torch.nn.Identity()
     # train.py's preprocess_raw_image, read from the file and run as is
-    source = open(os.path.join(repa, "train.py")).read()
+    with open(os.path.join(repa, "train.py")) as f:
+        source = f.read()
     tree = ast.parse(source)
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "preprocess_raw_image")
     from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
@@ -161,7 +164,8 @@ def dinov2_case(repa: str, dinov2_dir: str) -> dict[str, np.ndarray]:
 def _parser_from(path: str, function: str | None, extra: dict) -> argparse.ArgumentParser:
     """The file's own parser: ``function``'s body up to ``parse_args`` (train.py), or the
     ``__main__`` block's parser statements (generate.py), executed unmodified."""
-    tree = ast.parse(open(path).read())
+    with open(path) as f:
+        tree = ast.parse(f.read())
     if function is not None:
         fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
         body = fn.body
