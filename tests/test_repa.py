@@ -5,7 +5,7 @@ sihyun-yu/REPA's own code, on stored goldens (third_party/repa; no PyTorch here)
   against ``repa.total_loss`` / ``repa.alignment_loss`` with dew's SiT transport (time mirrored);
 - the encoder: REPA's DINOv2 path (``load_encoders``' timm resample of the position grid,
   ``preprocess_raw_image``, ``forward_features``' ``x_norm_patchtokens``) around the official
-  dinov2 ViT at a tiny width, against ``dew.encoding.representation``'s pieces;
+  dinov2 ViT at a tiny width, against ``dew.objectives.repa_encoders``'s pieces;
 - the configuration: ``experiments/repa.py:SiT-*`` against ``train.py``'s own ``parse_args``
   (``args.json``);
 - the objective: the encoder's weights are not trained parameters, the step's loss is the
@@ -27,8 +27,7 @@ import pytest
 from dew import pinned_weights, registry
 from dew.config import apply_overrides, load_config
 from dew.diffusion.transport import Transport
-from dew.encoding import representation
-from dew.objectives import repa
+from dew.objectives import repa, repa_encoders
 from dew.schema import ConfigError
 from dew.scoring import dinov2, dinov2_vitb14_weights
 from dew.training.build import build_objective, open_split
@@ -174,10 +173,11 @@ def test_dinov2_tokens_match_repas_encoder(dino):
     """The position grid resampled as ``load_encoders`` does (timm, antialiased bicubic, 37 → 16),
     ``preprocess_raw_image`` (x/255, ImageNet mean/std, bicubic to 224 without antialias) on
     uint8 256² images, and the official ViT's ``x_norm_patchtokens`` (float64) against dew's
-    ``representation`` pieces in float32. Each within its derived bound; the tokens within
+    ``repa_encoders`` pieces in float32. Each within its derived bound; the tokens within
     test_dinov2's ViT accumulation bound (257 tokens) plus the inputs' bounds. dinov2's own
-    offset interpolation, an antialiased resize or the resize before the normalisation all
-    move the tokens by more."""
+    offset interpolation of the positions (2.9) or an antialiased resize (0.56 on the
+    preprocessed values) fail it. (Resizing before or after the normalisation is the same map:
+    the bicubic weights sum to 1.)"""
     params = _dino_params(dino)
     pos = np.asarray(params["dinov2"]["pos_embed"])
     magnitude = float(np.abs(dino["weights/pos_embed"]).max())
@@ -190,7 +190,7 @@ def test_dinov2_tokens_match_repas_encoder(dino):
     pre_bound = _preprocess_bound(256, 224)
     assert np.abs(got - dino["preprocessed64"]).max() <= pre_bound
 
-    tokens = jax.jit(lambda p, im: representation.dinov2_tokens(TINY, p, im))(params, images)
+    tokens = jax.jit(lambda p, im: repa_encoders.dinov2_tokens(TINY, p, im))(params, images)
     want = dino["tokens64"]
     assert tokens.shape == want.shape == (2, 256, 32)
     d, h, n = 32, 128, 257
@@ -202,7 +202,7 @@ def test_dinov2_tokens_match_repas_encoder(dino):
 
 def test_repa_resolution_rules():
     """224·(resolution // 256): 256 tokens at 256², 1,024 at 512²; other sizes refused."""
-    encoder = representation.representation_encoder("dinov2-vit-b")
+    encoder = repa_encoders.representation_encoder("dinov2-vit-b")
     assert encoder.embed_dim == 768 and encoder.num_tokens((256, 256, 3)) == 256
     assert encoder.num_tokens((512, 512, 3)) == 1024
     with pytest.raises(ValueError, match="256x256 or 512x512"):
@@ -275,7 +275,7 @@ def encoder_file(tmp_path_factory):
     net = hk.without_apply_rng(hk.transform(lambda x: ImageEncoder(features=16, width=8)(x)))
     params = net.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
     path = str(tmp_path_factory.mktemp("enc") / "encoder.npz")
-    representation.export_image_encoder(params, path)
+    repa_encoders.export_image_encoder(params, path)
     return path
 
 
@@ -360,5 +360,33 @@ def test_bad_input_is_one_line(encoder_file, overrides, message):
 
 
 def test_every_representation_encoder_is_registered():
-    assert {"dinov2-vit-b", "dinov2-vit-l", "image_encoder"} <= set(representation.representation_encoders())
+    assert {"dinov2-vit-b", "dinov2-vit-l", "image_encoder"} <= set(repa_encoders.representation_encoders())
     assert "class_label" in registry.encoders.names()  # condition encoders share the table, not the kind
+
+
+def test_the_cli_refuses_an_encoder_depth_beyond_the_network_in_one_line(tmp_path):
+    """``python -m dew.main`` exits 2 with one line naming the field, nothing written."""
+    import os
+    import subprocess
+    import sys
+
+    workdir = tmp_path / "run"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dew.main",
+            f"--config={ROOT / 'experiments' / 'repa.py'}:digits",
+            f"--workdir={workdir}",
+            "--config.objective.repa.encoder_depth=9",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=600,
+    )
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "config.objective.repa.encoder_depth=9 is beyond the network: expected 1..4" in lines[0]
+    assert not workdir.exists()

@@ -266,7 +266,7 @@ def _network_depth(model: Any) -> int | None:
 
 
 def _repa_encoder(name: str):
-    from dew.encoding.representation import representation_encoder, representation_encoders
+    from dew.objectives.repa_encoders import representation_encoder, representation_encoders
 
     try:
         return representation_encoder(name)

@@ -37,7 +37,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from dew.encoding.representation import RepresentationEncoder
+from dew.objectives.repa_encoders import RepresentationEncoder
 
 NORMALIZE_EPS = 1e-12  # torch.nn.functional.normalize's default eps
 
