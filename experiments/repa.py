@@ -129,7 +129,7 @@ def digits(repa: bool = True) -> ConfigDict:
     config.train = ConfigDict({"num_steps": 100_000, "log_every": 50})
     config.checkpoint = ConfigDict({"every": 500})
     config.eval = ConfigDict({"every": 0})
-    config.preview = ConfigDict({"every": 0, "metrics": ("digits_class_accuracy",)})
+    config.preview = ConfigDict({"every": 0})
     return config
 
 

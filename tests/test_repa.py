@@ -390,3 +390,26 @@ def test_the_cli_refuses_an_encoder_depth_beyond_the_network_in_one_line(tmp_pat
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert "config.objective.repa.encoder_depth=9 is beyond the network: expected 1..4" in lines[0]
     assert not workdir.exists()
+
+
+def test_training_steps_call_the_network_with_is_training_and_sampling_does_not():
+    """SiT's ``model.train()``: the label embedder's class dropout is on in the training step (the
+    network's ``is_training``), off when evaluating and sampling."""
+    from dew.inputs import Condition, Field, InputSpec
+    from dew.objectives.interpolant import Interpolant, Preview
+
+    seen = []
+
+    class Probe(hk.Module):
+        def __call__(self, x, t, y, is_training=False):
+            seen.append(is_training)
+            return hk.get_parameter("scale", (), init=jnp.ones) * x
+
+    spec = InputSpec(Field("x", (2,)), {"label": Condition("class_label", Field("label", (), "int32"), 3)})
+    objective = Interpolant(spec, Transport.create(), Probe, num_classes=3, preview=Preview(steps=4))
+    batch = {"x": jnp.ones((4, 2)), "label": jnp.zeros((4,), jnp.int32)}
+    params = objective.init(jax.random.key(0), batch)
+    seen.clear()
+    objective.loss(params, jax.random.key(1), batch, Step(jnp.int32(0), is_training=True))
+    objective.loss(params, jax.random.key(1), batch, Step(jnp.int32(0), is_training=False))
+    assert seen == [True, False]
