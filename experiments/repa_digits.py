@@ -12,7 +12,8 @@
 (``experiments/probe.py``) in the layout ``config.objective.repa.encoder_weights`` reads
 (``dew.objectives.repa_encoders.export_image_encoder``: content digest included).
 
-``score`` restores each run's latest checkpoint (debiased EMA, ``dew.pipeline``), draws
+``score`` restores each run's latest checkpoint (its debiased EMA, as
+``experiments/digits_accuracy.py`` does), draws
 ``--per_class`` samples of every class with the run's own preview sampler from the same noise
 seed, and reports the independent digit classifier's agreement with the requested class
 (``digits_class_accuracy``) and the Fréchet distance to the 1,797 real digits in that
@@ -42,24 +43,35 @@ def export(args: argparse.Namespace) -> int:
 def score(args: argparse.Namespace) -> int:
     import jax
     import jax.numpy as jnp
+    import ml_collections
 
-    from dew.inference import pipeline
+    from dew.checkpointing import read_run_metadata
     from dew.scoring.digits_classifier import digits_class_accuracy
     from dew.scoring.digits_features import digits_frechet_distance
+    from dew.training.trainer import Trainer
 
     panels = []
     for workdir in args.runs:
-        task = pipeline(workdir)
+        metadata = read_run_metadata(workdir)
+        if metadata is None:
+            print(f"error: {workdir} has no run.json", file=sys.stderr)
+            return 2
+        trainer = Trainer(ml_collections.ConfigDict(metadata["config"]), workdir)
+        step = trainer.checkpoints.latest_step()
+        template = jax.eval_shape(trainer.init, jax.random.PRNGKey(0), trainer.example_batch()).params
+        params = trainer.checkpoints.restore_ema(template, step)  # debiased, as the checkpoint records
+        objective = trainer.objective
         labels = jnp.repeat(jnp.arange(10, dtype=jnp.int32), args.per_class)
-        images = jax.jit(task.objective.generate)(task.params, jax.random.PRNGKey(args.seed), labels)
+        images = jax.jit(objective.generate)(params, jax.random.PRNGKey(args.seed), labels)
         images = np.clip(np.asarray(images, np.float32), -1, 1)
         labels = np.asarray(labels)
         row = {
             "run": workdir,
-            "step": task.step,
+            "step": step,
             "samples": len(labels),
-            "sampler": type(task.objective.sampler).__name__,
-            "sampler_steps": task.objective.sampler.num_steps,
+            "sampler": type(objective.sampler).__name__,
+            "sampler_method": getattr(objective.sampler, "method", None),
+            "sampler_steps": objective.sampler.num_steps,
             "digits_class_accuracy": digits_class_accuracy(images, labels),
             "digits_frechet_distance": digits_frechet_distance(images),
         }
