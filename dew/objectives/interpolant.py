@@ -318,7 +318,9 @@ def repa_from_config(section: Any, model: Any, source: Any, sample: Field, model
     if value_range is None:
         value_range = (-1.0, 1.0) if field == sample.name else (0.0, 255.0)
     params = encoder.load(
-        section.encoder_weights, allow_unpinned=section.allow_unpinned, resolution=image_shape[0]
+        section.encoder_weights,
+        allow_unpinned=section.allow_unpinned,
+        resolution=section.resolution or image_shape[0],
     )
     probe = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32)
     shape = jax.eval_shape(

@@ -219,9 +219,7 @@ registry.encoders.register(
 
 def representation_encoder(name: str) -> RepresentationEncoder:
     """The registered ``RepresentationEncoder`` ``name``; ``KeyError`` naming the registered ones."""
-    accepted = sorted(
-        n for n in registry.encoders.names() if isinstance(registry.encoders[n], RepresentationEncoder)
-    )
+    accepted = representation_encoders()
     if name not in accepted:
         raise KeyError(f"{name!r} is not a registered representation encoder: expected one of {accepted}")
     return registry.encoders[name]
