@@ -75,6 +75,7 @@ _REGISTERING_MODULES = (
     "dew.sampling.transport_ode",
     "dew.sampling.transport_sde",
     "dew.objectives.diffusion",
+    "dew.objectives.repa_encoders",
     "dew.objectives.interpolant",
     "dew.objectives.iddpm",
     "dew.objectives.edm2",

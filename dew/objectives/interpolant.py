@@ -12,14 +12,22 @@ as SiT's and DiT's ``forward(x, t, y)``; class dropout for classifier-free guida
 belongs to the network's label embedder, which gets the step's rng while training (haiku's
 ``next_rng_key``) and no rng when sampling.
 
+With ``config.objective.repa.encoder`` set, the step adds REPA's representation alignment
+(``dew.objectives.repa``): the network is built with REPA's projector after block
+``encoder_depth`` and called with ``return_features=True``; the loss is the batch mean of the
+transport loss plus ``proj_coeff`` times the negative cosine similarity of the projected tokens to
+a frozen encoder's patch tokens of the same batch (``Repa``; its weights are constants of the
+step, not parameters).
+
 The objective is built whole by its constructor (no attribute set afterwards): the transport, the
-network factory, the input spec and the preview's sampler are its arguments.
+network factory, the input spec, the preview's sampler and the REPA settings are its arguments.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -36,6 +44,7 @@ from dew.inputs import Condition, Field, InputSpec
 from dew.objectives import latent_space, scatter
 from dew.objectives.diffusion_scoring import preview_scores
 from dew.objectives.meanflow import sample_field, takes_arguments
+from dew.objectives.repa import Repa, total_loss
 from dew.objectives.whole import BuiltWhole
 from dew.sampling.transport_ode import TransportODE
 from dew.sampling.transport_sde import TransportSDE
@@ -117,6 +126,9 @@ class Interpolant(Objective, metaclass=BuiltWhole):
     the samples live in (``config.objective.latent``, ``dew.objectives.latent_space``: raw
     latents in the data, final latents drawn per step, samples decoded for previews and
     inference), as SiT trains on SD-VAE latents.
+    ``repa``: REPA's alignment (``dew.objectives.repa.Repa``); the network factory is then called
+    with ``repa.network_options()`` and must return ``(out, features)`` for ``return_features=True``
+    (the DiT / SiT networks do).
     """
 
     def __init__(
@@ -130,6 +142,7 @@ class Interpolant(Objective, metaclass=BuiltWhole):
         learn_sigma: bool = False,
         latent: latent_space.LatentSpace | None = None,
         image_shape: tuple[int, ...] | None = None,
+        repa: Repa | None = None,
     ):
         if num_classes is not None and "label" not in input_spec.conditions:
             raise ValueError("Interpolant: num_classes is set but the input spec has no 'label' condition")
@@ -138,17 +151,25 @@ class Interpolant(Objective, metaclass=BuiltWhole):
         self.num_classes = num_classes
         self.preview_settings = preview
         self.extent = extent
+        self.repa = repa
         self.sampler = dataclasses.replace(transport_sampler(preview.sampler), num_steps=preview.steps)
         self.guidance = Guidance.of(preview)
         self.latent, self.image_shape = latent, image_shape
         conditional = num_classes is not None
         # DiT/SiT networks drop labels (CFG's null class) only when told they are training
         dropout = takes_arguments(model, ("is_training",))
+        build = model if repa is None else functools.partial(model, **repa.network_options())
 
-        def forward(x: jax.Array, t: jax.Array, y: jax.Array | None, is_training: bool = False) -> jax.Array:
-            net = model()
-            flags = {"is_training": is_training} if dropout else {}
-            out = net(x, t, y, **flags) if conditional else net(x, t, **flags)
+        def forward(
+            x: jax.Array, t: jax.Array, y: jax.Array | None, features: bool = False, training: bool = False
+        ):
+            net = build()
+            kwargs: dict[str, bool] = {"return_features": True} if features else {}
+            if dropout:
+                kwargs["is_training"] = training  # the label embedder's class dropout (DiT / SiT)
+            out = net(x, t, y, **kwargs) if conditional else net(x, t, **kwargs)
+            if features:
+                out, projected = out
             if learn_sigma:
                 if out.shape[-1] != 2 * x.shape[-1]:
                     raise ValueError(
@@ -156,7 +177,7 @@ class Interpolant(Objective, metaclass=BuiltWhole):
                         f"for {x.shape[-1]}; expected {2 * x.shape[-1]}"
                     )
                 out = out[..., : x.shape[-1]]
-            return out
+            return (out, projected) if features else out
 
         self._net = hk.transform(forward)
         self._guided = hk.transform(functools.partial(_guided_forward, model, learn_sigma))
@@ -169,8 +190,9 @@ class Interpolant(Objective, metaclass=BuiltWhole):
         return batch[self.input_spec.conditions["label"].field.name]
 
     def network(self, params: Params, labels: jax.Array | None, rng: jax.Array | None = None):
-        """model(x, t): the network for fixed labels (``rng``: its dropout key while training)."""
-        return lambda x, t: self._net.apply(params, rng, x, t, labels, rng is not None)
+        """model(x, t): the network for fixed labels (``rng``: its dropout key while training; a
+        network whose call takes ``is_training`` is then called with ``is_training=True``)."""
+        return lambda x, t: self._net.apply(params, rng, x, t, labels, False, rng is not None)
 
     def init(self, rng: jax.Array, batch: Batch) -> Params:
         x = batch[self.input_spec.sample.name]
@@ -185,9 +207,17 @@ class Interpolant(Objective, metaclass=BuiltWhole):
         t_rng, noise_rng, net_rng = jax.random.split(rng, 3)
         t = self.transport.sample_t(t_rng, x1.shape[0])
         x0 = jax.random.normal(noise_rng, x1.shape, x1.dtype)
-        model = self.network(params, self._labels(batch), net_rng if step.is_training else None)
-        terms = self.transport.training_losses(model, x1, t, x0)
-        return jnp.mean(terms["loss"]), ({}, Aux())
+        labels, key = self._labels(batch), net_rng if step.is_training else None
+        if self.repa is None:
+            terms = self.transport.training_losses(self.network(params, labels, key), x1, t, x0)
+            return jnp.mean(terms["loss"]), ({}, Aux())
+        zs = (self.repa.targets(batch[self.repa.image_field]),)
+
+        def network(x: jax.Array, tt: jax.Array):
+            return self._net.apply(params, key, x, tt, labels, True, key is not None)
+
+        loss, stats = total_loss(self.transport, network, x1, t, x0, zs, self.repa.proj_coeff)
+        return loss, (stats, Aux())
 
     def guided_network(self, params: Params, labels: jax.Array, guidance: Guidance):
         """model(x, t) on the doubled batch [x; x] with y = [labels; null]: ``forward_with_cfg``
@@ -348,6 +378,13 @@ class Interpolant(Objective, metaclass=BuiltWhole):
             conditions["label"] = Condition("class_label", Field("label", (), "int32"), source.num_classes)
         model_cfg = {k: v for k, v in config.model.items() if k != "name"}
         model = functools.partial(registry.models[config.model.name], **model_cfg)
+        repa = None
+        if o.repa.encoder is not None:
+            repa = repa_from_config(o.repa, model, source, sample, config.model.name)
+            if repa.image_field != sample.name:
+                shape = tuple(source.fields[repa.image_field].shape[1:])
+                field = Field(repa.image_field, shape, str(source.fields[repa.image_field].dtype))
+                conditions["repa"] = Condition(o.repa.encoder, field)
         return cls(
             InputSpec(sample, conditions),
             transport,
@@ -358,6 +395,7 @@ class Interpolant(Objective, metaclass=BuiltWhole):
             o.learn_sigma,
             latent,
             image_shape,
+            repa,
         )
 
 
@@ -367,6 +405,97 @@ def _guided_forward(
     """The network's ``forward_with_cfg`` (its variance half dropped as SiT's forward does)."""
     out = model().forward_with_cfg(x, t, y, scale, cfg_channels=channels)
     return out[..., : x.shape[-1]] if learn_sigma else out
+
+
+def _network_depth(model: Any) -> int | None:
+    """The ``depth`` a network factory builds with (its keyword, or its signature's default)."""
+    try:
+        parameter = inspect.signature(model).parameters.get("depth")
+    except (TypeError, ValueError):
+        return None
+    return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
+
+
+def _repa_encoder(name: str):
+    from dew.objectives.repa_encoders import representation_encoder, representation_encoders
+
+    try:
+        return representation_encoder(name)
+    except KeyError:
+        raise ConfigError(
+            f"config.objective.repa.encoder={name!r} is unknown: expected one of {representation_encoders()}"
+        ) from None
+
+
+def repa_from_config(section: Any, model: Any, source: Any, sample: Field, model_name: str) -> Repa:
+    """REPA's settings from ``config.objective.repa``: the encoder checked against the network
+    (its depth, its token count) before its weights are read once, on the host."""
+    encoder = _repa_encoder(section.encoder)
+    signature_ok = "encoder_depth" in getattr(_safe_signature(model), "parameters", {})
+    if not signature_ok:
+        raise ConfigError(
+            f"config.model.name={model_name!r} cannot be aligned by REPA: expected a network built with "
+            "encoder_depth and projector_dims (the DiT / SiT networks)"
+        )
+    depth = _network_depth(model)
+    if depth is not None and not 1 <= section.encoder_depth <= depth:
+        raise ConfigError(
+            f"config.objective.repa.encoder_depth={section.encoder_depth} is beyond the network: "
+            f"expected 1..{depth} (config.model depth={depth})"
+        )
+    field = section.image_field or sample.name
+    if field not in source.fields:
+        raise ConfigError(
+            f"config.objective.repa.image_field={field!r} is not a field of {source.name}: "
+            f"expected one of {sorted(source.fields)}"
+        )
+    image_shape = tuple(source.fields[field].shape[1:])
+    try:
+        num_tokens = encoder.num_tokens(image_shape)
+    except ValueError as e:
+        raise ConfigError(f"config.objective.repa.encoder={section.encoder!r}: {e}") from None
+    patch = inspect.signature(model).parameters.get("patch_size")
+    patch = None if patch is None else patch.default
+    if patch and len(sample.shape) == 3 and sample.shape[0] % patch == 0:
+        tokens = (sample.shape[0] // patch) * (sample.shape[1] // patch)
+        if tokens != num_tokens:
+            raise ConfigError(
+                f"config.objective.repa.encoder={section.encoder!r} gives {num_tokens} tokens for "
+                f"{field} {image_shape} but the network has {tokens} ({sample.shape[0]}x{sample.shape[1]} "
+                f"at patch {patch}): REPA matches tokens one to one (no interpolation); expected an "
+                "encoder, image size or patch size with equal token counts"
+            )
+    value_range = section.value_range
+    if value_range is None:
+        value_range = (-1.0, 1.0) if field == sample.name else (0.0, 255.0)
+    params = encoder.load(
+        section.encoder_weights,
+        allow_unpinned=section.allow_unpinned,
+        resolution=section.resolution or image_shape[0],
+    )
+    probe = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32)
+    shape = jax.eval_shape(
+        lambda p, x: encoder.tokens(p, x, tuple(value_range), section.resolution), params, probe
+    ).shape
+    return Repa(
+        encoder,
+        params,
+        embed_dim=int(shape[-1]),
+        num_tokens=int(shape[1]),
+        image_field=field,
+        value_range=(float(value_range[0]), float(value_range[1])),
+        resolution=section.resolution,
+        encoder_depth=section.encoder_depth,
+        proj_coeff=float(section.proj_coeff),
+        projector_dim=section.projector_dim,
+    )
+
+
+def _safe_signature(model: Any):
+    try:
+        return inspect.signature(model)
+    except (TypeError, ValueError):
+        return None
 
 
 def _validate(section: Any, path: str) -> None:
@@ -379,6 +508,12 @@ def _validate(section: Any, path: str) -> None:
         Guidance(s.cfg_scale, s.cfg_channels, tuple(s.guidance_interval))
     except ValueError as e:
         raise ConfigError(f"config.objective.sampling.{e}") from None
+    if section.repa.encoder is not None:
+        _repa_encoder(section.repa.encoder)
+    if section.repa.value_range is not None and len(section.repa.value_range) != 2:
+        raise ConfigError(
+            f"config.objective.repa.value_range={section.repa.value_range!r} is invalid: expected (low, high)"
+        )
 
 
 CONFIG = Section(
@@ -399,6 +534,30 @@ CONFIG = Section(
             "auto",
             "conditioning: class_label, none, or auto (labels when the data has classes)",
             choices=("auto", "class_label", "none"),
+        ),
+        "repa": Section(
+            "REPA's representation alignment (None encoder: off)",
+            {
+                "encoder": Key(
+                    None,
+                    "a registered representation encoder (dinov2-vit-b: REPA's; image_encoder: dew's own)",
+                    kind=str,
+                ),
+                "encoder_weights": Key(
+                    None, "the encoder's converted .npz (None: its default path)", kind=str
+                ),
+                "allow_unpinned": Key(False, "accept encoder weights whose source digest is not pinned"),
+                "image_field": Key(None, "the batch field the encoder sees (None: the sample)", kind=str),
+                "value_range": Key(
+                    None,
+                    "(low, high) of that field (None: (-1, 1) for the sample, (0, 255) for raw images)",
+                    kind=tuple,
+                ),
+                "resolution": Key(None, "the side REPA's resize rule reads (None: the images')", kind=int),
+                "encoder_depth": Key(8, "the block whose tokens are projected", **at_least(1, "an int >= 1")),
+                "proj_coeff": Key(0.5, "the alignment loss's weight", **at_least(0, "a float >= 0")),
+                "projector_dim": Key(2048, "the projector MLP's hidden width", **at_least(1, "an int >= 1")),
+            },
         ),
         "sampling": Section(
             "how previews are sampled",

@@ -1,4 +1,5 @@
-"""DINOv2 ViT-L/14 in haiku: the CLS features FD_DINOv2 is computed in, with EDM2's preprocessing.
+"""DINOv2 ViT-L/14 and ViT-B/14 in haiku: the CLS features FD_DINOv2 is computed in, with EDM2's
+preprocessing, and the patch tokens REPA aligns to, with REPA's resize and position grid.
 
 The network is facebookresearch/dinov2's ``DinoVisionTransformer`` as its hub entry
 ``dinov2_vitl14`` builds it (``dinov2/models/vision_transformer.py``, ``dinov2/layers/``):
@@ -63,6 +64,10 @@ class ViTConfig:
 
 
 VIT_L14 = ViTConfig()
+VIT_B14 = ViTConfig(embed_dim=768, depth=12, num_heads=12)
+"""``dinov2_vitb14``: REPA's default encoder (``--enc-type=dinov2-vit-b``)."""
+VIT_CONFIGS = {"vitl14": VIT_L14, "vitb14": VIT_B14}
+OUTPUTS = ("cls", "patch")
 
 
 def _pil_bicubic(x: np.ndarray, a: float = -0.5) -> np.ndarray:
@@ -167,11 +172,16 @@ class Block(hk.Module):
 
 class DinoViT(hk.Module):
     """``DinoVisionTransformer.forward`` at inference: [N, H, W, 3] normalised images (H, W
-    multiples of the patch size) → [N, embed_dim] normalised CLS features."""
+    multiples of the patch size) → [N, embed_dim] normalised CLS features (``output="cls"``),
+    or ``forward_features``' ``x_norm_patchtokens`` [N, (H/14)·(W/14), embed_dim]
+    (``output="patch"``, what REPA aligns to)."""
 
-    def __init__(self, config: ViTConfig = VIT_L14, name: str | None = "dinov2"):
+    def __init__(self, config: ViTConfig = VIT_L14, output: str = "cls", name: str | None = "dinov2"):
         super().__init__(name=name)
+        if output not in OUTPUTS:
+            raise ValueError(f"DinoViT: output={output!r} is invalid: expected one of {OUTPUTS}")
         self.config = config
+        self.output = output
 
     def __call__(self, x: jax.Array) -> jax.Array:
         c = self.config
@@ -200,6 +210,8 @@ class DinoViT(hk.Module):
         tokens = hk.LayerNorm(
             axis=-1, create_scale=True, create_offset=True, eps=LAYER_NORM_EPS, name="norm"
         )(tokens)
+        if self.output == "patch":
+            return tokens[:, 1:]
         features = tokens[:, 0]
         chex.assert_shape(features, (n, d))
         return features
@@ -220,14 +232,66 @@ class DinoViT(hk.Module):
         return jnp.concatenate([pos[:, :1], grid.reshape(1, gh * gw, c.embed_dim)], axis=1)
 
 
-def _forward(x: jax.Array, config: ViTConfig) -> jax.Array:
-    return DinoViT(config)(x)
+def _forward(x: jax.Array, config: ViTConfig, output: str) -> jax.Array:
+    return DinoViT(config, output)(x)
 
 
 @functools.cache
-def network(config: ViTConfig = VIT_L14) -> hk.Transformed:
-    """The haiku-transformed ``DinoViT`` (no randomness: ``apply(params, None, x)``)."""
-    return hk.without_apply_rng(hk.transform(functools.partial(_forward, config=config)))
+def network(config: ViTConfig = VIT_L14, output: str = "cls") -> hk.Transformed:
+    """The haiku-transformed ``DinoViT`` (no randomness: ``apply(params, x)``)."""
+    return hk.without_apply_rng(hk.transform(functools.partial(_forward, config=config, output=output)))
+
+
+# --- DINOv2 as REPA loads and feeds it (sihyun-yu/REPA utils.py load_encoders, train.py) ---------------
+
+
+def repa_config(config: ViTConfig, grid: int) -> ViTConfig:
+    """``config`` with its position grid resampled to ``grid`` (what ``resample_position_embeddings``
+    returns params for)."""
+    return dataclasses.replace(config, train_grid=grid)
+
+
+def resample_position_embeddings(params: hk.Params, config: ViTConfig, grid: int) -> hk.Params:
+    """REPA's ``encoder.pos_embed.data = timm.layers.pos_embed.resample_abs_pos_embed(pos_embed,
+    [grid, grid])``: the CLS position kept, the learned g×g grid resized to grid×grid by
+    ``F.interpolate(mode='bicubic', antialias=True)`` (PIL's bicubic, a = −0.5, support scaled
+    when shrinking). Host-side, once, in float64 then float32. The network for the result is
+    ``repa_config(config, grid)``: at a grid×grid input its ``interpolate_pos_encoding`` keeps them
+    as they are (``npatch == N and w == h``)."""
+    g = config.train_grid
+    pos = np.asarray(params["dinov2"]["pos_embed"], np.float64)
+    m = antialiased_bicubic_matrix(g, grid).astype(np.float64)
+    table = pos[0, 1:].reshape(g, g, -1)
+    table = np.einsum("ab,bcd->acd", m, table)
+    table = np.einsum("ec,acd->aed", m, table)
+    resized = np.concatenate([pos[:, :1], table.reshape(1, grid * grid, -1)], axis=1).astype(np.float32)
+    out = {k: dict(v) for k, v in params.items()}
+    out["dinov2"]["pos_embed"] = jnp.asarray(resized)
+    return out
+
+
+def repa_preprocess(
+    images: jax.Array, side: int, value_range: tuple[float, float] = (0.0, 255.0)
+) -> jax.Array:
+    """``preprocess_raw_image`` for DINOv2: x / 255, minus the ImageNet mean, over the std, then
+    ``F.interpolate(x, side, mode='bicubic')`` (no antialias; the output size given, so the scale
+    is in/out: source (i + 0.5)·in/out − 0.5, Keys' cubic A = −0.75, taps clamped). NHWC in
+    ``value_range``, one channel repeated to three; → [N, side, side, 3] float32."""
+    chex.assert_rank(images, 4)
+    if images.shape[-1] == 1:
+        images = jnp.repeat(images, 3, axis=-1)
+    chex.assert_axis_dimension(images, 3, 3)
+    lo, hi = value_range
+    x = images.astype(jnp.float32)
+    if (lo, hi) != (0.0, 255.0):
+        x = (x - lo) * (255.0 / (hi - lo))
+    x = x / 255.0
+    x = (x - jnp.asarray(IMAGENET_MEAN, jnp.float32)) / jnp.asarray(IMAGENET_STD, jnp.float32)
+    hp = jax.lax.Precision.HIGHEST
+    rows = jnp.asarray(bicubic_matrix(images.shape[1], side, side / images.shape[1]))
+    cols = jnp.asarray(bicubic_matrix(images.shape[2], side, side / images.shape[2]))
+    x = jnp.einsum("oh,nhwc->nowc", rows, x, precision=hp)
+    return jnp.einsum("pw,nowc->nopc", cols, x, precision=hp)
 
 
 def features(
@@ -338,7 +402,10 @@ def params_from_torch_names(arrays: Mapping[str, np.ndarray], config: ViTConfig 
 __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "OUTPUTS",
     "RESOLUTION",
+    "VIT_B14",
+    "VIT_CONFIGS",
     "VIT_L14",
     "DinoViT",
     "ViTConfig",
@@ -349,4 +416,7 @@ __all__ = [
     "network",
     "params_from_torch_names",
     "preprocess",
+    "repa_config",
+    "repa_preprocess",
+    "resample_position_embeddings",
 ]

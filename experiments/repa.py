@@ -1,0 +1,146 @@
+"""REPA (Yu et al. 2025): SiT trained with representation alignment to a frozen encoder.
+
+    python -m dew.main --config=experiments/repa.py:SiT-XL/2 --workdir=runs/repa-xl2 \
+        --config.dataset.path=datasets/imagenet256 --config.objective.repa.allow_unpinned=True
+    python experiments/repa_digits.py export --probe=runs/probe --out=runs/probe-encoder.npz
+    python -m dew.main --config=experiments/repa.py:digits --workdir=runs/repa-digits \
+        --config.objective.repa.encoder_weights=runs/probe-encoder.npz
+    python -m dew.main --config=experiments/repa.py:digits-baseline --workdir=runs/sit-digits
+
+``SiT-B/2``, ``SiT-L/2``, ``SiT-XL/2`` (REPA's ``--model`` choices) resolve to what
+sihyun-yu/REPA's ``train.py`` ``parse_args`` resolves for the README's training command
+(``tests/test_repa.py`` checks them against ``third_party/repa/args.json``, which that parser
+produced): AdamW (β = 0.9, 0.999, ε = 1e-8, no weight decay) at a constant 1e-4, global-norm
+clipping at 1.0 (``--max-grad-norm``), batch 256, EMA 0.9999, seed 0, class dropout 0.1
+(``--cfg-prob``, in the network's label embedder as REPA's ``SiT(use_cfg=True)``), the
+``linear`` path with ``v`` prediction and ``uniform`` weighting (dew's SiT ``Linear`` /
+``velocity``, time mirrored: ``dew.objectives.repa``), REPA at ``--proj-coeff=0.5``,
+``--encoder-depth=8``, ``--enc-type=dinov2-vit-b`` (``dinov2-vit-b``: ViT-B/14 at 224, 256
+tokens = SiT/2's 16×16 at 32×32 latents), projector width 2048 (``models/sit.py``'s
+``projector_dim``), ``--max-train-steps=400000`` (the parser's default; the published 1.42
+checkpoint trained 4M steps: ``--config.train.num_steps=4000000``).
+
+The sampling behind the published FID (README's ``generate.py`` command: ``--mode=sde
+--num-steps=250 --cfg-scale=1.8 --guidance-high=0.7``) is REPA's own ``euler_maruyama_sampler``
+(``samplers.py``: t from 1 to 0.04 in 250 steps, diffusion 2t, a last deterministic step to 0;
+guidance on REPA's t ∈ [0, 0.7], i.e. dew's SiT time t ∈ [0.3, 1]); it is recorded here as
+``REPA_SAMPLING`` and is not yet one of dew's registered samplers, so previews use SiT's SDE.
+
+Data: REPA's loader yields the raw uint8 image (the encoder's input) beside the SD-VAE latent
+(``sd-vae-ft-mse``, ×0.18215); the ImageNet presets read both from one source — the latents
+as the sample, the raw 256² images as ``config.objective.repa.image_field="image"``. dew's
+``latent_dataset`` does not carry the raw images yet: these presets resolve (and are checked)
+but do not run until it does (the ``interpolant`` objective's ``config.objective.latent`` already
+draws and scales the SD-VAE latents, as ``experiments/sit.py`` uses it).
+
+``digits`` / ``digits-baseline``: the CPU-scale comparison (experiments/RESULTS.md): a small
+SiT (depth 4, width 128, patch 4: 2×2 tokens) on the 8×8 digits in pixel space, with and without
+REPA aligned to dew's own contrastive encoder (``experiments/probe.py``'s ``image_encoder``, its
+last conv map: 2×2 tokens of 64 features), same seed and settings otherwise.
+"""
+
+from __future__ import annotations
+
+from ml_collections import ConfigDict
+
+IMAGENET_SIZES = ("SiT-B/2", "SiT-L/2", "SiT-XL/2")
+# README's generate.py command (the 1.42 FID): REPA's samplers.euler_maruyama_sampler
+REPA_SAMPLING = {"mode": "sde", "num_steps": 250, "cfg_scale": 1.8, "guidance_low": 0.0, "guidance_high": 0.7}
+
+
+def imagenet(size: str) -> ConfigDict:
+    """REPA's ``train.py`` defaults with the README's command, for ``--model=size``."""
+    config = ConfigDict()
+    config.seed = 0
+    config.dataset = ConfigDict(
+        {"name": "latent_dataset", "batch_size": 256, "path": "", "use_labels": True, "cache": False}
+    )
+    config.objective = ConfigDict(
+        {
+            "name": "interpolant",
+            "path": "Linear",
+            "prediction": "velocity",
+            "loss_weight": None,
+            "condition": "class_label",
+            "learn_sigma": False,
+            "repa": {
+                "encoder": "dinov2-vit-b",
+                "image_field": "image",
+                "value_range": (0.0, 255.0),
+                "resolution": 256,
+                "encoder_depth": 8,
+                "proj_coeff": 0.5,
+                "projector_dim": 2048,
+            },
+            "sampling": {"sampler": "transport_sde", "steps": 250, "per_class": 1},
+        }
+    )
+    # REPA's SiT: learn_sigma=True built, the first 4 channels returned; use_cfg -> dropout 0.1
+    config.model = ConfigDict(
+        {"name": size, "input_size": 32, "num_classes": 1000, "class_dropout_prob": 0.1}
+    )
+    config.optimizer = ConfigDict(
+        {"learning_rate": 1e-4, "warmup_steps": 0, "b1": 0.9, "b2": 0.999, "eps": 1e-8, "grad_clip": 1.0}
+    )
+    config.ema = ConfigDict({"decay": 0.9999})
+    config.train = ConfigDict({"num_steps": 400_000, "log_every": 100})
+    config.checkpoint = ConfigDict({"every": 50_000})
+    config.eval = ConfigDict({"every": 0})
+    config.preview = ConfigDict({"every": 10_000})
+    return config
+
+
+def digits(repa: bool = True) -> ConfigDict:
+    """A small SiT on the 8×8 digits (pixel space), with REPA against dew's contrastive encoder
+    (``repa``) or without it; everything else equal."""
+    config = ConfigDict()
+    config.seed = 0
+    config.dataset = ConfigDict({"name": "digits", "batch_size": 128})
+    config.objective = ConfigDict(
+        {
+            "name": "interpolant",
+            "path": "Linear",
+            "prediction": "velocity",
+            "condition": "class_label",
+            "repa": {
+                "encoder": "image_encoder" if repa else None,
+                "encoder_weights": None,
+                "encoder_depth": 2,
+                "proj_coeff": 0.5,
+                "projector_dim": 256,
+            },
+            "sampling": {"sampler": "transport_ode", "steps": 50, "per_class": 10},
+        }
+    )
+    config.model = ConfigDict(
+        {
+            "name": "sit",
+            "depth": 4,
+            "hidden_size": 128,
+            "num_heads": 4,
+            "patch_size": 4,
+            "input_size": 8,
+            "num_classes": 10,
+            "class_dropout_prob": 0.1,
+        }
+    )
+    config.optimizer = ConfigDict({"learning_rate": 1e-3, "warmup_steps": 100, "grad_clip": 1.0})
+    config.ema = ConfigDict({"decay": 0.999})
+    config.train = ConfigDict({"num_steps": 100_000, "log_every": 50})
+    config.checkpoint = ConfigDict({"every": 500})
+    config.eval = ConfigDict({"every": 0})
+    config.preview = ConfigDict({"every": 0})
+    return config
+
+
+def get_config(arg: str | None = None) -> ConfigDict:
+    """``arg``: ``digits`` (the default), ``digits-baseline`` or one of ``IMAGENET_SIZES``."""
+    arg = arg or "digits"
+    if arg == "digits":
+        return digits(True)
+    if arg == "digits-baseline":
+        return digits(False)
+    if arg in IMAGENET_SIZES:
+        return imagenet(arg)
+    presets = ["digits", "digits-baseline", *IMAGENET_SIZES]
+    raise ValueError(f"experiments/repa.py:{arg} is unknown: expected one of {presets}")
