@@ -133,12 +133,14 @@ def reconstruct_run(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    from dew.averaging.power_ema import SnapshotError
+
     try:
         _plan(args.workdir, args.sigma_rel, args.step, args.out)
-    except PhemaError as e:
+        out, record = reconstruct_run(args.workdir, args.sigma_rel, step=args.step, out=args.out)
+    except (PhemaError, SnapshotError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out, record = reconstruct_run(args.workdir, args.sigma_rel, step=args.step, out=args.out)
     largest = max(abs(s["weight"]) for s in record["snapshots"])
     print(
         f"post-hoc EMA sigma_rel={record['sigma_rel']:.3f} (gamma={record['gamma']:.3f}) at step "

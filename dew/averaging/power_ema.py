@@ -138,34 +138,63 @@ class PowerEMASnapshots:
                 self.manager.delete(s)
 
     def metadata(self, step: int) -> dict[str, Any]:
+        """The snapshot's record, ``{"updates": n >= 0, "std_rels": [σ_rel > 0, ...]}``, checked
+        when read: anything else is a ``SnapshotError`` naming the file."""
         path = os.path.join(self.directory, str(step), "_CHECKPOINT_METADATA")
-        with open(path) as f:
-            return json.load(f).get("custom_metadata") or {}
+        try:
+            with open(path) as f:
+                record = json.load(f)
+        except (OSError, ValueError) as e:
+            raise SnapshotError(f"power-EMA snapshot record {path} cannot be read: {e}") from None
+        custom = record.get("custom_metadata") if isinstance(record, dict) else None
+        if not isinstance(custom, dict):
+            raise SnapshotError(f"power-EMA snapshot record {path} holds no custom_metadata object")
+        updates, std_rels = custom.get("updates"), custom.get("std_rels")
+        if isinstance(updates, bool) or not isinstance(updates, int) or updates < 0:
+            raise SnapshotError(f"power-EMA snapshot record {path}: updates={updates!r}, not an int >= 0")
+        try:
+            if not isinstance(std_rels, list) or not std_rels:
+                raise ValueError("expected a non-empty list")
+            posthoc_ema.parse_std_rels(std_rels, "std_rels")
+        except (TypeError, ValueError) as e:
+            raise SnapshotError(f"power-EMA snapshot record {path}: std_rels={std_rels!r}: {e}") from None
+        return custom
 
     def snapshots(self) -> list[posthoc_ema.Snapshot]:
-        """All snapshots with t = their optimizer-update count > 0, params as host arrays."""
+        """All snapshots with t = their optimizer-update count > 0, params as host arrays. Each is
+        checked as read: its record (``metadata``), its items present and readable, every
+        snapshot's parameters of one structure and shape, and all finite; a damaged one is a
+        ``SnapshotError`` naming it (the reconstruction would otherwise be silently wrong)."""
         import orbax.checkpoint as ocp
         from etils import epath
 
-        out = []
+        out: list[posthoc_ema.Snapshot] = []
         for step in self.steps():
             meta = self.metadata(step)
-            if meta.get("updates", 0) < 1:
+            if meta["updates"] < 1:
                 continue
             names = [item_name(s) for s in meta["std_rels"]]
-            args = {}
-            for name in names:
-                stored = ocp.PyTreeCheckpointHandler().metadata(epath.Path(self.directory) / str(step) / name)
-                tree = getattr(stored, "tree", stored)
-                restore_args = jax.tree.map(
-                    lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
-                    tree,
-                    is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"),
-                )
-                args[name] = ocp.args.PyTreeRestore(restore_args=restore_args)
-            restored = self.manager.restore(step, args=ocp.args.Composite(**args))
+            where = os.path.join(self.directory, str(step))
+            try:
+                args = {}
+                for name in names:
+                    stored = ocp.PyTreeCheckpointHandler().metadata(epath.Path(where) / name)
+                    tree = getattr(stored, "tree", stored)
+                    restore_args = jax.tree.map(
+                        lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                        tree,
+                        is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"),
+                    )
+                    args[name] = ocp.args.PyTreeRestore(restore_args=restore_args)
+                restored = self.manager.restore(step, args=ocp.args.Composite(**args))
+            except Exception as e:  # orbax's errors name no file a user would look at
+                raise SnapshotError(
+                    f"power-EMA snapshot {where} cannot be read ({type(e).__name__}: {str(e)[:200]})"
+                ) from None
             for std_rel, name in zip(meta["std_rels"], names, strict=True):
-                out.append(posthoc_ema.Snapshot(int(meta["updates"]), float(std_rel), restored[name]))
+                snapshot = posthoc_ema.Snapshot(int(meta["updates"]), float(std_rel), restored[name])
+                _check_like(snapshot, out[0] if out else None, os.path.join(where, name))
+                out.append(snapshot)
         return out
 
     def close(self) -> None:
@@ -176,10 +205,32 @@ class PowerEMASnapshots:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
+class SnapshotError(ValueError):
+    """A power-EMA snapshot that cannot be used as it is on disk; the message names it."""
+
+
+def _check_like(snapshot: posthoc_ema.Snapshot, first: posthoc_ema.Snapshot | None, where: str) -> None:
+    """The snapshot's parameters are finite and shaped like the first snapshot's."""
+    leaves = jax.tree.leaves(snapshot.params)
+    bad = [i for i, leaf in enumerate(leaves) if not np.all(np.isfinite(leaf))]
+    if bad:
+        raise SnapshotError(f"power-EMA snapshot {where} holds non-finite parameters ({len(bad)} arrays)")
+    if first is None:
+        return
+    shapes = jax.tree.map(np.shape, snapshot.params)
+    expected = jax.tree.map(np.shape, first.params)
+    if jax.tree.structure(shapes) != jax.tree.structure(expected) or shapes != expected:
+        raise SnapshotError(
+            f"power-EMA snapshot {where} does not match the run's other snapshots (parameter names or "
+            "shapes differ); it is not this run's"
+        )
+
+
 __all__ = [
     "SNAPSHOT_DIR",
     "PowerEMA",
     "PowerEMASnapshots",
+    "SnapshotError",
     "item_name",
     "power_ema_from_config",
 ]
