@@ -349,7 +349,7 @@ def params_from_torch_names(arrays: Mapping[str, np.ndarray]) -> hk.Params:
         module, _, field = next(
             ((key[: -len(f) - 1], f, fields[f]) for f in fields if key.endswith("." + f)), (None, None, None)
         )
-        if module is None:
+        if module is None or field is None:  # (both None together)
             continue  # num_batches_tracked, the classifier head
         path = "inception_fid/" + module.replace(".", "/")
         value = np.asarray(value, np.float32)
