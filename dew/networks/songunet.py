@@ -266,6 +266,7 @@ class SongUNet(hk.Module):
                     jax.nn.silu(tmp)
                 )
                 aux = tmp if aux is None else tmp + aux
+        assert aux is not None  # level 0 always writes the output
         return aux
 
 

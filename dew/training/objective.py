@@ -92,9 +92,9 @@ class Objective(abc.ABC):
         return Section(f"{cls.__name__} takes no options", {})
 
     @classmethod
-    def from_config(cls, config: Any, dataset: Any) -> Objective:
-        """Build from the resolved ``config`` for ``dataset`` (the training split's ``Source``)."""
-        del config, dataset
+    def from_config(cls, config: Any, source: Any) -> Objective:
+        """Build from the resolved ``config`` for ``source`` (the training split's ``Source``)."""
+        del config, source
         return cls()
 
     # --- pure functions ---------------------------------------------------------------------------
