@@ -74,3 +74,14 @@ def test_the_tables_are_read_from_the_source():
     assert exports["Trainer"] == "dew.training.trainer" == imported["Trainer"]
     training, _, _ = _lazy_tables("dew/training/__init__.py")
     assert training["fit"] == "dew.training.loop"
+
+
+def test_a_config_file_python_cannot_load_is_one_config_error(tmp_path):
+    """Found by the type checker: importlib finds no loader for a file that is not ``.py``
+    (``spec_from_file_location`` returns None), which used to surface as an AttributeError."""
+    from dew.config import ConfigError, load_config
+
+    path = tmp_path / "experiment.txt"
+    path.write_text("def get_config():\n    return None\n")
+    with pytest.raises(ConfigError, match=r"--config: .*experiment.txt is not a Python file"):
+        load_config(str(path))
