@@ -46,7 +46,7 @@ class DataStream(Protocol):
     share: DataPartition
     batches_per_epoch: int
 
-    def read_position(self, position: bytes) -> None: ...
+    def read_position(self, saved: bytes, /) -> None: ...
 
 
 @dataclasses.dataclass

@@ -135,8 +135,11 @@ class Objective(abc.ABC):
         """Whether ``preview`` is implemented (the Trainer refuses ``preview.every`` > 0 if not)."""
         return type(self).preview is not Objective.preview
 
-    def score(self, preview: Artifact, metrics: Mapping[str, Callable[..., float]]) -> dict[str, float]:
-        """Each named metric on ``preview``; objectives that support metrics override this."""
+    def score(
+        self, preview: Artifact | None, metrics: Mapping[str, Callable[..., float]]
+    ) -> dict[str, float]:
+        """Each named metric on ``preview``; objectives that support metrics override this. The
+        Trainer passes None once before training, to check the metric names."""
         if metrics:
             raise ConfigError(
                 f"config.preview.metrics={tuple(metrics)!r} is invalid: {type(self).__name__} scores "
