@@ -1,5 +1,6 @@
 """The package's layering, read from its own imports (``docs/architecture.md`` is the page it
-checks): every ``import`` in ``dew/``, function-level ones included, is parsed; each module
+checks): every ``import`` in ``dew/``, function-level ones included (those under
+``if TYPE_CHECKING:`` never run and are left out), is parsed; each module
 belongs to the unit of ``UNITS`` with the longest matching name; an import may only go down the
 layers, stay inside its unit, or take one of the sideways edges the page names. No module-level
 and no unit-level import circle."""
