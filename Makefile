@@ -24,6 +24,7 @@ train: $(STAMP)
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/pyright --pythonpath $(BIN)/python
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The documentation site under .cache/site, warnings as errors (tests/test_docs.py builds it too).
@@ -32,6 +33,7 @@ docs: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/pyright --pythonpath $(BIN)/python
 
 format: $(STAMP)
 	$(BIN)/ruff format dew tests experiments benchmarks

@@ -8,7 +8,7 @@ backend and no optional dependency. Naming any exported name fills the registrie
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dew import registry as _registry
 
@@ -56,6 +56,33 @@ _EXPORTS: dict[str, str] = {
     "sample": "dew.sampling.solvers",
     "samplers": "dew.registry",
 }
+
+if TYPE_CHECKING:  # the lazy names, visible to type checkers (tests/test_types.py keeps them in step)
+    from dew.artifacts import ImageGrid, Representations, TextSamples, TokenScores, VideoGrid
+    from dew.averaging.ema import EMASpec
+    from dew.checkpointing.checkpoints import Checkpoints
+    from dew.data import Dataset
+    from dew.diffusion.process import Process
+    from dew.inference import pipeline
+    from dew.inputs import Condition, Field, InputSpec
+    from dew.registry import datasets, encoders, metrics, models, presets, samplers
+    from dew.sampling.guidance import CFG
+    from dew.sampling.schedule import karras_sigmas
+    from dew.sampling.solvers import sample
+    from dew.tracking.trackers import (
+        LocalTracker,
+        MLflowTracker,
+        TensorBoardTracker,
+        Tracker,
+        Trackers,
+        WandbTracker,
+    )
+    from dew.training.evaluation import Evaluation, evaluate
+    from dew.training.objective import Aux, Objective, Step
+    from dew.training.profile import ProfileWindow, profile
+    from dew.training.sharding import Layout, MeshSpec
+    from dew.training.state import TrainState
+    from dew.training.trainer import Trainer
 
 # Modules that register components. Importing them is the registry fill.
 _REGISTERING_MODULES = (
@@ -123,4 +150,45 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS])
 
 
-__all__ = sorted(_EXPORTS)
+# A literal list (type checkers read it); tests/test_types.py checks it names exactly _EXPORTS.
+__all__ = [
+    "CFG",
+    "Aux",
+    "Checkpoints",
+    "Condition",
+    "Dataset",
+    "EMASpec",
+    "Evaluation",
+    "Field",
+    "ImageGrid",
+    "InputSpec",
+    "Layout",
+    "LocalTracker",
+    "MLflowTracker",
+    "MeshSpec",
+    "Objective",
+    "Process",
+    "ProfileWindow",
+    "Representations",
+    "Step",
+    "TensorBoardTracker",
+    "TextSamples",
+    "TokenScores",
+    "Tracker",
+    "Trackers",
+    "TrainState",
+    "Trainer",
+    "VideoGrid",
+    "WandbTracker",
+    "datasets",
+    "encoders",
+    "evaluate",
+    "karras_sigmas",
+    "metrics",
+    "models",
+    "pipeline",
+    "presets",
+    "profile",
+    "sample",
+    "samplers",
+]

@@ -222,7 +222,8 @@ class TextSamples:
         head = [f"prompt: {self.prompt}", ""] if isinstance(self.prompt, str) else []
         lines = []
         for i, (line, prompt) in enumerate(zip(self.to_lines(), self.prompts(), strict=True)):
-            shown = f"[{prompt.replace(chr(10), '⏎')}] " if isinstance(self.prompt, tuple) else ""
+            per_row = isinstance(self.prompt, tuple) and prompt is not None  # a tuple holds str only
+            shown = f"[{prompt.replace(chr(10), '⏎')}] " if per_row and prompt is not None else ""
             lines.append(f"{i}: {shown}{line}")
         return "\n".join(head + lines) + "\n"
 

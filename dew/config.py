@@ -27,6 +27,8 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
     if not os.path.isfile(path):
         raise ConfigError(f"--config: no config file at {path!r}")
     module_spec = importlib.util.spec_from_file_location(f"_dew_config_{abs(hash(path))}", path)
+    if module_spec is None or module_spec.loader is None:  # not a .py file: no loader for it
+        raise ConfigError(f"--config: {path} is not a Python file (expected a .py with get_config())")
     module = importlib.util.module_from_spec(module_spec)
     try:
         module_spec.loader.exec_module(module)

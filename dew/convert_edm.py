@@ -73,7 +73,8 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
         return state
     if path.endswith((".pt", ".pth")):
         try:
-            import torch
+            # torch is the optional 'convert' extra, not installed where the types are checked.
+            import torch  # pyright: ignore[reportMissingImports]
         except ImportError as e:
             raise ConversionError(
                 f"--state_dict: reading {path} needs PyTorch (the 'convert' extra), or export it to .npz"
@@ -85,7 +86,9 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     raise ConversionError(f"--state_dict: {path!r} must end in .npz, .pt or .pth")
 
 
-def read_pickle(path: str, base, overrides: Sequence[str] = ()) -> tuple[object, dict[str, np.ndarray], dict]:
+def read_pickle(
+    path: str, base: ConfigDict, overrides: Sequence[str] = ()
+) -> tuple[ConfigDict, dict[str, np.ndarray], dict]:
     """(config, state dict, run.json record) of the NVlabs/edm network pickle at ``path``.
 
     The pickle's network sets ``config.model`` and the objective's preset and conditioning in
@@ -200,6 +203,7 @@ def convert(
     params = jax.device_put(params, jax.tree.map(lambda a: a.sharding, fresh.params))
     # The EMA that debiases to exactly these weights after `step` updates (ema = θ (1 − Π β)).
     spec = trainer.ema
+    assert spec is not None  # Averages.from_config always builds the classic EMA's EMASpec
     correction = 1.0 - spec.retained(jnp.float32(step // trainer.accumulation or 1))
     mask = spec.mask(params)
     ema = jax.tree.map(lambda p, tracked: p * correction if tracked else p, params, mask)
@@ -228,6 +232,7 @@ def convert(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    assert __doc__ is not None  # the description is the module docstring
     parser = argparse.ArgumentParser(prog="python -m dew.convert_edm", description=__doc__.split("\n\n")[0])
     weights = parser.add_mutually_exclusive_group(required=True)
     weights.add_argument("--pickle", help="an NVlabs/edm network pickle (network-snapshot-*.pkl, edm-*.pkl)")

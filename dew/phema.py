@@ -31,6 +31,7 @@ class PhemaError(ValueError):
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    assert __doc__ is not None  # the description is the module docstring
     parser = argparse.ArgumentParser(prog="python -m dew.phema", description=__doc__.split("\n\n")[1])
     parser.add_argument("--workdir", required=True, help="a run trained with config.ema.power_std_rels")
     parser.add_argument("--sigma_rel", required=True, type=float, help="EMA width to reconstruct, e.g. 0.07")

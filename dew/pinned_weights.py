@@ -65,7 +65,12 @@ def write_npz(output: str, arrays: Mapping[str, np.ndarray], source_sha256: str)
     digest = content_sha256(arrays)
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     with open(output, "wb") as f:
-        np.savez(f, **{SOURCE_KEY: np.str_(source_sha256), CONTENT_KEY: np.str_(digest)}, **arrays)
+        np.savez(
+            f,
+            **{SOURCE_KEY: np.str_(source_sha256), CONTENT_KEY: np.str_(digest)},
+            **arrays,
+            allow_pickle=False,
+        )
     return digest
 
 
@@ -118,7 +123,8 @@ def run_converter(
     if objection is not None:
         return _error(f"--input={args.input!r} has SHA-256 {digest}, {objection}")
     try:
-        import torch
+        # torch is needed once, to convert; not installed where the types are checked.
+        import torch  # pyright: ignore[reportMissingImports]
     except ImportError:
         return _error("converting needs PyTorch once (install torch); dew itself does not")
     state = torch.load(args.input, map_location="cpu", weights_only=True)

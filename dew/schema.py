@@ -71,13 +71,15 @@ class Key:
             raise ValueError(f"Key({self.doc!r}): kind must be one of {_KINDS}, got {kind!r}")
         if self.default is None:
             object.__setattr__(self, "optional", True)
-        if kind is tuple and self.item is None and self.default:
-            kinds = {next(k for k in _KINDS if isinstance(v, k)) for v in self.default}
+        default: Any = self.default  # any value of the kinds (a tuple's elements, for a tuple)
+        if kind is tuple and self.item is None and default:
+            kinds = {next(k for k in _KINDS if isinstance(v, k)) for v in default}
             if len(kinds) == 1:  # a homogeneous default fixes the element kind
                 object.__setattr__(self, "item", kinds.pop())
 
     @property
     def type_name(self) -> str:
+        assert self.kind is not None, "__post_init__ sets the kind"
         name = self.kind.__name__
         if self.kind is tuple and self.item is not None:
             name = f"tuple[{self.item.__name__}]"
@@ -106,6 +108,7 @@ class Key:
         if kind is float:
             return float(value)
         if kind is tuple:
+            assert isinstance(value, tuple | list)  # checked above
             if self.item is None:
                 return tuple(value)
             element = Key(None, "", kind=self.item, optional=False)
@@ -189,20 +192,23 @@ class Section:
 
     doc: str
     keys: Mapping[str, Key | Section]
-    validate: Callable[[ml_collections.ConfigDict, str], None] | None = None
+    # Its return value, if any, is ignored (a validator may return what it built).
+    validate: Callable[[ml_collections.ConfigDict, str], object] | None = None
     extend: Extension | None = None
 
     def expand(self, raw: Mapping[str, Any] | None, path: str) -> Section:
         """This section with the component's keys merged in (for the name ``raw`` gives)."""
-        if self.extend is None:
+        extend = self.extend
+        if extend is None:
             return self
         name_key = self.keys["name"]
+        assert isinstance(name_key, Key), "an extensible section's `name` is a key"
         name = (raw or {}).get("name", name_key.default)
         name = name_key.coerce(name, f"{path}.name")
         name_key.validate(name, f"{path}.name")
         if name is None:
             return self
-        extension = self.extend(name)
+        extension = extend(name)
         clash = set(extension.keys) & set(self.keys)
         if clash:
             raise ValueError(f"config.{path}: the component {name!r} redeclares keys {sorted(clash)}")
@@ -355,7 +361,9 @@ def section_from_signature(
     str). ``docs`` gives a line per key; otherwise the doc names the parameter it sets."""
     declared = getattr(component, "config_section", None)
     if callable(declared):
-        return declared()
+        section = declared()
+        assert isinstance(section, Section), f"{component!r}.config_section() must return a Section"
+        return section
     title = getattr(component, "__name__", None) or getattr(getattr(component, "func", None), "__name__", "")
     keys: dict[str, Key] = {}
     for param in inspect.signature(component).parameters.values():

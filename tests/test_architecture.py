@@ -1,5 +1,6 @@
 """The package's layering, read from its own imports (``docs/architecture.md`` is the page it
-checks): every ``import`` in ``dew/``, function-level ones included, is parsed; each module
+checks): every ``import`` in ``dew/``, function-level ones included (those under
+``if TYPE_CHECKING:`` never run and are left out), is parsed; each module
 belongs to the unit of ``UNITS`` with the longest matching name; an import may only go down the
 layers, stay inside its unit, or take one of the sideways edges the page names. No module-level
 and no unit-level import circle."""
@@ -92,11 +93,36 @@ def is_module(name: str) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
+def is_type_checking_block(node: ast.AST) -> bool:
+    """``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``): imports a type checker reads and
+    Python never runs (the lazy export tables), so no edge of the import graph."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def run_time_nodes(tree: ast.AST):
+    """Every node of ``tree`` outside the bodies of ``if TYPE_CHECKING:`` blocks (their ``else``
+    branches run, so they are kept)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if is_type_checking_block(node):
+            stack.extend([node.test, *node.orelse])
+        else:
+            stack.extend(ast.iter_child_nodes(node))
+
+
 def imports_of(path: pathlib.Path) -> set[str]:
     """The dew modules ``path`` imports, at any depth of the file: ``from dew.x import y`` is an
-    import of ``dew.x.y`` when that is a module, else of ``dew.x``."""
+    import of ``dew.x.y`` when that is a module, else of ``dew.x``. Imports under
+    ``if TYPE_CHECKING:`` are for the type checker only and never run, so they are no edge."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in run_time_nodes(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.split(".")[0] == "dew")
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:

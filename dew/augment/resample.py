@@ -55,6 +55,7 @@ def _correlate(x: jax.Array, taps: np.ndarray, axis: int, pad: int, stride: int 
     for k, tap in enumerate(taps):
         term = jnp.float32(tap) * x[..., k : k + (length - 1) * stride + 1 : stride]
         out = term if out is None else out + term
+    assert out is not None, "a filter has at least one tap"
     return jnp.moveaxis(out, -1, axis)
 
 

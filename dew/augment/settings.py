@@ -155,6 +155,7 @@ def check_settings(settings: AugmentSettings, where: str = "objective.augment") 
     """Each field against its accepted range: a ``ConfigError`` naming the first that is not."""
     for name, *_ in _FIELDS:
         key = CONFIG.keys[name]
+        assert isinstance(key, Key)  # every field of _FIELDS is a key of CONFIG
         value = getattr(settings, name)
         if not isinstance(value, int | float) or isinstance(value, bool):
             raise ConfigError(f"config.{where}.{name}={value!r} is invalid: expected {key.accepted}")

@@ -9,11 +9,11 @@ An ``Averager`` is a pure description; its state is a pytree the caller threads:
     record(params, accumulation) -> dict what a checkpoint's or run's record says about it (JSON)
 
 and names where that tree lives: ``field`` (the ``TrainState`` field) and ``item`` (the
-checkpoint item). Two implement it: ``ClassicEMA`` (zero-initialised, debiased when read;
-``dew.averaging.ema``) and ``PowerEMA`` (EDM2's power-function profiles, no debiasing;
-``dew.averaging.power_ema``). ``Averages`` is the run's set of them, built once from
-``config.ema``: what ``make_init`` / ``make_step`` / ``make_eval``, the snapshot stage and the
-checkpoint layout take as one argument.
+checkpoint item), and ``name`` (what records and ``read`` call it). Two implement it:
+``ClassicEMA`` (zero-initialised, debiased when read; ``dew.averaging.ema``) and ``PowerEMA``
+(EDM2's power-function profiles, no debiasing; ``dew.averaging.power_ema``). ``Averages`` is
+the run's set of them, built once from ``config.ema``: what ``make_init`` / ``make_step`` /
+``make_eval``, the snapshot stage and the checkpoint layout take as one argument.
 
 State and checkpoint layout (the one rule, ``FIELDS``): the classic EMA's tree is
 ``TrainState.ema`` / item ``ema_params`` (the raw EMA; its law, ``ema.law``, in
@@ -41,14 +41,16 @@ class Averager(Protocol):
     """An average of the parameters: its state is a pytree that ``init`` makes and ``update``
     advances (pure, traceable); ``read`` gives the averaged parameters with a name each."""
 
-    field: str
-    item: str
+    field: ClassVar[str]
+    item: ClassVar[str]
+    name: ClassVar[str]
 
     def init(self, params: Params) -> Any: ...
 
-    def update(self, tree: Any, params: Params, n: jax.Array | int) -> Any: ...
+    # Positional-only (``/``): implementations name the tree for what it is (``slots``, ...).
+    def update(self, tree: Any, params: Params, n: jax.Array | int, /) -> Any: ...
 
-    def read(self, tree: Any, n: jax.Array | int) -> list[tuple[Params, str]]: ...
+    def read(self, tree: Any, n: jax.Array | int, /) -> list[tuple[Params, str]]: ...
 
     def record(self, params: Params, accumulation: int = 1) -> dict[str, Any]: ...
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.scipy.special
 import ml_collections
@@ -94,9 +95,10 @@ class EMASpec:
     # --- which leaves --------------------------------------------------------------------------
     def mask(self, params: Params) -> Any:
         """A tree of bools shaped like ``params``: True where the EMA averages the leaf."""
-        if self.tracks is None:
+        tracks = self.tracks
+        if tracks is None:
             return jax.tree.map(lambda _: True, params)
-        return jax.tree_util.tree_map_with_path(lambda path, _: bool(self.tracks(leaf_path(path))), params)
+        return jax.tree_util.tree_map_with_path(lambda path, _: bool(tracks(leaf_path(path))), params)
 
     def check(self, params: Params) -> None:
         """Raise before training if ``tracks`` matches no leaf of ``params`` (shapes suffice)."""

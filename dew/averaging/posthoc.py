@@ -52,7 +52,7 @@ Params = Any
 MAX_STD_REL = float(np.sqrt(1.0 / 12.0))
 
 
-def _check_std_rel(std_rel: np.ndarray, what: str = "std_rel") -> np.ndarray:
+def _check_std_rel(std_rel: np.ndarray | float, what: str = "std_rel") -> np.ndarray:
     std_rel = np.asarray(std_rel, np.float64)
     bad = ~((std_rel > 0) & (std_rel < MAX_STD_REL))
     if np.any(bad):
@@ -144,18 +144,18 @@ def solve_coefficients(
     std_in) into the profiles (t_out, std_out) (Algorithm 3): solve A x = b with Gram matrix
     A_ij = ⟨p_i, p_j⟩ and b_ij = ⟨p_i, p_out_j⟩ (Eq. 151), then scale each column to sum to one.
     """
-    t_in, std_in = np.broadcast_arrays(np.asarray(t_in, np.float64), np.asarray(std_in, np.float64))
-    t_out, std_out = np.broadcast_arrays(np.asarray(t_out, np.float64), np.asarray(std_out, np.float64))
-    t_in, std_in, t_out, std_out = (np.ravel(a) for a in (t_in, std_in, t_out, std_out))
-    if t_in.size == 0:
+    ti, si = np.broadcast_arrays(np.asarray(t_in, np.float64), np.asarray(std_in, np.float64))
+    to, so = np.broadcast_arrays(np.asarray(t_out, np.float64), np.asarray(std_out, np.float64))
+    ti, si, to, so = (np.ravel(a) for a in (ti, si, to, so))
+    if ti.size == 0:
         raise ValueError("solve_coefficients: no snapshots to reconstruct from")
-    if np.any(t_in <= 0) or np.any(t_out <= 0):
+    if np.any(ti <= 0) or np.any(to <= 0):
         raise ValueError(
-            f"solve_coefficients: times must be > 0, got t_in={t_in.tolist()}, t_out={t_out.tolist()}"
+            f"solve_coefficients: times must be > 0, got t_in={ti.tolist()}, t_out={to.tolist()}"
         )
     col, row = (lambda a: a[:, None]), (lambda a: a[None, :])
-    gram = profile_inner_product(col(t_in), col(std_in), row(t_in), row(std_in))
-    rhs = profile_inner_product(col(t_in), col(std_in), row(t_out), row(std_out))
+    gram = profile_inner_product(col(ti), col(si), row(ti), row(si))
+    rhs = profile_inner_product(col(ti), col(si), row(to), row(so))
     x = np.linalg.solve(gram, rhs)
     return x / np.sum(x, axis=0, keepdims=True)
 

@@ -24,7 +24,7 @@ Names resolve lazily, so importing the package opens no backend.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "Checkpoints": "dew.checkpointing.checkpoints",
@@ -44,6 +44,21 @@ _EXPORTS = {
     "checkpoint_settings": "dew.checkpointing.settings",
 }
 
+if TYPE_CHECKING:  # the lazy names, visible to type checkers (tests/test_types.py keeps them in step)
+    from dew.checkpointing.checkpointer import Checkpointer
+    from dew.checkpointing.checkpoints import Checkpoints
+    from dew.checkpointing.errors import (
+        CheckpointDamagedError,
+        CheckpointRestorationError,
+        CheckpointWriteError,
+        ConfigValidationError,
+    )
+    from dew.checkpointing.io_handler import TrainingIOHandler
+    from dew.checkpointing.retention import Retention
+    from dew.checkpointing.run_metadata import RUN_METADATA, read_run_metadata, save_run_metadata
+    from dew.checkpointing.settings import CheckpointSettings, checkpoint_settings
+    from dew.checkpointing.stix_config import CheckpointerConfig, TrainingIOHandlerConfig
+
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
@@ -58,4 +73,21 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS])
 
 
-__all__ = sorted(_EXPORTS)
+# A literal list (type checkers read it); tests/test_types.py checks it names exactly _EXPORTS.
+__all__ = [
+    "RUN_METADATA",
+    "CheckpointDamagedError",
+    "CheckpointRestorationError",
+    "CheckpointSettings",
+    "CheckpointWriteError",
+    "Checkpointer",
+    "CheckpointerConfig",
+    "Checkpoints",
+    "ConfigValidationError",
+    "Retention",
+    "TrainingIOHandler",
+    "TrainingIOHandlerConfig",
+    "checkpoint_settings",
+    "read_run_metadata",
+    "save_run_metadata",
+]

@@ -263,7 +263,9 @@ class Checkpoints:
         self._writable()
         if self.tiers.is_local(step):
             return local.set_aside(self.tiers.local_path, step)
-        return os.fspath(self.store.set_aside([step], "move", label="damaged")) + f"/{step}"
+        aside = self.store.set_aside([step], "move", label="damaged")
+        assert aside is not None  # one step, moved: set_aside returns where it went
+        return os.fspath(aside) + f"/{step}"
 
     def roll_back(self, step: int, how: str = "move", *, announce: bool = True) -> list[int]:
         """Make ``step`` the newest checkpoint: the persistent steps after it are moved into a

@@ -70,7 +70,8 @@ class TrainingIOHandler:
         if config.checkpoint_dir is not None and config.clear_previous_checkpoints:
             Checkpoints(config.checkpoint_dir, keep=None).clear()
         self.checkpointer: Checkpointer | None = None
-        if config.save_interval_steps is not None:
+        # (save_interval_steps without a checkpoint_dir raised above)
+        if config.save_interval_steps is not None and config.checkpoint_dir is not None:
             self.checkpointer = Checkpointer(
                 CheckpointerConfig(
                     checkpoint_dir=config.checkpoint_dir,
@@ -183,6 +184,7 @@ class TrainingIOHandler:
         assert restored is not None  # a step exists (checked above, or restore raised)
         state, dataset = restored
         restored_step = step if step is not None else source.latest_step()
+        assert restored_step is not None  # restore found a step (it raised otherwise)
         if source is self.checkpointer and any(s > restored_step for s in source.all_steps()):
             self._rolled_back_to = restored_step
         self.log(LoggingCategory.CLEANUP_AFTER_CKPT_RESTORATION, {}, restored_step)

@@ -69,6 +69,12 @@ def items_from_state(state: Any) -> dict[str, Any]:
     return {name: items[name] for name in STATE_ITEMS if name in items}
 
 
+def _item(mapping: Mapping[str, Any], key: str) -> Any:
+    """``mapping[key]``, None when absent: a restore that skips an item (or an older checkpoint
+    without it) leaves that TrainState field unset, which the field's annotation does not model."""
+    return mapping.get(key)
+
+
 def state_from_items(items: Mapping[str, Any]) -> TrainState:
     """The TrainState the items describe; an absent item is an unset (None) field."""
     extra = items.get("extra") or {}
@@ -76,10 +82,10 @@ def state_from_items(items: Mapping[str, Any]) -> TrainState:
     if averages["power_ema"] is not None:  # orbax gives a tuple back as a list
         averages["power_ema"] = tuple(averages["power_ema"])
     return TrainState(
-        step=extra.get("step"),
+        step=_item(extra, "step"),
         params=items.get("params"),
         opt_state=items.get("opt_state"),
-        rng=extra.get("rng"),
+        rng=_item(extra, "rng"),
         pending=items.get("pending"),
         loss_scale=extra.get("loss_scale"),
         **averages,
@@ -93,7 +99,8 @@ def key_impl(leaf: Any) -> str | None:
     (``jax.random.key``: an array or a ``ShapeDtypeStruct``); None for anything else, e.g. a
     raw ``uint32`` key (``jax.random.PRNGKey``)."""
     dtype = getattr(leaf, "dtype", None)
-    if dtype is None or not jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+    # jax/dtypes.py re-exports issubdtype without ``as`` (a jax export bug pyright reports as private).
+    if dtype is None or not jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):  # pyright: ignore[reportPrivateImportUsage]
         return None
     if isinstance(leaf, jax.Array):
         return str(jax.random.key_impl(leaf))

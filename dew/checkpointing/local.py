@@ -319,12 +319,11 @@ def _index_key(index: tuple[slice, ...], shape: Sequence[int]) -> list[list[int]
 def leaf_placement(shape: Sequence[int], sharding: jax.sharding.Sharding) -> dict[str, Any]:
     """Which part of a ``shape`` array each of this process's devices holds, as JSON."""
     devices = sharding.addressable_devices_indices_map(tuple(shape))
-    return {
-        "shape": list(shape),
-        "devices": {
-            str(d.id): _index_key(idx, shape) for d, idx in sorted(devices.items(), key=lambda kv: kv[0].id)
-        },
-    }
+    placed = {}
+    for d, idx in sorted(devices.items(), key=lambda kv: kv[0].id):
+        assert idx is not None, f"device {d.id} holds no index of the {tuple(shape)} array"
+        placed[str(d.id)] = _index_key(idx, shape)
+    return {"shape": list(shape), "devices": placed}
 
 
 def unique_local_shards(array: jax.Array) -> dict[str, jax.Array]:

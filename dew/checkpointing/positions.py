@@ -57,7 +57,10 @@ def global_rows(saved: bytes | None, share: DataPartition | None) -> dict[str, A
         raise ValueError(NO_SHARE)
     length = -1 if saved is None else len(saved)
     if jax.process_count() == 1:
-        return None if saved is None else row(saved, share, length)
+        if saved is None:
+            return None
+        assert share is not None, "a position comes with its share (raised above otherwise)"
+        return row(saved, share, length)
     lengths = np.asarray(multihost_utils.process_allgather(np.int64(length))).reshape(-1)
     if (lengths < 0).any() != (lengths < 0).all():
         raise ValueError(
@@ -66,6 +69,7 @@ def global_rows(saved: bytes | None, share: DataPartition | None) -> dict[str, A
         )
     if saved is None:
         return None
+    assert share is not None, "a position comes with its share (raised above otherwise)"
     mine = row(saved, share, int(lengths.max()))
     count = jax.process_count()
     firsts = [

@@ -46,7 +46,7 @@ class DataStream(Protocol):
     share: DataPartition
     batches_per_epoch: int
 
-    def read_position(self, position: bytes) -> None: ...
+    def read_position(self, saved: bytes, /) -> None: ...
 
 
 @dataclasses.dataclass
@@ -108,6 +108,7 @@ class RestorePolicy:
             self.checkpoints.roll_back(s.step_to_restore, how=s.on_rollback)
         step = s.step_to_restore if s.step_to_restore is not None else source.latest_step()
         falls_back = s.step_to_restore is None and source is self.checkpoints
+        assert step is not None, "a step to restore exists (fresh() returned above otherwise)"
         while True:
             try:
                 state, position, written_by = self._read(source, step, fresh, template, data.share)

@@ -100,7 +100,9 @@ class StepFiles:
         custom = self.custom()
         key, recorded = custom.get("step"), custom.get("num_steps", custom.get("step"))
         try:
-            agrees = int(key) == self.step and int(recorded) == count
+            agrees = (
+                key is not None and recorded is not None and int(key) == self.step and int(recorded) == count
+            )
         except (TypeError, ValueError):
             agrees = False
         if not agrees:

@@ -136,13 +136,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         _check(args)
         check_run_flags(args)
+        files: list[str] = []
+        task = None  # the pipeline that draws the samples, without --images
         if args.images:
             files = list_images(args.images, "--images")
             resolution = _file_resolution(files[0])
         else:
             task = load_pipeline(args)
             shape = getattr(task.objective, "image_shape", None) or task.objective.input_spec.sample.shape
-            resolution = tuple(int(v) for v in shape[:2])
+            resolution = (int(shape[0]), int(shape[1]))
         reference = _reference(args, resolution)
         try:
             scorer = adm_metrics.AdmScorer(
@@ -154,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
             count, what = len(files), f"images in {args.images}"
             batches = _image_batches(files, args.batch_size)
         else:
+            assert task is not None  # loaded above
             seed = task.options["seed"] if args.seed is None else args.seed
             count, what = args.num_samples, f"samples from {task!r}, seed {seed}"
             batches = (
@@ -174,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
     if args.save_ref_batch:
         from dew.scoring.adm_evaluator import write_reference_batch
 
+        assert samples.resolution is not None  # set by the first batch added
         write_reference_batch(
             args.save_ref_batch,
             images=np.concatenate(samples.images),

@@ -78,6 +78,7 @@ from dew.fid.inputs import (  # noqa: F401  (list_images, read_batches, draw_bat
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """The flags; a malformed one raises ``FidError``."""
+    assert __doc__ is not None  # the description is the module docstring
     parser = Parser(prog="python -m dew.fid", description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--images", help="folder of images to score")
@@ -143,7 +144,7 @@ def _check_reference_and_weights(args: argparse.Namespace) -> None:
         raise FidError(f"{e}; convert them with python -m dew.scoring.convert_inception") from None
 
 
-def _check(args: argparse.Namespace) -> list[str] | Any:
+def _check(args: argparse.Namespace) -> Any:
     """Validate everything before any work; returns the image files, or the run's pipeline."""
     if not args.images and not args.workdir:
         raise FidError("give --images=<folder> or --workdir=<run>")

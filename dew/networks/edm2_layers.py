@@ -26,6 +26,7 @@ initialised. ``BUFFER_NAMES`` lets parameter counts tell them apart.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import haiku as hk
 import jax
@@ -101,7 +102,11 @@ def project_weights(params: hk.Params, is_mpconv: Callable[[str], bool]) -> hk.P
             out[module] = {k: normalize(v) if k == "weight" else v for k, v in leaves.items()}
         else:
             out[module] = leaves
-    return type(params)(out) if not isinstance(params, dict) else out
+    if isinstance(params, dict):
+        return out
+    # The params' own mapping type (haiku's FlatMap, ...), built from a dict: the checker sees only
+    # the abstract Mapping, whose constructor takes no arguments.
+    return cast(Any, type(params))(out)
 
 
 class MPFourier(hk.Module):

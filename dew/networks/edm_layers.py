@@ -103,6 +103,7 @@ def _down_1d(x: jax.Array, taps: np.ndarray, pad: int, axis: int) -> jax.Array:
     for j, t in enumerate(taps):
         part = jax.lax.slice_in_dim(x, j, j + 2 * (n_out - 1) + 1, stride=2, axis=axis) * float(t)
         out = part if out is None else out + part
+    assert out is not None, "a resampling filter has at least one tap"
     return out
 
 
@@ -125,6 +126,7 @@ def _up_1d(x: jax.Array, taps: np.ndarray, pad: int, axis: int) -> jax.Array:
     for r in range(k):
         part = jax.lax.slice_in_dim(dilated, r, r + n_out, axis=axis) * float(2 * taps[k - 1 - r])
         out = part if out is None else out + part
+    assert out is not None, "a resampling filter has at least one tap"
     return out
 
 

@@ -18,6 +18,7 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
+from haiku import experimental as hk_experimental
 
 from dew import registry
 from dew.networks.edm_block import UNetBlock
@@ -265,6 +266,7 @@ class SongUNet(hk.Module):
                     jax.nn.silu(tmp)
                 )
                 aux = tmp if aux is None else tmp + aux
+        assert aux is not None  # level 0 always writes the output
         return aux
 
 
@@ -334,7 +336,7 @@ def scan_blocks(
     ``hk.transform``, remat'ed as ``run_block`` does); the dropout keys are drawn before the
     scan, one per block in block order: exactly the keys the unrolled blocks draw."""
     params = hk.get_params()
-    prefixes = [f"{hk.experimental.current_name()}/{name}" for name, _ in specs]
+    prefixes = [f"{hk_experimental.current_name()}/{name}" for name, _ in specs]
     first = prefixes[0]
     suffixes = [m[len(first) :] for m in params if m == first or m.startswith(first + "/")]
     if not suffixes:

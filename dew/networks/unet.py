@@ -125,43 +125,44 @@ class UNet(hk.Module):
         emb = jax.nn.silu(hk.Linear(emb_dim, name="map_layer0")(emb))
         emb = jax.nn.silu(hk.Linear(emb_dim, name="map_layer1")(emb))
 
-        h = hk.Conv2D(self.channels, 3, name="conv_in")(x)
-        skips = [h]
+        # y: the feature map (h, the parameter, is MeanFlow's interval t − r)
+        y = hk.Conv2D(self.channels, 3, name="conv_in")(x)
+        skips = [y]
         for level, mult in enumerate(self.channel_mult):
             res = x.shape[1] >> level
             for i in range(self.num_blocks):
-                h = ResBlock(
+                y = ResBlock(
                     self.channels * mult,
                     res in self.attn_resolutions,
                     self.dropout,
                     name=f"enc{res}_block{i}",
-                )(h, emb, is_training)
-                skips.append(h)
+                )(y, emb, is_training)
+                skips.append(y)
             if level < len(self.channel_mult) - 1:
-                h = hk.Conv2D(h.shape[-1], 3, stride=2, name=f"enc{res}_down")(h)
-                skips.append(h)
+                y = hk.Conv2D(y.shape[-1], 3, stride=2, name=f"enc{res}_down")(y)
+                skips.append(y)
 
         mid = self.channels * self.channel_mult[-1]
-        h = ResBlock(mid, True, self.dropout, name="mid_block0")(h, emb, is_training)
-        h = ResBlock(mid, False, self.dropout, name="mid_block1")(h, emb, is_training)
+        y = ResBlock(mid, True, self.dropout, name="mid_block0")(y, emb, is_training)
+        y = ResBlock(mid, False, self.dropout, name="mid_block1")(y, emb, is_training)
 
         for level, mult in reversed(list(enumerate(self.channel_mult))):
             res = x.shape[1] >> level
             for i in range(self.num_blocks + 1):
-                h = jnp.concatenate([h, skips.pop()], axis=-1)
-                h = ResBlock(
+                y = jnp.concatenate([y, skips.pop()], axis=-1)
+                y = ResBlock(
                     self.channels * mult,
                     res in self.attn_resolutions,
                     self.dropout,
                     name=f"dec{res}_block{i}",
-                )(h, emb, is_training)
+                )(y, emb, is_training)
             if level > 0:
-                b, hh, ww, c = h.shape
-                h = jax.image.resize(h, (b, 2 * hh, 2 * ww, c), method="nearest")
-                h = hk.Conv2D(c, 3, name=f"dec{res}_up")(h)
+                b, hh, ww, c = y.shape
+                y = jax.image.resize(y, (b, 2 * hh, 2 * ww, c), method="nearest")
+                y = hk.Conv2D(c, 3, name=f"dec{res}_up")(y)
 
-        h = jax.nn.silu(hk.GroupNorm(_groups(h.shape[-1]), name="norm_out")(h))
-        return hk.Conv2D(x.shape[-1], 3, w_init=_zeros, name="conv_out")(h)
+        y = jax.nn.silu(hk.GroupNorm(_groups(y.shape[-1]), name="norm_out")(y))
+        return hk.Conv2D(x.shape[-1], 3, w_init=_zeros, name="conv_out")(y)
 
 
 registry.models.register("unet", UNet)

@@ -16,7 +16,7 @@ Skip connections are scaled by √½ and output layers are zero-initialised, as 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import haiku as hk
 import jax
@@ -29,7 +29,7 @@ _SKIP = math.sqrt(0.5)
 _zeros = hk.initializers.Constant(0.0)
 
 
-def _per_frame(module: hk.Module, x: jax.Array) -> jax.Array:
+def _per_frame(module: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
     """Apply an image module [N, H, W, C] -> [N, H', W', C'] to every frame of [B, T, H, W, C]."""
     b, t = x.shape[:2]
     y = module(x.reshape(b * t, *x.shape[2:]))

@@ -79,7 +79,7 @@ class Contrastive(Objective, metaclass=BuiltWhole):
     def __init__(
         self,
         image_shape: tuple[int, ...],
-        encoder: Callable[[], hk.Module],
+        encoder: Callable[[], Callable[[jax.Array], jax.Array]],
         probe_images: np.ndarray | None = None,
         probe_labels: np.ndarray | None = None,
         projection: int = 32,
@@ -201,6 +201,7 @@ class Contrastive(Objective, metaclass=BuiltWhole):
             return {}
         out = {name: float(metric(preview)) for name, metric in metrics.items()}
         if "linear_probe" in metrics:
+            assert self.probe_images is not None and self.probe_labels is not None  # preview needs them
             out["linear_probe_pixels"] = probe_accuracy(self.probe_images, self.probe_labels)
         return out
 

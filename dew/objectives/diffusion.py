@@ -38,7 +38,8 @@ from dew.schema import Section
 from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
 from dew.training.precision import cast_floats
 
-ModuleFactory = Callable[[], hk.Module]
+# A haiku module's constructor: called inside the transform, the module it returns is applied.
+ModuleFactory = Callable[[], Callable[..., Any]]
 
 
 class Diffusion(Objective, metaclass=BuiltWhole):

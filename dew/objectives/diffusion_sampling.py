@@ -98,6 +98,7 @@ def requested_conditions(
         if not prompts or not all(isinstance(p, str) for p in prompts):
             raise ValueError(f"prompts must be a non-empty sequence of str, got {prompts!r}")
         return {"label": jnp.asarray(prompt_tokens(prompts, condition.field.shape))}, prompts
+    assert classes is not None  # raised above when neither classes nor prompts is given
     classes = (classes,) if isinstance(classes, int) else tuple(classes)
     if not num_classes or not classes:
         raise ValueError(f"classes={classes!r}: this model has no classes")

@@ -17,7 +17,7 @@ schedule used for sampling is the preset's (``EDM``: EDM2's generator uses the s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import chex
@@ -110,9 +110,17 @@ class EDM2(Diffusion):
         return forward
 
     def denoiser(
-        self, params: Params, conditions: Mapping[str, jax.Array], rng=None, is_training: bool = False
-    ):
-        """D(x, σ) for fixed conditions: the network's own preconditioning (``Precond``)."""
+        self,
+        params: Params,
+        conditions: Mapping[str, jax.Array],
+        rng: jax.Array | None = None,
+        is_training: bool = False,
+        augment_labels: jax.Array | None = None,
+    ) -> Callable[[jax.Array, jax.Array], jax.Array]:
+        """D(x, σ) for fixed conditions: the network's own preconditioning (``Precond``). EDM2's
+        network takes no ``augment_labels`` (the objective trains without augmentation)."""
+        if augment_labels is not None:
+            raise ValueError("edm2: the network takes no augment_labels (EDM2 trains without augmentation)")
 
         def denoise(x: jax.Array, sigma: jax.Array) -> jax.Array:
             sigma = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32), (x.shape[0],))

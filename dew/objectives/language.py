@@ -30,7 +30,7 @@ PROMPTS = ("import ", "def __init__(self", "class ", "    return ", "for i in ra
 """The fixed prompts previews continue (the same every preview, so progress is comparable)."""
 
 
-def decode(tokens: Sequence[int]) -> str:
+def decode(tokens: Sequence[int] | np.ndarray) -> str:
     """Byte ids as text (invalid UTF-8 shown as U+FFFD)."""
     return bytes(int(t) for t in tokens).decode("utf-8", errors="replace")
 
@@ -53,7 +53,7 @@ class LanguageModel(Objective, metaclass=BuiltWhole):
 
     def __init__(
         self,
-        model: Callable[[], hk.Module],
+        model: Callable[[], Callable[..., jax.Array]],
         context: int,
         vocab: int = 256,
         prompts: Sequence[str] = PROMPTS,

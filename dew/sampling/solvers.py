@@ -291,8 +291,11 @@ def _run(denoise, noise, sigmas, solver, rng, keep_states: bool, callback: Callb
     # N of EDM Alg. 2: every step down to σ = 0, the final prediction included.
     num_steps = last + 1
 
-    def noise_at(i: jax.Array) -> jax.Array | None:
-        return step_noise(rng, i, noise.shape, noise.dtype) if rule.stochastic else None
+    def noise_at(i: jax.Array | int) -> jax.Array | None:
+        if not rule.stochastic:
+            return None
+        assert rng is not None  # a stochastic rule without rng raised above
+        return step_noise(rng, i, noise.shape, noise.dtype)
 
     def body(carry, interval, report: bool = False):
         x, state = carry
@@ -322,7 +325,10 @@ def _run(denoise, noise, sigmas, solver, rng, keep_states: bool, callback: Callb
     out = rule.finish(denoise, x, state, sigma_last, noise_at(last), num_steps)
     if callback is not None:
         callback(x, out, sigma_last)
-    return (jnp.concatenate([states, x[None]]) if keep_states else None), out
+    if not keep_states:
+        return None, out
+    assert states is not None  # the scan (or the callback loop) kept them
+    return jnp.concatenate([states, x[None]]), out
 
 
 def trajectory(
@@ -336,7 +342,9 @@ def trajectory(
     """Like ``sample``, but also returns the state x_i at every point (before any churn noise of
     step i): ([len(sigmas), *noise.shape], output). With a trailing 0 in a known schedule, the
     states are those of the points before it."""
-    return _run(denoise, noise, sigmas, solver, rng, keep_states=True)
+    states, out = _run(denoise, noise, sigmas, solver, rng, keep_states=True)
+    assert states is not None  # keep_states=True
+    return states, out
 
 
 def sample(

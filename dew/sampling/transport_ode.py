@@ -67,7 +67,10 @@ def fixed_grid(
         return y_next, (y_next if keep else None)
 
     y_last, ys = jax.lax.scan(body, y0, (grid[:-1], grid[1:]))
-    return jnp.concatenate([y0[None], ys]) if keep else y_last[None]
+    if not keep:
+        return y_last[None]
+    assert ys is not None  # the scan kept every state
+    return jnp.concatenate([y0[None], ys])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -126,7 +126,11 @@ class TransportSDE:
 
         def body(x, step):
             i, t_i = step
-            w = noises[i] if noises is not None else step_noise(rng, i, x.shape, x.dtype)
+            if noises is not None:
+                w = noises[i]
+            else:
+                assert rng is not None  # raised above without rng or noises
+                w = step_noise(rng, i, x.shape, x.dtype)
             dw = w * jnp.sqrt(dt)
             t = jnp.ones((x.shape[0],), x.dtype) * t_i
             if self.method == "Euler":
@@ -152,7 +156,10 @@ class TransportSDE:
         else:
             alpha, sigma = plan.alpha(t_end)[0][0], plan.sigma(t_end)[0][0]
             out = x_last / alpha + (sigma**2) / alpha * drift_and_score(x_last, t_end)[1]
-        return jnp.concatenate([states, out[None]]) if keep else out[None]
+        if not keep:
+            return out[None]
+        assert states is not None  # the scan kept every state
+        return jnp.concatenate([states, out[None]])
 
     def sample(
         self, transport: Transport, model: Model, x: Array, rng: Array | None = None, *, noises=None

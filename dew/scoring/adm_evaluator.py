@@ -176,7 +176,7 @@ def write_reference_batch(
     """ADM's reference-batch ``.npz`` (``arr_0`` when ``images`` are given, ``mu``, ``sigma``,
     ``mu_s``, ``sigma_s``) plus dew's ``pool``, ``resolution``, ``num_images``, ``detector``;
     written atomically."""
-    arrays: dict[str, np.ndarray] = {
+    arrays: dict[str, np.ndarray | np.generic] = {
         k: np.asarray(stats[k], np.float64) for k in ("mu", "sigma", "mu_s", "sigma_s")
     }
     if images is not None:
@@ -188,7 +188,7 @@ def write_reference_batch(
     os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
+        np.savez(f, **arrays, allow_pickle=False)
     os.replace(tmp, path)
 
 
@@ -246,14 +246,14 @@ def read_reference_batch(path: str, flag: str = "--ref") -> dict[str, Any]:
     return out
 
 
-def _member_header(path: str, name: str) -> tuple[tuple[int, ...], np.dtype]:
+def _member_header(path: str, name: str) -> tuple[tuple[int, ...], np.dtype | None]:
     import zipfile
 
     with zipfile.ZipFile(path) as archive, archive.open(f"{name}.npy") as f:
         return _header(f)
 
 
-def _header(f) -> tuple[tuple[int, ...], np.dtype]:
+def _header(f) -> tuple[tuple[int, ...], np.dtype | None]:
     """(shape, dtype) of the ``.npy`` stream ``f`` (left at its data); a Fortran-ordered array
     reads as dtype None (refused by the caller)."""
     version = np.lib.format.read_magic(f)

@@ -84,7 +84,7 @@ class AdmFeatures:
 
     def add(self, images: np.ndarray) -> None:
         """uint8 [n, H, W, 3]; every batch must have the first one's resolution."""
-        resolution = tuple(int(v) for v in images.shape[1:3])
+        resolution = (int(images.shape[1]), int(images.shape[2]))
         if self.resolution is not None and resolution != self.resolution:
             raise ValueError(f"images of {resolution} after {self.resolution}: one resolution per set")
         self.resolution = resolution

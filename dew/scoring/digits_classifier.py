@@ -19,7 +19,8 @@ from dew.data.sources.digits import load_pixels_and_labels, to_source_range
 def _classifier():
     from sklearn.svm import SVC
 
-    return SVC(gamma=0.001, C=10.0).fit(*load_pixels_and_labels())
+    # SVC's gamma is unannotated and pyright infers str from its default ("scale"); it takes a float.
+    return SVC(gamma=0.001, C=10.0).fit(*load_pixels_and_labels())  # pyright: ignore[reportArgumentType]
 
 
 def classify_digits(images: np.ndarray) -> np.ndarray:

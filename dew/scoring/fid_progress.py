@@ -61,7 +61,7 @@ def write_progress(outdir: str, settings: dict[str, Any], chunks_done: int, sums
     path = os.path.join(outdir, PROGRESS_FILE)
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "wb") as f:
-        np.savez(f, **arrays, **{_DIGEST: np.asarray(content_sha256(arrays))})
+        np.savez(f, **arrays, **{_DIGEST: np.asarray(content_sha256(arrays))}, allow_pickle=False)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -46,7 +46,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -56,6 +56,15 @@ from dew.scoring.fid_reference import Detector, FidInputError, MomentSums
 PREVIEW_FILE = "preview.png"
 REPORT_FILE = "fid.json"
 STATS_FILE = "fid-stats.npz"
+
+
+class _Step(Protocol):
+    """``FidRun._step_fn``'s step: features [per_step, D] of ``seeds`` and, with ``keep_images``,
+    their uint8 images (else None)."""
+
+    def __call__(
+        self, seeds: np.ndarray, keep_images: bool = False
+    ) -> tuple[np.ndarray, np.ndarray | None]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,7 +204,7 @@ class Draw:
             "detector": self.detector.description,
         }
 
-    def _step_fn(self) -> tuple[Callable[[np.ndarray], tuple[np.ndarray, np.ndarray | None]], int]:
+    def _step_fn(self) -> tuple[_Step, int]:
         import jax
         from jax.experimental import multihost_utils
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -264,6 +273,7 @@ class Draw:
                 features, images = step(padded, keep_images=wanted)
                 parts.append(features[: len(part)])
                 if wanted:
+                    assert images is not None  # keep_images=True
                     shown.append(images[: len(part)])
             sums.add(np.concatenate(parts))
             if jax.process_index() == 0:

@@ -38,11 +38,13 @@ import functools
 import os
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from dew.npz import NotAnNpzError, open_npz
+
+T = TypeVar("T")  # what a decode callable gives back (pixels, or a size)
 
 
 class FidInputError(ValueError):
@@ -67,8 +69,10 @@ class MomentSums:
         if self.total is None:
             self.total = np.zeros(f.shape[1], np.float64)
             self.outer = np.zeros((f.shape[1], f.shape[1]), np.float64)
-        self.total += f.sum(0)
-        self.outer += f.T @ f
+        total, outer = self.total, self.outer
+        assert outer is not None  # set together with total
+        total += f.sum(0)  # in place, into self.total / self.outer
+        outer += f.T @ f
         self.count += len(f)
 
     @property
@@ -79,6 +83,7 @@ class MomentSums:
         """(μ, Σ) by ``calculate_inception_stats``'s formula; needs at least two rows."""
         if self.count < 2:
             raise ValueError(f"FID statistics need at least 2 images, have {self.count}")
+        assert self.total is not None and self.outer is not None  # set by the first add
         mu = self.total / self.count
         sigma = (self.outer - np.outer(mu, mu) * self.count) / (self.count - 1)
         return mu, sigma
@@ -234,7 +239,7 @@ def dataset_files(path: str, flag: str = "--data") -> Any:
 _BOMB = re.compile(r"Image size \((\d+) pixels\) exceeds limit of (\d+) pixels")
 
 
-def decode_image(decode: Callable[[], np.ndarray], where: str) -> np.ndarray:
+def decode_image(decode: Callable[[], T], where: str) -> T:
     """``decode()`` (a PIL decode of the image ``where`` names), with what PIL refuses as one
     ``FidInputError`` line naming the image: past PIL's decompression-bomb limit (its size in
     pixels and the limit, ``PIL.Image.MAX_IMAGE_PIXELS``), not an image, or truncated."""
@@ -297,10 +302,11 @@ def reference_statistics(
     features = jax.jit(detector.fn)
     sums, resolution = MomentSums(), None
     for images in dataset_batches(files, batch):
-        resolution = tuple(int(v) for v in images.shape[1:3])
+        resolution = (int(images.shape[1]), int(images.shape[2]))  # uint8 [n, H, W, 3]
         n = len(images)
         padded = np.concatenate([images, np.repeat(images[-1:], batch - n, axis=0)]) if n < batch else images
         sums.add(np.asarray(features(detector.params, padded))[:n])
+    assert resolution is not None  # dataset_files gives at least two images
     return sums, resolution
 
 

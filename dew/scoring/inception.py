@@ -36,6 +36,7 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
+from haiku import experimental as hk_experimental
 
 BN_EPS = 1e-3
 FEATURE_DIM = 2048
@@ -101,7 +102,7 @@ def _avg_pool_exclude_pad(x: jax.Array) -> jax.Array:
 
 
 def _block_a(x: jax.Array, pool_features: int, name: str) -> jax.Array:
-    with hk.experimental.name_scope(name):
+    with hk_experimental.name_scope(name):
         b1 = BasicConv(64, (1, 1), name="branch1x1")(x)
         b5 = BasicConv(48, (1, 1), name="branch5x5_1")(x)
         b5 = BasicConv(64, (5, 5), padding=(2, 2), name="branch5x5_2")(b5)
@@ -113,7 +114,7 @@ def _block_a(x: jax.Array, pool_features: int, name: str) -> jax.Array:
 
 
 def _block_b(x: jax.Array, name: str) -> jax.Array:
-    with hk.experimental.name_scope(name):
+    with hk_experimental.name_scope(name):
         b3 = BasicConv(384, (3, 3), stride=2, name="branch3x3")(x)
         bd = BasicConv(64, (1, 1), name="branch3x3dbl_1")(x)
         bd = BasicConv(96, (3, 3), padding=(1, 1), name="branch3x3dbl_2")(bd)
@@ -124,7 +125,7 @@ def _block_b(x: jax.Array, name: str) -> jax.Array:
 def _block_c(x: jax.Array, c7: int, name: str, taps: dict[str, jax.Array] | None = None) -> jax.Array:
     """Inception-C; with ``taps``, its ``branch1x1`` output is stored under ``name``."""
     row, col = ((1, 7), (0, 3)), ((7, 1), (3, 0))
-    with hk.experimental.name_scope(name):
+    with hk_experimental.name_scope(name):
         b1 = BasicConv(192, (1, 1), name="branch1x1")(x)
         if taps is not None:
             taps[name] = b1
@@ -141,7 +142,7 @@ def _block_c(x: jax.Array, c7: int, name: str, taps: dict[str, jax.Array] | None
 
 
 def _block_d(x: jax.Array, name: str) -> jax.Array:
-    with hk.experimental.name_scope(name):
+    with hk_experimental.name_scope(name):
         b3 = BasicConv(192, (1, 1), name="branch3x3_1")(x)
         b3 = BasicConv(320, (3, 3), stride=2, name="branch3x3_2")(b3)
         b7 = BasicConv(192, (1, 1), name="branch7x7x3_1")(x)
@@ -152,7 +153,7 @@ def _block_d(x: jax.Array, name: str) -> jax.Array:
 
 
 def _block_e(x: jax.Array, name: str, max_pool: bool) -> jax.Array:
-    with hk.experimental.name_scope(name):
+    with hk_experimental.name_scope(name):
         b1 = BasicConv(320, (1, 1), name="branch1x1")(x)
         b3 = BasicConv(384, (1, 1), name="branch3x3_1")(x)
         b3 = jnp.concatenate(
@@ -230,7 +231,7 @@ def resize_bilinear_tf1(x: jax.Array, size: tuple[int, int]) -> jax.Array:
 def _network(x: jax.Array, taps: dict[str, jax.Array] | None = None) -> jax.Array:
     """[N, H, W, 3] in [−1, 1] (already resized) -> [N, 2048]; ``taps`` receives every
     Inception-C block's ``branch1x1`` output by block name."""
-    with hk.experimental.name_scope("inception_fid"):
+    with hk_experimental.name_scope("inception_fid"):
         for layer in _STEM:
             x = _max_pool(x, 2) if layer == "maxpool" else BasicConv(*layer[1:], name=layer[0])(x)
         x = _block_a(x, 32, "Mixed_5b")
@@ -348,7 +349,7 @@ def params_from_torch_names(arrays: Mapping[str, np.ndarray]) -> hk.Params:
         module, _, field = next(
             ((key[: -len(f) - 1], f, fields[f]) for f in fields if key.endswith("." + f)), (None, None, None)
         )
-        if module is None:
+        if module is None or field is None:  # (both None together)
             continue  # num_batches_tracked, the classifier head
         path = "inception_fid/" + module.replace(".", "/")
         value = np.asarray(value, np.float32)

@@ -129,12 +129,14 @@ class FeatureStatistics:
     def mu(self) -> np.ndarray:
         """The mean [D] (float64)."""
         self._need(1)
+        assert self._mean is not None  # _need(1): at least one row added
         return self._mean.copy()
 
     @property
     def sigma(self) -> np.ndarray:
         """The unbiased covariance [D, D] (float64, divided by n − 1)."""
         self._need(2)
+        assert self._scatter is not None  # _need(2): rows added
         s = self._scatter / (self.count - 1)
         return 0.5 * (s + s.T)
 
@@ -173,7 +175,7 @@ def save_statistics(
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     with open(path, "wb") as f:
-        np.savez(f, **arrays)
+        np.savez(f, **arrays, allow_pickle=False)
 
 
 def load_statistics(path: str | os.PathLike) -> dict[str, np.ndarray]:

@@ -64,6 +64,7 @@ def _literal_tuple(what: str) -> Callable[[str], tuple]:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    assert __doc__ is not None  # the description is the module docstring
     p = argparse.ArgumentParser(prog="python -m dew.sweep", description=__doc__.split("\n\n")[1])
     p.add_argument("--workdir", required=True, help="a run trained with config.ema.power_std_rels")
     p.add_argument("--metric", required=True, help="a registered metric, e.g. digits_class_accuracy, fid")
@@ -183,6 +184,7 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     guide_snapshots, guide_updates = None, None
     if args.guide is not None and args.guide_sigma_rels is not None:
         guide_snapshots = _snapshots(os.path.abspath(args.guide), "--guide")
+        assert main.guide is not None  # pipeline(guide=args.guide) loaded it
         guide_updates = int(num_updates(main.guide.step, main.guide.config.train.accumulation))
         _check_snapshot_at(guide_snapshots, guide_updates, f"--guide={args.guide!r}", "the guide")
     steps = args.steps if args.steps is not None else int(main.options.get("steps", 0))

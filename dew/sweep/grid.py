@@ -244,24 +244,26 @@ def read_points(
         lines = lines[:-1]  # a torn last line, from a crash mid-write: that point is scored again
     records: dict[tuple[str, Point], dict[str, Any]] = {}
     where: dict[tuple[str, Point], int] = {}
+
+    def refused(number: int, problem: str) -> SweepError:
+        return SweepError(
+            f"{path} line {number} is malformed: {problem}; the sweep's record is refused: "
+            "restore the line, or delete it to score that point again"
+        )
+
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             r = json.loads(line)
         except json.JSONDecodeError as e:
-            problem: str | None = f"not JSON ({e.msg} at column {e.colno})"
-        else:
-            problem = check_record(r, per_class)
-        if problem is None:
-            key = (r["pass"], Point.from_record(r))
-            if key in records:
-                problem = f"the {key[0]} point {key[1].label()} again (first at line {where[key]})"
+            raise refused(number, f"not JSON ({e.msg} at column {e.colno})") from None
+        problem = check_record(r, per_class)
         if problem is not None:
-            raise SweepError(
-                f"{path} line {number} is malformed: {problem}; the sweep's record is refused: "
-                "restore the line, or delete it to score that point again"
-            )
+            raise refused(number, problem)
+        key = (r["pass"], Point.from_record(r))
+        if key in records:
+            raise refused(number, f"the {key[0]} point {key[1].label()} again (first at line {where[key]})")
         records[key] = r
         where[key] = number
     return records

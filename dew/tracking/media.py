@@ -79,7 +79,7 @@ def write_gif(path: str, video: VideoGrid) -> str:
 def encode_npz(**arrays: np.ndarray) -> bytes:
     """Arrays as an ``.npz`` (numeric arrays only: readable with ``allow_pickle=False``)."""
     out = io.BytesIO()
-    np.savez(out, **arrays)
+    np.savez(out, **arrays, allow_pickle=False)
     return out.getvalue()
 
 

@@ -72,7 +72,7 @@ def encode_report(report: Any) -> bytes:
     fields = {f.name: getattr(report.artifact, f.name) for f in dataclasses.fields(report.artifact)}
     arrays = {name: np.asarray(fields.pop(name)) for name in _ARRAY_FIELDS[kind]}
     npz = io.BytesIO()
-    np.savez(npz, **arrays)
+    np.savez(npz, **arrays, allow_pickle=False)
     header = {"t": "a", "n": report.name, "s": report.step, "k": kind, "f": fields}
     return _frame(json.dumps(header).encode()) + _frame(npz.getvalue())
 

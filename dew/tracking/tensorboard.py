@@ -19,6 +19,7 @@ thread when the first report is written.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import time
@@ -33,6 +34,13 @@ from dew.tracking.base import LoggingCategory, is_scalar, tag, to_float
 from dew.tracking.media import encode_gif, encode_png, image_pixels, video_frames
 from dew.tracking.render import representations_pixels, token_scores_pixels
 from dew.tracking.reports import ArtifactReport, Report, ScalarReport
+
+
+def _protos(*names: str) -> list[Any]:
+    """The ``tensorboard.compat.proto`` modules ``names``, imported when first used (tensorboard is
+    optional). Typed ``Any``: protobuf builds their message classes at import time, so a type
+    checker sees no attributes on them."""
+    return [importlib.import_module(f"tensorboard.compat.proto.{name}") for name in names]
 
 
 class TensorBoardTracker(BackgroundTracker):
@@ -62,13 +70,19 @@ class TensorBoardTracker(BackgroundTracker):
     def _open(self) -> None:
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        self._writer = EventFileWriter(self.directory, max_queue_size=1024, flush_secs=self.flush_secs)
+        # EventFileWriter's flush_secs is unannotated ("Number" in its docstring); pyright infers int
+        # from its default, 120.
+        self._writer = EventFileWriter(
+            self.directory,
+            max_queue_size=1024,
+            flush_secs=self.flush_secs,  # pyright: ignore[reportArgumentType]
+        )
         if self.config is not None:
             text = "```\n" + json.dumps(self.config, indent=2, sort_keys=True, default=str) + "\n```"
             self._add([_text_value("config", text)], step=0)
 
     def _emit(self, batch: list[Report]) -> None:
-        from tensorboard.compat.proto import event_pb2
+        event_pb2 = _protos("event_pb2")[0]
 
         for report in batch:
             if isinstance(report, ScalarReport):
@@ -84,7 +98,7 @@ class TensorBoardTracker(BackgroundTracker):
                 self._add(_artifact_values(report.name, report.artifact), report.step)
 
     def _add(self, values: list[Any], step: int) -> None:
-        from tensorboard.compat.proto import event_pb2, summary_pb2
+        event_pb2, summary_pb2 = _protos("event_pb2", "summary_pb2")
 
         if values:
             summary = summary_pb2.Summary(value=values)
@@ -99,7 +113,7 @@ class TensorBoardTracker(BackgroundTracker):
 
 def _value(name: str, value: Any) -> Any:
     """A scalar or histogram ``Summary.Value``; None for what TensorBoard cannot show (text)."""
-    from tensorboard.compat.proto import summary_pb2
+    summary_pb2 = _protos("summary_pb2")[0]
 
     if is_scalar(value):
         return summary_pb2.Summary.Value(tag=name, simple_value=to_float(value))
@@ -110,7 +124,7 @@ def _value(name: str, value: Any) -> Any:
 
 
 def _histogram(x: np.ndarray, bins: int = 30) -> Any:
-    from tensorboard.compat.proto import summary_pb2
+    summary_pb2 = _protos("summary_pb2")[0]
 
     x = x[np.isfinite(x)]
     if x.size == 0:
@@ -128,7 +142,7 @@ def _histogram(x: np.ndarray, bins: int = 30) -> Any:
 
 
 def _image_value(name: str, pixels: np.ndarray, encoded: bytes) -> Any:
-    from tensorboard.compat.proto import summary_pb2
+    summary_pb2 = _protos("summary_pb2")[0]
 
     height, width, channels = pixels.shape[-3:]
     image = summary_pb2.Summary.Image(
@@ -138,7 +152,9 @@ def _image_value(name: str, pixels: np.ndarray, encoded: bytes) -> Any:
 
 
 def _text_value(name: str, text: str) -> Any:
-    from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
+    summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2 = _protos(
+        "summary_pb2", "tensor_pb2", "tensor_shape_pb2", "types_pb2"
+    )
     from tensorboard.plugins.text import metadata
 
     tensor = tensor_pb2.TensorProto(

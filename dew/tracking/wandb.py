@@ -25,7 +25,7 @@ import io
 import json
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -37,6 +37,7 @@ from dew.tracking.render import representations_pixels, token_scores_html
 from dew.tracking.reports import ArtifactReport, Report, ScalarReport
 
 MODES = ("offline", "online")
+Mode = Literal["offline", "online"]
 
 
 class WandbTracker(BackgroundTracker):
@@ -67,7 +68,8 @@ class WandbTracker(BackgroundTracker):
         super().__init__(writer, kwargs)
         if mode not in MODES:
             raise ValueError(f"WandbTracker: mode={mode!r} is invalid: expected one of {MODES}")
-        self.project, self.entity, self.mode, self.run_name = project, entity, mode, run_name
+        self.project, self.entity, self.run_name = project, entity, run_name
+        self.mode: Mode = cast(Mode, mode)  # checked against MODES above
         self.directory = os.path.abspath(directory)
         self.config = dict(config) if config is not None else {}
         self.run: Any = None
@@ -125,7 +127,9 @@ class WandbTracker(BackgroundTracker):
                     if is_scalar(value):
                         row[tag(report.category, key)] = to_float(value)
                     elif np.asarray(value).dtype.kind in "fiub":
-                        row[tag(report.category, key)] = wandb.Histogram(np.asarray(value).ravel())
+                        # wandb annotates ``sequence`` as a Sequence; its documented input is array_like.
+                        values = np.asarray(value).ravel()
+                        row[tag(report.category, key)] = wandb.Histogram(values)  # pyright: ignore[reportArgumentType]
             elif isinstance(report, ArtifactReport):
                 media = _media(wandb, report.name, report.artifact)
                 if media is not None:

@@ -8,7 +8,7 @@ dataset sources) and no tracker backend; names resolve lazily.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "Checkpoints": "dew.checkpointing.checkpoints",
@@ -53,6 +53,34 @@ _EXPORTS = {
     "profile": "dew.training.profile",
 }
 
+if TYPE_CHECKING:  # the lazy names, visible to type checkers (tests/test_types.py keeps them in step)
+    from dew.averaging.ema import EMASpec, get_debiased_ema
+    from dew.checkpointing.checkpointer import Checkpointer
+    from dew.checkpointing.checkpoints import Checkpoints
+    from dew.checkpointing.errors import CheckpointRestorationError, CheckpointWriteError
+    from dew.checkpointing.io_handler import TrainingIOHandler
+    from dew.checkpointing.run_metadata import read_run_metadata, save_run_metadata
+    from dew.checkpointing.stix_config import CheckpointerConfig, TrainingIOHandlerConfig
+    from dew.tracking.console import convert_mse_to_rmse_in_logs, log_metrics_to_line, log_metrics_to_table
+    from dew.tracking.trackers import (
+        LocalTracker,
+        LoggingCategory,
+        MLflowTracker,
+        TensorBoardTracker,
+        Tracker,
+        Trackers,
+        WandbTracker,
+        convert_mse_to_rmse,
+    )
+    from dew.training.evaluation import Evaluation, evaluate
+    from dew.training.loop import Stage, StepContext, fit
+    from dew.training.objective import Aux, Objective, Step
+    from dew.training.profile import ProfileWindow, profile
+    from dew.training.sharding import Layout, MeshSpec
+    from dew.training.state import TrainState
+    from dew.training.steps import make_eval, make_init, make_step
+    from dew.training.trainer import Trainer, config_schema
+
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
@@ -67,4 +95,46 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS])
 
 
-__all__ = sorted(_EXPORTS)
+# A literal list (type checkers read it); tests/test_types.py checks it names exactly _EXPORTS.
+__all__ = [
+    "Aux",
+    "CheckpointRestorationError",
+    "CheckpointWriteError",
+    "Checkpointer",
+    "CheckpointerConfig",
+    "Checkpoints",
+    "EMASpec",
+    "Evaluation",
+    "Layout",
+    "LocalTracker",
+    "LoggingCategory",
+    "MLflowTracker",
+    "MeshSpec",
+    "Objective",
+    "ProfileWindow",
+    "Stage",
+    "Step",
+    "StepContext",
+    "TensorBoardTracker",
+    "Tracker",
+    "Trackers",
+    "TrainState",
+    "Trainer",
+    "TrainingIOHandler",
+    "TrainingIOHandlerConfig",
+    "WandbTracker",
+    "config_schema",
+    "convert_mse_to_rmse",
+    "convert_mse_to_rmse_in_logs",
+    "evaluate",
+    "fit",
+    "get_debiased_ema",
+    "log_metrics_to_line",
+    "log_metrics_to_table",
+    "make_eval",
+    "make_init",
+    "make_step",
+    "profile",
+    "read_run_metadata",
+    "save_run_metadata",
+]

@@ -92,9 +92,9 @@ class Objective(abc.ABC):
         return Section(f"{cls.__name__} takes no options", {})
 
     @classmethod
-    def from_config(cls, config: Any, dataset: Any) -> Objective:
-        """Build from the resolved ``config`` for ``dataset`` (the training split's ``Source``)."""
-        del config, dataset
+    def from_config(cls, config: Any, source: Any) -> Objective:
+        """Build from the resolved ``config`` for ``source`` (the training split's ``Source``)."""
+        del config, source
         return cls()
 
     # --- pure functions ---------------------------------------------------------------------------
@@ -135,8 +135,11 @@ class Objective(abc.ABC):
         """Whether ``preview`` is implemented (the Trainer refuses ``preview.every`` > 0 if not)."""
         return type(self).preview is not Objective.preview
 
-    def score(self, preview: Artifact, metrics: Mapping[str, Callable[..., float]]) -> dict[str, float]:
-        """Each named metric on ``preview``; objectives that support metrics override this."""
+    def score(
+        self, preview: Artifact | None, metrics: Mapping[str, Callable[..., float]]
+    ) -> dict[str, float]:
+        """Each named metric on ``preview``; objectives that support metrics override this. The
+        Trainer passes None once before training, to check the metric names."""
         if metrics:
             raise ConfigError(
                 f"config.preview.metrics={tuple(metrics)!r} is invalid: {type(self).__name__} scores "

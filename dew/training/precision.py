@@ -115,6 +115,7 @@ class Precision:
         if self.loss_scale == "none":
             return None
         if self.dynamic:
+            assert state is not None, "a dynamic loss scale needs its state (TrainState.loss_scale)"
             return state["scale"]
         return jnp.asarray(self.scale, jnp.float32)
 
@@ -126,6 +127,7 @@ class Precision:
         doubled scale is finite)."""
         if not self.dynamic:
             return state
+        assert state is not None, "a dynamic loss scale needs its state (TrainState.loss_scale)"
         scale, good = state["scale"], state["good_steps"]
         good = jnp.where(finite, good + 1, 0)
         grow = good >= self.growth_interval

@@ -28,7 +28,7 @@ import jax
 from dew.data.dataset import Dataset
 from dew.training.stage import Stage, StepContext
 
-EXIT_CODES = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}
+EXIT_CODES: dict[int, int] = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}
 
 
 class Preempted(Exception):

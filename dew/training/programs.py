@@ -51,12 +51,11 @@ class Programs:
     ):
         self.layout, self.example_batch, self.places_ahead = layout, example_batch, places_ahead
         averages = as_averages(averages)
-        pieces = dict(accumulation=accumulation, precision=precision)
-        init = make_init(objective, optimizer, averages, **pieces)
+        init = make_init(objective, optimizer, averages, accumulation=accumulation, precision=precision)
         self.abstract = abstract_state(init, example_batch)
         self.state_shardings = layout.state_shardings(self.abstract)
         self.init = layout.jit_init(init, self.abstract)
-        step = make_step(objective, optimizer, averages, **pieces)
+        step = make_step(objective, optimizer, averages, accumulation=accumulation, precision=precision)
         self.step = layout.jit_step(step, self.abstract)
         self.multi_step = None
         if steps_per_call > 1:
@@ -103,7 +102,9 @@ class Programs:
         return BackgroundCompile(self.step, state, batch)
 
 
-def _debias(ema: Any, step: jax.Array, *, spec: EMASpec, accumulation: int) -> Any:
+def _debias(ema: Any, step: jax.Array, *, spec: EMASpec | None, accumulation: int) -> Any:
+    if spec is None:
+        raise ValueError("debiased EMA: the averages hold no EMASpec (ClassicEMA built without one)")
     return ema_lib.debias(ema, spec, num_updates(step, accumulation))
 
 

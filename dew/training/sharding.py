@@ -92,7 +92,7 @@ def split_largest(axis: str, size: int, min_size: int = 1) -> Rule:
         dims = [d for d in sorted(range(len(shape)), key=lambda d: -shape[d]) if shape[d] % size == 0]
         if not dims:
             return PartitionSpec()
-        spec = [None] * len(shape)
+        spec: list[str | None] = [None] * len(shape)
         spec[dims[0]] = axis
         return PartitionSpec(*spec)
 

@@ -15,7 +15,7 @@ from typing import Any
 import jax
 
 from dew.averaging.averager import Averages
-from dew.averaging.power_ema import PowerEMASnapshots
+from dew.averaging.power_ema import PowerEMA, PowerEMASnapshots
 from dew.checkpointing.checkpoints import Checkpoints
 from dew.data.dataset import Dataset
 from dew.tracking.console import Progress
@@ -64,6 +64,7 @@ class MetricsStage(Stage):
             means["window_steps"] = float(count)
         self.tracker.log(LoggingCategory.TRAIN_METRICS, means, ctx.step)
         now = time.perf_counter()
+        assert self._since_step is not None, "observe runs before run at every step"
         rate = (ctx.step - self._since_step) / max(now - self._since, 1e-9)
         system = {"steps_per_sec": rate, "examples_per_sec": rate * self.batch_size}
         self.tracker.log(LoggingCategory.SYSTEM_METRICS, system, ctx.step)
@@ -97,7 +98,7 @@ class EvalStage(Stage):
         tracker: Tracker,
         every: int,
         seed: int = 0,
-        place_batch: Callable[[dict[str, Any]], dict[str, jax.Array]] | None = None,
+        place_batch: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
         progress: Progress | None = None,
     ):
         self.eval_fn, self.batches, self.tracker, self.every = eval_fn, batches, tracker, every
@@ -238,6 +239,7 @@ class CheckpointStage(Stage):
         if loss < self._best_loss:
             self._best_loss = loss
             name = EVAL_LOSS if self.checkpoints.best_metric == LOSS else self.checkpoints.best_metric
+            assert self.tracker is not None, "run reports a best checkpoint only with a tracker"
             self.tracker.log(LoggingCategory.BEST_MODEL, {name: loss, "step": step}, step)
             if self.progress is not None:
                 self.progress.report(step, "best checkpoint", {name: loss}, note=self.checkpoints.path(step))
@@ -263,13 +265,14 @@ class SnapshotStage(Stage):
                 "SnapshotStage: the averages keep no power EMA (config.ema.power_std_rels is ())"
             )
         self.store, self.averages, self.accumulation = store, averages, accumulation
+        self.power: PowerEMA = averages.power
         self.every = averages.power.snapshot_every
 
     def run(self, ctx: StepContext) -> None:
         updates = int(num_updates(ctx.step, self.accumulation))
         if updates < 1 or ctx.step in self.store.steps():
             return
-        power = self.averages.power
+        power = self.power
         slots = [tree for tree, _ in power.read(getattr(ctx.state, power.field), updates)]
         self.store.save(ctx.step, updates, power, slots)
 

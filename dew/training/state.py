@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 import chex
 import jax
@@ -46,6 +46,10 @@ class TrainState:
     ema_law: dict[str, jax.Array] | None = None
     loss_scale: dict[str, jax.Array] | None = None
 
+    if TYPE_CHECKING:
+        # chex.dataclass adds ``replace`` at runtime (dataclasses.replace); declared for the checker.
+        def replace(self, **changes: Any) -> TrainState: ...
+
     def check(self) -> None:
         """Stage-boundary assertions: cheap, shape/dtype only, safe outside jit."""
         chex.assert_shape(self.step, ())
@@ -67,6 +71,10 @@ class TrainState:
             )
 
 
+@overload
+def num_updates(step: jax.Array, accumulation: int = 1) -> jax.Array: ...
+@overload
+def num_updates(step: int, accumulation: int = 1) -> int: ...
 def num_updates(step: jax.Array | int, accumulation: int = 1) -> jax.Array | int:
     """Optimizer (and EMA) updates applied after ``step`` train steps of ``accumulation``
     micro-batches per update."""

@@ -102,7 +102,8 @@ def make_step(
     _check_accumulation(accumulation)
     k = accumulation
     averages = as_averages(ema, power_ema)
-    scaled = precision is not None and precision.loss_scale != "none"
+    # The precision policy when it scales the loss, else None (one name the checker can narrow).
+    scaling = precision if precision is not None and precision.loss_scale != "none" else None
 
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, Stats]:
         rng, step_rng = jax.random.split(state.rng)
@@ -110,8 +111,8 @@ def make_step(
         # The objective's constraint (identity by default): the loss is differentiated at, and
         # the update applied to, the projected parameters (EDM2's forced weight normalisation).
         current = objective.project(state.params)
-        if scaled:
-            scale = precision.current_scale(state.loss_scale)
+        scale = None if scaling is None else scaling.current_scale(state.loss_scale)
+        if scale is not None:
             loss, stats, grads = _scaled_gradients(objective, scale, current, step_rng, batch, index)
         else:
             grad_fn = jax.value_and_grad(objective.loss, has_aux=True)
@@ -132,6 +133,7 @@ def make_step(
             averaged = averages.update(state, params, index + 1)
             pending = state.pending
         else:
+            assert state.pending is not None, "accumulation > 1 needs TrainState.pending (make_init sets it)"
             total = jax.tree.map(
                 lambda s, g: s + jnp.where(finite, g, jnp.zeros_like(g)), state.pending["grads"], grads
             )
@@ -157,12 +159,12 @@ def make_step(
             **averaged,
         )
         skipped = jnp.logical_not(finite).astype(jnp.int32)
-        if not scaled:
+        if scaling is None or scale is None:
             return new_state, {**stats, LOSS: loss, GRAD_NORM: grad_norm, NONFINITE_FLAG: skipped}
         stats = {**stats, LOSS: loss, GRAD_NORM: grad_norm, LOSS_SCALE: scale}
-        if precision.dynamic:  # an overflow at a finite loss is the scale's business, not a failure
+        if scaling.dynamic:  # an overflow at a finite loss is the scale's business, not a failure
             overflow = jnp.isfinite(loss) & jnp.logical_not(finite)
-            new_state = new_state.replace(loss_scale=precision.next_state(state.loss_scale, finite))
+            new_state = new_state.replace(loss_scale=scaling.next_state(state.loss_scale, finite))
             stats[LOSS_SCALE_OVERFLOWS] = overflow.astype(jnp.int32)
             skipped = jnp.logical_not(jnp.isfinite(loss)).astype(jnp.int32)
         return new_state, {**stats, NONFINITE_FLAG: skipped}

@@ -29,7 +29,7 @@ NUM_CLASSES = 10
 SPLITS = {"train": "train", "validation": "test"}
 
 
-def _record(records: Any, i: int) -> dict[str, np.ndarray]:
+def _record(records: Any, i: int) -> dict[str, np.ndarray | np.generic]:
     record = records[i]
     image = np.asarray(record["image"])
     if image.shape != SHAPE or image.dtype != np.uint8:
@@ -75,7 +75,7 @@ def cifar10(
         def read_one(i: int) -> np.ndarray:
             record = _record(records, i)
             labels[i] = record["label"]
-            return record["image"]
+            return np.asarray(record["image"])  # (already an array)
 
         fields["image"] = ImageRows(decode_all(count, read_one, SHAPE), raw_index, mirrored)
         if use_labels:
@@ -83,7 +83,7 @@ def cifar10(
     else:
 
         class _Records:  # what _RowReader reads: decoded, checked records by index
-            def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+            def __getitem__(self, i: int) -> dict[str, np.ndarray | np.generic]:
                 return _record(records, int(i))
 
         reader = _RowReader(_Records(), count)

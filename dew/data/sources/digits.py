@@ -50,8 +50,8 @@ def load_pixels_and_labels() -> tuple[np.ndarray, np.ndarray]:
     if path is None:
         from sklearn.datasets import load_digits
 
-        raw = load_digits()
-        return raw.data, raw.target
+        data, target = load_digits(return_X_y=True)
+        return np.asarray(data), np.asarray(target)  # (arrays already: as_frame=False)
     table = np.loadtxt(path, delimiter=",")  # 64 pixel columns, then the label
     return table[:, :-1], table[:, -1].astype(int)
 

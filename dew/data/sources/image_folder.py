@@ -250,11 +250,13 @@ def image_folder(
         for name in files.images[1:]:  # headers only: a mixed set fails here, not mid-run
             check_shape(files, name, files.header_shape(name), shape)
 
-        def pixels(raw: np.ndarray) -> np.ndarray:
+        def read_rows(raw: np.ndarray) -> np.ndarray:
             images = [files.decode(files.images[i]) for i in raw]
             for i, image in zip(raw, images, strict=True):
                 check_shape(files, files.images[i], image.shape, shape)
             return np.stack(images) if images else np.empty((0, *shape), np.uint8)
+
+        pixels = read_rows
 
     fields: dict[str, Any] = {"image": ImageRows(pixels, raw_index, mirrored, shape=shape)}
     num_classes = None

@@ -102,7 +102,8 @@ class ImageRows:
         rows = np.arange(self.shape[0])[index] if np.asarray(index).dtype.kind not in "iu" else index
         rows = np.asarray(rows, np.intp).reshape(-1)
         raw = self._raw[rows]  # also the bounds check
-        pixels = np.take(self._pixels, raw, axis=0) if self.cached else self._pixels(raw)
+        source = self._pixels  # the table (cached) or a reader of rows
+        pixels = np.take(source, raw, axis=0) if isinstance(source, np.ndarray) else source(raw)
         if pixels.shape[1:] != self.shape[1:] or pixels.dtype != np.uint8:
             raise ValueError(
                 f"ImageRows: read {pixels.dtype} {pixels.shape[1:]}, expected uint8 {self.shape[1:]}"

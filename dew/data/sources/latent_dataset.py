@@ -153,7 +153,9 @@ def encode_dataset(
 
         def decode(name: str) -> np.ndarray:
             with files.open(name) as fh:
-                return convert(latent_transforms.load_rgb(fh))
+                image = convert(latent_transforms.load_rgb(fh))
+            assert image is not None  # ``names`` holds only the images the transform keeps
+            return image
 
         shape = decode(names[0]).shape
     else:
@@ -252,6 +254,12 @@ ACCEPTED_LATENTS = (
 )
 
 
+def _is_integer(index: object) -> bool:
+    """An integer scalar (Python or NumPy). A function, so numpy's ``isscalar`` type guard does not
+    narrow the caller's ``index`` to scalar types in the other branch."""
+    return bool(np.isscalar(index) and np.issubdtype(type(index), np.integer))
+
+
 class LatentRows:
     """The raw latents of a finished latent data set, read per lookup: behaves as a float32
     [N, h, w, 2C] array for ``Dataset`` (``shape``, ``dtype``, ``len``, indexing by an index array
@@ -288,7 +296,7 @@ class LatentRows:
         return self.shape[0]
 
     def __getitem__(self, index):
-        if np.isscalar(index) and np.issubdtype(type(index), np.integer):
+        if _is_integer(index):
             return self._load(range(len(self))[int(index)])
         rows = np.arange(len(self))[index]
         if rows.ndim != 1:

@@ -12,6 +12,8 @@ the ``validation`` split is the same rows as ``train``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from dew import registry
@@ -38,7 +40,7 @@ def latent_dataset(
         raw = rows[np.arange(len(rows))] if cache else rows
     except (LatentDatasetError, OSError) as e:
         raise ConfigError(f"config.dataset.path={path!r}: {e}") from None
-    fields = {"image": raw}
+    fields: dict[str, Any] = {"image": raw}  # the rows (read lazily or cached) and the labels
     num_classes = None
     if use_labels:
         if labels is None:

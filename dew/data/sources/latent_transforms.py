@@ -92,9 +92,10 @@ def _center_crop_dhariwal(image_size: int, arr: np.ndarray) -> np.ndarray:
 
     image = PIL.Image.fromarray(arr)
     while min(*image.size) >= 2 * image_size:
-        image = image.resize(tuple(x // 2 for x in image.size), resample=PIL.Image.Resampling.BOX)
+        image = image.resize((image.size[0] // 2, image.size[1] // 2), resample=PIL.Image.Resampling.BOX)
     scale = image_size / min(*image.size)
-    image = image.resize(tuple(round(x * scale) for x in image.size), resample=PIL.Image.Resampling.BICUBIC)
+    size = (round(image.size[0] * scale), round(image.size[1] * scale))
+    image = image.resize(size, resample=PIL.Image.Resampling.BICUBIC)
     out = np.array(image)
     crop_y = (out.shape[0] - image_size) // 2
     crop_x = (out.shape[1] - image_size) // 2
@@ -106,6 +107,8 @@ def skips(transform: str | None, width: int | None, height: int | None, size: tu
     ``size`` = (height, width): ``center-crop-wide``'s rule, decidable from the header alone."""
     if transform != "center-crop-wide":
         return False
+    if width is None or height is None:
+        raise ValueError(f"--transform={transform} needs --resolution=WxH")  # as make_transform says
     h, w = size
     return w < width or int(np.round(width * h / w)) < height
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from dew import registry
 from dew.data.dataset import Source
@@ -54,7 +55,7 @@ def centre_crop_resize(image: np.ndarray, resolution: int) -> np.ndarray:
     if side != resolution:
         scale = resolution / side
         square = ndimage.zoom(square, (scale, scale, 1), order=1, mode="nearest", grid_mode=True)
-    return (square / 127.5 - 1.0).clip(-1.0, 1.0).astype(np.float32)
+    return (np.asarray(square) / 127.5 - 1.0).clip(-1.0, 1.0).astype(np.float32)
 
 
 class _RowReader:
@@ -67,7 +68,7 @@ class _RowReader:
         self._last: tuple[tuple[int, ...], dict[str, np.ndarray]] | None = None
         self._lock = threading.Lock()
 
-    def read(self, rows: Sequence[int]) -> dict[str, np.ndarray]:
+    def read(self, rows: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
         key = tuple(int(r) for r in np.asarray(rows).reshape(-1))
         with self._lock:
             if self._last is None or self._last[0] != key:
@@ -79,7 +80,7 @@ class _RowReader:
 class _Column:
     """One lazily read field: ``shape``, ``dtype``, ``len`` and ``column[rows]`` like an array."""
 
-    def __init__(self, reader: _RowReader, key: str, shape: tuple[int, ...], dtype: np.dtype):
+    def __init__(self, reader: _RowReader, key: str, shape: tuple[int, ...], dtype: npt.DTypeLike):
         self._reader, self._key = reader, key
         self.shape, self.dtype = (reader.size, *shape), np.dtype(dtype)
 
@@ -100,13 +101,14 @@ def open_records(name: str, split: str, data_dir: str | None) -> Any:
     default), never downloading; an unknown name is a ``ValueError``, an unprepared one a
     ``DatasetNotPreparedError`` saying how to prepare it."""
     import tensorflow_datasets as tfds
+    from tensorflow_datasets.core.registered import DatasetNotFoundError
 
     absl_logger = logging.getLogger("absl")
     level = absl_logger.level
     absl_logger.setLevel(logging.ERROR)  # an unprepared folder is reported below, in one line
     try:
         return tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
-    except tfds.core.registered.DatasetNotFoundError as e:
+    except DatasetNotFoundError as e:
         raise ValueError(f"tfds_source: no tfds data set named {name!r} ({e})") from None
     except (NotImplementedError, AssertionError, FileNotFoundError, KeyError) as e:
         # KeyError: a folder without generated splits ("`splits` is empty").
@@ -135,11 +137,11 @@ def tfds_source(
     if label_key is not None:
         num_classes = int(records.dataset_info.features[label_key].num_classes)
 
-    def decode(record: dict[str, Any]) -> dict[str, np.ndarray]:
+    def decode(record: dict[str, Any]) -> dict[str, np.ndarray | np.generic]:
         image = np.asarray(record[image_key])
         if image.ndim == 2:
             image = image[..., None]
-        out = {"image": centre_crop_resize(image, resolution)}
+        out: dict[str, np.ndarray | np.generic] = {"image": centre_crop_resize(image, resolution)}
         if label_key is not None:
             out["label"] = np.int32(record[label_key])
         return out
@@ -147,7 +149,9 @@ def tfds_source(
     dataset = grain.MapDataset.source(records).map(decode)
     reader = _RowReader(dataset, len(records))
     channels = int(records.dataset_info.features[image_key].shape[-1] or 3)
-    fields = {"image": _Column(reader, "image", (resolution, resolution, channels), np.float32)}
+    fields: dict[str, Any] = {
+        "image": _Column(reader, "image", (resolution, resolution, channels), np.float32)
+    }
     if label_key is not None:
         fields["label"] = _Column(reader, "label", (), np.int32)
     # Decoding and resizing run on a Dataset's background thread, two batches ahead of the step.
