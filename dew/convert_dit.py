@@ -93,6 +93,7 @@ def convert(
     params = jax.device_put(params, jax.tree.map(lambda a: a.sharding, fresh.params))
     # The EMA that debiases to exactly these weights after `step` updates (ema = θ (1 − Π β)).
     spec = trainer.ema
+    assert spec is not None  # the Trainer always builds the classic EMA
     correction = 1.0 - spec.retained(jnp.float32(step // trainer.accumulation or 1))
     mask = spec.mask(params)
     ema = jax.tree.map(lambda p, tracked: p * correction if tracked else p, params, mask)
@@ -117,7 +118,9 @@ def convert(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dew.convert_dit", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m dew.convert_dit", description=(__doc__ or "").split("\n\n")[0]
+    )
     parser.add_argument(
         "--checkpoint", required=True, help="a DiT/SiT/REPA .pt or .npz (state dict or train.py's)"
     )

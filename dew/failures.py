@@ -162,7 +162,7 @@ def capture_library_logs(workdir: str) -> logging.Handler:
         logging.getLogger("orbax").error(
             "uncaught exception in thread %s",
             getattr(args.thread, "name", "?"),
-            exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+            exc_info=args.exc_value if args.exc_value is not None else False,  # with its traceback
         )
 
     def unraisable(args) -> None:  # e.g. an exception in a library's __del__ at a failed write

@@ -61,7 +61,7 @@ def parse(argv: list[str]) -> tuple[dict[str, object], dict[str, object], dict[s
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--help" in argv or "-h" in argv:
-        print(__doc__.strip())
+        print((__doc__ or "").strip())
         return 0
     try:
         flags, options, texts = parse(argv)
@@ -72,7 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         from dew.inference import pipeline
 
         guide = str(flags["guide"]) if flags["guide"] else None
-        task = pipeline(str(flags["workdir"]), step=flags["step"], raw=bool(flags["raw"]), guide=guide)
+        step = flags["step"]
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            raise ValueError(f"dew.sample: --step={texts.get('step', step)!r} is invalid: expected an int")
+        task = pipeline(str(flags["workdir"]), step=step, raw=bool(flags["raw"]), guide=guide)
         if flags["list"]:
             for name, default in task.options.items():
                 print(f"--{name}={default!r}")

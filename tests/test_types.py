@@ -11,7 +11,12 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-LAZY_PACKAGES = ("dew/__init__.py", "dew/training/__init__.py", "dew/checkpointing/__init__.py")
+LAZY_PACKAGES = (
+    "dew/__init__.py",
+    "dew/training/__init__.py",
+    "dew/checkpointing/__init__.py",
+    "dew/runtime/__init__.py",
+)
 
 
 def _module_assignment(tree: ast.Module, name: str) -> ast.expr:

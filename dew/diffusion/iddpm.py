@@ -384,11 +384,11 @@ class GaussianDiffusion:
 
         def body(x, k_i):
             k, i = k_i
-            z = (
-                step_noises[k]
-                if step_noises is not None
-                else jax.random.normal(jax.random.fold_in(rng, k), x.shape)
-            )
+            if step_noises is not None:
+                z = step_noises[k]
+            else:
+                assert rng is not None  # one of the two was given (checked above)
+                z = jax.random.normal(jax.random.fold_in(rng, k), x.shape)
             t = jnp.full((x.shape[0],), i, jnp.int32)
             if method == "ddpm":
                 x_next, _ = self.p_sample(model, x, t, z, clip_denoised)
@@ -397,4 +397,4 @@ class GaussianDiffusion:
             return x_next, (x_next if trajectory else None)
 
         last, states = jax.lax.scan(body, noise, (jnp.arange(self.num_timesteps), indices))
-        return states if trajectory else last
+        return states if trajectory else last  # pyright: ignore[reportReturnType]  (states is None only without trajectory)

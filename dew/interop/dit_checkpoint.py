@@ -56,7 +56,7 @@ def read_checkpoint(path: str | os.PathLike, which: str = "ema") -> dict[str, np
         return {k: v.astype(np.float32) for k, v in arrays.items()}
     if path.endswith((".pt", ".pth")):
         try:
-            import torch
+            import torch  # pyright: ignore[reportMissingImports]  (the optional convert extra)
         except ImportError as e:
             raise CheckpointError(
                 f"checkpoint: reading {path} needs PyTorch (the 'convert' extra), or export it to .npz"

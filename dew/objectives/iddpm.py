@@ -42,7 +42,7 @@ from dew.objectives.whole import BuiltWhole
 from dew.schema import ConfigError, Key, Section, at_least
 from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
 
-ModuleFactory = Callable[[], hk.Module]
+ModuleFactory = Callable[[], Any]  # a registered network's constructor (a haiku module)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +194,7 @@ class IDDPM(Objective, metaclass=BuiltWhole):
         guided = self.num_classes is not None and cfg_scale != 1.0
         if not guided:
             return (lambda x, t: self._net.apply(params, None, x, t, labels, False)), False
+        assert self.num_classes is not None  # guided implies classes
         y = jnp.concatenate([labels, jnp.full(labels.shape, self.num_classes, jnp.int32)], axis=0)
         return (lambda x, t: self._net.apply(params, None, x, t, y, False, cfg_scale, cfg_channels)), True
 

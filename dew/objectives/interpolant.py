@@ -51,7 +51,7 @@ from dew.sampling.transport_sde import TransportSDE
 from dew.schema import ConfigError, Key, Section, at_least
 from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
 
-ModuleFactory = Callable[[], hk.Module]
+ModuleFactory = Callable[[], Any]  # a registered network's constructor (a haiku module)
 TransportSampler = TransportODE | TransportSDE
 
 
@@ -112,7 +112,8 @@ class Guidance:
 
     @classmethod
     def of(cls, preview: Preview) -> Guidance:
-        return cls(preview.cfg_scale, preview.cfg_channels, tuple(preview.guidance_interval))
+        lo, hi = preview.guidance_interval
+        return cls(preview.cfg_scale, preview.cfg_channels, (lo, hi))
 
 
 class Interpolant(Objective, metaclass=BuiltWhole):
@@ -168,6 +169,7 @@ class Interpolant(Objective, metaclass=BuiltWhole):
             if dropout:
                 kwargs["is_training"] = training  # the label embedder's class dropout (DiT / SiT)
             out = net(x, t, y, **kwargs) if conditional else net(x, t, **kwargs)
+            projected = None
             if features:
                 out, projected = out
             if learn_sigma:
@@ -222,6 +224,7 @@ class Interpolant(Objective, metaclass=BuiltWhole):
     def guided_network(self, params: Params, labels: jax.Array, guidance: Guidance):
         """model(x, t) on the doubled batch [x; x] with y = [labels; null]: ``forward_with_cfg``
         for t inside the guidance interval, the plain network (conditional first half) outside."""
+        assert self.num_classes is not None, "guidance needs classes (checked by generate)"
         y = jnp.concatenate([labels, jnp.full(labels.shape, self.num_classes, labels.dtype)])
         lo, hi = guidance.interval
 

@@ -21,9 +21,12 @@ resolve lazily, so importing the package opens no backend.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {"start": "dew.runtime.platform", "Platform": "dew.runtime.platform"}
+
+if TYPE_CHECKING:  # the lazy names, visible to type checkers (tests/test_types.py keeps them in step)
+    from dew.runtime.platform import Platform, start
 
 
 def __getattr__(name: str) -> Any:
@@ -33,4 +36,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = sorted(_EXPORTS)
+__all__ = ["Platform", "start"]

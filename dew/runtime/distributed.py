@@ -349,10 +349,13 @@ def start_processes(group: ProcessGroup, coordinator_timeout: int, heartbeat_tim
     return True
 
 
-def _client():
+def _client() -> Any:
+    """JAX's distributed client (only called with a process group, where it exists)."""
     from jax._src import distributed
 
-    return distributed.global_state.client
+    client = distributed.global_state.client
+    assert client is not None, "the distributed client exists once jax.distributed is initialised"
+    return client
 
 
 def config_entries(config: Any) -> list[tuple[str, Any]]:

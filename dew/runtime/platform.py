@@ -74,7 +74,7 @@ CONFIG = Section(
 )
 
 
-_DEFAULTS = {name: key.default for name, key in CONFIG.keys.items()}
+_DEFAULTS = {name: key.default for name, key in CONFIG.keys.items() if isinstance(key, Key)}
 
 
 @dataclasses.dataclass(frozen=True)

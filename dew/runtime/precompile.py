@@ -13,7 +13,6 @@ from 37.7-40.7 s to 27.5-37.2 s of wall time (4 + 4 fresh processes).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -31,12 +30,12 @@ class BackgroundCompile:
     (``tests/test_precompile.py``).
     """
 
-    def __init__(self, jitted: Callable[..., Any], *args: Any):
+    def __init__(self, jitted: Any, *args: Any):  # a jax.jit-wrapped function (it has .lower)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._compile, args=(jitted, args), name="dew-precompile")
         self._thread.start()
 
-    def _compile(self, jitted: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    def _compile(self, jitted: Any, args: tuple[Any, ...]) -> None:
         try:
             jitted.lower(*args).compile()
         except BaseException as e:  # re-raised by wait(), in the caller's thread

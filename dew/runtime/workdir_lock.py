@@ -41,7 +41,8 @@ _ADVICE = {
 
 def _unusable(workdir: str, path: str, error: OSError, what: str = "used") -> WorkdirUnusableError:
     reason = error.strerror or type(error).__name__
-    advice = _ADVICE.get(error.errno, "choose a directory you can write to as --workdir")
+    default = "choose a directory you can write to as --workdir"
+    advice = default if error.errno is None else _ADVICE.get(error.errno, default)
     return WorkdirUnusableError(f"--workdir={workdir} cannot be {what}: {path}: {reason}; {advice}")
 
 

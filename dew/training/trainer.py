@@ -88,7 +88,9 @@ class Trainer:
             )
         self.optimizer = make_optimizer(c)
         self.averages = Averages.from_config(c)  # the classic EMA and, when configured, the power EMA
-        self.ema, self.power_ema = self.averages.spec, self.averages.power
+        spec = self.averages.spec
+        assert spec is not None, "Averages.from_config always builds the classic EMA"
+        self.ema, self.power_ema = spec, self.averages.power
         self.accumulation = c.train.accumulation
         self.programs = self._programs()
         self.init, self.eval = self.programs.init, self.programs.eval
@@ -290,7 +292,9 @@ class Trainer:
 
     def last_good_checkpoint(self) -> str | None:
         """The newest saved checkpoint's path (named when a non-finite step stops the run)."""
-        latest = None if self.checkpoints is None else self.checkpoints.latest_step()
+        if self.checkpoints is None:
+            return None
+        latest = self.checkpoints.latest_step()
         return None if latest is None else self.checkpoints.path(latest)
 
     # --- the run ----------------------------------------------------------------------------------
@@ -313,6 +317,7 @@ class Trainer:
         state = self.initial_state()
         start = int(jax.device_get(state.step))
         if start:
+            assert self.checkpoints is not None  # a state past step 0 was restored from them
             print(f"resuming from step {start} ({self.checkpoints.source(start)})", flush=True)
         if self.power_ema is not None:  # snapshots newer than the restored state are redone
             store = self.power_ema_snapshots()
