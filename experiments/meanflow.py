@@ -38,8 +38,9 @@ The MeanFlow networks are ``dew.networks.dit`` (``dit``) at the reference's ``Di
 its second time embedding (``time_inputs=("t", "h")``); iMF's are the registry names ``iMF-*``
 (``dew.networks.dit`` with ``conditioning="in_context"`` and the v-head: Lyy-iiis/imeanflow's
 ``imfDiT_*_2``, checked against the reference's own network by
-``tests/test_imeanflow_dit_parity.py``). dew's EMA is zero-initialised and debiased (the references start theirs at the initial weights), which
-differs only in the first ~1/(1 − 0.9999) steps.
+``tests/test_imeanflow_dit_parity.py``). dew's EMA is zero-initialised and debiased (the
+references start theirs at the initial weights), which differs only in the first ~1/(1 − 0.9999)
+steps.
 """
 
 from __future__ import annotations
