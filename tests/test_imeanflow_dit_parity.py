@@ -208,3 +208,15 @@ def test_generate_matches_the_reference_with_its_network(golden, steps, monkeypa
         )
     )(dew_params(golden))
     close(out, golden[f"generate{steps}/images"])
+
+
+def test_the_imeanflow_objective_builds_the_registered_network_from_a_config():
+    """``config.model.name="iMF-B/2"`` alone (no ``time_inputs`` in the config: the registered
+    options carry ("h",)) passes ``network_factory``'s checks, and labels go in as DiT's ints."""
+    from ml_collections import ConfigDict
+
+    from dew.objectives.meanflow import label_input, network_factory
+
+    config = ConfigDict({"model": {"name": "iMF-B/2"}})
+    model = network_factory(config, "imeanflow", ("h", "omega", "t_min", "t_max"))
+    assert label_input(model) == "y" and model.keywords["time_inputs"] == ("h",)
