@@ -36,9 +36,11 @@ Data: ImageNet-256 as SD-VAE latents (``latent_dataset``: raw mean ‖ std per i
 Epochs are optimizer steps here: ⌊1,281,167 / batch⌋ per epoch (the references' drop_last loader).
 The MeanFlow networks are ``dew.networks.dit`` (``dit``) at the reference's ``DiT_*`` sizes with
 its second time embedding (``time_inputs=("t", "h")``); iMF's are the registry names ``iMF-*``
-(its in-context DiT with a v-head; not in dew yet, so those rows do not resolve). dew's EMA is
-zero-initialised and debiased (the references start theirs at the initial weights), which
-differs only in the first ~1/(1 − 0.9999) steps.
+(``dew.networks.dit`` with ``conditioning="in_context"`` and the v-head: Lyy-iiis/imeanflow's
+``imfDiT_*_2``, checked against the reference's own network by
+``tests/test_imeanflow_dit_parity.py``). dew's EMA is zero-initialised and debiased (the
+references start theirs at the initial weights), which differs only in the first ~1/(1 − 0.9999)
+steps.
 """
 
 from __future__ import annotations

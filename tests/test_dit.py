@@ -363,3 +363,21 @@ def test_rotary_tables_rotate_pairs_by_row_then_column():
     rotated = dit_layers.apply_rotary(q, cos, sin)
     np.testing.assert_allclose(rotated[:, 0], q[:, 0], atol=1e-6)  # position (0, 0) is not turned
     np.testing.assert_allclose(jnp.linalg.norm(rotated, axis=-1), jnp.linalg.norm(q, axis=-1), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "options, field",
+    [
+        ({"conditioning": "in_context", "time_inputs": ("t", "h")}, "time_inputs"),
+        ({"conditioning": "in_context", "time_inputs": ("h",), "norm": "rmsnorm"}, "norm"),
+        ({"conditioning": "in_context", "time_inputs": ("h",), "head_depth": 3}, "head_depth"),
+        ({"v_head": True}, "v_head"),
+        ({"conditioning": "cross"}, "conditioning"),
+    ],
+)
+def test_in_context_options_are_checked_in_one_line(options, field):
+    """iMF's options (conditioning='in_context', v_head, head_depth) refuse what they cannot build."""
+    from dew.networks.dit import check_options
+
+    with pytest.raises(ConfigError, match=f"{field}="):
+        check_options(depth=2, hidden_size=32, num_heads=4, patch_size=2, **options)

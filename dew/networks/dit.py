@@ -41,6 +41,29 @@ Each is checked against the reference's own code on random weights (tests/test_d
 in third_party/dit): DiT, SiT, REPA's projectors, LightningDiT's options, MeanFlow's (t, h) DiT.
 ``remat`` (``dew.networks.songunet.REMAT_POLICIES``: ``none``, ``blocks``, ``blocks_save_dots``)
 recomputes each block's activations in the backward pass: less memory, the same function.
+
+**In-context conditioning** (``conditioning="in_context"``): improved MeanFlow's network
+(Lyy-iiis/imeanflow ``models/imfDiT.py``: ``imfDiT``), registered as ``iMF-B/2``, ``iMF-M/2``,
+``iMF-L/2``, ``iMF-XL/2`` and ``imf_dit`` (sizes from the config). Called as
+
+    u, v = net(x, t, y, *, h, omega, t_min, t_max)
+
+it reads no t (``time_inputs=("h",)``; the reference conditions on h = t − r alone) and turns each
+condition into learned tokens plus its embedding, prepended to the patch tokens in the reference's
+order: ``class_tokens`` (``class_tokens`` of them) + y_embedder(y), ``omega_tokens`` +
+omega_embedder(1 − 1/ω), ``t_min_tokens`` + cfg_t_start_embedder(t_min), ``t_max_tokens`` +
+cfg_t_end_embedder(t_max), ``time_tokens`` + h_embedder(h) (``cfg_tokens``, ``interval_tokens``,
+``time_tokens`` of them). No position embedding is added; instead 1-D rotary positions run over the
+whole sequence. The blocks are ``dit_layers.InContextBlock`` (RMSNorm, QK-RMSNorm, bias-free
+q/k/v/out projections and SwiGLU, zero-initialised vector gates; no adaLN), so ``norm``, ``mlp``,
+``qk_norm`` and ``rotary`` keep their defaults there. ``depth − head_depth`` shared blocks
+(``shared_blocks_i``) run first; with ``v_head=True`` two branches of ``head_depth`` blocks each
+(``u_heads_i``, ``v_heads_i``) and their final layers (``u_final_layer``, ``v_final_layer``:
+RMSNorm then a zero-initialised linear) return (u, v), the average velocity and iMF's auxiliary
+instantaneous velocity; without it the ``head_depth`` blocks are ``u_heads_i`` and u alone is
+returned. Initialisation is the reference's: ``token_init_constant``/√D for the tokens,
+``embedding_init_constant``/√fan_in for the embedders, ``weight_init_constant``/√fan_in (0.32)
+for the blocks' linears. ``dew.interop.flax_dit`` converts the reference's flax parameters.
 """
 
 from __future__ import annotations
@@ -63,6 +86,9 @@ SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 
 
 PATCH_SIZES = (2, 4, 8)
 TIME_INPUTS = (("t",), ("t", "h"))
+CONDITIONINGS = ("adaln", "in_context")
+IMF_SIZES = {"B": (12, 768, 12), "M": (24, 768, 12), "L": (32, 1024, 16), "XL": (48, 1024, 16)}
+"""size -> (depth, hidden_size, num_heads), imfDiT_B_2 … imfDiT_XL_2 (patch 2, aux_head_depth 8)."""
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu_tanh", "swiglu")
 
@@ -86,6 +112,10 @@ def check_options(
     mlp: str = "gelu_tanh",
     rotary: bool = False,
     remat: str = "none",
+    conditioning: str = "adaln",
+    head_depth: int = 0,
+    v_head: bool = False,
+    qk_norm: bool = False,
 ) -> None:
     """Raise ``ConfigError`` (one line: the field, the value, what is accepted) for options the
     network cannot be built with; callable at config time, before anything is traced or written."""
@@ -103,8 +133,29 @@ def check_options(
             f"DiT: patch_size={patch_size} does not divide input_size={input_size}: "
             "expected a patch size that divides the latent resolution"
         )
-    if tuple(time_inputs) not in TIME_INPUTS:
+    if conditioning not in CONDITIONINGS:
+        raise _fail("conditioning", conditioning, f"one of {CONDITIONINGS}")
+    if conditioning == "in_context":
+        if tuple(time_inputs) != ("h",):
+            raise _fail("time_inputs", tuple(time_inputs), "('h',) with conditioning='in_context' (iMF)")
+        for field, value, default in (
+            ("norm", norm, "layernorm"),
+            ("mlp", mlp, "gelu_tanh"),
+            ("qk_norm", qk_norm, False),
+            ("rotary", rotary, False),
+        ):
+            if value != default:
+                raise _fail(field, value, f"{default!r} with conditioning='in_context' (its block is iMF's)")
+        if encoder_depth is not None or projector_dims:
+            raise _fail("encoder_depth", encoder_depth, "None with conditioning='in_context'")
+    elif tuple(time_inputs) not in TIME_INPUTS:
         raise _fail("time_inputs", tuple(time_inputs), " or ".join(map(str, TIME_INPUTS)))
+    if not isinstance(head_depth, int) or not 0 <= head_depth <= depth:
+        raise _fail("head_depth", head_depth, f"an int in 0..depth={depth}")
+    if (head_depth or v_head) and conditioning != "in_context":
+        raise _fail(
+            "head_depth" if head_depth else "v_head", head_depth or v_head, "0 / False unless in_context"
+        )
     if encoder_depth is not None and not 1 <= encoder_depth <= depth:
         raise ConfigError(
             f"DiT: encoder_depth={encoder_depth} is beyond the network: expected 1..depth={depth}"
@@ -148,6 +199,16 @@ class DiT(hk.Module):
         qk_norm: bool = False,
         rotary: bool = False,
         remat: str = "none",
+        conditioning: str = "adaln",
+        head_depth: int = 0,
+        v_head: bool = False,
+        class_tokens: int = 8,
+        time_tokens: int = 4,
+        cfg_tokens: int = 4,
+        interval_tokens: int = 2,
+        token_init_constant: float = 1.0,
+        embedding_init_constant: float = 1.0,
+        weight_init_constant: float = 0.32,
         name: str | None = "dit",
     ):
         check_options(
@@ -164,6 +225,10 @@ class DiT(hk.Module):
             mlp=mlp,
             rotary=rotary,
             remat=remat,
+            conditioning=conditioning,
+            head_depth=head_depth,
+            v_head=v_head,
+            qk_norm=qk_norm,
         )
         super().__init__(name=name)
         self.depth, self.hidden_size, self.num_heads, self.patch_size = (
@@ -178,6 +243,10 @@ class DiT(hk.Module):
         self.time_inputs, self.encoder_depth = tuple(time_inputs), encoder_depth
         self.projector_dims, self.projector_hidden = tuple(projector_dims), projector_hidden
         self.norm, self.mlp, self.qk_norm, self.rotary, self.remat = norm, mlp, qk_norm, rotary, remat
+        self.conditioning, self.head_depth, self.v_head = conditioning, head_depth, v_head
+        self.tokens = {"class": class_tokens, "omega": cfg_tokens, "t_min": interval_tokens}
+        self.tokens.update({"t_max": interval_tokens, "time": time_tokens})
+        self.init_constants = (token_init_constant, embedding_init_constant, weight_init_constant)
 
     def _grid(self, x: jax.Array) -> int:
         _, height, width, _ = x.shape
@@ -200,10 +269,17 @@ class DiT(hk.Module):
         y: jax.Array,
         *,
         h: jax.Array | None = None,
+        omega: jax.Array | None = None,
+        t_min: jax.Array | None = None,
+        t_max: jax.Array | None = None,
         is_training: bool = False,
         force_drop_ids: jax.Array | None = None,
         return_features: bool = False,
-    ) -> jax.Array | tuple[jax.Array, tuple[jax.Array, ...]]:
+    ) -> jax.Array | tuple[jax.Array, ...]:
+        if self.conditioning == "in_context":
+            return self._in_context(x, y, h, omega, t_min, t_max, is_training, force_drop_ids)
+        if omega is not None or t_min is not None or t_max is not None:
+            raise ValueError("DiT: omega / t_min / t_max are inputs of conditioning='in_context' only")
         grid = self._grid(x)
         batch, _, _, in_channels = x.shape
         if ("h" in self.time_inputs) != (h is not None):
@@ -260,6 +336,70 @@ class DiT(hk.Module):
             out = out[..., :in_channels]
         return (out, features) if return_features else out
 
+    @hk.transparent
+    def _in_context(self, x, y, h, omega, t_min, t_max, is_training, force_drop_ids):
+        """iMF's ``imfDiT.__call__`` (the module docstring): (u, v), or u without the v-head."""
+        if any(v is None for v in (h, omega, t_min, t_max)):
+            raise ValueError("DiT: conditioning='in_context' needs h, omega, t_min and t_max")
+        grid = self._grid(x)
+        batch, _, _, in_channels = x.shape
+        dtype = x.dtype
+        d = self.hidden_size
+        token_init, embedding_init, weight_init = self.init_constants
+
+        def per_row(v):
+            return jnp.broadcast_to(jnp.asarray(v, jnp.float32).reshape(-1), (batch,))
+
+        def embed(name, v):
+            return L.TimestepEmbedder(d, init_constant=embedding_init, name=name)(per_row(v), dtype)
+
+        labels = L.LabelEmbedder(
+            self.num_classes,
+            d,
+            self.class_dropout_prob,
+            self.null_class,
+            init_std=embedding_init / np.sqrt(d),
+            name="y_embedder",
+        )(jnp.asarray(y, jnp.int32), is_training, force_drop_ids, dtype)
+        conditions = {
+            "class": labels,
+            "omega": embed("omega_embedder", 1 - 1 / per_row(omega)),
+            "t_min": embed("cfg_t_start_embedder", t_min),
+            "t_max": embed("cfg_t_end_embedder", t_max),
+            "time": embed("h_embedder", h),
+        }
+        prefix = []
+        for key, embedding in conditions.items():
+            tokens = hk.get_parameter(
+                f"{key}_tokens", [self.tokens[key], d], dtype, L.normal(token_init / np.sqrt(d))
+            )
+            prefix.append(tokens[None] + embedding[:, None])
+        patches = L.PatchEmbed(self.patch_size, d, name="x_embedder")(x)
+        seq = jnp.concatenate([*prefix, patches], axis=1)
+        n_prefix = seq.shape[1] - patches.shape[1]
+        rotary = L.rotary_1d(d // self.num_heads, seq.shape[1])
+
+        def run(tokens, names):
+            for name in names:
+                block = L.InContextBlock(self.num_heads, self.mlp_ratio, rotary, weight_init, name=name)
+                if self.remat == "none":
+                    tokens = block(tokens)
+                else:
+                    policy = REMAT_POLICIES[self.remat]
+                    tokens = hk.remat(lambda x_, b=block: b(x_), policy=policy)(tokens)
+            return tokens
+
+        shared = self.depth - self.head_depth
+        seq = run(seq, [f"shared_blocks_{i}" for i in range(shared)])
+        out_channels = 2 * in_channels if self.learn_sigma else in_channels
+        p = self.patch_size
+        outputs = []
+        for head in ("u", "v") if self.v_head else ("u",):
+            tokens = run(seq, [f"{head}_heads_{i}" for i in range(self.head_depth)])[:, n_prefix:]
+            final = L.FinalLayer(p * p * out_channels, "rmsnorm", modulated=False, name=f"{head}_final_layer")
+            outputs.append(unpatchify(final(tokens, None), grid, p, out_channels))
+        return tuple(outputs) if self.v_head else outputs[0]
+
     def forward_with_cfg(
         self,
         x: jax.Array,
@@ -296,7 +436,27 @@ SIT = {"sigma_output": False}
 """What SiT changes: the same network (``learn_sigma=True`` built, as SiT's ``train.py``), its
 forward returning the first C channels; t is continuous in [0, 1] (the caller's business)."""
 
+IMF = {
+    "conditioning": "in_context",
+    "patch_size": 2,
+    "mlp_ratio": 8 / 3,
+    "head_depth": 8,
+    "v_head": True,
+    "time_inputs": ("h",),
+    "class_dropout_prob": 0.0,
+    "null_class": True,
+    "learn_sigma": False,
+}
+"""improved MeanFlow's network as dew's DiT options (``imfDiT``'s defaults: 8 class, 4 ω, 2 + 2
+interval and 4 time tokens, no label dropout inside the network but the null-class row, C outputs)."""
+
 registry.models.register("dit", DiT)
+registry.models.register("imf_dit", functools.partial(DiT, **IMF))
+for _size, (_depth, _hidden, _heads) in IMF_SIZES.items():
+    registry.models.register(
+        f"iMF-{_size}/2",
+        functools.partial(DiT, depth=_depth, hidden_size=_hidden, num_heads=_heads, **IMF),
+    )
 registry.models.register("sit", functools.partial(DiT, **SIT))
 for _size in SIZES:
     for _patch in PATCH_SIZES:

@@ -13,10 +13,19 @@ in place of the affine-free LayerNorms, QK-norm (a per-head LayerNorm with affin
 timm's ``Attention(qk_norm=True)``; RMSNorm when ``norm="rmsnorm"``), the SwiGLU feed-forward
 (``SwiGLUFFN``: w3(silu(x1)·x2) with [x1, x2] = w12(x), hidden width int(2/3 · mlp_ratio · D)),
 and 2-D rotary positions on q and k (``VisionRotaryEmbeddingFast``).
+
+improved MeanFlow's in-context block (Lyy-iiis/imeanflow ``models/imfDiT.py``: ``TransformerBlock``,
+``RoPEAttention``, ``SwiGLUMlp``, ``FinalLayer``) is built from the same parts with their options:
+``Attention(fused_qkv=False, bias=False)`` (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``),
+``SwiGLU(fused=False, bias=False)`` (w2(silu(w1 x) · w3 x), hidden int(mlp_ratio · D)), 1-D rotary
+positions over the whole sequence (``rotary_1d``), zero-initialised vector gates instead of adaLN
+(``InContextBlock``), and ``FinalLayer(modulated=False)``; its scaled-variance initialisation is
+``scaled_normal``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import haiku as hk
@@ -35,6 +44,16 @@ def xavier_uniform(fan_in: int, fan_out: int) -> hk.initializers.Initializer:
 
 def normal(std: float) -> hk.initializers.Initializer:
     return hk.initializers.RandomNormal(stddev=std)
+
+
+def scaled_normal(constant: float) -> hk.initializers.Initializer:
+    """iMF's ``scaled_variance``: N(0, (constant / √fan_in)²) for a [in, out] weight (fan_in = in)."""
+
+    def init(shape, dtype):
+        std = constant / math.sqrt(shape[0])
+        return jax.random.normal(hk.next_rng_key(), shape, jnp.float32).astype(dtype) * std
+
+    return init
 
 
 # --- the leaf layers -------------------------------------------------------------------------------
@@ -120,16 +139,25 @@ def timestep_embedding(t: jax.Array, dim: int, max_period: float = 10000.0) -> j
 
 
 class TimestepEmbedder(hk.Module):
-    """t [B] -> [B, D]: ``mlp`` (Linear(256, D), SiLU, Linear(D, D)) on the sinusoidal embedding."""
+    """t [B] -> [B, D]: ``mlp`` (Linear(256, D), SiLU, Linear(D, D)) on the sinusoidal embedding;
+    weights N(0, 0.02²) (DiT), or ``scaled_normal(init_constant)`` when given (iMF)."""
 
-    def __init__(self, hidden_size: int, frequency_embedding_size: int = 256, name: str | None = None):
+    def __init__(
+        self,
+        hidden_size: int,
+        frequency_embedding_size: int = 256,
+        init_constant: float | None = None,
+        name: str | None = None,
+    ):
         super().__init__(name=name)
         self.hidden_size, self.frequency_embedding_size = hidden_size, frequency_embedding_size
+        self.init_constant = init_constant
 
     def __call__(self, t: jax.Array, dtype: jnp.dtype) -> jax.Array:
         t_freq = timestep_embedding(t, self.frequency_embedding_size).astype(dtype)
-        h = Linear(self.hidden_size, w_init=normal(0.02), name="mlp_0")(t_freq)
-        return Linear(self.hidden_size, w_init=normal(0.02), name="mlp_2")(jax.nn.silu(h))
+        w_init = normal(0.02) if self.init_constant is None else scaled_normal(self.init_constant)
+        h = Linear(self.hidden_size, w_init=w_init, name="mlp_0")(t_freq)
+        return Linear(self.hidden_size, w_init=w_init, name="mlp_2")(jax.nn.silu(h))
 
 
 class LabelEmbedder(hk.Module):
@@ -148,18 +176,20 @@ class LabelEmbedder(hk.Module):
         hidden_size: int,
         dropout_prob: float,
         null_class: bool | None = None,
+        init_std: float = 0.02,
         name: str | None = None,
     ):
         super().__init__(name=name)
         self.num_classes, self.hidden_size, self.dropout_prob = num_classes, hidden_size, dropout_prob
         self.null_class = dropout_prob > 0 if null_class is None else null_class
+        self.init_std = init_std
 
     def __call__(
         self, labels: jax.Array, train: bool, force_drop_ids: jax.Array | None, dtype: jnp.dtype
     ) -> jax.Array:
         rows = self.num_classes + int(self.null_class)
         with hk.experimental.name_scope("embedding_table"):
-            table = hk.get_parameter("weight", [rows, self.hidden_size], dtype, normal(0.02))
+            table = hk.get_parameter("weight", [rows, self.hidden_size], dtype, normal(self.init_std))
         if force_drop_ids is not None:
             labels = jnp.where(force_drop_ids == 1, self.num_classes, labels)
         elif train and self.dropout_prob > 0:
@@ -221,6 +251,16 @@ def rotary_tables(head_dim: int, grid_size: int, theta: float = 10000.0) -> tupl
     return np.cos(table).astype(np.float32), np.sin(table).astype(np.float32)
 
 
+def rotary_1d(head_dim: int, length: int, theta: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
+    """iMF's ``precompute_rope_freqs`` over positions 0 … length − 1 of the whole sequence, as cos
+    and sin tables [length, head_dim]: channel pair (2i, 2i + 1) rotates by pos · θ^(−2i/head_dim)
+    (the reference multiplies each pair, read as a complex number, by e^{i·pos·f_i})."""
+    freqs = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    angles = np.outer(np.arange(length, dtype=np.float32), freqs).astype(np.float32)
+    table = np.repeat(angles, 2, axis=-1)
+    return np.cos(table).astype(np.float32), np.sin(table).astype(np.float32)
+
+
 def apply_rotary(x: jax.Array, cos: np.ndarray, sin: np.ndarray) -> jax.Array:
     """x [B, T, N, H] -> x·cos + rotate_half(x)·sin, rotate_half((a, b) pairs) = (-b, a)."""
     pairs = x.reshape(*x.shape[:-1], -1, 2)
@@ -235,23 +275,38 @@ def apply_rotary(x: jax.Array, cos: np.ndarray, sin: np.ndarray) -> jax.Array:
 class Attention(hk.Module):
     """timm ``Attention(dim, num_heads, qkv_bias=True)``: softmax(q kᵀ / √h) v per head through
     ``jax.nn.dot_product_attention`` (an accelerator's fused kernel), then ``proj``. ``qk_norm``:
-    None, "layernorm" or "rmsnorm" on each head's q and k; ``rotary``: (cos, sin) tables."""
+    None, "layernorm" or "rmsnorm" on each head's q and k; ``rotary``: (cos, sin) tables.
+    ``fused_qkv=False``: iMF's ``RoPEAttention`` layout, ``q_proj``/``k_proj``/``v_proj`` then
+    ``out_proj``; ``bias``: the projections' biases; ``w_init``: their weights' initialiser."""
 
     def __init__(
         self,
         num_heads: int,
         qk_norm: str | None = None,
         rotary: tuple[np.ndarray, np.ndarray] | None = None,
+        fused_qkv: bool = True,
+        bias: bool = True,
+        w_init: hk.initializers.Initializer | None = None,
         name: str | None = None,
     ):
         super().__init__(name=name)
         self.num_heads, self.qk_norm, self.rotary = num_heads, qk_norm, rotary
+        self.fused_qkv, self.bias, self.w_init = fused_qkv, bias, w_init
 
     def __call__(self, x: jax.Array) -> jax.Array:
         b, n, c = x.shape
         h = c // self.num_heads
-        qkv = Linear(3 * c, name="qkv")(x).reshape(b, n, 3, self.num_heads, h)
-        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [B, T, N, H]
+        if self.fused_qkv:
+            qkv = Linear(3 * c, bias=self.bias, w_init=self.w_init, name="qkv")(x)
+            qkv = qkv.reshape(b, n, 3, self.num_heads, h)
+            q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [B, T, N, H]
+        else:
+            q, k, v = (
+                Linear(c, bias=self.bias, w_init=self.w_init, name=f"{p}_proj")(x).reshape(
+                    b, n, self.num_heads, h
+                )
+                for p in "qkv"
+            )
         if self.qk_norm == "layernorm":
             q, k = AffineLayerNorm(name="q_norm")(q), AffineLayerNorm(name="k_norm")(k)
         elif self.qk_norm == "rmsnorm":
@@ -259,7 +314,8 @@ class Attention(hk.Module):
         if self.rotary is not None:
             q, k = apply_rotary(q, *self.rotary), apply_rotary(k, *self.rotary)
         out = jax.nn.dot_product_attention(q, k, v).reshape(b, n, c)
-        return Linear(c, name="proj")(out)
+        name = "proj" if self.fused_qkv else "out_proj"
+        return Linear(c, bias=self.bias, w_init=self.w_init, name=name)(out)
 
 
 class Mlp(hk.Module):
@@ -275,15 +331,28 @@ class Mlp(hk.Module):
 
 
 class SwiGLU(hk.Module):
-    """LightningDiT's ``SwiGLUFFN``: w3(silu(x1) · x2), [x1, x2] = chunk(w12(x), 2)."""
+    """LightningDiT's ``SwiGLUFFN``: w3(silu(x1) · x2), [x1, x2] = chunk(w12(x), 2); with
+    ``fused=False`` iMF's ``SwiGLUMlp``: w2(silu(w1(x)) · w3(x)). ``bias``: the linears' biases;
+    ``w_init``: their weights' initialiser."""
 
-    def __init__(self, hidden_features: int, name: str | None = None):
+    def __init__(
+        self,
+        hidden_features: int,
+        fused: bool = True,
+        bias: bool = True,
+        w_init: hk.initializers.Initializer | None = None,
+        name: str | None = None,
+    ):
         super().__init__(name=name)
-        self.hidden_features = hidden_features
+        self.hidden_features, self.fused, self.bias, self.w_init = hidden_features, fused, bias, w_init
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x1, x2 = jnp.split(Linear(2 * self.hidden_features, name="w12")(x), 2, axis=-1)
-        return Linear(x.shape[-1], name="w3")(jax.nn.silu(x1) * x2)
+        linear = functools.partial(Linear, bias=self.bias, w_init=self.w_init)
+        if not self.fused:
+            gate = jax.nn.silu(linear(self.hidden_features, name="w1")(x))
+            return linear(x.shape[-1], name="w2")(gate * linear(self.hidden_features, name="w3")(x))
+        x1, x2 = jnp.split(linear(2 * self.hidden_features, name="w12")(x), 2, axis=-1)
+        return linear(x.shape[-1], name="w3")(jax.nn.silu(x1) * x2)
 
 
 # --- blocks --------------------------------------------------------------------------------------
@@ -324,15 +393,52 @@ class DiTBlock(hk.Module):
         return x + gate_mlp[:, None] * ffn(modulate(_normalize(x, self.norm, "norm2"), shift_mlp, scale_mlp))
 
 
+class InContextBlock(hk.Module):
+    """iMF's ``TransformerBlock``: x += attn(norm1(x)) ⊙ attn_scale, then x += mlp(norm2(x)) ⊙
+    mlp_scale, with RMSNorms, ``Attention(fused_qkv=False, bias=False)`` with QK-RMSNorm and 1-D
+    rotary positions, ``SwiGLU(fused=False, bias=False)`` of width int(D · mlp_ratio), the gates
+    [D] zero-initialised and the linears ``scaled_normal(weight_init_constant)``."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        mlp_ratio: float,
+        rotary: tuple[np.ndarray, np.ndarray],
+        weight_init_constant: float = 0.32,
+        name: str | None = None,
+    ):
+        super().__init__(name=name)
+        self.num_heads, self.mlp_ratio, self.rotary = num_heads, mlp_ratio, rotary
+        self.weight_init_constant = weight_init_constant
+
+    def __call__(self, x: jax.Array, c: jax.Array | None = None) -> jax.Array:
+        del c  # conditioned in context: the conditions are tokens of x
+        d = x.shape[-1]
+        w_init = scaled_normal(self.weight_init_constant)
+        attn_scale = hk.get_parameter("attn_scale", [d], x.dtype, jnp.zeros)
+        mlp_scale = hk.get_parameter("mlp_scale", [d], x.dtype, jnp.zeros)
+        attn = Attention(
+            self.num_heads, "rmsnorm", self.rotary, fused_qkv=False, bias=False, w_init=w_init, name="attn"
+        )
+        x = x + attn(RMSNorm(name="norm1")(x)) * attn_scale
+        ffn = SwiGLU(int(d * self.mlp_ratio), fused=False, bias=False, w_init=w_init, name="mlp")
+        return x + ffn(RMSNorm(name="norm2")(x)) * mlp_scale
+
+
 class FinalLayer(hk.Module):
     """linear(modulate(norm_final(x), shift, scale)), (shift, scale) = chunk(Linear(SiLU(c)), 2);
-    every weight zero-initialised."""
+    every weight zero-initialised. ``modulated=False`` (iMF's): linear(norm(x)), no condition."""
 
-    def __init__(self, out_features: int, norm: str = "layernorm", name: str | None = None):
+    def __init__(
+        self, out_features: int, norm: str = "layernorm", modulated: bool = True, name: str | None = None
+    ):
         super().__init__(name=name)
-        self.out_features, self.norm = out_features, norm
+        self.out_features, self.norm, self.modulated = out_features, norm, modulated
 
-    def __call__(self, x: jax.Array, c: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, c: jax.Array | None) -> jax.Array:
+        if not self.modulated:
+            normed = RMSNorm(name="norm")(x) if self.norm == "rmsnorm" else layer_norm(x)
+            return Linear(self.out_features, w_init=jnp.zeros, name="linear")(normed)
         d = x.shape[-1]
         mod = Linear(2 * d, w_init=jnp.zeros, name="adaLN_modulation_1")(jax.nn.silu(c))
         shift, scale = jnp.split(mod, 2, axis=-1)

@@ -2,7 +2,9 @@
 
 A sibling of ``meanflow``, not options of it: iMF's network has another interface, so the two
 cannot share one. It is called as ``net(z, t, h, omega=ω, t_min=..., t_max=..., label=...,
-is_training=...)`` and returns (u, v), the average velocity and an auxiliary instantaneous
+is_training=...)`` — or, for a network that takes int labels as DiT does (dew's ``iMF-*``, its
+in-context DiT), ``net(z, t, y, h=h, omega=ω, t_min=..., t_max=..., is_training=...)`` with the
+null class ``num_classes`` — and returns (u, v), the average velocity and an auxiliary instantaneous
 velocity head; it is conditioned on the guidance scale ω and interval [t_min, t_max], which are
 drawn per example in training and chosen at sampling time (``sampling.omega``, ``t_min``,
 ``t_max``: the reference's recommended values are ω = 8, [0.4, 0.65] for iMF-B/2 and ω = 8,
@@ -32,6 +34,7 @@ from dew.objectives.meanflow import (
     MeanFlow,
     ModuleFactory,
     class_conditions,
+    label_input,
     network_factory,
     sample_field,
 )
@@ -82,8 +85,11 @@ class IMeanFlow(MeanFlow):
         sampling: IMFSampling | None = None,
         latent: latent_space.LatentSpace | None = None,
         image_shape: tuple[int, ...] | None = None,
+        label_input: str = "label",
     ):
         times = times or TimeSampling(data_proportion=0.5)
+        if label_input not in ("label", "y"):
+            raise ValueError(f"label_input={label_input!r} is invalid: expected 'label' or 'y'")
         guidance, weighting, sampling = (
             guidance or IMFGuidance(),
             weighting or Weighting(),
@@ -100,13 +106,20 @@ class IMeanFlow(MeanFlow):
         self.times, self.guidance, self.weighting = times, guidance, weighting
         self.sampling = sampling
         self.latent, self.image_shape = latent, image_shape
-        self._net = hk.transform(self._forward(model, encoder))
+        self.label_input = label_input
+        # the label the network reads as "no class": the encoder's -1, or DiT's null row
+        self.null_label = UNCONDITIONAL if label_input == "label" else int(num_classes)
+        self._net = hk.transform(self._forward(model, encoder, label_input))
         self._jitted: dict[tuple, Callable[..., Any]] = {}
         self._last_preview = {"nonfinite": 0}
 
     @staticmethod
-    def _forward(model: ModuleFactory, encoder: ModuleFactory | None) -> Callable[..., Any]:
+    def _forward(model: ModuleFactory, encoder: ModuleFactory | None, label_input: str) -> Callable[..., Any]:
         def forward(x, t, h, omega, t_min, t_max, labels, is_training):
+            if label_input == "y":
+                return model()(
+                    x, t, labels, h=h, omega=omega, t_min=t_min, t_max=t_max, is_training=is_training
+                )
             label = encoder()(labels)
             return model()(
                 x, t, h, omega=omega, t_min=t_min, t_max=t_max, label=label, is_training=is_training
@@ -137,7 +150,7 @@ class IMeanFlow(MeanFlow):
         draws = draw_imf(draw_rng, x)
         net = self.imf_network(params, net_rng, step.is_training)
         terms = imf_loss(
-            net, x, batch["label"], draws, self.times, self.guidance, self.weighting, UNCONDITIONAL
+            net, x, batch["label"], draws, self.times, self.guidance, self.weighting, self.null_label
         )
         return terms.loss, ({"loss_u": terms.loss_u, "loss_v": terms.loss_v}, Aux())
 
@@ -187,6 +200,7 @@ class IMeanFlow(MeanFlow):
             sampling=IMFSampling(**o.sampling.to_dict()),
             latent=latent,
             image_shape=image_shape,
+            label_input=label_input(model),
         )
 
 

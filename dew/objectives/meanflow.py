@@ -116,11 +116,12 @@ def network_factory(config: Any, objective: str, arguments: tuple[str, ...]) -> 
         )
     options = {k: v for k, v in config.model.items() if k != "name"}
     if _constructor_takes(component, "time_inputs"):
-        built = options.get("time_inputs", ())
+        preset = component.keywords if isinstance(component, functools.partial) else {}
+        built = options.get("time_inputs", preset.get("time_inputs", ()))
         if "h" not in tuple(built or ()):
             raise ConfigError(
                 f"config.model.time_inputs={tuple(built or ())!r} is invalid: the {objective} objective "
-                f"feeds {name} a second time input h; expected ('t', 'h')"
+                f"feeds {name} a second time input h; expected ('t', 'h') (or ('h',) in context)"
             )
     return functools.partial(component, **options)
 

@@ -75,19 +75,22 @@ def tiny_params(seed: int) -> dict[str, np.ndarray]:
 
 
 class Recorder:
-    """Wraps named functions of a module; records each call's output in order."""
+    """Wraps named functions of a module; records each concrete call's output in order."""
 
     def __init__(self, module, names):
         self.module, self.names, self.calls, self.saved = module, names, [], {}
 
     def __enter__(self):
+        import jax
+
         for name in self.names:
             original = getattr(self.module, name)
             self.saved[name] = original
 
             def wrapped(*args, _name=name, _original=original, **kwargs):
                 out = _original(*args, **kwargs)
-                self.calls.append((_name, np.asarray(out)))
+                if not isinstance(out, jax.core.Tracer):  # flax's shape check traces initialisers
+                    self.calls.append((_name, np.asarray(out)))
                 return out
 
             setattr(self.module, name, wrapped)
@@ -196,6 +199,143 @@ def main() -> None:
     meta["versions"] = {"jax": jax.__version__, "flax": flax.__version__, "numpy": np.__version__}
     out["meta_json"] = np.asarray(json.dumps(meta, sort_keys=True))
     path = os.path.join(args.out, "imeanflow_reference.npz")
+    np.savez_compressed(path, **out)
+    print(path, json.dumps(meta["cases"], default=str))
+    network_goldens(args.out, Recorder)
+
+
+# --- the reference's own network (models/imfDiT.py) --------------------------------------------------
+# A tiny size of ``imfDiT`` (depth 3 with aux_head_depth 1: one shared block and one block in each
+# of the u and v heads; the reference's token counts 8 / 4 / 2 + 2 / 4), built by the reference's
+# ``iMeanFlow.setup`` as ``getattr(imfDiT, "imfDiT_Tiny")(name="net", num_classes=3, eval=...)``, on
+# random weights: every leaf of ``init``'s tree replaced (kernels N(0, 1/fan_in), biases N(0, 0.1²),
+# tokens, tables and the zero-initialised gates and RMSNorm scales N(0, 1)), so every part acts.
+IMF_DIT = dict(
+    input_size=8, patch_size=2, in_channels=2, hidden_size=32, depth=3, num_heads=4, aux_head_depth=1
+)
+DIT_IMAGE = (8, 8, 2)
+
+
+def random_tree(tree, seed: int):
+    """Every leaf of a flax params tree replaced by random values (kernels N(0, 1/fan_in), where
+    fan_in is the product of all axes but the last; biases N(0, 0.1²); other leaves N(0, 1))."""
+    g = np.random.default_rng(seed)
+
+    def leaf(path, value):
+        shape = np.shape(value)
+        if path[-1] == "kernel" and len(shape) > 1:
+            scale = float(np.prod(shape[:-1])) ** -0.5
+        elif path[-1] == "bias":
+            scale = 0.1
+        else:
+            scale = 1.0
+        return (g.standard_normal(shape) * scale).astype(np.float32)
+
+    def walk(node, path=()):
+        return {
+            k: walk(v, (*path, k)) if isinstance(v, dict) else leaf((*path, k), v) for k, v in node.items()
+        }
+
+    return walk(tree)
+
+
+def flat(tree, prefix=""):
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(flat(v, f"{prefix}{k}/"))
+        else:
+            out[f"{prefix}{k}"] = np.asarray(v)
+    return out
+
+
+def network_goldens(out_dir: str, Recorder) -> None:
+    """imeanflow_dit_reference.npz: the reference network's (u, v), and ``forward``/``generate``
+    with it."""
+    import functools
+
+    import flax
+    import imf
+    import jax
+    import jax.numpy as jnp
+    import ml_collections
+    from flax.core import unfreeze
+    from models import imfDiT
+
+    imfDiT.imfDiT_Tiny = functools.partial(imfDiT.imfDiT, **IMF_DIT)
+    net = imfDiT.imfDiT_Tiny(num_classes=NUM_CLASSES)
+    g = np.random.default_rng(21)
+    x = g.standard_normal((BATCH, *DIT_IMAGE)).astype(np.float32)
+    y = g.integers(0, NUM_CLASSES + 1, BATCH).astype(np.int32)  # the null class included
+    t = g.uniform(0, 1, BATCH).astype(np.float32)
+    h = (t * g.uniform(0, 1, BATCH)).astype(np.float32)
+    w = np.exp(g.uniform(0, np.log(8.0), BATCH)).astype(np.float32)
+    t_min = g.uniform(0, 0.5, BATCH).astype(np.float32)
+    t_max = g.uniform(0.5, 1.0, BATCH).astype(np.float32)
+    inputs = (x, t, h, w, t_min, t_max, y)
+    shapes = unfreeze(net.init(jax.random.PRNGKey(0), *inputs))["params"]
+    params = random_tree(shapes, seed=22)
+    jparams = jax.tree_util.tree_map(jnp.asarray, params)
+    out = {f"param/{k}": v for k, v in flat(params).items()}
+    for k, v in zip(("x", "t", "h", "omega", "t_min", "t_max", "y"), inputs, strict=True):
+        out[f"net/{k}"] = v
+    u, v = net.apply({"params": jparams}, *inputs)
+    out["net/u"], out["net/v"] = np.asarray(u), np.asarray(v)
+
+    labels = y % NUM_CLASSES
+    out["labels"] = labels
+    meta = {"imf_dit": IMF_DIT, "num_classes": NUM_CLASSES, "cases": {}}
+    for case, (name, settings) in enumerate(CASES.items()):
+        model = imf.iMeanFlow(model_str="imfDiT_Tiny", num_classes=NUM_CLASSES, **settings)
+        key = jax.random.PRNGKey(300 + case)
+
+        def loss_fn(p, model=model, key=key):
+            return model.apply({"params": {"net": p}}, x, labels, method=model.forward, rngs={"gen": key})
+
+        with (
+            Recorder(jax.random, ("normal", "uniform")) as draws,
+            Recorder(jax.lax, ("stop_gradient",)) as sg,
+        ):
+            loss, aux = loss_fn(jparams)
+        kinds = [n for n, _ in draws.calls]
+        assert kinds == ["normal"] * 3 + ["uniform"] * 4, kinds
+        # the softmax inside attention stops gradients too ([B, heads, T, 1]); forward's own four
+        # are the recorded arrays shaped as the batch or as one value per row
+        own = [v for _, v in sg.calls if v.shape in (x.shape, (BATCH,))]
+        assert [v.shape for v in own] == [x.shape, x.shape, (BATCH,), (BATCH,)], [v.shape for v in own]
+        grads = jax.grad(lambda p, f=loss_fn: f(p)[0])(jparams)
+        recorded = dict(zip(DRAW_NAMES, (v for _, v in draws.calls), strict=True))
+        n_drop = int(np.sum(recorded["drop_uniform"] < settings["class_dropout_prob"]))
+        meta["cases"][name] = {"settings": settings, "rows_dropped": n_drop}
+        for k, v in recorded.items():
+            out[f"{name}/{k}"] = v.reshape(BATCH) if v.size == BATCH else v
+        out[f"{name}/loss"] = np.asarray(loss)
+        out[f"{name}/loss_u"] = np.asarray(aux["loss_u"])
+        out[f"{name}/loss_v"] = np.asarray(aux["loss_v"])
+        for k, v in zip(("du_dt", "v_g", "weight_u", "weight_v"), own, strict=True):
+            out[f"{name}/{k}"] = v
+        for k, v in flat(grads).items():
+            out[f"{name}/grad/{k}"] = v
+
+    config = ml_collections.ConfigDict(
+        {"dataset": {"num_classes": NUM_CLASSES, "image_size": DIT_IMAGE[0], "image_channels": DIT_IMAGE[2]}}
+    )
+    model = imf.iMeanFlow(model_str="imfDiT_Tiny", num_classes=NUM_CLASSES, eval=True)
+    for steps, (omega, lo, hi) in ((1, (7.5, 0.4, 0.65)), (2, (4.0, 0.36, 0.64))):
+        with Recorder(jax.random, ("normal", "randint")) as draws:
+            images = imf.generate(
+                {"params": {"net": jparams}}, model, jax.random.PRNGKey(27 + steps), BATCH, config,
+                steps, omega, lo, hi,
+            )  # fmt: skip
+        (_, z), (_, gen_labels) = draws.calls
+        out[f"generate{steps}/noise"] = z
+        out[f"generate{steps}/labels"] = gen_labels
+        out[f"generate{steps}/guidance"] = np.asarray([omega, lo, hi], np.float32)
+        out[f"generate{steps}/images"] = np.asarray(images)
+
+    meta["versions"] = {"jax": jax.__version__, "flax": flax.__version__, "numpy": np.__version__}
+    out["meta_json"] = np.asarray(json.dumps(meta, sort_keys=True))
+    path = os.path.join(out_dir, "imeanflow_dit_reference.npz")
     np.savez_compressed(path, **out)
     print(path, json.dumps(meta["cases"], default=str))
 

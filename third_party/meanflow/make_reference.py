@@ -63,19 +63,22 @@ def tiny_params(seed: int) -> dict[str, np.ndarray]:
 
 
 class Recorder:
-    """Wraps named functions of a module; records each call's output in order."""
+    """Wraps named functions of a module; records each concrete call's output in order."""
 
     def __init__(self, module, names):
         self.module, self.names, self.calls, self.saved = module, names, [], {}
 
     def __enter__(self):
+        import jax
+
         for name in self.names:
             original = getattr(self.module, name)
             self.saved[name] = original
 
             def wrapped(*args, _name=name, _original=original, **kwargs):
                 out = _original(*args, **kwargs)
-                self.calls.append((_name, np.asarray(out)))
+                if not isinstance(out, jax.core.Tracer):  # flax's shape check traces initialisers
+                    self.calls.append((_name, np.asarray(out)))
                 return out
 
             setattr(self.module, name, wrapped)
@@ -234,6 +237,144 @@ def main() -> None:
     meta["versions"] = {"jax": jax.__version__, "flax": flax.__version__, "numpy": np.__version__}
     out["meta_json"] = np.asarray(json.dumps(meta, sort_keys=True))
     path = os.path.join(args.out, "meanflow_reference.npz")
+    np.savez_compressed(path, **out)
+    print(path, json.dumps(meta["cases"], default=str))
+    dit_goldens(args.out, Recorder)
+
+
+# --- the reference's own DiT (models/models_dit.py) ------------------------------------------------
+# A tiny size of the reference's ``DiT`` (its second time embedding ``h_embedder`` included), built by
+# the reference's ``MeanFlow.setup`` as ``getattr(models_dit, "DiT_Tiny")(name="net",
+# class_dropout_prob=0.0)``, on random weights: every leaf of ``model.init``'s tree replaced by
+# N(0, 1/fan_in) kernels and N(0, 0.1²) biases, so the zero-initialised adaLN and final layers act.
+DIT = dict(input_size=8, patch_size=2, in_channels=2, hidden_size=32, depth=2, num_heads=4, num_classes=3)
+DIT_IMAGE = (8, 8, 2)
+
+
+def random_tree(tree, seed: int):
+    """Every leaf of a flax params tree replaced by random values (kernels N(0, 1/fan_in), where
+    fan_in is the product of all axes but the last; biases N(0, 0.1²); embeddings N(0, 1))."""
+    g = np.random.default_rng(seed)
+
+    def leaf(path, value):
+        shape = np.shape(value)
+        if path[-1] == "kernel":
+            scale = float(np.prod(shape[:-1])) ** -0.5
+        elif path[-1] == "bias":
+            scale = 0.1
+        else:
+            scale = 1.0
+        return (g.standard_normal(shape) * scale).astype(np.float32)
+
+    def walk(node, path=()):
+        return {
+            k: walk(v, (*path, k)) if isinstance(v, dict) else leaf((*path, k), v) for k, v in node.items()
+        }
+
+    return walk(tree)
+
+
+def flat(tree, prefix=""):
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(flat(v, f"{prefix}{k}/"))
+        else:
+            out[f"{prefix}{k}"] = np.asarray(v)
+    return out
+
+
+def dit_goldens(out_dir: str, Recorder) -> None:
+    """meanflow_dit_reference.npz: the reference DiT's output, and ``forward``/``generate`` with it."""
+    import functools
+
+    import flax
+    import jax
+    import jax.numpy as jnp
+    import meanflow as mf_module
+    import ml_collections
+    from flax.core import unfreeze
+    from models import models_dit
+
+    models_dit.DiT_Tiny = functools.partial(models_dit.DiT, **DIT)
+    net = models_dit.DiT_Tiny(class_dropout_prob=0.0)
+    g = np.random.default_rng(11)
+    x = g.standard_normal((BATCH, *DIT_IMAGE)).astype(np.float32)
+    y = g.integers(0, DIT["num_classes"] + 1, BATCH).astype(np.int32)  # the null class included
+    t = g.uniform(0, 1, BATCH).astype(np.float32)
+    h = (t * g.uniform(0, 1, BATCH)).astype(np.float32)
+    shapes = unfreeze(net.init(jax.random.PRNGKey(0), jnp.asarray(x), t, h, y))["params"]
+    params = random_tree(shapes, seed=12)
+    jparams = jax.tree_util.tree_map(jnp.asarray, params)
+    out = {f"param/{k}": v for k, v in flat(params).items()}
+    out["net/x"], out["net/t"], out["net/h"], out["net/y"] = x, t, h, y
+    out["net/out"] = np.asarray(net.apply({"params": jparams}, x, t, h, y))
+
+    labels = y % DIT["num_classes"]
+    out["labels"] = labels
+    meta = {"dit": DIT, "cases": {}}
+    for case, name in enumerate(("cfg_kappa", "cfg_omega")):
+        settings = CASES[name]
+        model = mf_module.MeanFlow(
+            model_str="DiT_Tiny", model_config={}, num_classes=DIT["num_classes"], **settings
+        )
+        key = jax.random.PRNGKey(200 + case)
+
+        def loss_fn(p, model=model, key=key):
+            return model.apply({"params": {"net": p}}, x, labels, method=model.forward, rngs={"gen": key})
+
+        with (
+            Recorder(jax.random, ("normal", "uniform")) as draws,
+            Recorder(jax.lax, ("stop_gradient",)) as sg,
+        ):
+            loss, aux = loss_fn(jparams)
+        assert [n for n, _ in draws.calls] == ["normal", "normal", "normal", "uniform"], draws.calls
+        t_raw, r_raw, noise, drop_u = (v for _, v in draws.calls)
+        grads = jax.grad(lambda p: loss_fn(p)[0])(jparams)
+        meta["cases"][name] = {
+            "settings": settings,
+            "rows_dropped": int(np.sum(drop_u < settings["class_dropout_prob"])),
+        }
+        out[f"{name}/t_raw"], out[f"{name}/r_raw"] = t_raw.reshape(BATCH), r_raw.reshape(BATCH)
+        out[f"{name}/noise"], out[f"{name}/drop_uniform"] = noise, drop_u
+        out[f"{name}/loss"], out[f"{name}/v_loss"] = np.asarray(loss), np.asarray(aux["v_loss"])
+        # the softmax inside attention stops gradients too: forward's own two are the last calls
+        u_tgt, adp_wt = sg.calls[-2][1], sg.calls[-1][1]
+        assert u_tgt.shape == x.shape and adp_wt.shape == (BATCH,), (u_tgt.shape, adp_wt.shape)
+        out[f"{name}/u_tgt"], out[f"{name}/adaptive_weight"] = u_tgt, adp_wt
+        for k, v in flat(grads).items():
+            out[f"{name}/grad/{k}"] = v
+
+    for steps, schedule in ((1, None), (2, (1.0, 0.5, 0.0))):
+        config = ml_collections.ConfigDict(
+            {
+                "sampling": {"num_steps": steps},
+                "dataset": {
+                    "num_classes": DIT["num_classes"],
+                    "image_size": DIT_IMAGE[0],
+                    "image_channels": DIT_IMAGE[2],
+                },
+            }
+        )
+        model = mf_module.MeanFlow(
+            model_str="DiT_Tiny",
+            model_config={},
+            num_classes=DIT["num_classes"],
+            num_steps=steps,
+            sampling_timesteps=None if schedule is None else jnp.asarray(schedule),
+        )
+        variables = {"params": {"net": jparams}}
+        with Recorder(jax.random, ("normal", "randint")) as draws:
+            images = mf_module.generate(variables, model, jax.random.PRNGKey(17 + steps), BATCH, config)
+        (_, z), (_, gen_labels) = draws.calls
+        out[f"generate{steps}/noise"], out[f"generate{steps}/labels"] = z, gen_labels
+        points = [1.0, 0.0] if schedule is None else schedule
+        out[f"generate{steps}/schedule"] = np.asarray(points, np.float32)
+        out[f"generate{steps}/images"] = np.asarray(images)
+
+    meta["versions"] = {"jax": jax.__version__, "flax": flax.__version__, "numpy": np.__version__}
+    out["meta_json"] = np.asarray(json.dumps(meta, sort_keys=True))
+    path = os.path.join(out_dir, "meanflow_dit_reference.npz")
     np.savez_compressed(path, **out)
     print(path, json.dumps(meta["cases"], default=str))
 
