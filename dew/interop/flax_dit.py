@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -69,7 +70,7 @@ def params_from_flax(flax_params: Mapping, top: str = "dit") -> Params:
     return out
 
 
-def check_against(params: Params, expected: Mapping[str, Mapping[str, object]]) -> None:
+def check_against(params: Params, expected: Mapping[str, Mapping[str, Any]]) -> None:
     """Raise ``ValueError`` naming the first parameter missing, extra or of another shape than the
     dew network's ``expected`` (e.g. ``jax.eval_shape`` of its ``init``)."""
     for module, leaves in expected.items():

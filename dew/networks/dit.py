@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import haiku as hk
 import jax
@@ -275,7 +276,7 @@ class DiT(hk.Module):
         is_training: bool = False,
         force_drop_ids: jax.Array | None = None,
         return_features: bool = False,
-    ) -> jax.Array | tuple[jax.Array, ...]:
+    ) -> Any:  # [B, H, W, C]; (out, features) with return_features; (u, v) in context (see the docstring)
         if self.conditioning == "in_context":
             return self._in_context(x, y, h, omega, t_min, t_max, is_training, force_drop_ids)
         if omega is not None or t_min is not None or t_max is not None:
@@ -412,7 +413,7 @@ class DiT(hk.Module):
     ) -> jax.Array:
         """The reference's ``forward_with_cfg``; ``y`` = [labels; null labels] over a batch of 2B."""
         half = x[: x.shape[0] // 2]
-        out = self(jnp.concatenate([half, half], axis=0), t, y, h=h)
+        out: jax.Array = self(jnp.concatenate([half, half], axis=0), t, y, h=h)
         eps, rest = out[..., :cfg_channels], out[..., cfg_channels:]
         cond, uncond = jnp.split(eps, 2, axis=0)
         half_eps = uncond + cfg_scale * (cond - uncond)

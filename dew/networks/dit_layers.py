@@ -32,6 +32,7 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
+from haiku import experimental as hk_experimental
 
 # --- initialisers ---------------------------------------------------------------------------------
 
@@ -188,7 +189,7 @@ class LabelEmbedder(hk.Module):
         self, labels: jax.Array, train: bool, force_drop_ids: jax.Array | None, dtype: jnp.dtype
     ) -> jax.Array:
         rows = self.num_classes + int(self.null_class)
-        with hk.experimental.name_scope("embedding_table"):
+        with hk_experimental.name_scope("embedding_table"):
             table = hk.get_parameter("weight", [rows, self.hidden_size], dtype, normal(self.init_std))
         if force_drop_ids is not None:
             labels = jnp.where(force_drop_ids == 1, self.num_classes, labels)
@@ -208,7 +209,7 @@ class PatchEmbed(hk.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         p, c = self.patch_size, x.shape[-1]
-        with hk.experimental.name_scope("proj"):
+        with hk_experimental.name_scope("proj"):
             w = hk.get_parameter(
                 "weight", [p, p, c, self.hidden_size], x.dtype, xavier_uniform(c * p * p, self.hidden_size)
             )
@@ -439,6 +440,7 @@ class FinalLayer(hk.Module):
         if not self.modulated:
             normed = RMSNorm(name="norm")(x) if self.norm == "rmsnorm" else layer_norm(x)
             return Linear(self.out_features, w_init=jnp.zeros, name="linear")(normed)
+        assert c is not None, "a modulated final layer needs the conditioning c"
         d = x.shape[-1]
         mod = Linear(2 * d, w_init=jnp.zeros, name="adaLN_modulation_1")(jax.nn.silu(c))
         shift, scale = jnp.split(mod, 2, axis=-1)

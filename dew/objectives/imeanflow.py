@@ -120,6 +120,7 @@ class IMeanFlow(MeanFlow):
                 return model()(
                     x, t, labels, h=h, omega=omega, t_min=t_min, t_max=t_max, is_training=is_training
                 )
+            assert encoder is not None, "label_input='label' networks take an encoded label"
             label = encoder()(labels)
             return model()(
                 x, t, h, omega=omega, t_min=t_min, t_max=t_max, label=label, is_training=is_training
@@ -169,6 +170,8 @@ class IMeanFlow(MeanFlow):
         """Samples for ``labels`` [n] along ``schedule`` at guidance scale ``omega`` inside
         [``t_min``, ``t_max``] (the network's conditioning; the reference's ``generate``)."""
         del num_samples  # iMF is class-conditional: one sample per label
+        if labels is None:
+            raise ValueError("improved MeanFlow is class-conditional: give labels")
         n = labels.shape[0]
         noise = jax.random.normal(rng, (n, *self.input_spec.sample.shape), jnp.float32)
         net = self.imf_network(params, None, False)

@@ -54,7 +54,7 @@ from dew.sampling.meanflow import check_schedule, sample_mean_flow
 from dew.schema import ConfigError, Key, Section, at_least
 from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
 
-ModuleFactory = Callable[[], hk.Module]
+ModuleFactory = Callable[[], Any]  # a registered network's constructor (a haiku module)
 
 
 @dataclasses.dataclass(frozen=True)
