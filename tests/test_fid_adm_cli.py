@@ -9,7 +9,6 @@ import pytest
 from PIL import Image
 
 from dew.scoring import adm_evaluator as adm
-from tests.test_fid_cli import weights_file  # noqa: F401  (the module fixture)
 
 ALL = "--metrics=fid,sfid,is,precision,recall"
 
@@ -29,7 +28,7 @@ def _one_line(capsys) -> str:
     return lines[0]
 
 
-def test_bad_input_is_one_line_exit_2_writing_nothing(weights_file, tmp_path, capsys):  # noqa: F811
+def test_bad_input_is_one_line_exit_2_writing_nothing(weights_file, tmp_path, capsys):
     from dew.fid import main
 
     images = _folder(tmp_path / "images", 4)
@@ -65,7 +64,7 @@ def test_bad_input_is_one_line_exit_2_writing_nothing(weights_file, tmp_path, ca
 
 
 @pytest.mark.slow  # the Inception network at 299x299 on CPU, 10 images
-def test_the_suite_end_to_end_and_its_reference_batch_read_back(weights_file, tmp_path, capsys):  # noqa: F811
+def test_the_suite_end_to_end_and_its_reference_batch_read_back(weights_file, tmp_path, capsys):
     from dew.fid import main
 
     samples = _folder(tmp_path / "samples", 5, seed=1)

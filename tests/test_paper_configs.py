@@ -127,7 +127,7 @@ def dataset_resolution(config: Any) -> int:
 # computed (each has its own test that the numbers stay the same).
 SAME_NUMBERS = {
     "remat": "per-block rematerialisation (tests/test_remat.py)",
-    "scan_blocks": "runs of identical blocks as one lax.scan (tests/test_scan_blocks.py)",
+    "scan_blocks": "runs of identical blocks as one lax.scan (tests/system/test_scan_blocks.py)",
 }
 
 

@@ -6,7 +6,7 @@ The bound for the gradients: XLA does not promise bit-identical results when a p
 restructured (``jax.checkpoint`` recomputes each block's forward inside the backward pass and
 the two programs are fused differently), only float32 arithmetic on the same operations, each
 rounding with relative error ≤ u = 2^-24. Along the network's longest path (n_f = 146 roundings
-forward, n = 292 with the backward pass: counted in tests/test_precision.py for this network)
+forward, n = 292 with the backward pass: counted in tests/system/test_precision.py for this network)
 independent roundings give a norm-wise relative difference with standard deviation √(n/3)·u;
 the test allows twice it, 2·√(n/3)·u ≈ 1.2e-6, and the loss 2·√(n_f/3)·u. Bit-identical
 results are not required (XLA does not guarantee them across a restructured program).
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
+from helpers_common import tiny_config
 
 from dew.schema import ConfigError
 from dew.training.build import build_objective, open_split
