@@ -205,7 +205,7 @@ def test_resume_is_bit_exact_under_a_dynamic_scale_and_works_across_policies(tmp
     straight run to 8, the scale's state included. Then a float32 run resumes under bfloat16
     (no scale state), and that bfloat16 checkpoint under float16 (the scale created), and the
     float16 checkpoint under float32 (the scale dropped); each trains on with finite parameters.
-    Checkpoints hold float32 whatever the policy. The network is conftest's one-level tiny
+    Checkpoints hold float32 whatever the policy. The network is tiny_config's one-level tiny
     SongUNet: what is checked is the state a resume carries, not the rounding of a deeper network."""
     quiet = {"eval.every": 0, "preview.every": 0, "checkpoint.every": 4, "train.log_every": 4}
     f16 = {

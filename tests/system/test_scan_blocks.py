@@ -82,7 +82,7 @@ def test_scanned_blocks_give_the_same_parameters_loss_and_gradients(remat):
 
 
 def test_a_config_with_scanned_blocks_trains_through_the_trainer(tmp_path):
-    """conftest's one-level network (no attention) with 3 blocks: its scanned runs are enc 8×8
+    """tiny_config's one-level network (no attention) with 3 blocks: its scanned runs are enc 8×8
     blocks 0-2 and dec 8×8 blocks 0-3 (each 8 + 8 skip channels in, 8 out), so the Trainer's
     loss holds two scans."""
     quiet = {"eval.every": 0, "preview.every": 0, "checkpoint.every": 1, "train.log_every": 1}
