@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dew-installed
 
-.PHONY: train test lint format lock clean docs
+.PHONY: train test test-fast test-system lint format lock clean docs
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,13 +21,32 @@ train: $(STAMP)
 
 # The suite is compile-bound (XLA compiles on one core each): one worker per core, whole files
 # per worker so module fixtures run once. TEST_WORKERS=0 runs it in this process.
+# Two tiers (tests/README.md): `make test-fast` (unit and parity tests, minutes) and
+# `make test-system` (tests/system, tests/user_paths: CLI runs, kills, restarts, many processes,
+# Trainer runs); `make test` is both, fast first. Each tier runs in two passes: most tests with
+# XLA's quick-compile flag, then those marked default_compiler or execution_bound with XLA's default
+# optimisation (DEW_TEST_DEFAULT_COMPILER=1: in process, no child pytest per test). Exit status 5
+# ("no tests collected") is not a failure: a tier may have no such tests.
 TEST_WORKERS ?= 2
-test: $(STAMP)
+SYSTEM_DIRS := tests/system tests/user_paths
+DEFAULT_LEVEL := default_compiler or execution_bound
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
+define run_tier
+	$(PYTEST) -m "not ($(DEFAULT_LEVEL))" $(1) || test $$? -eq 5
+	DEW_TEST_DEFAULT_COMPILER=1 $(PYTEST) -m "$(DEFAULT_LEVEL)" $(1) || test $$? -eq 5
+endef
+
+test: test-fast test-system
+
+test-fast: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pyright --pythonpath $(BIN)/python
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
+	$(call run_tier,tests $(addprefix --ignore=,$(SYSTEM_DIRS)))
 
-# The documentation site under .cache/site, warnings as errors (tests/test_docs.py builds it too).
+test-system: $(STAMP)
+	$(call run_tier,$(wildcard $(SYSTEM_DIRS)))
+
+# The documentation site under .cache/site, warnings as errors (tests/system/test_docs.py builds it too).
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict
 

@@ -1,13 +1,13 @@
-"""Shared test set-up: CPU only, a persistent compilation cache, tiny configs."""
+"""The suite's set-up (CPU only, a persistent compilation cache, XLA flags), its markers, hooks and
+fixtures. Helpers that test files import live in helpers_*.py modules, never here."""
 
 from __future__ import annotations
 
 import os
-import pathlib
 
 import pytest
+from helpers_common import ROOT, tiny_config
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 CACHE = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".cache" / "jax-tests"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -90,38 +90,18 @@ def pytest_pyfunc_call(pyfuncitem):
     return True
 
 
-def tiny_config(**overrides):
-    """experiments/edm.py shrunk so a test compiles and trains in seconds."""
-    from dew.config import apply_overrides, load_config
-
-    config = load_config(str(ROOT / "experiments" / "edm.py"))
-    defaults = {
-        "dataset.batch_size": 16,
-        "model.model_channels": 8,
-        "model.num_blocks": 1,
-        # One resolution level, no attention: half the compile of two levels with attention.
-        "model.channel_mult": (1,),
-        "model.attn_resolutions": (),
-        "train.num_steps": 6,
-        "train.log_every": 2,
-        "checkpoint.every": 3,
-        "eval.every": 3,
-        "eval.num_batches": 1,
-        "preview.every": 3,
-        "objective.sampling.steps": 3,
-        "objective.sampling.per_class": 2,
-        "optimizer.warmup_steps": 2,
-        # One device unless a test asks for a mesh: eight virtual devices on two cores make every
-        # step a cross-thread all-reduce, slow and (under load) prone to XLA's rendezvous timeout.
-        "mesh.devices": 1,
-    }
-    defaults.update(overrides)
-    return apply_overrides(
-        config,
-        [f"config.{k}={v!r}" if not isinstance(v, str) else f"config.{k}={v}" for k, v in defaults.items()],
-    )
-
-
 @pytest.fixture
 def config():
     return tiny_config()
+
+
+@pytest.fixture(scope="module")
+def weights_file(tmp_path_factory):
+    """Converted Inception weights (not pinned) for the module's tests: helpers_fid's random ones."""
+    from helpers_fid import random_state_dict
+
+    from dew.scoring import convert_inception
+
+    path = tmp_path_factory.mktemp("w") / "inception.npz"
+    convert_inception.convert(random_state_dict(), str(path), source_sha256="0" * 64)
+    return path

@@ -10,9 +10,9 @@ import subprocess
 import sys
 import time
 
-from conftest import ROOT
+from helpers_common import ROOT
 
-#: conftest.tiny_config's values, so the CLI runs share the tests' compilation cache.
+#: helpers_common.tiny_config's values, so the CLI runs share the tests' compilation cache.
 TINY = {
     "dataset.batch_size": 16,
     "model.model_channels": 8,

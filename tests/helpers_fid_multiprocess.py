@@ -1,4 +1,4 @@
-"""One process of the two-process FID draw (tests/test_fid_protocol.py starts two).
+"""One process of the two-process FID draw (tests/system/test_fid_protocol.py starts two).
 
 argv: process_id, coordinator port, outdir (shared), output .npz. Each process has 2 CPU
 devices; the draw's mesh spans the 4 devices of both, each process builds its own devices'
@@ -16,7 +16,7 @@ jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processe
 
 import numpy as np  # noqa: E402
 
-from tests.test_fid_protocol import _draw, build_model  # noqa: E402
+from tests.system.test_fid_protocol import _draw, build_model  # noqa: E402
 
 assert jax.process_count() == 2 and jax.device_count() == 4
 sums = _draw(build_model(), outdir, None).run()

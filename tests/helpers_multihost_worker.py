@@ -1,4 +1,4 @@
-"""One process of the two-process data-parallel test (tests/test_multihost.py starts two).
+"""One process of the two-process data-parallel test (tests/system/test_multihost.py starts two).
 
 argv: process_id, coordinator port, workdir, output .npz path. Each process has 2 CPU devices;
 the mesh spans the 4 devices of both processes; each process reads its own half of every batch.
@@ -18,8 +18,8 @@ process_id, port, workdir, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=process_id)
 
 import numpy as np  # noqa: E402
-from conftest import ROOT  # noqa: E402
 from helpers_cli import TINY_MIXTURE  # noqa: E402
+from helpers_common import ROOT  # noqa: E402
 from jax._src import distributed  # noqa: E402  (the coordination-service client, for a barrier)
 
 from dew.artifacts import ImageGrid  # noqa: E402

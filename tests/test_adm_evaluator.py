@@ -16,6 +16,9 @@ from dew.scoring import adm_evaluator as adm
 from dew.scoring import distances, inception
 from dew.scoring.statistics import FeatureStatistics
 
+# Compares with the reference's recorded goldens: every test runs with XLA's default optimisation.
+pytestmark = pytest.mark.default_compiler
+
 HERE = pathlib.Path(__file__).resolve().parent.parent / "third_party" / "guided_diffusion"
 U32, U16, EPS64 = 2.0**-24, 2.0**-11, 2.0**-53
 

@@ -10,12 +10,12 @@ import pathlib
 
 import numpy as np
 import pytest
+from helpers_tracking import event_accumulator, offline_run_dirs, wandb_history
 from PIL import Image
 
 from dew.artifacts import LIMITS, ImageGrid, Representations, TextSamples, TokenScores, VideoGrid
 from dew.tracking.render import PALETTE, heat_colour, token_scores_html
 from dew.tracking.trackers import LocalTracker, MLflowTracker, TensorBoardTracker, WandbTracker
-from tests.helpers_tracking import event_accumulator, offline_run_dirs, wandb_history
 
 
 @pytest.mark.parametrize(

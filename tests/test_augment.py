@@ -11,12 +11,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ROOT
+from helpers_common import ROOT
 from jax.sharding import NamedSharding, PartitionSpec
 
 from dew.augment.pipeline import DRAWS, apply, augment, draw
 from dew.augment.resample import HZ
 from dew.augment.settings import COLOUR, GEOMETRIC, AugmentSettings
+
+# Compares with the reference's recorded goldens: every test runs with XLA's default optimisation.
+pytestmark = pytest.mark.default_compiler
 
 GOLDENS = np.load(ROOT / "third_party" / "edm" / "augment_reference.npz", allow_pickle=False)
 CASES = {c["name"]: c for c in json.loads(str(GOLDENS["cases_json"]))}

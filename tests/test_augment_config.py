@@ -8,7 +8,7 @@ import dataclasses
 import pathlib
 
 import pytest
-from conftest import ROOT
+from helpers_common import ROOT
 
 from dew.augment.settings import AugmentSettings
 from dew.config import ConfigError, apply_overrides, load_config

@@ -16,7 +16,7 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
-from conftest import ROOT
+from helpers_common import ROOT
 from PIL import Image
 
 from dew.config import apply_overrides, load_config

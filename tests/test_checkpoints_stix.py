@@ -163,21 +163,6 @@ def test_the_configs_coerce_as_pydantic_does_and_only_the_io_handlers_forbids_un
     assert CheckpointerConfig(checkpoint_dir="x", save_interval_steps="7").save_interval_steps == 7
 
 
-def test_import_dew_and_a_run_load_no_pydantic_and_naming_a_stix_config_does():
-    import subprocess
-    import sys
-
-    code = (
-        "import sys, dew, dew.training\n"
-        "from dew.training import Trainer, Checkpoints\n"
-        "before = 'pydantic' in sys.modules\n"
-        "from dew.training import TrainingIOHandlerConfig\n"
-        "print(before, 'pydantic' in sys.modules)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "True"]
-
-
 def test_max_to_keep_none_is_accepted_by_the_checkpointer_config():
     assert CheckpointerConfig(checkpoint_dir="x", max_to_keep=None).max_to_keep is None
 
@@ -589,33 +574,3 @@ def test_a_training_loop_written_from_the_stix_text_runs_and_resumes(tmp_path):
     )
     assert int(first.step) == 4 and same(resumed, straight)
     assert lines[0] == (1, {"rmse_fit": 0.5})
-
-
-def test_the_stix_names_resolve_from_dew_training_without_a_modality_or_tracker_backend():
-    import subprocess
-    import sys
-
-    names = [
-        "TrainingIOHandler",
-        "TrainingIOHandlerConfig",
-        "Checkpointer",
-        "CheckpointerConfig",
-        "LoggingCategory",
-        "CheckpointRestorationError",
-        "save_run_metadata",
-        "read_run_metadata",
-        "get_debiased_ema",
-        "log_metrics_to_line",
-        "log_metrics_to_table",
-        "convert_mse_to_rmse_in_logs",
-    ]
-    code = (
-        "import sys, json, dew.training as t\n"
-        f"[getattr(t, n) for n in {names!r}]\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('mlflow', 'wandb', 'tensorboard', 'tensorflow', 'haiku') or m.startswith(('dew.diffusion', "
-        "'dew.sampling', 'dew.networks', 'dew.encoding', 'dew.scoring', 'dew.objectives.diffusion', "
-        "'dew.data.digits')))))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout) == []

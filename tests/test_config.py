@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import ROOT
+from helpers_common import ROOT
 
 from dew.config import ConfigError, apply_overrides, load_config
 from dew.main import main

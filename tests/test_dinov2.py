@@ -12,6 +12,9 @@ import pytest
 from dew import registry
 from dew.scoring import dinov2, dinov2_weights
 
+# Compares with the reference's recorded goldens: every test runs with XLA's default optimisation.
+pytestmark = pytest.mark.default_compiler
+
 HERE = pathlib.Path(__file__).resolve().parent.parent / "third_party" / "dinov2"
 U32 = float(np.finfo(np.float32).eps) / 2  # float32 unit roundoff, 2^-24
 TINY = dinov2.ViTConfig(embed_dim=32, depth=2, num_heads=2, patch_size=14, mlp_ratio=4, train_grid=37)

@@ -13,6 +13,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from dew import registry
 from dew.encoding.class_label import UNCONDITIONAL
@@ -21,6 +22,9 @@ from dew.networks import edm2_weights
 from dew.networks.edm2_precond import EDM2Precond
 from dew.objectives.edm2 import EDM2
 from dew.sampling import CFG, sample
+
+# Compares with the reference's recorded goldens: every test runs with XLA's default optimisation.
+pytestmark = pytest.mark.default_compiler
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REFERENCE = os.path.join(HERE, "..", "third_party", "edm2", "autoguidance_reference.npz")

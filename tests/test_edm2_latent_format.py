@@ -21,6 +21,9 @@ from dew.data.sources.latent_dataset import LatentDatasetError, open_latent_data
 from dew.data.sources.latent_source import latent_dataset
 from dew.schema import ConfigError
 
+# Compares with the reference's recorded goldens: every test runs with XLA's default optimisation.
+pytestmark = pytest.mark.default_compiler
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REFERENCE = os.path.join(HERE, "..", "third_party", "edm2")
 ZIP = os.path.join(REFERENCE, "latent_dataset_reference.zip")

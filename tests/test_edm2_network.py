@@ -22,6 +22,9 @@ from dew.networks import edm2_weights
 from dew.networks.edm2_layers import BUFFER_NAMES, project_weights
 from dew.networks.edm2_precond import EDM2Precond
 
+# Compares with the reference's recorded goldens: every test runs with XLA's default optimisation.
+pytestmark = pytest.mark.default_compiler
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 THIRD_PARTY = os.path.join(HERE, "..", "third_party", "edm2")
 UNIT_ROUNDOFF = float(np.finfo(np.float32).eps) / 2

@@ -17,6 +17,9 @@ from dew import registry
 from dew.diffusion import EDM
 from dew.networks.edm_weights import convert_state_dict, count_parameters, load_npz_state_dict
 
+# Compares with the reference's recorded goldens: every test runs with XLA's default optimisation.
+pytestmark = pytest.mark.default_compiler
+
 THIRD_PARTY = pathlib.Path(__file__).resolve().parent.parent / "third_party" / "edm"
 CASES = ("songunet_ddpmpp", "songunet_ncsnpp", "songunet_skip", "dhariwalunet")
 _NOT_MODEL_ARGS = ("img_resolution", "img_channels", "model_type")

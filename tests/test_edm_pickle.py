@@ -22,6 +22,9 @@ from dew.interop.edm_config import jsonable, network_config
 from dew.interop.edm_pickle import PickleRefused, RestrictedUnpickler, load_snapshot
 from dew.networks.edm_weights import convert_state_dict, count_parameters
 
+# Compares with the reference's recorded goldens: every test runs with XLA's default optimisation.
+pytestmark = pytest.mark.default_compiler
+
 THIRD_PARTY = pathlib.Path(__file__).resolve().parent.parent / "third_party" / "edm"
 SNAPSHOTS = {
     "network-snapshot-tiny": "songunet",  # DDPM++, conditional, augment_dim 9, AugmentPipe

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import tiny_config
+from helpers_common import tiny_config
 from helpers_trainer import Regression, regression_batches
 
 from dew.averaging import ema

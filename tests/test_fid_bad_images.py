@@ -12,8 +12,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.test_fid_cli import weights_file  # noqa: F401  (the module fixture)
-
 
 def _bomb_png(width: int = 20000, height: int = 20000) -> bytes:
     """A valid PNG signature and IHDR (8-bit RGB) claiming ``width`` × ``height``, one empty
@@ -62,7 +60,7 @@ def _truncated_png(tmp_path) -> bytes:
 
 
 @pytest.mark.parametrize("kind", ["bomb", "truncated"])
-def test_ref_refuses_an_undecodable_image_in_one_line(weights_file, tmp_path, capsys, kind):  # noqa: F811
+def test_ref_refuses_an_undecodable_image_in_one_line(weights_file, tmp_path, capsys, kind):
     from dew.fid import main
 
     bad = _bomb_png() if kind == "bomb" else _truncated_png(tmp_path)
@@ -86,7 +84,7 @@ def test_ref_refuses_an_undecodable_image_in_one_line(weights_file, tmp_path, ca
 
 
 @pytest.mark.parametrize("flag", ["--images", "--ref"])
-def test_images_and_a_ref_folder_refuse_a_bomb_in_one_line(weights_file, tmp_path, capsys, flag):  # noqa: F811
+def test_images_and_a_ref_folder_refuse_a_bomb_in_one_line(weights_file, tmp_path, capsys, flag):
     from dew.fid import main
 
     bombed = _folder(tmp_path, "bombed", _bomb_png())
@@ -100,7 +98,7 @@ def test_images_and_a_ref_folder_refuse_a_bomb_in_one_line(weights_file, tmp_pat
     assert not out.exists()
 
 
-def test_a_lowered_limit_is_the_limit_named(weights_file, tmp_path, capsys, monkeypatch):  # noqa: F811
+def test_a_lowered_limit_is_the_limit_named(weights_file, tmp_path, capsys, monkeypatch):
     """PIL's limit is the user's to set (``Image.MAX_IMAGE_PIXELS``): an 8×8 image past a limit
     of 2 × 20 pixels is refused the same way."""
     from dew.fid import main

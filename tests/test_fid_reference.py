@@ -23,6 +23,9 @@ from dew.scoring.fid_reference import (
     save_reference,
 )
 
+# Compares with the reference's recorded goldens: every test runs with XLA's default optimisation.
+pytestmark = pytest.mark.default_compiler
+
 EDM = pathlib.Path(__file__).resolve().parent.parent / "third_party" / "edm"
 CASES = {
     "rgb12x10": EDM / "fid_images_rgb12x10.zip",

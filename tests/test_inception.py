@@ -11,6 +11,9 @@ import pytest
 
 from dew.scoring import inception
 
+# Compares with the reference's recorded goldens: every test runs with XLA's default optimisation.
+pytestmark = pytest.mark.default_compiler
+
 HERE = pathlib.Path(__file__).resolve().parent.parent / "third_party" / "pytorch_fid"
 
 

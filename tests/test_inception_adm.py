@@ -14,6 +14,9 @@ import pytest
 
 from dew.scoring import convert_inception, inception
 
+# Compares with the reference's recorded goldens: every test runs with XLA's default optimisation.
+pytestmark = pytest.mark.default_compiler
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "third_party" / "torch_fidelity" / "adm_taps.npz"
 U32 = 2.0**-24  # float32 unit roundoff
@@ -29,9 +32,9 @@ def golden():
 
 
 def _classifier() -> np.ndarray:
-    from tests.test_fid_cli import _random_state_dict
+    from helpers_fid import random_state_dict
 
-    return _random_state_dict()["fc.weight"]
+    return random_state_dict()["fc.weight"]
 
 
 def _dot_bound(pool: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -51,10 +54,10 @@ def test_logits_of_the_references_pool_are_its_logits(golden):
 
 @pytest.mark.slow  # the Inception network at 299x299 on CPU, 3 images
 def test_adm_features_match_torch_fidelitys_extractor(golden, tmp_path):
-    from tests.test_fid_cli import _random_state_dict
+    from helpers_fid import random_state_dict
 
     weights = tmp_path / "w.npz"
-    convert_inception.convert(_random_state_dict(), str(weights), "0" * 64)
+    convert_inception.convert(random_state_dict(), str(weights), "0" * 64)
     params = convert_inception.load_weights(str(weights), pinned=False)
     w = convert_inception.load_classifier(str(weights), pinned=False)
     np.testing.assert_array_equal(w, _classifier())
@@ -79,10 +82,11 @@ def test_adm_features_match_torch_fidelitys_extractor(golden, tmp_path):
 
 
 def test_weights_without_the_classifier_are_refused_saying_to_convert_again(tmp_path):
-    from dew import pinned_weights
-    from tests.test_fid_cli import _random_state_dict
+    from helpers_fid import random_state_dict
 
-    arrays = {k: v for k, v in _random_state_dict().items() if not k.startswith("fc.")}
+    from dew import pinned_weights
+
+    arrays = {k: v for k, v in random_state_dict().items() if not k.startswith("fc.")}
     arrays = {k: v for k, v in arrays.items() if not k.endswith("num_batches_tracked")}
     old = tmp_path / "old.npz"
     pinned_weights.write_npz(str(old), arrays, "0" * 64)

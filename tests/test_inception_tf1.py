@@ -18,6 +18,9 @@ from dew.scoring.fid_reference import (
     recorded_handling,
 )
 
+# Compares with the reference's recorded goldens: every test runs with XLA's default optimisation.
+pytestmark = pytest.mark.default_compiler
+
 GOLDEN = (
     pathlib.Path(__file__).resolve().parent.parent / "third_party" / "torch_fidelity" / "tf1_reference.npz"
 )
@@ -81,9 +84,9 @@ def test_tf1_features_match_torch_fidelitys_extractor(golden):
     1e-4 (test_inception's bound and argument: float32 summation order over 94 layers; float32
     vs float64 in the golden itself: ≤ 1.7e-6). pytorch-fid's handling on the same images moves
     the features by far more, so the comparison tells the handlings apart."""
-    from tests.test_fid_cli import _random_state_dict
+    from helpers_fid import random_state_dict
 
-    params = inception.params_from_torch_names(_random_state_dict())
+    params = inception.params_from_torch_names(random_state_dict())
     run = jax.jit(inception.features, static_argnames=("value_range", "resize", "handling"))
     for case in ("cifar", "nonsquare"):
         images = golden[f"features_input/{case}"].transpose(0, 2, 3, 1).astype(np.float32)

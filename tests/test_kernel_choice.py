@@ -9,7 +9,7 @@ import json
 import os
 
 import pytest
-from conftest import ROOT
+from helpers_common import ROOT
 
 from dew import kernels
 from dew.runtime import cpu_convolutions, host_devices, kernel_cache, kernel_choice

@@ -11,9 +11,12 @@ import json
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from helpers_common import ROOT
 
 from dew.data.sources import latent_transforms as lt
+
+# Compares with the reference's recorded goldens: every test runs with XLA's default optimisation.
+pytestmark = pytest.mark.default_compiler
 
 REFERENCE = np.load(ROOT / "third_party" / "edm2" / "transform_reference.npz")
 INPUTS = {int(k.split("/")[1]): REFERENCE[k] for k in REFERENCE.files if k.startswith("input/")}

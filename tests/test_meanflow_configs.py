@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import ROOT
+from helpers_common import ROOT
 
 from dew import registry
 from dew.config import load_config

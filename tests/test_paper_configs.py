@@ -126,8 +126,8 @@ def dataset_resolution(config: Any) -> int:
 # dew network settings with no reference counterpart because they change how, not what, is
 # computed (each has its own test that the numbers stay the same).
 SAME_NUMBERS = {
-    "remat": "per-block rematerialisation (tests/test_remat.py)",
-    "scan_blocks": "runs of identical blocks as one lax.scan (tests/test_scan_blocks.py)",
+    "remat": "per-block rematerialisation (tests/system/test_remat.py)",
+    "scan_blocks": "runs of identical blocks as one lax.scan (tests/system/test_scan_blocks.py)",
 }
 
 

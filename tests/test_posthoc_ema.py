@@ -9,6 +9,9 @@ import pytest
 
 from dew.averaging import posthoc as ph
 
+# Compares with the reference's recorded goldens: every test runs with XLA's default optimisation.
+pytestmark = pytest.mark.default_compiler
+
 REF = np.load(pathlib.Path(__file__).resolve().parent.parent / "third_party" / "edm2" / "phema_reference.npz")
 
 

@@ -1,6 +1,6 @@
 """SIGTERM and Ctrl-C during ``fit``: the current step is saved and waited for, the run stops
 with ``Preempted`` saying where to resume, and the resumed run ends bit-identical to a straight
-one. (Through ``python -m dew.main``: tests/test_checkpoints_cli.py.)"""
+one. (Through ``python -m dew.main``: tests/system/test_checkpoints_cli.py.)"""
 
 from __future__ import annotations
 

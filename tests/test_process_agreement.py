@@ -1,5 +1,5 @@
 """The checks that keep the processes of one run in step, on their own (the processes themselves
-are in tests/test_cli_multiprocess.py): the resolved configs compared key by key, and the peer
+are in tests/system/test_cli_multiprocess.py): the resolved configs compared key by key, and the peer
 watch judging heartbeats published in a key-value store (here a dict behind the coordinator
 client's four calls), on real threads and clocks."""
 

@@ -14,6 +14,9 @@ from dew.data.sources.mixture import GaussianMixture
 from dew.diffusion import EDM
 from dew.sampling import DPMSolverPP2M, EDMStochastic, trajectory
 
+# Compares with the reference's recorded goldens: every test runs with XLA's default optimisation.
+pytestmark = pytest.mark.default_compiler
+
 REFERENCE = pathlib.Path(__file__).resolve().parent.parent / "third_party" / "k_diffusion" / "reference.npz"
 CHURN = {"s_churn": 40.0, "s_tmin": 0.05, "s_tmax": 50.0, "s_noise": 1.003}
 

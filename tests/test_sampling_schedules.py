@@ -16,6 +16,9 @@ from dew.data.sources.mixture import RING
 from dew.diffusion import EDM
 from dew.sampling import EDMStochastic, check_unit_noise, karras_sigmas, sample, trajectory
 
+# Compares with the reference's recorded goldens: every test runs with XLA's default optimisation.
+pytestmark = pytest.mark.default_compiler
+
 SOLVERS = ["euler", "heun", "dpmpp_2m", EDMStochastic(), EDMStochastic(second_order=False)]
 REFERENCE = pathlib.Path(__file__).resolve().parent.parent / "third_party" / "k_diffusion" / "reference.npz"
 

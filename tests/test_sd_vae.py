@@ -15,6 +15,9 @@ import pytest
 from dew.encoding import stability_vae
 from dew.networks import sd_vae, sd_vae_weights
 
+# Compares with the reference's recorded goldens: every test runs with XLA's default optimisation.
+pytestmark = pytest.mark.default_compiler
+
 HERE = pathlib.Path(__file__).resolve().parent.parent / "third_party" / "sd_vae"
 U32 = float(np.finfo(np.float32).eps) / 2  # float32 unit roundoff, 2^-24
 TINY = sd_vae.VAEConfig(block_out_channels=(32, 64), layers_per_block=1, latent_channels=4, norm_num_groups=8)

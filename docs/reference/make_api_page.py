@@ -2,7 +2,7 @@
 
 The page lists every name ``dew`` and ``dew.training`` export (their ``_EXPORTS`` tables, the
 same surface the API reference text describes), each rendered by mkdocstrings from the
-docstring where it is defined. ``tests/test_docs.py`` checks that the page is current.
+docstring where it is defined. ``tests/system/test_docs.py`` checks that the page is current.
 
     python docs/reference/make_api_page.py        # rewrite docs/api.md
 """
