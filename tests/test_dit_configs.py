@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from helpers_common import ROOT
 
 from dew import registry
 from dew.config import apply_overrides, load_config

@@ -27,7 +27,7 @@ class BackgroundCompile:
     that fails before waiting leaves the thread to finish on its own; the interpreter waits for
     it when it exits: a daemon thread still inside XLA's compiler when the interpreter finalises
     is unwound through C++ frames that swallow the unwind, and the process aborts
-    (``tests/test_precompile.py``).
+    (``tests/system/test_precompile.py``).
     """
 
     def __init__(self, jitted: Any, *args: Any):  # a jax.jit-wrapped function (it has .lower)

@@ -67,7 +67,7 @@ def test_a_warm_machine_cache_skips_compiling(tmp_path):
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from helpers_common import ROOT
 
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "HOME": str(tmp_path / "home")}
     env["JAX_PLATFORMS"] = "cpu"

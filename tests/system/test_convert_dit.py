@@ -16,7 +16,7 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ROOT
+from helpers_common import ROOT
 
 from dew import convert_dit
 from dew.inference import pipeline
