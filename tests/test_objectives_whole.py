@@ -79,6 +79,7 @@ CASES = {
     "meanflow": ("meanflow", "meanflow.py", {}),
     "interpolant": ("interpolant", "sit.py:digits", {}),
     "iddpm": ("iddpm", "dit.py:digits", {}),
+    "imeanflow": ("imeanflow", "meanflow.py:iMF-digits", {}),
 }
 
 
