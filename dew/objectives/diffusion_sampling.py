@@ -75,6 +75,19 @@ def class_captions(class_prompts: tuple[str, ...] | None, per_class: int) -> tup
     return tuple(p for p in class_prompts for _ in range(per_class))
 
 
+def requested_classes(classes: int | Sequence[int], num_classes: int | None) -> tuple[int, ...]:
+    """The class labels an inference request asks for (an int or a sequence of them), checked
+    against the model's ``num_classes``; a request the model cannot serve is one ``ValueError``
+    line. Every class-conditional objective's ``infer`` asks this."""
+    classes = (classes,) if isinstance(classes, int) else tuple(classes)
+    if not num_classes or not classes:
+        raise ValueError(f"classes={classes!r}: this model has no classes")
+    bad = [c for c in classes if not (isinstance(c, int | np.integer) and 0 <= c < num_classes)]
+    if bad:
+        raise ValueError(f"classes {bad} are out of range: expected ints in [0, {num_classes})")
+    return classes
+
+
 def requested_conditions(
     classes: int | Sequence[int] | None,
     prompts: str | Sequence[str] | None,
@@ -99,12 +112,7 @@ def requested_conditions(
             raise ValueError(f"prompts must be a non-empty sequence of str, got {prompts!r}")
         return {"label": jnp.asarray(prompt_tokens(prompts, condition.field.shape))}, prompts
     assert classes is not None  # raised above when neither classes nor prompts is given
-    classes = (classes,) if isinstance(classes, int) else tuple(classes)
-    if not num_classes or not classes:
-        raise ValueError(f"classes={classes!r}: this model has no classes")
-    bad = [c for c in classes if not (isinstance(c, int | np.integer) and 0 <= c < num_classes)]
-    if bad:
-        raise ValueError(f"classes {bad} are out of range: expected ints in [0, {num_classes})")
+    classes = requested_classes(classes, num_classes)
     if class_prompts is not None:  # a text model asked for classes: each class's prompt
         return requested_conditions(
             None,
@@ -131,6 +139,7 @@ __all__ = [
     "guided",
     "interval_guidance",
     "prompt_tokens",
+    "requested_classes",
     "requested_conditions",
     "unconditional",
 ]

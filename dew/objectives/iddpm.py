@@ -37,6 +37,7 @@ from dew.artifacts import ImageGrid
 from dew.diffusion.iddpm import SCHEDULES, GaussianDiffusion
 from dew.inputs import Condition, Field, InputSpec
 from dew.objectives import latent_space
+from dew.objectives.diffusion_sampling import requested_classes
 from dew.objectives.meanflow import sample_field, takes_arguments
 from dew.objectives.whole import BuiltWhole
 from dew.schema import ConfigError, Key, Section, at_least
@@ -253,12 +254,7 @@ class IDDPM(Objective, metaclass=BuiltWhole):
         rng = jax.random.PRNGKey(seed)
         if classes is None:
             return self._draw_grid(params, rng, settings)
-        classes = (classes,) if isinstance(classes, int) else tuple(classes)
-        if not self.num_classes or not classes:
-            raise ValueError(f"classes={classes!r}: this model has no classes")
-        bad = [c for c in classes if not (isinstance(c, int | np.integer) and 0 <= c < self.num_classes)]
-        if bad:
-            raise ValueError(f"classes {bad} are out of range: expected ints in [0, {self.num_classes})")
+        classes = requested_classes(classes, self.num_classes)
         settings.pop("per_class")
         key = ("classes", *sorted(settings.items()))
         generate = self._jitted_call(key, lambda: functools.partial(self.generate, **settings))

@@ -41,6 +41,7 @@ from dew.diffusion.interpolants import LOSS_WEIGHTS, PATHS, PREDICTIONS
 from dew.diffusion.transport import Transport
 from dew.inputs import Condition, Field, InputSpec
 from dew.objectives import latent_space, scatter
+from dew.objectives.diffusion_sampling import requested_classes
 from dew.objectives.diffusion_scoring import preview_scores
 from dew.objectives.meanflow import sample_field, takes_arguments
 from dew.objectives.repa import Repa, total_loss
@@ -339,12 +340,7 @@ class Interpolant(Objective, metaclass=BuiltWhole):
         rng = jax.random.PRNGKey(seed)
         if classes is None:
             return self._draw_grid(params, rng, preview)
-        classes = (classes,) if isinstance(classes, int) else tuple(classes)
-        if not self.num_classes or not classes:
-            raise ValueError(f"classes={classes!r}: this model has no classes")
-        bad = [c for c in classes if not (isinstance(c, int | np.integer) and 0 <= c < self.num_classes)]
-        if bad:
-            raise ValueError(f"classes {bad} are out of range: expected ints in [0, {self.num_classes})")
+        classes = requested_classes(classes, self.num_classes)
         sampler = dataclasses.replace(transport_sampler(preview.sampler), num_steps=preview.steps)
         images = jax.jit(functools.partial(self.generate, sampler=sampler, guidance=Guidance.of(preview)))(
             params, rng, jnp.asarray(classes, jnp.int32)

@@ -42,6 +42,7 @@ from dew.artifacts import ImageGrid
 from dew.encoding.class_label import UNCONDITIONAL
 from dew.inputs import Condition, Field, InputSpec
 from dew.objectives import latent_space
+from dew.objectives.diffusion_sampling import requested_classes
 from dew.objectives.meanflow_loss import (
     Guidance,
     TimeSampling,
@@ -332,12 +333,7 @@ class MeanFlow(Objective, metaclass=BuiltWhole):
         if classes is None:
             samples = jax.device_get(self._jitted_draw(settings)(params, rng))
             return self._grid(np.asarray(samples), settings["per_class"])
-        classes = (classes,) if isinstance(classes, int) else tuple(classes)
-        if not self.num_classes or not classes:
-            raise ValueError(f"classes={classes!r}: this model has no classes")
-        bad = [c for c in classes if not (isinstance(c, int | np.integer) and 0 <= c < self.num_classes)]
-        if bad:
-            raise ValueError(f"classes {bad} are out of range: expected ints in [0, {self.num_classes})")
+        classes = requested_classes(classes, self.num_classes)
         settings.pop("per_class")
         key = ("classes", *sorted((k, v) for k, v in settings.items()))
         if key not in self._jitted:
