@@ -6,6 +6,7 @@ unchanged ``Trainer`` and through ``python -m dew.main``."""
 from __future__ import annotations
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -174,7 +175,7 @@ def test_a_classifier_trains_evaluates_previews_and_resumes_through_the_trainer(
 
 EXPERIMENT = """
 import sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{here!r}, {tests!r}]  # this file's folder, and tests/ for its helpers
 import test_objective_contract  # registers the classifier, as a user's own module would
 
 def get_config():
@@ -186,7 +187,8 @@ def get_config():
 def test_the_command_line_runs_and_resumes_an_objective_dew_does_not_ship(tmp_path):
     def run(steps: int, *extra: str) -> subprocess.CompletedProcess:
         path = tmp_path / f"classifier_{steps}.py"
-        path.write_text(EXPERIMENT.format(tests=str(ROOT / "tests"), steps=steps))
+        here = str(pathlib.Path(__file__).resolve().parent)
+        path.write_text(EXPERIMENT.format(here=here, tests=str(ROOT / "tests"), steps=steps))
         command = [
             sys.executable,
             "-m",
