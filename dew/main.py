@@ -170,13 +170,25 @@ def interrupted(error: KeyboardInterrupt, trainer, argv: Sequence[str]) -> str:
     the next run's first save cleans it up."""
     from dew.training.preemption import landed_steps
 
-    saving = getattr(error, "step", None)
+    step = getattr(error, "step", None)
+    saving = list(getattr(error, "steps", ())) or ([] if step is None else [step])
     checkpoints = getattr(trainer, "checkpoints", None)
     landed = [] if checkpoints is None else landed_steps(checkpoints.directory)
     text = "interrupted by Ctrl-C"
-    if saving is not None:
-        fate = "it landed" if saving in landed else "it did not land and is discarded at the next start"
-        text += f" while the checkpoint of step {saving} was being saved ({fate})"
+    if saving:
+        lost = [s for s in saving if s not in landed]
+        if len(saving) == 1:
+            what = f"the checkpoint of step {saving[0]} was being saved"
+            fate = "it did not land and is discarded at the next start" if lost else "it landed"
+        else:
+            what = f"the checkpoints of steps {' and '.join(map(str, saving))} were being saved"
+            fate = (
+                "neither landed; both are discarded at the next start"
+                if len(lost) == len(saving)
+                else f"{' and '.join(str(s) for s in saving if s in landed)} landed, "
+                f"{' and '.join(map(str, lost))} did not and is discarded at the next start"
+            )
+        text += f" while {what} ({fate})"
     if checkpoints is None:
         return text + ": nothing was saved"
     if not landed:

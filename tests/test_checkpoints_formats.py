@@ -128,3 +128,19 @@ def test_the_writer_and_remover_threads_run_at_a_lower_priority_than_the_loop(tm
     writer.close()
     assert WRITER_NICENESS > 0 and seen == [min(here + WRITER_NICENESS, 19)]
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == here  # the loop's is its own
+
+
+def test_the_writer_names_the_writes_still_pending_until_they_finish():
+    from dew.checkpointing.writer import Writer
+
+    release = threading.Event()
+    writer = Writer(asynchronous=True)
+    writer.submit(release.wait, label=8)
+    assert writer.pending == [8]  # queued or running: a second Ctrl-C names it
+    release.set()
+    writer.wait()
+    assert writer.pending == []
+    writer.submit(lambda: None, label=9)
+    writer.abandon()
+    assert writer.pending == []
+    writer.close()

@@ -197,7 +197,7 @@ class Checkpoints:
             dataset_state = jax.tree.map(host_copy, dataset_state)
         ema = self.ema if ema is None else dict(ema)
         state = with_law(state, ema)
-        self.writer.submit(self._write, step, snapshot(state), rows, metrics, dataset_state, ema)
+        self.writer.submit(self._write, step, snapshot(state), rows, metrics, dataset_state, ema, label=step)
 
     def save_local(
         self, step: int, state: TrainState, saved: bytes | None, *, share: DataPartition | None = None
@@ -211,7 +211,7 @@ class Checkpoints:
         step, row = layout.step_number(step), positions.local_row(saved, share)
         layout.check_step(step, state)  # at the call, as ``save`` does
         self.writer.wait()
-        self.writer.submit(self._write_local, step, snapshot(with_law(state, self.ema)), row)
+        self.writer.submit(self._write_local, step, snapshot(with_law(state, self.ema)), row, label=step)
 
     def wait(self) -> None:
         """Block until pending async writes (and uploads) have landed, and pruned steps are
@@ -219,6 +219,11 @@ class Checkpoints:
         did not land is data loss."""
         self.writer.wait()
         self.store.wait_removals()
+
+    @property
+    def saving(self) -> list[int]:
+        """The steps whose writes are queued or running, oldest first (never blocks)."""
+        return list(self.writer.pending)
 
     def abandon(self) -> None:
         """Stop waiting for the write in flight, for a process about to exit (a second Ctrl-C

@@ -28,10 +28,12 @@ class Writer:
         self.asynchronous = asynchronous
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._inflight: list[concurrent.futures.Future] = []
+        self._labels: dict[concurrent.futures.Future, Any] = {}
         self._abandoned = False
 
-    def submit(self, write: Callable[..., None], *args: Any) -> None:
-        """Run ``write(*args)`` after every earlier write has landed (inline when synchronous)."""
+    def submit(self, write: Callable[..., None], *args: Any, label: Any = None) -> None:
+        """Run ``write(*args)`` after every earlier write has landed (inline when synchronous);
+        ``label`` (e.g. the step) is what ``pending`` reports while the write is unfinished."""
         self.wait()
         if not self.asynchronous:
             write(*args)
@@ -40,23 +42,37 @@ class Writer:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="dew-checkpoints", initializer=yield_to_the_loop
             )
-        self._inflight.append(self._pool.submit(write, *args))
+        future = self._pool.submit(write, *args)
+        self._inflight.append(future)
+        self._labels[future] = label
 
     @property
     def busy(self) -> bool:
         """Whether a write is queued or running (never blocks)."""
         return any(not f.done() for f in self._inflight)
 
+    @property
+    def pending(self) -> list[Any]:
+        """The labels of the writes queued or running, oldest first (never blocks)."""
+        return [self._labels[f] for f in self._inflight if not f.done()]
+
     def wait(self) -> None:
         """Block until every submitted write has finished; re-raise the first that failed."""
         while self._inflight:
-            self._inflight.pop(0).result()
+            future = self._inflight[0]
+            try:
+                future.result()
+            finally:  # a failed write is dropped (raised once); one still running stays pending
+                if future.done():
+                    self._inflight.pop(0)
+                    self._labels.pop(future, None)
 
     def abandon(self) -> None:
         """Stop waiting for the writes in flight: later waits return at once. Only for a process
         about to exit (a second Ctrl-C): the write goes on in its thread until then, and one
         that does not finish leaves an unfinished directory that the next writer cleans up."""
         self._inflight.clear()
+        self._labels.clear()
         self._abandoned = True
 
     def close(self) -> None:

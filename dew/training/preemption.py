@@ -50,12 +50,17 @@ class Interrupted(KeyboardInterrupt):
     """A second Ctrl-C arrived while the preemption save of ``step`` was landing: the run stops
     at once, abandoning that save (``Checkpoints.abandon``: nothing on the way out waits for it),
     and writes nothing more. A ``KeyboardInterrupt``, so that whatever catches one
-    (``python -m dew.main`` reports what had landed, exit status 130) catches it; ``step`` says
-    which save was under way."""
+    (``python -m dew.main`` reports what had landed, exit status 130) catches it.
 
-    def __init__(self, step: int):
-        super().__init__(f"a second Ctrl-C while the checkpoint of step {step} was being saved")
+    ``step`` is the preemption save's step; ``steps`` every save that was cut short, oldest
+    first: a periodic save still landing when the signal came (the preemption save waits for
+    it before it starts) and the preemption save itself."""
+
+    def __init__(self, step: int, steps: tuple[int, ...] | None = None):
         self.step = step
+        self.steps = tuple(sorted({*(steps or ()), step}))
+        which = " and ".join(str(s) for s in self.steps)
+        super().__init__(f"a second Ctrl-C while the checkpoint of step {which} was being saved")
 
 
 def landed_steps(directory: str) -> list[int]:
@@ -123,10 +128,11 @@ class PreemptionStage(Stage):
                 self.checkpoints.save(ctx.step, ctx.state, position, share=share)
             self.checkpoints.wait()
         except KeyboardInterrupt:  # a second Ctrl-C (the first one's handler is gone): stop now
+            saving = tuple(getattr(self.checkpoints, "saving", ()))  # before abandon forgets them
             abandon = getattr(self.checkpoints, "abandon", None)
             if abandon is not None:
                 abandon()  # nothing on the way out waits for the save
-            raise Interrupted(ctx.step) from None
+            raise Interrupted(ctx.step, saving) from None
         raise Preempted(signum, ctx.step, self.checkpoints.path(ctx.step))
 
     def close(self) -> None:

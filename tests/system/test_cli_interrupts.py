@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from helpers_cli import cli, command, comparable, dew_stderr, env, rows
@@ -95,16 +96,30 @@ def test_a_second_ctrl_c_during_the_preemption_save_says_what_was_saved_and_exit
     assert stopped_in < 60, stopped_in  # at once, not after the held save's 600 s
     landed = Checkpoints(str(workdir / "checkpoints"), read_only=True).all_steps()
     (line,) = [line for line in dew_stderr_lines(stderr) if line.startswith("dew: interrupted")]
-    prefix = "dew: interrupted by Ctrl-C while the checkpoint of step "
-    assert line.startswith(prefix), line
-    cut_short = int(line[len(prefix) :].split(" ")[0])
-    assert cut_short not in landed and cut_short > landed[-1], (cut_short, landed)
+    # The preemption save waits for a periodic save still landing when the first Ctrl-C came;
+    # the held one (the one the launcher was finalizing) is then that one, and both are named.
+    held = int(Path((tmp_path / "hold.landing").read_text()).parent.name.split(".")[0])
+    single = "dew: interrupted by Ctrl-C while the checkpoint of step "
+    double = "dew: interrupted by Ctrl-C while the checkpoints of steps "
+    if line.startswith(single):
+        cut_short = [int(line[len(single) :].split(" ")[0])]
+        fate = f"{single}{cut_short[0]} was being saved (it did not land and is discarded at the next start)"
+    else:
+        assert line.startswith(double), line
+        first, _, second = line[len(double) :].split(" ")[:3]
+        cut_short = [int(first), int(second)]
+        fate = (
+            f"{double}{first} and {second} were being saved "
+            "(neither landed; both are discarded at the next start)"
+        )
+    assert held == cut_short[0] and cut_short == sorted(cut_short), (held, cut_short)
+    assert not set(cut_short) & set(landed) and cut_short[0] > landed[-1], (cut_short, landed)
     assert line == (
-        f"{prefix}{cut_short} was being saved (it did not land and is discarded at the next start): the "
-        f"newest saved checkpoint is step {landed[-1]} in {workdir / 'checkpoints' / str(landed[-1])}; "
+        f"{fate}: the newest saved checkpoint is step {landed[-1]} in "
+        f"{workdir / 'checkpoints' / str(landed[-1])}; "
         f"resume from it with: {shlex.join(['python', '-m', 'dew.main', *argv[3:]])}"
     )
-    assert list((workdir / "checkpoints").glob(f"{cut_short}.orbax-checkpoint-tmp*"))  # abandoned
+    assert list((workdir / "checkpoints").glob(f"{held}.orbax-checkpoint-tmp*"))  # abandoned
 
     # The restart resumes from the newest landed step, cleans up the abandoned save and ends as
     # a run never interrupted.
