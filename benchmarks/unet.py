@@ -219,14 +219,14 @@ def dew_setup(net_name: str, batch: int, initialize: bool = True):
 
     objective, optimizer, ema = dew_training(net_name)
     images, labels = batch_arrays(NETS[net_name], batch)
+    host_batch = {"image": images, "label": labels}
+    init_fn = make_init(objective, optimizer, ema)
+    if not initialize:  # the kernel choice's shapes: traced before JAX starts (no mesh, no devices)
+        return init_fn, None, host_batch, None
     # As the Trainer compiles and places them (dew.training.sharding.Layout): the state on the
     # mesh (replicated: data parallelism), each batch split over its devices, init run once.
     layout = Layout.for_mesh(MeshSpec().mesh())
     layout.check_batch(batch)
-    host_batch = {"image": images, "label": labels}
-    init_fn = make_init(objective, optimizer, ema)
-    if not initialize:
-        return init_fn, None, host_batch, None
     data = layout.place_batch(host_batch)
     abstract_state = jax.eval_shape(init_fn, jax.random.PRNGKey(0), host_batch)
     jitted_init = layout.jit_init(init_fn, abstract_state)
@@ -253,7 +253,7 @@ def traced_convolutions(net: str, batch: int) -> dict:
 
     init, _, data, _ = dew_setup(net, batch, initialize=False)
     with kernels.record_convolutions() as seen:
-        jax.eval_shape(init, jax.random.PRNGKey(0), data)
+        jax.eval_shape(lambda: init(jax.random.PRNGKey(0), data))  # a concrete key would start JAX
     return {"batch": batch, "convolutions": [[*shape, uses] for shape, uses in sorted(seen.items())]}
 
 

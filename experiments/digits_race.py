@@ -10,7 +10,11 @@ the workdir, one row per class. Everything else is ``experiments/edm.py``'s defa
 ``python -m dew.main`` runs it (each batch split over one CPU device per core); the batch size is
 the race's (128, as in the reference's race).
 
-    PYTHONPATH=. python experiments/digits_race.py --workdir=runs/digits_race [--budget=240]
+``--path=custom`` runs the same race as a user's own loop written as the API reference shows it:
+``Trainer(config, workdir)`` and a loop over ``trainer.step``, with no ``dew.runtime.start`` call
+and no huge-pages restart, so what the Trainer applies by itself is what is measured.
+
+    PYTHONPATH=. python experiments/digits_race.py --workdir=runs/digits_race [--budget=240] [--path=custom]
 """
 
 from __future__ import annotations
@@ -39,11 +43,19 @@ def process_age() -> float:
 
 
 def main() -> int:
-    from dew.runtime.host_memory import with_huge_pages
+    custom = "--path=custom" in sys.argv[1:]
+    if not custom:
+        from dew.runtime.host_memory import with_huge_pages
 
-    with_huge_pages()  # as python -m dew.main does: restarts this process once (same process id)
+        with_huge_pages()  # as python -m dew.main does: restarts this process once (same process id)
     start = time.perf_counter() - process_age()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--path",
+        choices=("cli", "custom"),
+        default="cli",
+        help="cli: as python -m dew.main starts; custom: Trainer(config, workdir) in a user's loop",
+    )
     parser.add_argument("--workdir", default="runs/digits_race")
     parser.add_argument("--budget", type=float, default=240.0, help="seconds, including build and compile")
     parser.add_argument("--batch_size", type=int, default=128)
@@ -72,12 +84,19 @@ def main() -> int:
             *args.overrides,
         ],
     )
-    platform = start_runtime(config)  # as dew.main, without a compilation cache (a cold start)
-    convolutions = platform.convolutions
-    trainer = Trainer(config, args.workdir, resolved=True)
-    compiling = trainer.compile_step_in_background()  # as Trainer.run does
-    state = trainer.init(jax.random.PRNGKey(config.seed), trainer.example_batch())
-    compiling.wait()
+    if args.path == "custom":  # the Trainer applies the platform's choices itself
+        trainer = Trainer(config, args.workdir)
+        from dew.runtime.platform import started
+
+        convolutions = getattr(started(), "convolutions", None)
+        state = trainer.init(jax.random.PRNGKey(config.seed), trainer.example_batch())
+    else:
+        platform = start_runtime(config)  # as dew.main, without a compilation cache (a cold start)
+        convolutions = platform.convolutions
+        trainer = Trainer(config, args.workdir, resolved=True)
+        compiling = trainer.compile_step_in_background()  # as Trainer.run does
+        state = trainer.init(jax.random.PRNGKey(config.seed), trainer.example_batch())
+        compiling.wait()
     batches = iter(trainer.train_data)
     steps = 0
     first_step_done = None
@@ -110,6 +129,7 @@ def main() -> int:
         grid = ImageGrid(np.clip(images[by_class], -1, 1), columns=args.per_class)
         pictures[name] = write_png(os.path.join(args.workdir, f"samples_{name}.png"), grid)
     record = {
+        "path": args.path,
         "steps": steps,
         "devices": trainer.layout.data_parallel_size,
         "convolutions": convolutions,
