@@ -227,11 +227,16 @@ def template_differences(item: str, template: Any, stored: Mapping[str, Any]) ->
 
 
 def shape_dtype_tree(metadata_tree: Any) -> Any:
-    """An orbax metadata tree as ``jax.ShapeDtypeStruct`` leaves (no values read)."""
+    """An orbax metadata tree as ``jax.ShapeDtypeStruct`` leaves (no values read); a leaf that
+    is no array (a string in a caller's dataset state) stays the metadata orbax gives for it."""
+
+    def is_array(m: Any) -> bool:
+        return hasattr(m, "shape") and hasattr(m, "dtype")
+
     return jax.tree.map(
-        lambda m: jax.ShapeDtypeStruct(tuple(m.shape), np.dtype(m.dtype)),
+        lambda m: jax.ShapeDtypeStruct(tuple(m.shape), np.dtype(m.dtype)) if is_array(m) else m,
         metadata_tree,
-        is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"),
+        is_leaf=is_array,
     )
 
 
