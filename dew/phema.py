@@ -86,7 +86,7 @@ def reconstruct_run(
     from dew.averaging import ema as ema_lib
     from dew.averaging.power_ema import PowerEMASnapshots
     from dew.checkpointing import Checkpoints, save_run_metadata
-    from dew.training.state import num_updates
+    from dew.contracts.state import num_updates
 
     plan = _plan(workdir, sigma_rel, step, out)
     config = ml_collections.ConfigDict(plan["meta"]["config"])

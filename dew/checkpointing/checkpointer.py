@@ -19,7 +19,7 @@ from dew.averaging.ema import EMASpec
 from dew.checkpointing.checkpoints import ASSUMED, Checkpoints
 from dew.checkpointing.retention import Retention
 from dew.checkpointing.stix_config import CheckpointerConfig
-from dew.training.state import TrainState
+from dew.contracts.state import TrainState
 
 #: The metric a stix save reports, and ranks by.
 EVAL_LOSS = "eval_loss"

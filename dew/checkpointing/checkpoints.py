@@ -20,8 +20,8 @@ from dew.checkpointing.retention import Retention
 from dew.checkpointing.store import Store
 from dew.checkpointing.tiers import Tiers
 from dew.checkpointing.writer import Writer, host_copy, snapshot
+from dew.contracts.state import TrainState, num_updates
 from dew.data.dataset import DataPartition
-from dew.training.state import TrainState, num_updates
 
 Upload = Callable[[str], Any]  # returns None or a future that ``wait`` waits for
 log = logging.getLogger("dew.checkpoints")

@@ -21,8 +21,8 @@ from dew.checkpointing.checkpointer import Checkpointer
 from dew.checkpointing.checkpoints import Checkpoints
 from dew.checkpointing.errors import CheckpointRestorationError, ConfigValidationError
 from dew.checkpointing.stix_config import CheckpointerConfig, TrainingIOHandlerConfig
+from dew.contracts.state import TrainState
 from dew.tracking.base import LoggingCategory
-from dew.training.state import TrainState
 
 Logger = Callable[[LoggingCategory, dict[str, Any], int], None]
 log = logging.getLogger("dew.checkpoints")

@@ -30,7 +30,7 @@ from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
 from dew.averaging.averager import FIELDS as AVERAGE_FIELDS
 from dew.averaging.averager import LAW_EXTRA_KEY, LAW_FIELD
-from dew.training.state import TrainState
+from dew.contracts.state import TrainState
 
 #: The state items, in the order they are written.
 STATE_ITEMS = ("params", "opt_state", "ema_params", "extra", "pending", "power_ema")

@@ -27,8 +27,8 @@ from etils import epath
 
 from dew.checkpointing import integrity, layout, positions
 from dew.checkpointing.errors import CheckpointDamagedError, CheckpointRestorationError, first_line
+from dew.contracts.state import TrainState
 from dew.data.dataset import DataPartition
-from dew.training.state import TrainState
 
 META = "placement.json"
 FORMAT = "dew-local-checkpoint/2"  # leaves named by checkpoint item (params.w, ema_params.w, ...)

@@ -35,8 +35,8 @@ from dew.checkpointing.errors import (
 from dew.checkpointing.retention import Retention
 from dew.checkpointing.step_files import StepFiles
 from dew.checkpointing.writer import yield_to_the_loop
+from dew.contracts.state import TrainState
 from dew.data.dataset import DataPartition
-from dew.training.state import TrainState
 
 _DELETING = ".deleting-"  # a step being deleted: out of orbax's step namespace
 log = logging.getLogger("dew.checkpoints")

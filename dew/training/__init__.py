@@ -17,12 +17,12 @@ _EXPORTS = {
     "get_debiased_ema": "dew.averaging.ema",
     "save_run_metadata": "dew.checkpointing.run_metadata",
     "read_run_metadata": "dew.checkpointing.run_metadata",
-    "Objective": "dew.training.objective",
-    "Step": "dew.training.objective",
-    "Aux": "dew.training.objective",
+    "Objective": "dew.contracts.objective",
+    "Step": "dew.contracts.objective",
+    "Aux": "dew.contracts.objective",
     "EMASpec": "dew.averaging.ema",
     "config_schema": "dew.training.trainer",
-    "TrainState": "dew.training.state",
+    "TrainState": "dew.contracts.state",
     "Trainer": "dew.training.trainer",
     "fit": "dew.training.loop",
     "Stage": "dew.training.loop",
@@ -61,6 +61,8 @@ if TYPE_CHECKING:  # the lazy names, visible to type checkers (tests/test_types.
     from dew.checkpointing.io_handler import TrainingIOHandler
     from dew.checkpointing.run_metadata import read_run_metadata, save_run_metadata
     from dew.checkpointing.stix_config import CheckpointerConfig, TrainingIOHandlerConfig
+    from dew.contracts.objective import Aux, Objective, Step
+    from dew.contracts.state import TrainState
     from dew.tracking.console import convert_mse_to_rmse_in_logs, log_metrics_to_line, log_metrics_to_table
     from dew.tracking.trackers import (
         LocalTracker,
@@ -74,10 +76,8 @@ if TYPE_CHECKING:  # the lazy names, visible to type checkers (tests/test_types.
     )
     from dew.training.evaluation import Evaluation, evaluate
     from dew.training.loop import Stage, StepContext, fit
-    from dew.training.objective import Aux, Objective, Step
     from dew.training.profile import ProfileWindow, profile
     from dew.training.sharding import Layout, MeshSpec
-    from dew.training.state import TrainState
     from dew.training.steps import make_eval, make_init, make_step
     from dew.training.trainer import Trainer, config_schema
 

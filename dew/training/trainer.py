@@ -18,6 +18,8 @@ from dew.checkpointing.checkpoints import Checkpoints
 from dew.checkpointing.restore import RestorePolicy
 from dew.checkpointing.run_history import record_start
 from dew.checkpointing.settings import checkpoint_settings
+from dew.contracts.objective import Objective
+from dew.contracts.state import TrainState
 from dew.runtime import distributed, kernel_choice, platform
 from dew.runtime.precompile import BackgroundCompile
 from dew.schema import ConfigError
@@ -26,14 +28,12 @@ from dew.tracking.trackers import LoggingCategory, Tracker, Trackers, make_track
 from dew.training.build import build_objective, datasets, mesh_and_layout, open_split
 from dew.training.loop import Stage, fit
 from dew.training.nonfinite import NonFiniteGuard
-from dew.training.objective import Objective
 from dew.training.parameter_table import report_parameters
 from dew.training.precision import from_config as precision_from_config
 from dew.training.preemption import PreemptionStage
 from dew.training.profile import ProfileWindow
 from dew.training.programs import Programs, debiased_ema
 from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage, SnapshotStage
-from dew.training.state import TrainState
 from dew.training.trainer_config import check_workdir, config_schema, make_optimizer, resolve_config
 
 
