@@ -30,6 +30,7 @@ UNITS: dict[str, int] = {
     "dew.averaging": FOUNDATION,
     "dew.data": FOUNDATION,
     "dew.telemetry": FOUNDATION,
+    "dew.run_records": FOUNDATION,  # run.json and the run's other records, not a checkpoint's
     "dew.checkpointing": SERVICES,
     "dew.tracking": SERVICES,
     "dew.training": TRAINER,
@@ -71,7 +72,6 @@ TRAINER_MAY_USE = {
         "dew.checkpointing.errors",
         "dew.checkpointing.settings",
         "dew.checkpointing.restore",
-        "dew.checkpointing.run_history",
     },
     "dew.tracking": {
         "dew.tracking.trackers",

@@ -17,9 +17,9 @@ import numpy as np
 from dew.averaging import ema as ema_lib
 from dew.checkpointing import Checkpoints
 from dew.checkpointing.restore import RestorePolicy
-from dew.checkpointing.run_history import read_run, starts, writer_of
 from dew.checkpointing.settings import CheckpointSettings
 from dew.data.dataset import DataPartition
+from dew.run_records import read_run, starts, writer_of
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent / "data"))
 from make_checkpoint_729b5ab import tiny_state

@@ -32,9 +32,9 @@ _EXPORTS = {
     "CheckpointRestorationError": "dew.checkpointing.errors",
     "CheckpointWriteError": "dew.checkpointing.errors",
     "Retention": "dew.checkpointing.retention",
-    "save_run_metadata": "dew.checkpointing.run_metadata",
-    "read_run_metadata": "dew.checkpointing.run_metadata",
-    "RUN_METADATA": "dew.checkpointing.run_metadata",
+    "save_run_metadata": "dew.run_records",
+    "read_run_metadata": "dew.run_records",
+    "RUN_METADATA": "dew.run_records",
     "CheckpointSettings": "dew.checkpointing.settings",
     "Checkpointer": "dew.checkpointing.checkpointer",
     "CheckpointerConfig": "dew.checkpointing.stix_config",
@@ -55,9 +55,9 @@ if TYPE_CHECKING:  # the lazy names, visible to type checkers (tests/test_types.
     )
     from dew.checkpointing.io_handler import TrainingIOHandler
     from dew.checkpointing.retention import Retention
-    from dew.checkpointing.run_metadata import RUN_METADATA, read_run_metadata, save_run_metadata
     from dew.checkpointing.settings import CheckpointSettings, checkpoint_settings
     from dew.checkpointing.stix_config import CheckpointerConfig, TrainingIOHandlerConfig
+    from dew.run_records import RUN_METADATA, read_run_metadata, save_run_metadata
 
 
 def __getattr__(name: str) -> Any:

@@ -34,9 +34,9 @@ from dew.checkpointing.resume_check import (
     data_layout_changes,
     remap_position,
 )
-from dew.checkpointing.run_history import set_aside_records, writer_of
 from dew.checkpointing.settings import CheckpointSettings
 from dew.data.dataset import DataPartition
+from dew.run_records import set_aside_records, writer_of
 
 
 class DataStream(Protocol):

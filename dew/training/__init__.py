@@ -15,8 +15,8 @@ _EXPORTS = {
     "CheckpointRestorationError": "dew.checkpointing.errors",
     "CheckpointWriteError": "dew.checkpointing.errors",
     "get_debiased_ema": "dew.averaging.ema",
-    "save_run_metadata": "dew.checkpointing.run_metadata",
-    "read_run_metadata": "dew.checkpointing.run_metadata",
+    "save_run_metadata": "dew.run_records",
+    "read_run_metadata": "dew.run_records",
     "Objective": "dew.contracts.objective",
     "Step": "dew.contracts.objective",
     "Aux": "dew.contracts.objective",
@@ -59,10 +59,10 @@ if TYPE_CHECKING:  # the lazy names, visible to type checkers (tests/test_types.
     from dew.checkpointing.checkpoints import Checkpoints
     from dew.checkpointing.errors import CheckpointRestorationError, CheckpointWriteError
     from dew.checkpointing.io_handler import TrainingIOHandler
-    from dew.checkpointing.run_metadata import read_run_metadata, save_run_metadata
     from dew.checkpointing.stix_config import CheckpointerConfig, TrainingIOHandlerConfig
     from dew.contracts.objective import Aux, Objective, Step
     from dew.contracts.state import TrainState
+    from dew.run_records import read_run_metadata, save_run_metadata
     from dew.tracking.console import convert_mse_to_rmse_in_logs, log_metrics_to_line, log_metrics_to_table
     from dew.tracking.trackers import (
         LocalTracker,

@@ -16,10 +16,10 @@ from dew.averaging.averager import Averages
 from dew.averaging.power_ema import SNAPSHOT_DIR, PowerEMASnapshots
 from dew.checkpointing.checkpoints import Checkpoints
 from dew.checkpointing.restore import RestorePolicy
-from dew.checkpointing.run_history import record_start
 from dew.checkpointing.settings import checkpoint_settings
 from dew.contracts.objective import Objective
 from dew.contracts.state import TrainState
+from dew.run_records import record_start
 from dew.runtime import distributed, kernel_choice, platform
 from dew.runtime.precompile import BackgroundCompile
 from dew.schema import ConfigError
@@ -40,7 +40,7 @@ from dew.training.trainer_config import check_workdir, config_schema, make_optim
 def recorded_kernels(workdir: str) -> dict | None:
     """The kernel decision a run recorded in its ``run.json`` (what a resume keeps), or None: no
     run there yet, or a ``run.json`` the restore reports on its own."""
-    from dew.checkpointing.run_history import read_run_metadata  # run_metadata's, via the public module
+    from dew.run_records import read_run_metadata
 
     if not os.path.isdir(workdir):
         return None

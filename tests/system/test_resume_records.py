@@ -18,9 +18,9 @@ from dew.checkpointing.resume_check import (
     remap_position,
     tree_differences,
 )
-from dew.checkpointing.run_history import record_start, set_aside_records, starts, writer_of
 from dew.config import ConfigError
 from dew.failures import exit_code, report
+from dew.run_records import record_start, set_aside_records, starts, writer_of
 from dew.tracking.trackers import LoggingCategory, Tracker
 from dew.training.loop import StepContext
 

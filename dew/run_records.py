@@ -1,6 +1,10 @@
-"""``run.json`` as the history of a run's starts, and setting a run's records aside.
+"""A run's own records, kept at its root beside ``checkpoints/``: ``run.json`` (its config and
+the history of its starts) and, set aside together, its ``tracking/`` and ``previews/``.
 
-``run.json`` (written with ``save_run_metadata``, so atomically) holds::
+Run-level, not checkpoint-level state, so ``run.json`` is read and written without any checkpoint
+manager: reading it can never race a live run's in-flight checkpoint save. The stix names
+``save_run_metadata`` / ``read_run_metadata`` write and read any JSON object there (atomically:
+write, then rename); dew's own runs keep their history in it::
 
     {"label": <workdir name>, "config": <the latest start's config>,
      "starts": [{"time": ISO-8601 UTC, "resumed_from": <step>, "config": {...},
@@ -23,20 +27,57 @@ over by a number that is not one.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import shutil
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
-from dew.checkpointing.run_metadata import (
-    RUN_METADATA,
-    RunMetadataError,
-    read_run_metadata,
-    save_run_metadata,
-)
-
+RUN_METADATA = "run.json"
 #: What a run writes besides checkpoints: set aside together by ``set_aside_records``.
 RECORD_DIRS = ("tracking", "previews")
+
+
+def save_run_metadata(run_dir: str, metadata: Mapping[str, Any]) -> None:
+    """Persist run-level metadata as JSON at the run root, atomically (write, then rename).
+
+    Run-level, not checkpoint-level: it lives beside ``checkpoints/`` and is read and written
+    without a checkpoint manager. Any JSON-serialisable dict; the caller decides the contents.
+    """
+    os.makedirs(run_dir, exist_ok=True)
+    text = json.dumps(metadata, indent=2, sort_keys=True)
+    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".run.", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, os.path.join(run_dir, RUN_METADATA))
+
+
+class RunMetadataError(ValueError):
+    """``run.json`` exists but cannot be read as a JSON object; the message names the file,
+    why, and what to do. Input a person can fix (a ``python -m dew.main`` exit status 2)."""
+
+
+def read_run_metadata(run_dir: str) -> dict[str, Any] | None:
+    """Metadata written by ``save_run_metadata``, or None if absent. Never opens a manager, so
+    it cannot race a live run's in-flight checkpoint save. A file that is not a JSON object
+    (damaged, truncated, unreadable) raises ``RunMetadataError`` naming it."""
+    path = os.path.join(run_dir, RUN_METADATA)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            metadata = json.load(f)
+    except (OSError, ValueError) as e:  # ValueError: JSONDecodeError and UnicodeDecodeError
+        reason = f"{type(e).__name__}: {e}"
+    else:
+        if isinstance(metadata, dict):
+            return metadata
+        reason = f"it holds a JSON {type(metadata).__name__}, not an object"
+    raise RunMetadataError(
+        f"{path} is damaged ({reason}); it holds the run's config and start history. Restore it "
+        f"from a copy, or move it aside to go on with a new history (the checkpoints stay usable)"
+    )
 
 
 def _version() -> str:
@@ -189,9 +230,13 @@ def set_aside_records(workdir: str) -> str | None:
 
 __all__ = [
     "RECORD_DIRS",
+    "RUN_METADATA",
+    "RunMetadataError",
     "check_history",
     "read_run",
+    "read_run_metadata",
     "record_start",
+    "save_run_metadata",
     "set_aside_records",
     "starts",
     "writer_of",
