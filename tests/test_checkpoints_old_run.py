@@ -93,3 +93,21 @@ def test_the_restore_policy_resumes_the_stored_run_at_another_batch_size(tmp_pat
     state = policy.initial_state(lambda: tiny_state(0), lambda: tiny_state(0), data)
     assert policy.restored_step == 3 and same(state.params, tiny_state(3).params)
     assert data.position == {"epoch": 0, "batch": 6}
+
+
+def test_a_step_written_today_records_what_the_stored_step_records(tmp_path):
+    """The on-disk format is unchanged: the same save today writes the same items, and orbax's
+    step metadata records the same handler for each and the same dew record."""
+    c = Checkpoints(str(tmp_path / "new"), keep=None, asynchronous=False, ema=EMA)
+    state = tiny_state(3)
+    state = state.replace(ema_law=ema_lib.law(ema_lib.EMASpec(decay=0.9), state.params))
+    position = json.dumps(POSITION).encode()
+    c.save(3, state, position, {"loss": 0.25}, share=DataPartition(0, 1), dataset_state=DATASET_STATE)
+    c.close()
+
+    def recorded(step_dir: pathlib.Path) -> tuple[list[str], dict, dict]:
+        meta = json.loads((step_dir / "_CHECKPOINT_METADATA").read_text())
+        items = sorted(p.name for p in step_dir.iterdir() if p.is_dir())
+        return items, meta["item_handlers"], meta["custom_metadata"]
+
+    assert recorded(tmp_path / "new" / "3") == recorded(OLD_RUN / "checkpoints" / "3")

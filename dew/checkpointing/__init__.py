@@ -31,7 +31,7 @@ _EXPORTS = {
     "CheckpointDamagedError": "dew.checkpointing.errors",
     "CheckpointRestorationError": "dew.checkpointing.errors",
     "CheckpointWriteError": "dew.checkpointing.errors",
-    "Retention": "dew.checkpointing.retention",
+    "Retention": "dew.checkpointing.step_files",
     "save_run_metadata": "dew.run_records",
     "read_run_metadata": "dew.run_records",
     "RUN_METADATA": "dew.run_records",
@@ -54,8 +54,8 @@ if TYPE_CHECKING:  # the lazy names, visible to type checkers (tests/test_types.
         ConfigValidationError,
     )
     from dew.checkpointing.io_handler import TrainingIOHandler
-    from dew.checkpointing.retention import Retention
     from dew.checkpointing.settings import CheckpointSettings, checkpoint_settings
+    from dew.checkpointing.step_files import Retention
     from dew.checkpointing.stix_config import CheckpointerConfig, TrainingIOHandlerConfig
     from dew.run_records import RUN_METADATA, read_run_metadata, save_run_metadata
 

@@ -16,7 +16,7 @@ from dew.averaging import ema as ema_lib
 from dew.averaging.ema import EMASpec
 from dew.checkpointing import layout, local, paths, positions
 from dew.checkpointing.errors import CheckpointWriteError
-from dew.checkpointing.retention import Retention
+from dew.checkpointing.step_files import Retention
 from dew.checkpointing.store import Store
 from dew.checkpointing.tiers import Tiers
 from dew.checkpointing.writer import Writer, host_copy, snapshot

@@ -25,15 +25,13 @@ from jax.experimental import multihost_utils
 
 from dew.checkpointing import dataset_state as saved_dataset
 from dew.checkpointing import layout, positions
-from dew.checkpointing.checksummed_handler import ChecksummedPyTreeHandler
 from dew.checkpointing.errors import (
     CheckpointDamagedError,
     CheckpointRestorationError,
     CheckpointWriteError,
     first_line,
 )
-from dew.checkpointing.retention import Retention
-from dew.checkpointing.step_files import StepFiles
+from dew.checkpointing.step_files import ChecksummedPyTreeHandler, Retention, StepFiles
 from dew.checkpointing.writer import yield_to_the_loop
 from dew.contracts.state import TrainState
 from dew.data.dataset import DataPartition
