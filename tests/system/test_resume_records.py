@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dew.checkpointing.resume_check import (
+from dew.checkpointing.restore import (
     ResumeMismatchError,
     config_changes,
     remap_position,
