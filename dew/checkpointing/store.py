@@ -23,8 +23,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from dew.checkpointing import dataset_state as saved_dataset
 from dew.checkpointing import layout, positions
+from dew.checkpointing import positions as saved_dataset  # the dataset state beside the positions
 from dew.checkpointing.errors import (
     CheckpointDamagedError,
     CheckpointRestorationError,
