@@ -16,7 +16,8 @@ import numpy as np
 
 from dew.averaging import ema as ema_lib
 from dew.averaging.ema import EMASpec
-from dew.checkpointing.checkpoints import ASSUMED, Checkpoints
+from dew.checkpointing.checkpoints import Checkpoints
+from dew.checkpointing.layout import ASSUMED
 from dew.checkpointing.step_files import Retention
 from dew.checkpointing.stix_config import CheckpointerConfig
 from dew.contracts.state import TrainState
