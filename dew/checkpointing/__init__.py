@@ -37,15 +37,15 @@ _EXPORTS = {
     "RUN_METADATA": "dew.run_records",
     "CheckpointSettings": "dew.checkpointing.settings",
     "Checkpointer": "dew.checkpointing.checkpointer",
-    "CheckpointerConfig": "dew.checkpointing.stix_config",
+    "CheckpointerConfig": "dew.checkpointing.checkpointer",
     "TrainingIOHandler": "dew.checkpointing.io_handler",
-    "TrainingIOHandlerConfig": "dew.checkpointing.stix_config",
+    "TrainingIOHandlerConfig": "dew.checkpointing.io_handler",
     "ConfigValidationError": "dew.checkpointing.errors",
     "checkpoint_settings": "dew.checkpointing.settings",
 }
 
 if TYPE_CHECKING:  # the lazy names, visible to type checkers (tests/test_types.py keeps them in step)
-    from dew.checkpointing.checkpointer import Checkpointer
+    from dew.checkpointing.checkpointer import Checkpointer, CheckpointerConfig
     from dew.checkpointing.checkpoints import Checkpoints
     from dew.checkpointing.errors import (
         CheckpointDamagedError,
@@ -53,10 +53,9 @@ if TYPE_CHECKING:  # the lazy names, visible to type checkers (tests/test_types.
         CheckpointWriteError,
         ConfigValidationError,
     )
-    from dew.checkpointing.io_handler import TrainingIOHandler
+    from dew.checkpointing.io_handler import TrainingIOHandler, TrainingIOHandlerConfig
     from dew.checkpointing.settings import CheckpointSettings, checkpoint_settings
     from dew.checkpointing.step_files import Retention
-    from dew.checkpointing.stix_config import CheckpointerConfig, TrainingIOHandlerConfig
     from dew.run_records import RUN_METADATA, read_run_metadata, save_run_metadata
 
 

@@ -42,9 +42,9 @@ _EXPORTS = {
     "log_metrics_to_table": "dew.tracking.console",
     "convert_mse_to_rmse_in_logs": "dew.tracking.console",
     "TrainingIOHandler": "dew.checkpointing.io_handler",
-    "TrainingIOHandlerConfig": "dew.checkpointing.stix_config",
+    "TrainingIOHandlerConfig": "dew.checkpointing.io_handler",
     "Checkpointer": "dew.checkpointing.checkpointer",
-    "CheckpointerConfig": "dew.checkpointing.stix_config",
+    "CheckpointerConfig": "dew.checkpointing.checkpointer",
     "MeshSpec": "dew.training.sharding",
     "Layout": "dew.training.sharding",
     "Evaluation": "dew.training.evaluation",
@@ -55,11 +55,10 @@ _EXPORTS = {
 
 if TYPE_CHECKING:  # the lazy names, visible to type checkers (tests/test_types.py keeps them in step)
     from dew.averaging.ema import EMASpec, get_debiased_ema
-    from dew.checkpointing.checkpointer import Checkpointer
+    from dew.checkpointing.checkpointer import Checkpointer, CheckpointerConfig
     from dew.checkpointing.checkpoints import Checkpoints
     from dew.checkpointing.errors import CheckpointRestorationError, CheckpointWriteError
-    from dew.checkpointing.io_handler import TrainingIOHandler
-    from dew.checkpointing.stix_config import CheckpointerConfig, TrainingIOHandlerConfig
+    from dew.checkpointing.io_handler import TrainingIOHandler, TrainingIOHandlerConfig
     from dew.contracts.objective import Aux, Objective, Step
     from dew.contracts.state import TrainState
     from dew.run_records import read_run_metadata, save_run_metadata
