@@ -219,6 +219,14 @@ def test_no_unit_imports_in_a_circle():
     assert circles(unit_graph(without_package_init(graph()))) == []
 
 
+def test_the_checkpointing_package_names_every_module_it_holds():
+    """The package docstring's list (``- ``name``: ...``) is its table of contents."""
+    package = PACKAGE / "checkpointing"
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    modules = sorted(p.stem for p in package.glob("*.py") if p.stem != "__init__")
+    assert [m for m in modules if f"``{m}``" not in doc] == []
+
+
 def test_the_architecture_page_names_every_unit():
     page = (ROOT / "docs" / "architecture.md").read_text()
     missing = [u for u in UNITS if u != "dew" and f"`{u}`" not in page]

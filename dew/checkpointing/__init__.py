@@ -3,20 +3,30 @@
 One idea per module:
 
 - ``checkpoints``: ``Checkpoints``, the facade a run uses (save, restore, restore_ema, ...);
+- ``restore``: ``RestorePolicy``, which state a run starts from as ``config.checkpoint`` asks,
+  and the checks that a checkpoint fits the run before any value is read
+  (``ResumeMismatchError``);
+- ``settings``: ``config.checkpoint`` read and validated;
+- ``tiers``: which tier holds a step, and reading it from there;
 - ``store``: the persistent tier, one orbax checkpoint per step in a path or URI;
 - ``local``: the per-host local tier, the shards each process's devices hold;
 - ``writer``: the background thread writes run on;
-- ``layout``: the items of a checkpoint, and TrainState <-> items in one place;
-- ``positions``: data positions beside the share that read them;
-- ``retention``: which steps a directory keeps;
-- ``paths``: directories as paths or URIs (``etils.epath``);
-- ``settings``: ``config.checkpoint`` read and validated;
+- ``layout``: what a checkpoint is: its directory (a path or URI, ``etils.epath``), its items,
+  ``TrainState`` <-> items in one place, and the EMA record a step keeps;
+- ``step_files``: one step read from its files (metadata, items, completeness), the per-item
+  checksums written after the data and verified before a read (with the orbax handler that
+  writes them), and ``Retention``, which steps a directory keeps;
+- ``positions``: where the data resumes: data positions beside the share that read them, and a
+  caller's own dataset state;
 - ``errors``: ``CheckpointRestorationError`` (``CheckpointDamagedError``), ``CheckpointWriteError``,
   ``ConfigValidationError``;
-- ``integrity``: per-item checksums, written after the data and verified before a read;
-- ``run_metadata``: ``run.json`` beside ``checkpoints/``;
-- ``checkpointer``, ``io_handler``, ``stix_config``: the stix API (``Checkpointer``,
-  ``TrainingIOHandler`` and their pydantic configs), a thin layer over the same machinery.
+- ``checkpointer``, ``io_handler``: the stix API (``Checkpointer`` and ``TrainingIOHandler``,
+  each with its pydantic config), a thin layer over the same machinery.
+
+``TrainState`` comes from the contracts below (``dew.contracts.state``), never from the trainer;
+``run.json`` and the run's other records are the run's, not a checkpoint's (``dew.run_records``;
+``save_run_metadata``, ``read_run_metadata`` and ``RUN_METADATA`` are exported here too, as the
+stix text names them).
 
 Names resolve lazily, so importing the package opens no backend.
 """
