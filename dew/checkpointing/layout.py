@@ -312,6 +312,11 @@ def ema_to_use(
 
 
 # --- the EMA record a step keeps ------------------------------------------------------------------
+#: In a step's EMA record: the law is a default assumed for a state that carried none and was
+#: given none (``Checkpointer``), so ``restore_ema(decay=...)`` may replace it.
+ASSUMED = "assumed"
+
+
 def with_law(state: TrainState, record: Mapping[str, Any] | None) -> TrainState:
     """``state`` carrying an EMA law: its own, else the one ``record`` (``ema.record``) names
     (not an assumed default: that stays in the step's metadata)."""
@@ -335,11 +340,6 @@ def law_record(state: TrainState, record: Mapping[str, Any] | None) -> dict[str,
     ):
         out[ASSUMED] = True
     return out
-
-
-#: In a step's EMA record: the law is a default assumed for a state that carried none and was
-#: given none (``Checkpointer``), so ``restore_ema(decay=...)`` may replace it.
-ASSUMED = "assumed"
 
 
 # --- where a checkpoint directory is -------------------------------------------------------------
