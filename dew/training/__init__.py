@@ -1,5 +1,5 @@
-"""The trainer: the ``Objective`` contract, pure stages (``init``/``step``/``eval``), side-effect
-stages and ``fit``.
+"""The trainer: pure stages (``init``/``step``/``eval``), side-effect stages and ``fit``, over
+the ``Objective`` contract and ``TrainState`` (defined in ``dew.contracts``, exported here too).
 
 Importing this package pulls in no modality (diffusion, sampling, models, encoders, metrics,
 dataset sources) and no tracker backend; names resolve lazily.
