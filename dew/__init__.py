@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 # name -> module that defines it. Registry names map to dew.registry.
 _EXPORTS: dict[str, str] = {
     "CFG": "dew.sampling.guidance",
-    "Aux": "dew.training.objective",
+    "Aux": "dew.contracts.objective",
     "Checkpoints": "dew.checkpointing.checkpoints",
     "Condition": "dew.inputs",
     "Dataset": "dew.data",
@@ -30,17 +30,17 @@ _EXPORTS: dict[str, str] = {
     "LocalTracker": "dew.tracking.trackers",
     "MLflowTracker": "dew.tracking.trackers",
     "MeshSpec": "dew.training.sharding",
-    "Objective": "dew.training.objective",
+    "Objective": "dew.contracts.objective",
     "Process": "dew.diffusion.process",
     "ProfileWindow": "dew.training.profile",
     "Representations": "dew.artifacts",
-    "Step": "dew.training.objective",
+    "Step": "dew.contracts.objective",
     "TensorBoardTracker": "dew.tracking.trackers",
     "TextSamples": "dew.artifacts",
     "TokenScores": "dew.artifacts",
     "Tracker": "dew.tracking.trackers",
     "Trackers": "dew.tracking.trackers",
-    "TrainState": "dew.training.state",
+    "TrainState": "dew.contracts.state",
     "Trainer": "dew.training.trainer",
     "VideoGrid": "dew.artifacts",
     "WandbTracker": "dew.tracking.trackers",
@@ -61,6 +61,8 @@ if TYPE_CHECKING:  # the lazy names, visible to type checkers (tests/test_types.
     from dew.artifacts import ImageGrid, Representations, TextSamples, TokenScores, VideoGrid
     from dew.averaging.ema import EMASpec
     from dew.checkpointing.checkpoints import Checkpoints
+    from dew.contracts.objective import Aux, Objective, Step
+    from dew.contracts.state import TrainState
     from dew.data import Dataset
     from dew.diffusion.process import Process
     from dew.inference import pipeline
@@ -78,10 +80,8 @@ if TYPE_CHECKING:  # the lazy names, visible to type checkers (tests/test_types.
         WandbTracker,
     )
     from dew.training.evaluation import Evaluation, evaluate
-    from dew.training.objective import Aux, Objective, Step
     from dew.training.profile import ProfileWindow, profile
     from dew.training.sharding import Layout, MeshSpec
-    from dew.training.state import TrainState
     from dew.training.trainer import Trainer
 
 # Modules that register components. Importing them is the registry fill.

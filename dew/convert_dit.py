@@ -59,8 +59,9 @@ def convert(
     import jax
     import jax.numpy as jnp
 
-    from dew.checkpointing import Checkpoints, save_run_metadata
+    from dew.checkpointing import Checkpoints
     from dew.interop import dit_checkpoint
+    from dew.run_records import save_run_metadata
     from dew.training.trainer import Trainer
 
     if not isinstance(step, int) or step < 1:

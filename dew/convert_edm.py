@@ -175,7 +175,8 @@ def convert(
     import jax
     import jax.numpy as jnp
 
-    from dew.checkpointing import Checkpoints, save_run_metadata
+    from dew.checkpointing import Checkpoints
+    from dew.run_records import save_run_metadata
     from dew.training.trainer import Trainer
 
     arch = config.model.name

@@ -37,7 +37,7 @@ _SPEC = re.compile(r"\s*\[tensorstore_spec=.*?\](?='|\)|$)|\s*\[source locations
 def exit_code(error: BaseException) -> int:
     """2 for bad input (and what a person can fix before anything is written: a workdir another
     live run holds or that cannot be written, a damaged ``run.json``), 1 for any other failure."""
-    from dew.checkpointing.run_metadata import RunMetadataError
+    from dew.run_records import RunMetadataError
     from dew.runtime.workdir_lock import WorkdirBusyError, WorkdirUnusableError
 
     fixable = (*BAD_INPUT, WorkdirBusyError, WorkdirUnusableError, RunMetadataError)

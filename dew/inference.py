@@ -40,7 +40,7 @@ class PipelineError(ValueError):
 
 def _locate(source: str) -> tuple[str, int | None]:
     """(workdir, step named by the path or None) for a workdir, its checkpoints/ or a step dir."""
-    from dew.checkpointing.run_metadata import RUN_METADATA
+    from dew.run_records import RUN_METADATA
 
     path = os.path.abspath(os.fspath(source))
     if not os.path.isdir(path):
@@ -176,7 +176,7 @@ def pipeline(
     """
     import dew  # the registry fill: every objective, model and data set resolvable by name
     from dew.checkpointing.checkpoints import Checkpoints
-    from dew.checkpointing.run_metadata import read_run_metadata
+    from dew.run_records import read_run_metadata
     from dew.schema import ConfigError
     from dew.training.build import build_objective, open_split
     from dew.training.trainer_config import resolve_config

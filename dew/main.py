@@ -87,10 +87,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         config = resolve_config(raw, overrides)  # the one resolution of the run's config
         workdir = check_workdir(args.workdir)
-        from dew.checkpointing.run_history import starts
+        from dew.run_records import starts
 
         starts(workdir)  # a damaged run.json stops here, named, before anything is written
-        from dew.checkpointing.run_metadata import RUN_METADATA, read_run_metadata
+        from dew.run_records import RUN_METADATA, read_run_metadata
 
         processes = distributed.requested(
             args.coordinator,

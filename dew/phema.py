@@ -43,7 +43,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def _plan(workdir: str, sigma_rel: float, step: int | None, out: str | None) -> dict[str, Any]:
     """Check everything before any work; returns what ``reconstruct_run`` needs."""
     from dew.averaging.power_ema import SNAPSHOT_DIR, PowerEMASnapshots
-    from dew.checkpointing import Checkpoints, read_run_metadata
+    from dew.checkpointing import Checkpoints
+    from dew.run_records import read_run_metadata
 
     try:
         posthoc_ema.parse_std_rels([sigma_rel], "--sigma_rel")
@@ -85,8 +86,9 @@ def reconstruct_run(
 
     from dew.averaging import ema as ema_lib
     from dew.averaging.power_ema import PowerEMASnapshots
-    from dew.checkpointing import Checkpoints, save_run_metadata
-    from dew.training.state import num_updates
+    from dew.checkpointing import Checkpoints
+    from dew.contracts.state import num_updates
+    from dew.run_records import save_run_metadata
 
     plan = _plan(workdir, sigma_rel, step, out)
     config = ml_collections.ConfigDict(plan["meta"]["config"])

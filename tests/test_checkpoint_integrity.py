@@ -15,7 +15,7 @@ import pytest
 from dew.averaging import ema as ema_lib
 from dew.checkpointing import Checkpoints
 from dew.checkpointing.errors import CheckpointDamagedError
-from dew.checkpointing.integrity import CHECKSUMS
+from dew.checkpointing.step_files import CHECKSUMS
 from dew.training.state import TrainState
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dew.checkpointing.retention import Retention
+from dew.checkpointing.step_files import Retention
 
 
 def test_newest_keeps_every_step_while_there_are_fewer_than_it():

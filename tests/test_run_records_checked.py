@@ -13,9 +13,8 @@ import optax
 import pytest
 
 from dew.checkpointing import CheckpointDamagedError, Checkpoints
-from dew.checkpointing.run_history import read_run, record_start, starts, writer_of
-from dew.checkpointing.run_metadata import RunMetadataError, read_run_metadata
 from dew.failures import exit_code
+from dew.run_records import RunMetadataError, read_run, read_run_metadata, record_start, starts, writer_of
 from dew.training.state import TrainState
 
 GOOD_START = {

@@ -3,20 +3,30 @@
 One idea per module:
 
 - ``checkpoints``: ``Checkpoints``, the facade a run uses (save, restore, restore_ema, ...);
+- ``restore``: ``RestorePolicy``, which state a run starts from as ``config.checkpoint`` asks,
+  and the checks that a checkpoint fits the run before any value is read
+  (``ResumeMismatchError``);
+- ``settings``: ``config.checkpoint`` read and validated;
+- ``tiers``: which tier holds a step, and reading it from there;
 - ``store``: the persistent tier, one orbax checkpoint per step in a path or URI;
 - ``local``: the per-host local tier, the shards each process's devices hold;
 - ``writer``: the background thread writes run on;
-- ``layout``: the items of a checkpoint, and TrainState <-> items in one place;
-- ``positions``: data positions beside the share that read them;
-- ``retention``: which steps a directory keeps;
-- ``paths``: directories as paths or URIs (``etils.epath``);
-- ``settings``: ``config.checkpoint`` read and validated;
+- ``layout``: what a checkpoint is: its directory (a path or URI, ``etils.epath``), its items,
+  ``TrainState`` <-> items in one place, and the EMA record a step keeps;
+- ``step_files``: one step read from its files (metadata, items, completeness), the per-item
+  checksums written after the data and verified before a read (with the orbax handler that
+  writes them), and ``Retention``, which steps a directory keeps;
+- ``positions``: where the data resumes: data positions beside the share that read them, and a
+  caller's own dataset state;
 - ``errors``: ``CheckpointRestorationError`` (``CheckpointDamagedError``), ``CheckpointWriteError``,
   ``ConfigValidationError``;
-- ``integrity``: per-item checksums, written after the data and verified before a read;
-- ``run_metadata``: ``run.json`` beside ``checkpoints/``;
-- ``checkpointer``, ``io_handler``, ``stix_config``: the stix API (``Checkpointer``,
-  ``TrainingIOHandler`` and their pydantic configs), a thin layer over the same machinery.
+- ``checkpointer``, ``io_handler``: the stix API (``Checkpointer`` and ``TrainingIOHandler``,
+  each with its pydantic config), a thin layer over the same machinery.
+
+``TrainState`` comes from the contracts below (``dew.contracts.state``), never from the trainer;
+``run.json`` and the run's other records are the run's, not a checkpoint's (``dew.run_records``;
+``save_run_metadata``, ``read_run_metadata`` and ``RUN_METADATA`` are exported here too, as the
+stix text names them).
 
 Names resolve lazily, so importing the package opens no backend.
 """
@@ -31,21 +41,21 @@ _EXPORTS = {
     "CheckpointDamagedError": "dew.checkpointing.errors",
     "CheckpointRestorationError": "dew.checkpointing.errors",
     "CheckpointWriteError": "dew.checkpointing.errors",
-    "Retention": "dew.checkpointing.retention",
-    "save_run_metadata": "dew.checkpointing.run_metadata",
-    "read_run_metadata": "dew.checkpointing.run_metadata",
-    "RUN_METADATA": "dew.checkpointing.run_metadata",
+    "Retention": "dew.checkpointing.step_files",
+    "save_run_metadata": "dew.run_records",
+    "read_run_metadata": "dew.run_records",
+    "RUN_METADATA": "dew.run_records",
     "CheckpointSettings": "dew.checkpointing.settings",
     "Checkpointer": "dew.checkpointing.checkpointer",
-    "CheckpointerConfig": "dew.checkpointing.stix_config",
+    "CheckpointerConfig": "dew.checkpointing.checkpointer",
     "TrainingIOHandler": "dew.checkpointing.io_handler",
-    "TrainingIOHandlerConfig": "dew.checkpointing.stix_config",
+    "TrainingIOHandlerConfig": "dew.checkpointing.io_handler",
     "ConfigValidationError": "dew.checkpointing.errors",
     "checkpoint_settings": "dew.checkpointing.settings",
 }
 
 if TYPE_CHECKING:  # the lazy names, visible to type checkers (tests/test_types.py keeps them in step)
-    from dew.checkpointing.checkpointer import Checkpointer
+    from dew.checkpointing.checkpointer import Checkpointer, CheckpointerConfig
     from dew.checkpointing.checkpoints import Checkpoints
     from dew.checkpointing.errors import (
         CheckpointDamagedError,
@@ -53,11 +63,10 @@ if TYPE_CHECKING:  # the lazy names, visible to type checkers (tests/test_types.
         CheckpointWriteError,
         ConfigValidationError,
     )
-    from dew.checkpointing.io_handler import TrainingIOHandler
-    from dew.checkpointing.retention import Retention
-    from dew.checkpointing.run_metadata import RUN_METADATA, read_run_metadata, save_run_metadata
+    from dew.checkpointing.io_handler import TrainingIOHandler, TrainingIOHandlerConfig
     from dew.checkpointing.settings import CheckpointSettings, checkpoint_settings
-    from dew.checkpointing.stix_config import CheckpointerConfig, TrainingIOHandlerConfig
+    from dew.checkpointing.step_files import Retention
+    from dew.run_records import RUN_METADATA, read_run_metadata, save_run_metadata
 
 
 def __getattr__(name: str) -> Any:

@@ -3,26 +3,63 @@
 A thin layer over ``Checkpoints``: the same directory format, writer and store; only the
 retention (stix's ``keep_best``), the save cadence and the call signatures differ. A stix
 ``TrainingState`` is dew's ``TrainState``; a params ``State`` is a params pytree.
+
+The stix configs (``CheckpointerConfig`` here, ``TrainingIOHandlerConfig`` beside its handler)
+are pydantic models, as the stix text documents them (``Bases: BaseModel``). Validation,
+coercion and error messages are pydantic's: keyword-only construction, ``Gt(0)`` bounds on the
+counts, ``model_config`` exactly as documented (the IO handler's config forbids unknown keys; the
+checkpointer's allows arbitrary types and, as pydantic does by default, ignores unknown keys). A
+bad value raises ``pydantic.ValidationError`` (a ``ValueError``) naming the field, the value given
+and what it expected. ``model_dump()`` gives the fields as a dict. The stix modules are the only
+ones in dew that import pydantic, and nothing imports them on ``import dew`` or for a run: they
+load when a stix name is first named.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Annotated, Any, TypeAlias
 
 import jax
 import numpy as np
+import pydantic
 
 from dew.averaging import ema as ema_lib
 from dew.averaging.ema import EMASpec
-from dew.checkpointing.checkpoints import ASSUMED, Checkpoints
-from dew.checkpointing.retention import Retention
-from dew.checkpointing.stix_config import CheckpointerConfig
-from dew.training.state import TrainState
+from dew.checkpointing.checkpoints import Checkpoints
+from dew.checkpointing.layout import ASSUMED
+from dew.checkpointing.step_files import Retention
+from dew.contracts.state import TrainState
 
 #: The metric a stix save reports, and ranks by.
 EVAL_LOSS = "eval_loss"
+
+PathLike: TypeAlias = str | os.PathLike
+#: An int > 0, spelt as the stix text shows it (``Annotated[int, Field(gt=0)]``).
+PositiveInt = Annotated[int, pydantic.Field(gt=0)]
+
+
+class CheckpointerConfig(pydantic.BaseModel):
+    """Configuration for ``Checkpointer``.
+
+    checkpoint_dir: directory to write to (required; a path or URI).
+    max_to_keep:    checkpoints to retain (int > 0); None disables pruning entirely, the right
+                    setting for read-only managers pointed at a foreign directory. Default 5.
+    save_interval_steps: save every N training steps (int > 0). Default 100.
+    keep_best:      True: keep the best ``max_to_keep`` by eval_loss plus the most recent; False:
+                    the most recent ``max_to_keep``. Default True.
+    enable_async_checkpointing: write asynchronously. Default False (synchronous, in case of
+                    crashes).
+    """
+
+    model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
+
+    checkpoint_dir: PathLike
+    max_to_keep: pydantic.PositiveInt | None = 5
+    save_interval_steps: pydantic.PositiveInt = 100
+    keep_best: bool = True
+    enable_async_checkpointing: bool = False
 
 
 def _spec(decay: float | EMASpec) -> EMASpec:

@@ -14,14 +14,14 @@ from jax.experimental import multihost_utils
 
 from dew.averaging import ema as ema_lib
 from dew.averaging.ema import EMASpec
-from dew.checkpointing import layout, local, paths, positions
+from dew.checkpointing import layout, local, positions
 from dew.checkpointing.errors import CheckpointWriteError
-from dew.checkpointing.retention import Retention
+from dew.checkpointing.step_files import Retention
 from dew.checkpointing.store import Store
 from dew.checkpointing.tiers import Tiers
 from dew.checkpointing.writer import Writer, host_copy, snapshot
+from dew.contracts.state import TrainState, num_updates
 from dew.data.dataset import DataPartition
-from dew.training.state import TrainState, num_updates
 
 Upload = Callable[[str], Any]  # returns None or a future that ``wait`` waits for
 log = logging.getLogger("dew.checkpoints")
@@ -85,7 +85,7 @@ class Checkpoints:
         if local_every is not None and (not isinstance(local_every, int) or local_every < 1):
             raise ValueError(f"Checkpoints: local_every must be an int >= 1, got {local_every!r}")
         self.store = Store(
-            paths.directory(directory),
+            layout.directory(directory),
             retention or Retention(newest=keep, best=1 if keep_best else 0, metric=best_metric),
             read_only=read_only,
             ocdbt=ocdbt,
@@ -196,7 +196,7 @@ class Checkpoints:
         if dataset_state is not None:
             dataset_state = jax.tree.map(host_copy, dataset_state)
         ema = self.ema if ema is None else dict(ema)
-        state = with_law(state, ema)
+        state = layout.with_law(state, ema)
         self.writer.submit(self._write, step, snapshot(state), rows, metrics, dataset_state, ema, label=step)
 
     def save_local(
@@ -211,7 +211,9 @@ class Checkpoints:
         step, row = layout.step_number(step), positions.local_row(saved, share)
         layout.check_step(step, state)  # at the call, as ``save`` does
         self.writer.wait()
-        self.writer.submit(self._write_local, step, snapshot(with_law(state, self.ema)), row, label=step)
+        self.writer.submit(
+            self._write_local, step, snapshot(layout.with_law(state, self.ema)), row, label=step
+        )
 
     def wait(self) -> None:
         """Block until pending async writes (and uploads) have landed, and pruned steps are
@@ -393,7 +395,7 @@ class Checkpoints:
             recorded = ema_lib.from_law(law, ema)
         else:  # a checkpoint from before extra held the law: its metadata record, if any
             recorded = None if record is None else ema_lib.from_record(dict(record))
-        if (record or {}).get(ASSUMED) and decay is not None:
+        if (record or {}).get(layout.ASSUMED) and decay is not None:
             recorded = None  # a default the saver assumed: the caller's law replaces it
         spec, k = layout.ema_to_use(recorded, decay, accumulation, where)
         return ema_lib.debias(ema, spec, num_updates(count, k))
@@ -408,7 +410,7 @@ class Checkpoints:
         dataset: Any,
         ema: Any,
     ) -> None:
-        self.store.write(step, state, rows, metrics, dataset, law_record(state, ema))
+        self.store.write(step, state, rows, metrics, dataset, layout.law_record(state, ema))
         if self.upload is not None:
             pending = self.upload(self.path(step))
             if pending is not None:
@@ -416,7 +418,7 @@ class Checkpoints:
 
     def _write_local(self, step: int, state: TrainState, row: dict[str, np.ndarray] | None) -> None:
         shards, meta = local.describe(step, state)
-        record = law_record(state, self.ema)
+        record = layout.law_record(state, self.ema)
         if record is not None:
             meta["ema"] = record
         try:
@@ -437,33 +439,3 @@ def _metric(name: str, value: Any) -> float:
         return float(np.asarray(jax.device_get(value)))
     except (TypeError, ValueError):
         raise ValueError(f"Checkpoints.save: metric {name!r}={value!r:.80} is not a number") from None
-
-
-def with_law(state: TrainState, record: Mapping[str, Any] | None) -> TrainState:
-    """``state`` carrying an EMA law: its own, else the one ``record`` (``ema.record``) names
-    (not an assumed default: that stays in the step's metadata)."""
-    if state.ema_law is not None or record is None or record.get(ASSUMED):
-        return state
-    spec, k = ema_lib.from_record(dict(record))
-    return state.replace(ema_law=ema_lib.law(spec, state.params, k))
-
-
-def law_record(state: TrainState, record: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The JSON record kept in a step's metadata beside ``extra``'s law, describing that law
-    (so the two never disagree); runs on the writer thread (it reads the law's values)."""
-    if state.ema_law is None:
-        return None if record is None else dict(record)
-    spec, k = ema_lib.from_law(jax.device_get(state.ema_law), state.params)
-    out = ema_lib.record(spec, state.params, k)
-    if (
-        record is not None
-        and record.get(ASSUMED)
-        and ema_lib.same_law(ema_lib.from_record(dict(record))[0], spec)
-    ):
-        out[ASSUMED] = True
-    return out
-
-
-#: In a step's EMA record: the law is a default assumed for a state that carried none and was
-#: given none (``Checkpointer``), so ``restore_ema(decay=...)`` may replace it.
-ASSUMED = "assumed"

@@ -2,7 +2,8 @@
 
 Checkpointing is delegated to a ``Checkpointer`` (the same format as dew's ``Checkpoints``);
 logging to the logger callbacks attached to it, ``(category, values, step) -> None``, such as
-``log_metrics_to_line`` or any dew ``Tracker``.
+``log_metrics_to_line`` or any dew ``Tracker``. Its config, ``TrainingIOHandlerConfig``, is a
+pydantic model as ``CheckpointerConfig`` is (``checkpointer`` says how they validate).
 """
 
 from __future__ import annotations
@@ -15,17 +16,68 @@ from typing import Any
 
 import jax
 import numpy as np
+import pydantic
 
 from dew.averaging.ema import EMASpec
-from dew.checkpointing.checkpointer import Checkpointer
+from dew.checkpointing.checkpointer import Checkpointer, CheckpointerConfig, PathLike, PositiveInt
 from dew.checkpointing.checkpoints import Checkpoints
 from dew.checkpointing.errors import CheckpointRestorationError, ConfigValidationError
-from dew.checkpointing.stix_config import CheckpointerConfig, TrainingIOHandlerConfig
+from dew.contracts.state import TrainState
 from dew.tracking.base import LoggingCategory
-from dew.training.state import TrainState
 
 Logger = Callable[[LoggingCategory, dict[str, Any], int], None]
 log = logging.getLogger("dew.checkpoints")
+
+
+class TrainingIOHandlerConfig(pydantic.BaseModel):
+    """Pydantic config holding all settings relevant for the training IO handler.
+
+    checkpoint_dir:  root checkpoint directory, a local path or any URI scheme orbax's path
+                     handling supports; None skips the clear_previous_checkpoints guard. Default None.
+    restore_dir:     directory to restore checkpoints from; None: ``checkpoint_dir``.
+    max_to_keep:     checkpoints to retain (int > 0). Default 5.
+    save_interval_steps: save every N training steps (int > 0); None (the default) disables
+                     checkpointing.
+    keep_best:       True: keep the ``max_to_keep`` best by eval_loss plus the most recent; False:
+                     the most recent ``max_to_keep``. Default True.
+    enable_async_checkpointing: write asynchronously. Default False.
+    restore_checkpoint_if_exists: restore a previous checkpoint if one exists. Default False.
+    step_to_restore: the step to restore (int > 0); None (the default): the latest.
+    restore_optimizer_state: also restore the optimizer state. Default True.
+    clear_previous_checkpoints: delete previous checkpoints; cannot be True together with a
+                     restore (``restore_checkpoint_if_exists`` or ``step_to_restore``). Default False.
+
+    Unknown keys are rejected (``model_config = {'extra': 'forbid'}``).
+    """
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    checkpoint_dir: PathLike | None = None
+    restore_dir: PathLike | None = None
+    max_to_keep: PositiveInt = 5
+    save_interval_steps: PositiveInt | None = None
+    keep_best: bool = True
+    enable_async_checkpointing: bool = False
+    restore_checkpoint_if_exists: bool = False
+    step_to_restore: PositiveInt | None = None
+    restore_optimizer_state: bool = True
+    clear_previous_checkpoints: bool = False
+
+    @property
+    def restores(self) -> bool:
+        """Whether a restore is requested."""
+        return self.restore_checkpoint_if_exists or self.step_to_restore is not None
+
+    @pydantic.model_validator(mode="after")
+    def _no_clear_with_a_restore(self) -> TrainingIOHandlerConfig:
+        if self.clear_previous_checkpoints and self.restores:
+            raise ValueError(
+                "clear_previous_checkpoints=True cannot be combined with a restore "
+                f"(restore_checkpoint_if_exists={self.restore_checkpoint_if_exists}, "
+                f"step_to_restore={self.step_to_restore!r}): clearing first would delete the "
+                "checkpoints to restore"
+            )
+        return self
 
 
 class TrainingIOHandler:

@@ -15,22 +15,36 @@ A checkpoint holds separately restorable items:
     data/        data positions (``positions``)
     dataset/     a caller's own pytree (the stix ``dataset_state``), when one was saved
 
-Also here, as pure helpers: naming leaves the way orbax names them, and listing every leaf in
-which a template differs from what a checkpoint holds (before any value is read).
+Also here, as pure helpers: naming leaves the way orbax names them, listing every leaf in which
+a template differs from what a checkpoint holds (before any value is read), and the EMA record a
+step keeps beside ``extra``'s law (``with_law``, ``law_record``).
+
+Where a checkpoint directory is: a local path or a URI, through orbax's own path type
+(``etils.epath``). ``directory("runs/a/checkpoints")`` and
+``directory("file:///abs/runs/a/checkpoints")`` name the same local directory;
+``directory("gs://bucket/run")`` is a remote one, usable only when the filesystem package for
+that scheme is installed. Nothing is opened or created there: the checks are on the text and on
+which packages are importable, so a wrong URI fails when a config is read, never by writing
+somewhere else (``./gs:/bucket/run``).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
+from etils import epath
 from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
+from dew.averaging import ema as ema_lib
 from dew.averaging.averager import FIELDS as AVERAGE_FIELDS
 from dew.averaging.averager import LAW_EXTRA_KEY, LAW_FIELD
-from dew.training.state import TrainState
+from dew.contracts.state import TrainState
 
 #: The state items, in the order they are written.
 STATE_ITEMS = ("params", "opt_state", "ema_params", "extra", "pending", "power_ema")
@@ -227,11 +241,16 @@ def template_differences(item: str, template: Any, stored: Mapping[str, Any]) ->
 
 
 def shape_dtype_tree(metadata_tree: Any) -> Any:
-    """An orbax metadata tree as ``jax.ShapeDtypeStruct`` leaves (no values read)."""
+    """An orbax metadata tree as ``jax.ShapeDtypeStruct`` leaves (no values read); a leaf that
+    is no array (a string in a caller's dataset state) stays the metadata orbax gives for it."""
+
+    def is_array(m: Any) -> bool:
+        return hasattr(m, "shape") and hasattr(m, "dtype")
+
     return jax.tree.map(
-        lambda m: jax.ShapeDtypeStruct(tuple(m.shape), np.dtype(m.dtype)),
+        lambda m: jax.ShapeDtypeStruct(tuple(m.shape), np.dtype(m.dtype)) if is_array(m) else m,
         metadata_tree,
-        is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"),
+        is_leaf=is_array,
     )
 
 
@@ -266,7 +285,6 @@ def ema_to_use(
     """The ``EMASpec`` and accumulation to debias with: the recorded ones (``extra``'s law, or
     an older checkpoint's metadata record), checked against any explicit argument; without a
     record, the arguments (a decay is then required)."""
-    from dew.averaging import ema as ema_lib
     from dew.checkpointing.errors import CheckpointRestorationError
 
     if recorded is None:
@@ -291,3 +309,95 @@ def ema_to_use(
             "records; leave it unset to use the record"
         )
     return spec, k
+
+
+# --- the EMA record a step keeps ------------------------------------------------------------------
+#: In a step's EMA record: the law is a default assumed for a state that carried none and was
+#: given none (``Checkpointer``), so ``restore_ema(decay=...)`` may replace it.
+ASSUMED = "assumed"
+
+
+def with_law(state: TrainState, record: Mapping[str, Any] | None) -> TrainState:
+    """``state`` carrying an EMA law: its own, else the one ``record`` (``ema.record``) names
+    (not an assumed default: that stays in the step's metadata)."""
+    if state.ema_law is not None or record is None or record.get(ASSUMED):
+        return state
+    spec, k = ema_lib.from_record(dict(record))
+    return state.replace(ema_law=ema_lib.law(spec, state.params, k))
+
+
+def law_record(state: TrainState, record: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The JSON record kept in a step's metadata beside ``extra``'s law, describing that law
+    (so the two never disagree); runs on the writer thread (it reads the law's values)."""
+    if state.ema_law is None:
+        return None if record is None else dict(record)
+    spec, k = ema_lib.from_law(jax.device_get(state.ema_law), state.params)
+    out = ema_lib.record(spec, state.params, k)
+    if (
+        record is not None
+        and record.get(ASSUMED)
+        and ema_lib.same_law(ema_lib.from_record(dict(record))[0], spec)
+    ):
+        out[ASSUMED] = True
+    return out
+
+
+# --- where a checkpoint directory is -------------------------------------------------------------
+#: Remote schemes etils.epath serves, and the packages that can back each (any one will do:
+#: etils uses TensorFlow's gfile when TensorFlow is installed, else fsspec's implementation).
+REMOTE_SCHEMES: dict[str, tuple[str, ...]] = {
+    "gs": ("gcsfs", "tensorflow"),
+    "s3": ("s3fs", "tensorflow"),
+    "az": ("adlfs", "tensorflow"),
+    "hf": ("huggingface_hub",),
+}
+
+
+class DirectoryError(ValueError):
+    """A checkpoint directory that cannot be used as given (bad URI, missing filesystem)."""
+
+
+def scheme_of(text: str) -> str | None:
+    """The URI scheme of ``text`` (``"gs"``), or None for a plain path."""
+    if "://" not in text:
+        return None
+    return text.split("://", 1)[0].lower()
+
+
+def directory(text: str | os.PathLike, what: str = "checkpoint directory") -> epath.Path:
+    """``text`` as an ``epath.Path``: a plain path made absolute, ``file://`` as the local path
+    it names, a remote URI as is when its filesystem package is installed.
+
+    Raises ``DirectoryError`` naming the value, the scheme and what would be accepted.
+    """
+    raw = os.fspath(text)
+    if not isinstance(raw, str) or not raw:
+        raise DirectoryError(f"{what} {text!r} is invalid: expected a non-empty path or URI")
+    scheme = scheme_of(raw)
+    if scheme is None:
+        return epath.Path(os.path.abspath(raw))
+    if scheme == "file":
+        parsed = urllib.parse.urlparse(raw)
+        if parsed.netloc not in ("", "localhost"):
+            raise DirectoryError(
+                f"{what} {raw!r} names host {parsed.netloc!r}: a file:// URI must be file:///absolute/path"
+            )
+        return epath.Path(os.path.abspath(urllib.parse.unquote(parsed.path)))
+    if scheme not in REMOTE_SCHEMES:
+        known = ", ".join(f"{s}://" for s in ("file", *REMOTE_SCHEMES))
+        raise DirectoryError(
+            f"{what} {raw!r} has the URI scheme {scheme}://, which orbax's path handling (etils.epath) "
+            f"does not serve: expected a local path or one of {known}"
+        )
+    packages = REMOTE_SCHEMES[scheme]
+    if not any(importlib.util.find_spec(p) is not None for p in packages):
+        raise DirectoryError(
+            f"{what} {raw!r} is on {scheme}://, whose filesystem package is not installed: "
+            f"install {' or '.join(packages)} to use it (nothing was written)"
+        )
+    return epath.Path(raw)
+
+
+def is_local(path: epath.Path) -> bool:
+    """Whether ``path`` is on this machine's file system (``os`` functions work on it)."""
+    return scheme_of(os.fspath(path)) is None

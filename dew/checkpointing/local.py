@@ -25,10 +25,10 @@ import jax
 import numpy as np
 from etils import epath
 
-from dew.checkpointing import integrity, layout, positions
+from dew.checkpointing import layout, positions, step_files
 from dew.checkpointing.errors import CheckpointDamagedError, CheckpointRestorationError, first_line
+from dew.contracts.state import TrainState
 from dew.data.dataset import DataPartition
-from dew.training.state import TrainState
 
 META = "placement.json"
 FORMAT = "dew-local-checkpoint/2"  # leaves named by checkpoint item (params.w, ema_params.w, ...)
@@ -64,7 +64,7 @@ def write(
             os.path.join(tmp, f"data.{key}.npy"), lambda f, a=value: np.save(f, a, allow_pickle=False)
         )
     _sync_write(os.path.join(tmp, META), lambda f: f.write(json.dumps(meta).encode()))
-    integrity.write_checksums(epath.Path(tmp))  # inside the step before it lands: all or nothing
+    step_files.write_checksums(epath.Path(tmp))  # inside the step before it lands: all or nothing
     final = os.path.join(root, str(step))
     if os.path.exists(final):
         shutil.rmtree(final)
@@ -210,8 +210,8 @@ def verify(root: str, step: int) -> None:
     """Check ``step``'s files against the checksums written with them (steps written before
     checksums were pass); raise ``CheckpointDamagedError`` naming the file."""
     directory = epath.Path(root) / str(step)
-    if (directory / integrity.CHECKSUMS).exists():
-        integrity.verify_item(step, "local", directory)
+    if (directory / step_files.CHECKSUMS).exists():
+        step_files.verify_item(step, "local", directory)
 
 
 def set_aside(root: str, step: int) -> str:

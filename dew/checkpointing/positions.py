@@ -1,9 +1,23 @@
-"""Data positions in a checkpoint: where each reader resumes, stored beside the share it read.
+"""Where the data resumes, stored in a checkpoint: the data stream's position beside the share
+that read it (the ``data`` item), and a caller's own dataset state (the ``dataset`` item).
 
 A stream reports its position as JSON bytes, which tensorstore has no dtype for; the bytes ride
 along as zero-padded uint8 rows, one per process, each with the ``DataPartition`` it was read
 with, so a global position and a share's offset are stored the same way and told apart on
 restore. A position without its share is refused, since no reader could be matched to it.
+
+A caller's own pytree saved beside the state (the stix ``dataset_state``): ``restore_args`` says
+what orbax is asked to read for it, and ``like_template`` gives the leaves back the types the
+template's leaves have. Saved leaves are host values: Python numbers and strings as they are,
+numpy and JAX arrays (0-d included) as numpy copies (``writer.host_copy``); orbax stores numbers
+as scalars, strings as strings, arrays as arrays, with their dtypes. On restore the template (a
+freshly initialised dataset state of the right structure) says what each leaf must come back as:
+
+    str, int, float, bool   the Python value
+    numpy scalar            a numpy scalar of the stored dtype (``np.int64(2)`` stays one)
+    numpy array             a numpy array of the stored dtype (0-d stays 0-d)
+    jax.Array / ShapeDtypeStruct   a ``jax.Array`` of the stored dtype, placed as the template's
+                            leaf is (its sharding; without one, this process's first device)
 """
 
 from __future__ import annotations
@@ -13,8 +27,10 @@ from typing import Any
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from dew.checkpointing import layout
 from dew.data.dataset import DataPartition
 
 NO_SHARE = (
@@ -95,3 +111,37 @@ def position_for(data: Mapping[str, Any], share: DataPartition, process_index: i
     chosen = process_index if process_index in matches else int(matches[0])
     length = int(np.asarray(data["lengths"])[chosen])
     return bytes(np.asarray(data["rows"])[chosen, :length].tobytes())
+
+
+# --- a caller's dataset state ----------------------------------------------------------------------
+_ARRAYS = (jax.Array, jax.ShapeDtypeStruct, np.ndarray, np.generic)
+
+
+def restore_args(template: Any) -> Any:
+    """Per-leaf ``RestoreArgs`` for ``template``: every array or numpy scalar is read as a numpy
+    array (its stored dtype; placed afterwards by ``like_template``), strings and Python
+    numbers as their own type."""
+
+    def one(leaf: Any) -> ocp.RestoreArgs:
+        if isinstance(leaf, _ARRAYS):
+            return ocp.RestoreArgs(restore_type=np.ndarray)
+        return ocp.RestoreArgs(restore_type=type(leaf))
+
+    return jax.tree.map(one, template)
+
+
+def like_template(restored: Any, template: Any) -> Any:
+    """``restored`` (as ``restore_args`` reads it) with each leaf of the type of the template's."""
+
+    def one(value: Any, leaf: Any) -> Any:
+        if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct):
+            host = np.asarray(value)
+            sharding = getattr(leaf, "sharding", None) or layout.default_sharding()
+            return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+        if isinstance(leaf, np.generic):
+            return np.asarray(value)[()]
+        if isinstance(leaf, np.ndarray):
+            return np.asarray(value)
+        return value
+
+    return jax.tree.map(one, restored, template)

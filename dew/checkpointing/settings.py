@@ -31,7 +31,7 @@ from typing import Any
 
 import ml_collections
 
-from dew.checkpointing import paths
+from dew.checkpointing import layout as paths  # directories as paths or URIs
 from dew.checkpointing.errors import CheckpointRestorationError
 from dew.schema import ConfigError, Key, Section
 

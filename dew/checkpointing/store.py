@@ -23,20 +23,18 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from dew.checkpointing import dataset_state as saved_dataset
 from dew.checkpointing import layout, positions
-from dew.checkpointing.checksummed_handler import ChecksummedPyTreeHandler
+from dew.checkpointing import positions as saved_dataset  # the dataset state beside the positions
 from dew.checkpointing.errors import (
     CheckpointDamagedError,
     CheckpointRestorationError,
     CheckpointWriteError,
     first_line,
 )
-from dew.checkpointing.retention import Retention
-from dew.checkpointing.step_files import StepFiles
+from dew.checkpointing.step_files import ChecksummedPyTreeHandler, Retention, StepFiles
 from dew.checkpointing.writer import yield_to_the_loop
+from dew.contracts.state import TrainState
 from dew.data.dataset import DataPartition
-from dew.training.state import TrainState
 
 _DELETING = ".deleting-"  # a step being deleted: out of orbax's step namespace
 log = logging.getLogger("dew.checkpoints")

@@ -20,8 +20,8 @@ from jax.experimental import multihost_utils
 from dew.checkpointing import layout, local
 from dew.checkpointing.errors import CheckpointRestorationError
 from dew.checkpointing.store import Store
+from dew.contracts.state import TrainState
 from dew.data.dataset import DataPartition
-from dew.training.state import TrainState
 
 
 class Tiers:

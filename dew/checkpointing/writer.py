@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from dew.training.state import TrainState
+from dew.contracts.state import TrainState
 
 
 class Writer:

@@ -36,12 +36,12 @@ import numpy as np
 
 from dew import registry
 from dew.artifacts import ImageGrid
+from dew.contracts.objective import Aux, Batch, Objective, Params, Stats, Step
 from dew.inputs import Field, InputSpec
 from dew.networks import sd_vae
 from dew.objectives.latent_space import vae_config
 from dew.objectives.whole import BuiltWhole
 from dew.schema import ConfigError, Key, Section, at_least
-from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
 
 PREVIEW_IMAGES = 20  # held-out images in the preview: a row of originals over their reconstructions
 

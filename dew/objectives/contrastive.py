@@ -24,10 +24,10 @@ import numpy as np
 
 from dew import registry
 from dew.artifacts import Representations
+from dew.contracts.objective import Aux, Batch, Objective, Params, Stats, Step
 from dew.inputs import Field, InputSpec
 from dew.objectives.whole import BuiltWhole
 from dew.schema import ConfigError, Key, Section, at_least
-from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
 
 
 class ImageEncoder(hk.Module):

@@ -20,6 +20,7 @@ import numpy as np
 from dew import registry
 from dew.artifacts import ImageGrid, VideoGrid
 from dew.augment.settings import AugmentSettings
+from dew.contracts.objective import Aux, Batch, Objective, Params, Stats, Step
 from dew.diffusion.process import Process
 from dew.inputs import InputSpec
 from dew.objectives import (
@@ -35,7 +36,6 @@ from dew.objectives.diffusion_scoring import PreviewRecord
 from dew.objectives.whole import BuiltWhole
 from dew.sampling import CFG, Solver
 from dew.schema import Section
-from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
 from dew.training.precision import cast_floats
 
 # A haiku module's constructor: called inside the transform, the module it returns is applied.

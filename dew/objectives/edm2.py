@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from dew import registry
+from dew.contracts.objective import Aux, Batch, Params, Stats, Step
 from dew.diffusion.process import Process
 from dew.inputs import InputSpec
 from dew.networks.edm2_layers import project_weights
@@ -32,7 +33,6 @@ from dew.objectives.diffusion import Diffusion, ModuleFactory
 from dew.objectives.diffusion_config import CONFIG as DIFFUSION_CONFIG
 from dew.objectives.diffusion_config import arguments
 from dew.schema import ConfigError, Key, Section
-from dew.training.objective import Aux, Batch, Params, Stats, Step
 
 NETWORK = "edm2"
 """The model (and its haiku module name) this objective trains."""

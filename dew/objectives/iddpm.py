@@ -34,6 +34,7 @@ import numpy as np
 
 from dew import registry
 from dew.artifacts import ImageGrid
+from dew.contracts.objective import Aux, Batch, Objective, Params, Stats, Step
 from dew.diffusion.iddpm import SCHEDULES, GaussianDiffusion
 from dew.inputs import Condition, Field, InputSpec
 from dew.objectives import latent_space
@@ -41,7 +42,6 @@ from dew.objectives.diffusion_sampling import requested_classes
 from dew.objectives.meanflow import sample_field, takes_arguments
 from dew.objectives.whole import BuiltWhole
 from dew.schema import ConfigError, Key, Section, at_least
-from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
 
 ModuleFactory = Callable[[], Any]  # a registered network's constructor (a haiku module)
 

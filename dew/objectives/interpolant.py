@@ -37,6 +37,7 @@ import numpy as np
 
 from dew import registry
 from dew.artifacts import ImageGrid
+from dew.contracts.objective import Aux, Batch, Objective, Params, Stats, Step
 from dew.diffusion.interpolants import LOSS_WEIGHTS, PATHS, PREDICTIONS
 from dew.diffusion.transport import Transport
 from dew.inputs import Condition, Field, InputSpec
@@ -50,7 +51,6 @@ from dew.objectives.whole import BuiltWhole
 from dew.sampling.transport_ode import TransportODE
 from dew.sampling.transport_sde import TransportSDE
 from dew.schema import ConfigError, Key, Section, at_least
-from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
 
 ModuleFactory = Callable[[], Any]  # a registered network's constructor (a haiku module)
 TransportSampler = TransportODE | TransportSDE

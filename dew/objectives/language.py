@@ -21,10 +21,10 @@ import numpy as np
 
 from dew import registry
 from dew.artifacts import TextSamples, TokenScores
+from dew.contracts.objective import Aux, Batch, Objective, Params, Stats, Step
 from dew.inputs import Field, InputSpec
 from dew.objectives.whole import BuiltWhole
 from dew.schema import ConfigError, Key, Section, at_least
-from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
 
 PROMPTS = ("import ", "def __init__(self", "class ", "    return ", "for i in range(", '"""Return the ')
 """The fixed prompts previews continue (the same every preview, so progress is comparable)."""

@@ -39,6 +39,7 @@ import numpy as np
 
 from dew import registry
 from dew.artifacts import ImageGrid
+from dew.contracts.objective import Aux, Batch, Objective, Params, Stats, Step
 from dew.encoding.class_label import UNCONDITIONAL
 from dew.inputs import Condition, Field, InputSpec
 from dew.objectives import latent_space
@@ -53,7 +54,6 @@ from dew.objectives.meanflow_loss import (
 from dew.objectives.whole import BuiltWhole
 from dew.sampling.meanflow import check_schedule, sample_mean_flow
 from dew.schema import ConfigError, Key, Section, at_least
-from dew.training.objective import Aux, Batch, Objective, Params, Stats, Step
 
 ModuleFactory = Callable[[], Any]  # a registered network's constructor (a haiku module)
 

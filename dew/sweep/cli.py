@@ -157,9 +157,9 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     """Check everything (nothing written); returns what ``run`` needs: the pipelines, the
     snapshots, the metric, the grid, the settings."""
     from dew import registry
+    from dew.contracts.state import num_updates
     from dew.inference import PipelineError, pipeline
     from dew.registry import UnknownNameError
-    from dew.training.state import num_updates
 
     _check_values(args)
     try:

@@ -1,5 +1,5 @@
-"""The trainer: the ``Objective`` contract, pure stages (``init``/``step``/``eval``), side-effect
-stages and ``fit``.
+"""The trainer: pure stages (``init``/``step``/``eval``), side-effect stages and ``fit``, over
+the ``Objective`` contract and ``TrainState`` (defined in ``dew.contracts``, exported here too).
 
 Importing this package pulls in no modality (diffusion, sampling, models, encoders, metrics,
 dataset sources) and no tracker backend; names resolve lazily.
@@ -15,14 +15,14 @@ _EXPORTS = {
     "CheckpointRestorationError": "dew.checkpointing.errors",
     "CheckpointWriteError": "dew.checkpointing.errors",
     "get_debiased_ema": "dew.averaging.ema",
-    "save_run_metadata": "dew.checkpointing.run_metadata",
-    "read_run_metadata": "dew.checkpointing.run_metadata",
-    "Objective": "dew.training.objective",
-    "Step": "dew.training.objective",
-    "Aux": "dew.training.objective",
+    "save_run_metadata": "dew.run_records",
+    "read_run_metadata": "dew.run_records",
+    "Objective": "dew.contracts.objective",
+    "Step": "dew.contracts.objective",
+    "Aux": "dew.contracts.objective",
     "EMASpec": "dew.averaging.ema",
     "config_schema": "dew.training.trainer",
-    "TrainState": "dew.training.state",
+    "TrainState": "dew.contracts.state",
     "Trainer": "dew.training.trainer",
     "fit": "dew.training.loop",
     "Stage": "dew.training.loop",
@@ -42,9 +42,9 @@ _EXPORTS = {
     "log_metrics_to_table": "dew.tracking.console",
     "convert_mse_to_rmse_in_logs": "dew.tracking.console",
     "TrainingIOHandler": "dew.checkpointing.io_handler",
-    "TrainingIOHandlerConfig": "dew.checkpointing.stix_config",
+    "TrainingIOHandlerConfig": "dew.checkpointing.io_handler",
     "Checkpointer": "dew.checkpointing.checkpointer",
-    "CheckpointerConfig": "dew.checkpointing.stix_config",
+    "CheckpointerConfig": "dew.checkpointing.checkpointer",
     "MeshSpec": "dew.training.sharding",
     "Layout": "dew.training.sharding",
     "Evaluation": "dew.training.evaluation",
@@ -55,12 +55,13 @@ _EXPORTS = {
 
 if TYPE_CHECKING:  # the lazy names, visible to type checkers (tests/test_types.py keeps them in step)
     from dew.averaging.ema import EMASpec, get_debiased_ema
-    from dew.checkpointing.checkpointer import Checkpointer
+    from dew.checkpointing.checkpointer import Checkpointer, CheckpointerConfig
     from dew.checkpointing.checkpoints import Checkpoints
     from dew.checkpointing.errors import CheckpointRestorationError, CheckpointWriteError
-    from dew.checkpointing.io_handler import TrainingIOHandler
-    from dew.checkpointing.run_metadata import read_run_metadata, save_run_metadata
-    from dew.checkpointing.stix_config import CheckpointerConfig, TrainingIOHandlerConfig
+    from dew.checkpointing.io_handler import TrainingIOHandler, TrainingIOHandlerConfig
+    from dew.contracts.objective import Aux, Objective, Step
+    from dew.contracts.state import TrainState
+    from dew.run_records import read_run_metadata, save_run_metadata
     from dew.tracking.console import convert_mse_to_rmse_in_logs, log_metrics_to_line, log_metrics_to_table
     from dew.tracking.trackers import (
         LocalTracker,
@@ -74,10 +75,8 @@ if TYPE_CHECKING:  # the lazy names, visible to type checkers (tests/test_types.
     )
     from dew.training.evaluation import Evaluation, evaluate
     from dew.training.loop import Stage, StepContext, fit
-    from dew.training.objective import Aux, Objective, Step
     from dew.training.profile import ProfileWindow, profile
     from dew.training.sharding import Layout, MeshSpec
-    from dew.training.state import TrainState
     from dew.training.steps import make_eval, make_init, make_step
     from dew.training.trainer import Trainer, config_schema
 

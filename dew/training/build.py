@@ -11,11 +11,11 @@ import ml_collections
 from jax.sharding import Mesh
 
 from dew import registry
+from dew.contracts.objective import Objective
 from dew.data.dataset import DataPartition, Dataset
 from dew.runtime import distributed
 from dew.schema import ConfigError
 from dew.training import sharding
-from dew.training.objective import Objective
 from dew.training.sharding import Layout
 
 

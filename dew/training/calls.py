@@ -14,8 +14,8 @@ from typing import Any
 
 import jax
 
+from dew.contracts.state import TrainState
 from dew.training.stage import Stage, next_multiple
-from dew.training.state import TrainState
 from dew.training.steps import make_multi_step
 
 Batch = Mapping[str, Any]

@@ -17,12 +17,12 @@ import optax
 from dew.averaging import ema as ema_lib
 from dew.averaging.averager import Averages, as_averages
 from dew.averaging.ema import EMASpec
+from dew.contracts.objective import Objective
+from dew.contracts.state import TrainState, num_updates
 from dew.runtime.precompile import BackgroundCompile, abstract_like
 from dew.training.calls import MultiStep, SingleStep
-from dew.training.objective import Objective
 from dew.training.precision import Precision
 from dew.training.sharding import Layout
-from dew.training.state import TrainState, num_updates
 from dew.training.steps import abstract_state, make_eval, make_init, make_multi_step, make_step
 
 

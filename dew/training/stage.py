@@ -7,7 +7,7 @@ import dataclasses
 
 import jax
 
-from dew.training.state import TrainState
+from dew.contracts.state import TrainState
 
 
 def next_multiple(step: int, every: int) -> int | None:

@@ -17,6 +17,8 @@ import jax
 from dew.averaging.averager import Averages
 from dew.averaging.power_ema import PowerEMA, PowerEMASnapshots
 from dew.checkpointing.checkpoints import Checkpoints
+from dew.contracts.objective import Objective, check_artifact
+from dew.contracts.state import TrainState, num_updates
 from dew.data.dataset import Dataset
 from dew.tracking.console import Progress
 from dew.tracking.media import artifact_files, write_atomically
@@ -24,9 +26,7 @@ from dew.tracking.trackers import LoggingCategory, Tracker
 from dew.training.evaluation import Evaluation, evaluate
 from dew.training.metrics import DeviceSums
 from dew.training.names import EVAL_LOSS, LOSS, LOSS_SCALE_OVERFLOWS, NONFINITE_FLAG
-from dew.training.objective import Objective, check_artifact
 from dew.training.stage import Stage, StepContext, next_multiple
-from dew.training.state import TrainState, num_updates
 
 #: Step statistics that are counts: summed over a logging window, not averaged.
 COUNTED = frozenset({NONFINITE_FLAG, LOSS_SCALE_OVERFLOWS})

@@ -17,10 +17,10 @@ import optax
 from dew.averaging.averager import Averages, as_averages
 from dew.averaging.ema import EMASpec
 from dew.averaging.power_ema import PowerEMA
+from dew.contracts.objective import Objective, Step
+from dew.contracts.state import TrainState, num_updates
 from dew.training.names import GRAD_NORM, LOSS, LOSS_SCALE, LOSS_SCALE_OVERFLOWS, NONFINITE_FLAG
-from dew.training.objective import Objective, Step
 from dew.training.precision import Precision
-from dew.training.state import TrainState, num_updates
 
 Batch = Mapping[str, jax.Array]
 Stats = dict[str, jax.Array]

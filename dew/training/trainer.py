@@ -16,8 +16,10 @@ from dew.averaging.averager import Averages
 from dew.averaging.power_ema import SNAPSHOT_DIR, PowerEMASnapshots
 from dew.checkpointing.checkpoints import Checkpoints
 from dew.checkpointing.restore import RestorePolicy
-from dew.checkpointing.run_history import record_start
 from dew.checkpointing.settings import checkpoint_settings
+from dew.contracts.objective import Objective
+from dew.contracts.state import TrainState
+from dew.run_records import record_start
 from dew.runtime import distributed, kernel_choice, platform
 from dew.runtime.precompile import BackgroundCompile
 from dew.schema import ConfigError
@@ -26,21 +28,19 @@ from dew.tracking.trackers import LoggingCategory, Tracker, Trackers, make_track
 from dew.training.build import build_objective, datasets, mesh_and_layout, open_split
 from dew.training.loop import Stage, fit
 from dew.training.nonfinite import NonFiniteGuard
-from dew.training.objective import Objective
 from dew.training.parameter_table import report_parameters
 from dew.training.precision import from_config as precision_from_config
 from dew.training.preemption import PreemptionStage
 from dew.training.profile import ProfileWindow
 from dew.training.programs import Programs, debiased_ema
 from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage, SnapshotStage
-from dew.training.state import TrainState
 from dew.training.trainer_config import check_workdir, config_schema, make_optimizer, resolve_config
 
 
 def recorded_kernels(workdir: str) -> dict | None:
     """The kernel decision a run recorded in its ``run.json`` (what a resume keeps), or None: no
     run there yet, or a ``run.json`` the restore reports on its own."""
-    from dew.checkpointing.run_history import read_run_metadata  # run_metadata's, via the public module
+    from dew.run_records import read_run_metadata
 
     if not os.path.isdir(workdir):
         return None

@@ -14,6 +14,7 @@ import optax
 
 from dew.averaging import ema as ema_lib
 from dew.checkpointing import settings as checkpoint_config
+from dew.contracts.objective import MODEL_CONFIG, OBJECTIVE_CONFIG
 from dew.data import config as data_config
 from dew.runtime import platform as runtime_platform
 from dew.schema import ConfigError, Key, Section, at_least, resolve
@@ -21,7 +22,6 @@ from dew.tracking import trackers as trackers_lib
 from dew.training import learning_rate, sharding
 from dew.training import precision as precision_lib
 from dew.training.nonfinite import POLICIES as NONFINITE_POLICIES
-from dew.training.objective import MODEL_CONFIG, OBJECTIVE_CONFIG
 from dew.training.profile import CONFIG as PROFILE_CONFIG
 
 

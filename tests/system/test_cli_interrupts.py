@@ -27,10 +27,10 @@ LONG = {"train.num_steps": 400, "checkpoint.every": 4, "eval.every": 0, "preview
 
 LAUNCHER = """
 import os, sys, time
-from dew.checkpointing import checksummed_handler
+from dew.checkpointing import step_files
 
 marker = os.environ["DEW_TEST_HOLD_SAVES"]
-finalize = checksummed_handler.ChecksummedPyTreeHandler.finalize
+finalize = step_files.ChecksummedPyTreeHandler.finalize
 
 def held(self, directory):
     if os.path.exists(marker):  # a save that lands slowly (a slow disk): it is in flight now
@@ -39,7 +39,7 @@ def held(self, directory):
         time.sleep(600)
     return finalize(self, directory)
 
-checksummed_handler.ChecksummedPyTreeHandler.finalize = held
+step_files.ChecksummedPyTreeHandler.finalize = held
 sys.argv = ["dew.main", *sys.argv[1:]]
 from dew.main import run
 run()

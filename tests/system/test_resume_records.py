@@ -12,15 +12,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dew.checkpointing.resume_check import (
+from dew.checkpointing.restore import (
     ResumeMismatchError,
     config_changes,
     remap_position,
     tree_differences,
 )
-from dew.checkpointing.run_history import record_start, set_aside_records, starts, writer_of
 from dew.config import ConfigError
 from dew.failures import exit_code, report
+from dew.run_records import record_start, set_aside_records, starts, writer_of
 from dew.tracking.trackers import LoggingCategory, Tracker
 from dew.training.loop import StepContext
 
