@@ -27,9 +27,10 @@ POSITION = {"epoch": 0, "batch": 3}
 TIME = "2026-12-05T03:30:00+00:00"
 
 if __name__ == "__main__":
+    from dew.checkpointing.run_history import record_start
+
     from dew.averaging import ema as ema_lib
     from dew.checkpointing import Checkpoints
-    from dew.checkpointing.run_history import record_start
     from dew.data.dataset import DataPartition
 
     workdir = sys.argv[1]
