@@ -21,10 +21,13 @@ tokens = SiT/2's 16×16 at 32×32 latents), projector width 2048 (``models/sit.p
 checkpoint trained 4M steps: ``--config.train.num_steps=4000000``).
 
 The sampling behind the published FID (README's ``generate.py`` command: ``--mode=sde
---num-steps=250 --cfg-scale=1.8 --guidance-high=0.7``) is REPA's own ``euler_maruyama_sampler``
-(``samplers.py``: t from 1 to 0.04 in 250 steps, diffusion 2t, a last deterministic step to 0;
-guidance on REPA's t ∈ [0, 0.7], i.e. dew's SiT time t ∈ [0.3, 1]); it is recorded here as
-``REPA_SAMPLING`` and is not yet one of dew's registered samplers, so previews use SiT's SDE.
+--num-steps=250 --cfg-scale=1.8 --guidance-high=0.7``, recorded as ``REPA_SAMPLING``) is REPA's
+own ``euler_maruyama_sampler``, dew's registered ``repa_sde`` (``dew.sampling.repa_sampler``:
+t from 1 to 0.04 in 250 steps, diffusion 2t, a last deterministic step to 0), guiding all 4
+latent channels on REPA's t ∈ [0, 0.7], i.e. SiT time [0.3, 1] (``guidance_interval``); the
+presets' ``config.objective.sampling`` is that, for previews, ``dew.pipeline``, ``python -m
+dew.sample`` and ``python -m dew.fid``. ``generate.py``'s ODE is ``--sampler=repa_ode``
+(``repa_ode_heun`` with ``--heun``).
 
 Data: REPA's loader yields the raw uint8 image (the encoder's input) beside the SD-VAE latent
 (``sd-vae-ft-mse``, ×0.18215); the ImageNet presets read both from one source — the latents
@@ -46,6 +49,20 @@ from ml_collections import ConfigDict
 IMAGENET_SIZES = ("SiT-B/2", "SiT-L/2", "SiT-XL/2")
 # README's generate.py command (the 1.42 FID): REPA's samplers.euler_maruyama_sampler
 REPA_SAMPLING = {"mode": "sde", "num_steps": 250, "cfg_scale": 1.8, "guidance_low": 0.0, "guidance_high": 0.7}
+
+
+def sampling(generate: dict) -> dict:
+    """``config.objective.sampling`` for ``generate.py``'s ``--mode``/``--num-steps``/
+    ``--cfg-scale``/``--guidance-low``/``--guidance-high``: REPA's sampler, guidance on every
+    latent channel (4), REPA's interval [low, high] in SiT's time [1 − high, 1 − low]."""
+    return {
+        "sampler": f"repa_{generate['mode']}",
+        "steps": generate["num_steps"],
+        "per_class": 1,
+        "cfg_scale": generate["cfg_scale"],
+        "cfg_channels": 4,
+        "guidance_interval": (1.0 - generate["guidance_high"], 1.0 - generate["guidance_low"]),
+    }
 
 
 def imagenet(size: str) -> ConfigDict:
@@ -72,7 +89,7 @@ def imagenet(size: str) -> ConfigDict:
                 "proj_coeff": 0.5,
                 "projector_dim": 2048,
             },
-            "sampling": {"sampler": "transport_sde", "steps": 250, "per_class": 1},
+            "sampling": sampling(REPA_SAMPLING),
         }
     )
     # REPA's SiT: learn_sigma=True built, the first 4 channels returned; use_cfg -> dropout 0.1

@@ -59,7 +59,9 @@ def written_out(obj: Interpolant, params, labels, scale: float, interval=(0.0, 1
     return model
 
 
-@pytest.mark.parametrize("sampler", ["transport_sde", "transport_ode_heun2"])  # fixed grids
+@pytest.mark.parametrize(
+    "sampler", ["transport_sde", "transport_ode_heun2", "repa_sde", "repa_ode"]
+)  # fixed grids
 @pytest.mark.parametrize("interval", [(0.0, 1.0), (0.5, 1.0)])
 def test_guided_sampling_is_sample_py_written_out(sampler, interval):
     obj, params = objective(sampler)

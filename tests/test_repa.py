@@ -262,6 +262,22 @@ def test_recorded_sampling_is_the_readmes_generate_command():
     generate = json.loads((HERE / "args.json").read_text())["generate"]
     for key, value in module.REPA_SAMPLING.items():
         assert generate[key] == value, key
+    # the presets sample with it: REPA's own sampler, every latent channel guided, the interval
+    # mirrored into SiT's time
+    import dew
+
+    for size in module.IMAGENET_SIZES:
+        config = load_config(f"{ROOT / 'experiments' / 'repa.py'}:{size}")
+        s = config.objective.sampling
+        sampler = dew.samplers[s.sampler]
+        assert (sampler.kind, sampler.mode, sampler.heun) == (
+            "repa_sampler",
+            generate["mode"],
+            generate["heun"],
+        )
+        assert (s.steps, s.cfg_scale) == (generate["num_steps"], generate["cfg_scale"])
+        assert tuple(s.guidance_interval) == (1 - generate["guidance_high"], 1 - generate["guidance_low"])
+        assert s.cfg_channels == 4 and generate["path_type"] == "linear" and config.objective.path == "Linear"
 
 
 # --- the objective -----------------------------------------------------------------------------------
