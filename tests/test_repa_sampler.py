@@ -191,3 +191,17 @@ def test_the_sde_draws_from_rng_reproducibly():
     assert not np.allclose(a, c)
     with pytest.raises(ValueError, match="needs rng="):
         sampler.sample(Transport.create(), model, z)
+
+
+def test_a_repa_sampler_on_a_path_it_has_no_rule_for_is_a_config_error():
+    from helpers_common import ROOT
+
+    from dew.config import apply_overrides, load_config
+    from dew.training.trainer_config import resolve_config
+
+    config = load_config(f"{ROOT / 'experiments' / 'repa.py'}:digits-baseline")
+    texts = ["config.objective.sampling.sampler=repa_sde", "config.objective.path=VP"]
+    with pytest.raises(ConfigError, match=r"config\.objective\.path='VP' has no REPA sampler") as info:
+        resolve_config(apply_overrides(config, texts))
+    assert "\n" not in str(info.value)
+    resolve_config(apply_overrides(config, [texts[0], "config.objective.path=GVP"]))  # REPA's cosine
