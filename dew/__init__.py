@@ -101,6 +101,7 @@ _REGISTERING_MODULES = (
     "dew.sampling.solvers",
     "dew.sampling.transport_ode",
     "dew.sampling.transport_sde",
+    "dew.sampling.repa_sampler",
     "dew.objectives.diffusion",
     "dew.objectives.repa_encoders",
     "dew.objectives.interpolant",

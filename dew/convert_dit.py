@@ -8,8 +8,8 @@
 ``--checkpoint`` is what facebookresearch/DiT, willisma/SiT or sihyun-yu/REPA publish or save: a
 plain ``state_dict`` (``DiT-XL-2-256x256.pt``) or ``train.py``'s ``{"model", "ema", "opt",
 "args"}`` (``--which`` picks ``ema``, the default as their ``sample.py`` does, or ``model``), as
-a ``.pt`` (read with ``torch.load(weights_only=True)``: the optional ``convert`` extra, PyTorch)
-or an ``.npz`` of the same keys (``dew.interop.dit_checkpoint``; no PyTorch needed). ``--config``
+a ``.pt`` (PyTorch's zip format, read without PyTorch: ``dew.interop.torch_zip``) or an
+``.npz`` of the same keys (``dew.interop.dit_checkpoint``). ``--config``
 is the dew experiment the weights belong to: its ``config.model`` names the network (the
 registered ``DiT-XL/2`` …) and its data set the latent shape and classes; ``--config.*``
 overrides apply last.

@@ -1,7 +1,8 @@
 """REPA (Yu et al. 2025): SiT trained with representation alignment to a frozen encoder.
 
     python -m dew.main --config=experiments/repa.py:SiT-XL/2 --workdir=runs/repa-xl2 \
-        --config.dataset.path=datasets/imagenet256 --config.objective.repa.allow_unpinned=True
+        --config.dataset.path=datasets/in256/vae-sd --config.dataset.images=datasets/in256/images \
+        --config.objective.repa.allow_unpinned=True
     python experiments/repa_digits.py export --probe=runs/probe --out=runs/probe-encoder.npz
     python -m dew.main --config=experiments/repa.py:digits --workdir=runs/repa-digits \
         --config.objective.repa.encoder_weights=runs/probe-encoder.npz
@@ -21,17 +22,27 @@ tokens = SiT/2's 16×16 at 32×32 latents), projector width 2048 (``models/sit.p
 checkpoint trained 4M steps: ``--config.train.num_steps=4000000``).
 
 The sampling behind the published FID (README's ``generate.py`` command: ``--mode=sde
---num-steps=250 --cfg-scale=1.8 --guidance-high=0.7``) is REPA's own ``euler_maruyama_sampler``
-(``samplers.py``: t from 1 to 0.04 in 250 steps, diffusion 2t, a last deterministic step to 0;
-guidance on REPA's t ∈ [0, 0.7], i.e. dew's SiT time t ∈ [0.3, 1]); it is recorded here as
-``REPA_SAMPLING`` and is not yet one of dew's registered samplers, so previews use SiT's SDE.
+--num-steps=250 --cfg-scale=1.8 --guidance-high=0.7``, recorded as ``REPA_SAMPLING``) is REPA's
+own ``euler_maruyama_sampler``, dew's registered ``repa_sde`` (``dew.sampling.repa_sampler``:
+t from 1 to 0.04 in 250 steps, diffusion 2t, a last deterministic step to 0), guiding all 4
+latent channels on REPA's t ∈ [0, 0.7], i.e. SiT time [0.3, 1] (``guidance_interval``); the
+presets' ``config.objective.sampling`` is that, for previews, ``dew.pipeline``, ``python -m
+dew.sample`` and ``python -m dew.fid``. ``generate.py``'s ODE is ``--sampler=repa_ode``
+(``repa_ode_heun`` with ``--heun``).
 
-Data: REPA's loader yields the raw uint8 image (the encoder's input) beside the SD-VAE latent
-(``sd-vae-ft-mse``, ×0.18215); the ImageNet presets read both from one source — the latents
-as the sample, the raw 256² images as ``config.objective.repa.image_field="image"``. dew's
-``latent_dataset`` does not carry the raw images yet: these presets resolve (and are checked)
-but do not run until it does (the ``interpolant`` objective's ``config.objective.latent`` already
-draws and scales the SD-VAE latents, as ``experiments/sit.py`` uses it).
+Data: REPA's loader (``dataset.py``) yields the raw uint8 image (the encoder's input) beside
+the SD-VAE posterior (``sd-vae-ft-mse``; ``train.py``'s ``sample_posterior`` draws mean + ε·std
+×0.18215 each step). The ImageNet presets read both from one ``latent_dataset`` source: the
+latents (``config.dataset.path``: REPA's ``vae-sd/``, edm2's ``encode`` layout) as the sample,
+drawn and scaled by ``config.objective.latent`` (sd-vae-ft-mse, 0.18215, as
+``experiments/sit.py``), and the ADM-center-cropped 256² images (``config.dataset.images``:
+REPA's ``images/``) as the field ``pixels`` the encoder sees
+(``config.objective.repa.image_field="pixels"``). dew's own encoder writes both:
+
+    python -m dew.data.sources.latent_dataset --source=<ImageNet train> --dest=datasets/in256/vae-sd \
+        --transform=center-crop-dhariwal --resolution=256x256 --images_dest=datasets/in256/images
+    python -m dew.main --config=experiments/repa.py:SiT-XL/2 --workdir=runs/repa-xl2 \
+        --config.dataset.path=datasets/in256/vae-sd --config.dataset.images=datasets/in256/images
 
 ``digits`` / ``digits-baseline``: the CPU-scale comparison (experiments/RESULTS.md): a small
 SiT (depth 4, width 128, patch 4: 2×2 tokens) on the 8×8 digits in pixel space, with and without
@@ -44,8 +55,24 @@ from __future__ import annotations
 from ml_collections import ConfigDict
 
 IMAGENET_SIZES = ("SiT-B/2", "SiT-L/2", "SiT-XL/2")
+# train.py: sd-vae-ft-mse latents (edm2's stability_vae codec), latents_scale 0.18215, bias 0
+LATENT = {"encoder": "stability_vae", "weights": "", "raw_mean": (0.0,) * 4, "raw_std": (0.5 / 0.18215,) * 4}
 # README's generate.py command (the 1.42 FID): REPA's samplers.euler_maruyama_sampler
 REPA_SAMPLING = {"mode": "sde", "num_steps": 250, "cfg_scale": 1.8, "guidance_low": 0.0, "guidance_high": 0.7}
+
+
+def sampling(generate: dict) -> dict:
+    """``config.objective.sampling`` for ``generate.py``'s ``--mode``/``--num-steps``/
+    ``--cfg-scale``/``--guidance-low``/``--guidance-high``: REPA's sampler, guidance on every
+    latent channel (4), REPA's interval [low, high] in SiT's time [1 − high, 1 − low]."""
+    return {
+        "sampler": f"repa_{generate['mode']}",
+        "steps": generate["num_steps"],
+        "per_class": 1,
+        "cfg_scale": generate["cfg_scale"],
+        "cfg_channels": 4,
+        "guidance_interval": (1.0 - generate["guidance_high"], 1.0 - generate["guidance_low"]),
+    }
 
 
 def imagenet(size: str) -> ConfigDict:
@@ -53,7 +80,14 @@ def imagenet(size: str) -> ConfigDict:
     config = ConfigDict()
     config.seed = 0
     config.dataset = ConfigDict(
-        {"name": "latent_dataset", "batch_size": 256, "path": "", "use_labels": True, "cache": False}
+        {
+            "name": "latent_dataset",
+            "batch_size": 256,
+            "path": "",
+            "images": "",
+            "use_labels": True,
+            "cache": False,
+        }
     )
     config.objective = ConfigDict(
         {
@@ -65,14 +99,15 @@ def imagenet(size: str) -> ConfigDict:
             "learn_sigma": False,
             "repa": {
                 "encoder": "dinov2-vit-b",
-                "image_field": "image",
+                "image_field": "pixels",
                 "value_range": (0.0, 255.0),
                 "resolution": 256,
                 "encoder_depth": 8,
                 "proj_coeff": 0.5,
                 "projector_dim": 2048,
             },
-            "sampling": {"sampler": "transport_sde", "steps": 250, "per_class": 1},
+            "latent": dict(LATENT),
+            "sampling": sampling(REPA_SAMPLING),
         }
     )
     # REPA's SiT: learn_sigma=True built, the first 4 channels returned; use_cfg -> dropout 0.1

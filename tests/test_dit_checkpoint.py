@@ -14,12 +14,14 @@ import pytest
 from test_dit import GOLDEN, bound, golden, nhwc, tiny
 
 from dew import registry
-from dew.interop import dit_checkpoint
+from dew.interop import dit_checkpoint, torch_zip
 from dew.interop.dit_checkpoint import CheckpointError, convert, read_checkpoint
 from dew.schema import ConfigError
 
 STATE_NPZ = GOLDEN / "dit_tiny_state_dict.npz"
 CHECKPOINT_PT = GOLDEN / "dit_tiny_checkpoint.pt"
+TRAIN_PT = GOLDEN / "dit_train_checkpoint.pt"  # make_train_checkpoint.py: train.py's full dict
+PUBLISHED_PT = GOLDEN / "dit_published_layout.pt"  # its EMA as a bare state dict
 
 
 def options() -> dict:
@@ -55,8 +57,20 @@ def test_training_checkpoint_layouts_pick_ema(tmp_path):
         read_checkpoint(path, "opt")
 
 
-def test_torch_checkpoint_as_train_py_saves_it():
-    pytest.importorskip("torch")
+def test_torch_checkpoint_as_train_py_saves_it(monkeypatch):
+    """A ``torch.save`` zip is read without PyTorch (importing it is blocked here) and without
+    executing it: the same arrays as the state dict, ``ema`` unless ``model`` is asked for; a
+    checkpoint with train.py's optimizer state and argparse args reads too."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_torch(name, *args, **kwargs):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("no torch")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
     ema = read_checkpoint(CHECKPOINT_PT)
     state = read_checkpoint(STATE_NPZ)
     assert ema.keys() == state.keys()
@@ -64,21 +78,45 @@ def test_torch_checkpoint_as_train_py_saves_it():
         np.testing.assert_array_equal(ema[key], state[key])
     model = read_checkpoint(CHECKPOINT_PT, "model")
     assert not np.array_equal(model["blocks.0.attn.qkv.weight"], state["blocks.0.attn.qkv.weight"])
+    full = torch_zip.read(str(TRAIN_PT))
+    assert sorted(full) == ["args", "ema", "model", "opt"]
+    assert vars(full["args"])["model"] == "DiT-S/2" and full["opt"]["param_groups"][0]["lr"] == 1e-4
+    assert read_checkpoint(TRAIN_PT).keys() == read_checkpoint(PUBLISHED_PT).keys()
+    for key, value in read_checkpoint(TRAIN_PT).items():
+        np.testing.assert_array_equal(value, read_checkpoint(PUBLISHED_PT)[key])
 
 
-def test_pt_without_torch_is_one_line(monkeypatch):
-    import builtins
+def rewritten(tmp_path, source, edit) -> str:
+    """``source`` (a torch.save zip) with ``edit(name, bytes) -> bytes`` applied to each entry."""
+    import zipfile
 
-    real_import = builtins.__import__
+    out = tmp_path / "edited.pt"
+    with zipfile.ZipFile(source) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zout:
+        for name in zin.namelist():
+            zout.writestr(name, edit(name, zin.read(name)))
+    return str(out)
 
-    def no_torch(name, *args, **kwargs):
-        if name == "torch":
-            raise ImportError("no torch")
-        return real_import(name, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "__import__", no_torch)
-    with pytest.raises(CheckpointError, match=r"needs PyTorch \(the 'convert' extra\), or export it to .npz"):
-        read_checkpoint(CHECKPOINT_PT)
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda n, b: b.replace(b"ccollections\nOrderedDict\n", b"cos\nsystem\n"),
+            "refused global os.system",
+        ),
+        (lambda n, b: b[:-4] if n.endswith("/data/1") else b, "tensor storage 1: 1020 bytes for 256"),
+        (lambda n, b: b"big" if n.endswith("/byteorder") else b, "saved big-endian"),
+        (lambda n, b: b[:200] if n.endswith("data.pkl") else b, "is not a readable checkpoint"),
+    ],
+)
+def test_a_pt_that_is_not_a_plain_checkpoint_is_one_line(tmp_path, edit, message):
+    with pytest.raises(CheckpointError, match=message) as info:
+        read_checkpoint(rewritten(tmp_path, PUBLISHED_PT, edit))
+    assert "\n" not in str(info.value)
+    legacy = tmp_path / "legacy.pt"
+    legacy.write_bytes(b"\x80\x02not a zip")
+    with pytest.raises(CheckpointError, match=r"is not a zip-format torch\.save file"):
+        read_checkpoint(legacy)
 
 
 def test_keys_map_to_modules_and_back():

@@ -45,12 +45,13 @@ def written_out(obj: Interpolant, params, labels, scale: float, interval=(0.0, 1
     """sample.py's loop with each half of the doubled batch through the plain network."""
     null = jnp.full(labels.shape, 10, jnp.int32)
 
-    def model(x, t):
+    def model(x, t, guide_time=None):  # REPA's Heun corrector decides at its step's start
         n = x.shape[0] // 2
         cond = obj._net.apply(params, None, x[:n], t[:n], labels)
         uncond = obj._net.apply(params, None, x[:n], t[:n], null)
         guided = uncond[..., :2] + scale * (cond[..., :2] - uncond[..., :2])
-        inside = (t[0] >= interval[0]) & (t[0] <= interval[1])
+        now = t[0] if guide_time is None else guide_time[0]
+        inside = (now >= interval[0]) & (now <= interval[1])
         first = jnp.where(inside, jnp.concatenate([guided, cond[..., 2:]], -1), cond)
         return jnp.concatenate(
             [first, jnp.where(inside, jnp.concatenate([guided, uncond[..., 2:]], -1), uncond)]
@@ -59,7 +60,9 @@ def written_out(obj: Interpolant, params, labels, scale: float, interval=(0.0, 1
     return model
 
 
-@pytest.mark.parametrize("sampler", ["transport_sde", "transport_ode_heun2"])  # fixed grids
+@pytest.mark.parametrize(
+    "sampler", ["transport_sde", "transport_ode_heun2", "repa_sde", "repa_ode", "repa_ode_heun"]
+)  # fixed grids
 @pytest.mark.parametrize("interval", [(0.0, 1.0), (0.5, 1.0)])
 def test_guided_sampling_is_sample_py_written_out(sampler, interval):
     obj, params = objective(sampler)

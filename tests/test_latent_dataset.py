@@ -22,6 +22,11 @@ U32 = float(np.finfo(np.float32).eps) / 2
 
 @pytest.fixture(scope="module")
 def codec():
+    return tiny_codec()
+
+
+def tiny_codec() -> StabilityVAECodec:
+    """A random-weight SD-VAE of ``TINY``'s shape (downsampling 2, 4 latent channels)."""
     rng = np.random.default_rng(3)
     params = {
         module: {
@@ -140,3 +145,162 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
     assert latent_dataset.main([f"--source={tmp_path / 'nowhere'}", f"--dest={dest}"]) == 2
     assert "nowhere" in capsys.readouterr().err
     assert not dest.exists()
+
+
+# --- the images beside the latents (REPA: the encoder sees the image, the network the latent) -----
+
+
+def _make_wide_images(path, count=5):
+    """``count`` random 24x20 RGB images (not square: ADM's center crop has work to do), labelled."""
+    rng = np.random.default_rng(11)
+    os.makedirs(path)
+    entries = []
+    for i in range(count):
+        name = f"img{i:03d}.png"
+        PIL.Image.fromarray(rng.integers(0, 256, (24, 20, 3), dtype=np.uint8)).save(os.path.join(path, name))
+        entries.append([name, (2 * i) % 3])
+    with open(os.path.join(path, "dataset.json"), "w") as f:
+        json.dump({"labels": entries}, f)
+
+
+def encode_with_images(tmp_path, codec):
+    """A tiny image folder ADM-center-cropped to 16² and encoded with its images beside:
+    (the latents' directory, the images' directory)."""
+    _make_wide_images(tmp_path / "src")
+    dest, pictures = tmp_path / "vae-sd", tmp_path / "images"
+    report = latent_dataset.encode_dataset(
+        str(tmp_path / "src"),
+        str(dest),
+        codec,
+        batch_size=2,
+        transform="center-crop-dhariwal",
+        resolution=(16, 16),
+        images_dest=str(pictures),
+        progress=lambda _: None,
+    )
+    assert (report.total, report.encoded) == (5, 5)
+    return dest, pictures
+
+
+def test_images_dest_holds_the_encoded_images_beside_the_latents(tmp_path, codec):
+    """--images_dest writes each image as it was encoded, ADM-center-cropped, at convert's names
+    with its labels; ``latent_dataset(images=...)`` reads them back as ``pixels`` row for row
+    beside the latents (cached and lazily, the same values), and each latent row is the codec's
+    encoding of its ``pixels`` row (bound of the first test)."""
+    from dew.data.sources import latent_transforms
+    from dew.data.sources.latent_source import PixelRows
+    from dew.data.sources.latent_source import latent_dataset as source_of
+
+    dest, pictures = encode_with_images(tmp_path, codec)
+    crop = latent_transforms.make_transform("center-crop-dhariwal", 16, 16)
+    for i in range(5):
+        with open(tmp_path / "src" / f"img{i:03d}.png", "rb") as f:
+            want = crop(latent_transforms.load_rgb(f))
+        got = np.array(PIL.Image.open(pictures / latent_dataset.image_name(i)))
+        np.testing.assert_array_equal(got, want)
+    assert latent_dataset.image_name(1234) == "00001/img00001234.png"
+    with open(pictures / "dataset.json") as f:
+        assert json.load(f)["labels"] == [[latent_dataset.image_name(i), (2 * i) % 3] for i in range(5)]
+
+    source = source_of(path=str(dest), use_labels=True, images=str(pictures))
+    pixels = source.fields["pixels"]
+    assert pixels.dtype == np.uint8 and pixels.shape == (5, 16, 16, 3)
+    assert list(source.fields["label"]) == [(2 * i) % 3 for i in range(5)]
+    lazy = source_of(path=str(dest), use_labels=True, cache=False, images=str(pictures)).fields["pixels"]
+    assert isinstance(lazy, PixelRows) and lazy.shape == pixels.shape
+    np.testing.assert_array_equal(lazy[np.arange(5)], pixels)
+    np.testing.assert_array_equal(lazy[3], pixels[3])
+    want = np.asarray(jax.jit(codec.encode_pixels)(np.asarray(pixels)))
+    n = 20_000
+    bound = 2 * n * U32 / (1 - n * U32) * np.abs(want).max()
+    assert np.abs(np.asarray(source.fields["image"]) - want).max() <= bound
+
+
+def test_images_dest_resumes_only_what_is_missing(tmp_path, codec):
+    """A run interrupted after some latents and fewer images resumes both: the missing image
+    files are written, the missing latents encoded, nothing else touched."""
+    dest, pictures = encode_with_images(tmp_path, codec)
+    before = {i: (pictures / latent_dataset.image_name(i)).read_bytes() for i in range(5)}
+    os.remove(pictures / latent_dataset.image_name(2))
+    os.remove(pictures / latent_dataset.image_name(4))
+    os.remove(dest / latent_dataset.latent_name(4))
+    mtime = os.stat(pictures / latent_dataset.image_name(0)).st_mtime_ns
+    report = latent_dataset.encode_dataset(
+        str(tmp_path / "src"),
+        str(dest),
+        codec,
+        batch_size=2,
+        transform="center-crop-dhariwal",
+        resolution=(16, 16),
+        images_dest=str(pictures),
+        progress=lambda _: None,
+    )
+    assert (report.encoded, report.skipped) == (1, 4)
+    assert os.stat(pictures / latent_dataset.image_name(0)).st_mtime_ns == mtime
+    assert {i: (pictures / latent_dataset.image_name(i)).read_bytes() for i in range(5)} == before
+
+
+def test_a_resumed_stream_carries_the_same_images_beside_the_same_latents(tmp_path, codec):
+    """The Dataset's position covers the pixels field: a stream resumed from a saved position
+    draws the same (latent, pixels, label) rows as one never interrupted, and every drawn pixels
+    row is the one stored beside its latent."""
+    from dew.data import Dataset
+    from dew.data.sources.latent_source import latent_dataset as source_of
+
+    dest, pictures = encode_with_images(tmp_path, codec)
+
+    def stream():
+        return Dataset(
+            source_of(path=str(dest), use_labels=True, cache=False, images=str(pictures)), 2, seed=4
+        )
+
+    def take(dataset, k):
+        return [next(dataset) for _ in range(k)]
+
+    straight = take(stream(), 7)  # 2 per batch over 5 rows: crosses epoch boundaries
+    first = stream()
+    head = take(first, 3)
+    resumed = stream()
+    resumed.read_position(first.save_position())
+    got = head + take(resumed, 4)
+    source = source_of(path=str(dest), use_labels=True, images=str(pictures))
+    table = {bytes(np.asarray(source.fields["image"][i]).tobytes()): i for i in range(5)}
+    for a, b in zip(got, straight, strict=True):
+        for key in ("image", "pixels", "label"):
+            np.testing.assert_array_equal(np.asarray(a[key]), np.asarray(b[key]))
+        for latent, pixels in zip(np.asarray(a["image"]), np.asarray(a["pixels"]), strict=True):
+            np.testing.assert_array_equal(pixels, source.fields["pixels"][table[latent.tobytes()]])
+
+
+def test_images_that_do_not_pair_with_the_latents_are_one_line(tmp_path, codec):
+    from dew.data.sources.latent_source import latent_dataset as source_of
+    from dew.schema import ConfigError
+
+    dest, pictures = encode_with_images(tmp_path, codec)
+
+    def refused(images, match):
+        with pytest.raises(ConfigError, match=match) as info:
+            source_of(path=str(dest), use_labels=True, images=str(images))
+        assert "\n" not in str(info.value)
+
+    refused(tmp_path / "absent", r"config.dataset.images='.*absent' .*does not exist")
+    fewer = tmp_path / "fewer"
+    os.makedirs(fewer / "00000")
+    for i in range(4):
+        (fewer / latent_dataset.image_name(i)).write_bytes(
+            (pictures / latent_dataset.image_name(i)).read_bytes()
+        )
+    refused(fewer, "holds 4 images but config.dataset.path holds 5 latents")
+    small = tmp_path / "small"
+    os.makedirs(small / "00000")
+    for i in range(5):
+        PIL.Image.fromarray(np.zeros((12, 16, 3), np.uint8)).save(small / latent_dataset.image_name(i))
+    refused(small, "images are 12x16 but the latents 8x8")
+    relabelled = tmp_path / "relabelled"
+    os.makedirs(relabelled / "00000")
+    for i in range(5):
+        name = latent_dataset.image_name(i)
+        (relabelled / name).write_bytes((pictures / name).read_bytes())
+    entries = [[latent_dataset.image_name(i), 1 if i == 3 else (2 * i) % 3] for i in range(5)]
+    (relabelled / "dataset.json").write_text(json.dumps({"labels": entries}))
+    refused(relabelled, r"'00000/img00000003.png' is labelled 1 but latent row 3 0")

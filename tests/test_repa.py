@@ -250,6 +250,11 @@ def test_imagenet_presets_are_repas_train_py(size):
     assert config.ema.decay == 0.9999  # train.py's update_ema default
     assert config.train.num_steps == args["max_train_steps"] and config.seed == args["seed"]
     assert config.checkpoint.every == args["checkpointing_steps"]
+    # sd-vae-ft-mse latents at train.py's latents_scale, the encoder on the images beside them
+    latent = config.objective.latent
+    assert latent.encoder == "stability_vae" and set(latent.raw_mean) == {0.0}
+    assert {round(0.5 / s, 12) for s in latent.raw_std} == {0.18215}
+    assert config.dataset.name == "latent_dataset" and r.image_field == "pixels"
     resolve_config(apply_overrides(config, []))  # every key is one the schema accepts
 
 
@@ -262,6 +267,22 @@ def test_recorded_sampling_is_the_readmes_generate_command():
     generate = json.loads((HERE / "args.json").read_text())["generate"]
     for key, value in module.REPA_SAMPLING.items():
         assert generate[key] == value, key
+    # the presets sample with it: REPA's own sampler, every latent channel guided, the interval
+    # mirrored into SiT's time
+    import dew
+
+    for size in module.IMAGENET_SIZES:
+        config = load_config(f"{ROOT / 'experiments' / 'repa.py'}:{size}")
+        s = config.objective.sampling
+        sampler = dew.samplers[s.sampler]
+        assert (sampler.kind, sampler.mode, sampler.heun) == (
+            "repa_sampler",
+            generate["mode"],
+            generate["heun"],
+        )
+        assert (s.steps, s.cfg_scale) == (generate["num_steps"], generate["cfg_scale"])
+        assert tuple(s.guidance_interval) == (1 - generate["guidance_high"], 1 - generate["guidance_low"])
+        assert s.cfg_channels == 4 and generate["path_type"] == "linear" and config.objective.path == "Linear"
 
 
 # --- the objective -----------------------------------------------------------------------------------
@@ -385,3 +406,61 @@ def test_training_steps_call_the_network_with_is_training_and_sampling_does_not(
     objective.loss(params, jax.random.key(1), batch, Step(jnp.int32(0), is_training=True))
     objective.loss(params, jax.random.key(1), batch, Step(jnp.int32(0), is_training=False))
     assert seen == [True, False]
+
+
+def test_the_imagenet_preset_trains_on_latents_with_the_images_beside(tmp_path):
+    """``experiments/repa.py:SiT-B/2`` on a tiny ``latent_dataset`` whose images lie beside its
+    latents (the test's own folder, ADM-center-cropped and encoded by a random tiny SD-VAE), with
+    only the sizes shrunk: the network is built on the drawn latents, the encoder sees the uint8
+    ``pixels`` at (0, 255), and the step's alignment term moves with the images, not the latents."""
+    from test_latent_dataset import encode_with_images, tiny_codec
+
+    from dew.data import Dataset
+    from dew.networks.sd_vae_weights import save_safetensors, torch_state_dict
+    from dew.objectives.contrastive import ImageEncoder
+
+    codec = tiny_codec()
+    latents, images = encode_with_images(tmp_path, codec)
+    vae = str(tmp_path / "vae.safetensors")
+    save_safetensors(vae, torch_state_dict(codec.params))
+    net = hk.without_apply_rng(hk.transform(lambda x: ImageEncoder(features=16, width=8)(x)))
+    encoder = str(tmp_path / "encoder.npz")
+    repa_encoders.export_image_encoder(net.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3))), encoder)
+    config = load_config(f"{ROOT / 'experiments' / 'repa.py'}:SiT-B/2")
+    shrink = {
+        "dataset.path": str(latents),
+        "dataset.images": str(images),
+        "dataset.batch_size": 2,
+        "model.name": "sit",
+        "model.depth": 2,
+        "model.hidden_size": 32,
+        "model.num_heads": 2,
+        "model.patch_size": 2,
+        "model.input_size": 8,
+        "model.num_classes": 3,
+        "objective.latent.weights": vae,
+        "objective.latent.allow_unpinned": True,
+        "objective.latent.vae_channels": (32, 64),
+        "objective.latent.vae_layers_per_block": 1,
+        "objective.latent.vae_groups": 8,
+        "objective.repa.encoder": "image_encoder",
+        "objective.repa.encoder_weights": encoder,
+        "objective.repa.encoder_depth": 1,
+        "objective.repa.projector_dim": 16,
+        "objective.repa.resolution": None,
+    }
+    texts = [f"config.{k}={v}" if isinstance(v, str) else f"config.{k}={v!r}" for k, v in shrink.items()]
+    config = resolve_config(apply_overrides(config, texts))
+    source = open_split(config.dataset, "train")
+    objective = build_objective(config, source)
+    assert objective.repa.image_field == "pixels" and objective.repa.value_range == (0.0, 255.0)
+    batch = {k: jnp.asarray(v) for k, v in next(Dataset(source, 2, seed=0)).items()}
+    assert batch["image"].shape == (2, 8, 8, 8) and batch["pixels"].dtype == jnp.uint8
+    params = jax.tree.map(lambda p: p + 0.05, objective.init(jax.random.key(0), batch))
+    step = Step(jnp.int32(0), is_training=True)
+    loss = jax.jit(lambda p, b: objective.loss(p, jax.random.key(1), b, step)[1][0])
+    stats = loss(params, batch)
+    assert np.isfinite(float(stats["proj_loss"])) and np.isfinite(float(stats["denoising"]))
+    other = loss(params, {**batch, "pixels": 255 - batch["pixels"]})
+    assert float(other["denoising"]) == float(stats["denoising"])
+    assert abs(float(other["proj_loss"]) - float(stats["proj_loss"])) > 1e-4

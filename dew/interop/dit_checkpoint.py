@@ -3,9 +3,9 @@
 Reads the layouts the references publish and save: a plain ``state_dict`` (the published
 ``DiT-XL-2-256x256.pt`` / ``SiT-XL-2-256x256.pt``), or the dict their ``train.py`` saves
 (``{"model", "ema", "opt", "args"}``; the ``ema`` weights are taken unless told, as their
-``sample.py`` does), from a ``.pt`` (``torch.load(weights_only=True)``, the optional ``convert``
-extra) or from an ``.npz`` holding the same keys (plain, or prefixed ``ema/`` / ``model/``; no
-PyTorch needed, never unpickled).
+``sample.py`` does), from a ``.pt`` (PyTorch's zip format, read by ``dew.interop.torch_zip``
+without PyTorch and without executing anything it names) or from an ``.npz`` holding the same
+keys (plain, or prefixed ``ema/`` / ``model/``; never unpickled).
 
 A key ``blocks.3.attn.qkv.weight`` becomes module ``<top>/blocks_3/attn/qkv``, parameter
 ``weight`` (each ``.N`` index joined to the module before it); linear weights [out, in] -> [in, out],
@@ -17,13 +17,14 @@ a checkpoint of another size fails with one line naming the key, its shape and t
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 from collections.abc import Mapping
 
 import numpy as np
 
+from dew.interop import torch_zip
+from dew.interop.pickle_bounds import PickleRefused
 from dew.npz import open_npz
 from dew.schema import ConfigError
 
@@ -56,20 +57,18 @@ def read_checkpoint(path: str | os.PathLike, which: str = "ema") -> dict[str, np
         return {k: v.astype(np.float32) for k, v in arrays.items()}
     if path.endswith((".pt", ".pth")):
         try:
-            import torch  # pyright: ignore[reportMissingImports]  (the optional convert extra)
-        except ImportError as e:
-            raise CheckpointError(
-                f"checkpoint: reading {path} needs PyTorch (the 'convert' extra), or export it to .npz"
-            ) from e
-        with torch.serialization.safe_globals([argparse.Namespace]):  # train.py saves its args
-            loaded = torch.load(path, map_location="cpu", weights_only=True)
+            loaded = torch_zip.read(path)  # no PyTorch, nothing executed (train.py's args are data)
+        except PickleRefused as e:
+            raise CheckpointError(f"checkpoint: {e}") from None
         if not isinstance(loaded, Mapping):
             raise CheckpointError(f"checkpoint: {path} holds a {type(loaded).__name__}, not a state dict")
         if "ema" in loaded or "model" in loaded:
             if which not in loaded:
                 raise CheckpointError(f"checkpoint: {path} holds {sorted(loaded)}, not {which!r}")
             loaded = loaded[which]
-        return {k: v.detach().cpu().float().numpy() for k, v in loaded.items()}
+        if not isinstance(loaded, Mapping) or not all(isinstance(v, np.ndarray) for v in loaded.values()):
+            raise CheckpointError(f"checkpoint: {path} holds no state dict (a mapping of names to tensors)")
+        return {str(k): np.asarray(v, np.float32) for k, v in loaded.items()}
     raise CheckpointError(f"checkpoint: {path!r} must end in .npz, .pt or .pth")
 
 

@@ -48,17 +48,18 @@ from dew.objectives.meanflow import sample_field, takes_arguments
 from dew.objectives.repa import Repa, total_loss
 from dew.objectives.repa_config import CONFIG_REPA, repa_from_config, validate_repa
 from dew.objectives.whole import BuiltWhole
+from dew.sampling.repa_sampler import RepaSampler, path_type
 from dew.sampling.transport_ode import TransportODE
 from dew.sampling.transport_sde import TransportSDE
 from dew.schema import ConfigError, Key, Section, at_least
 
 ModuleFactory = Callable[[], Any]  # a registered network's constructor (a haiku module)
-TransportSampler = TransportODE | TransportSDE
+TransportSampler = TransportODE | TransportSDE | RepaSampler
 
 
 def transport_sampler(name: str) -> TransportSampler:
-    """The registered SiT sampler ``name`` (``transport_ode``, ``transport_sde``, ...); a
-    ``ConfigError`` naming the registered ones for any other name."""
+    """The registered SiT or REPA sampler ``name`` (``transport_ode``, ``transport_sde``,
+    ``repa_sde``, ...); a ``ConfigError`` naming the registered ones for any other name."""
     accepted = sorted(
         n for n in registry.samplers.names() if isinstance(registry.samplers[n], TransportSampler)
     )
@@ -194,8 +195,14 @@ class Interpolant(Objective, metaclass=BuiltWhole):
 
     def network(self, params: Params, labels: jax.Array | None, rng: jax.Array | None = None):
         """model(x, t): the network for fixed labels (``rng``: its dropout key while training; a
-        network whose call takes ``is_training`` is then called with ``is_training=True``)."""
-        return lambda x, t: self._net.apply(params, rng, x, t, labels, False, rng is not None)
+        network whose call takes ``is_training`` is then called with ``is_training=True``).
+        ``guide_time`` (a guided network's interval decision, ``guided_network``) is ignored."""
+
+        def model(x: jax.Array, t: jax.Array, guide_time: jax.Array | None = None) -> jax.Array:
+            del guide_time
+            return self._net.apply(params, rng, x, t, labels, False, rng is not None)
+
+        return model
 
     def init(self, rng: jax.Array, batch: Batch) -> Params:
         x = batch[self.input_spec.sample.name]
@@ -223,19 +230,21 @@ class Interpolant(Objective, metaclass=BuiltWhole):
         return loss, (stats, Aux())
 
     def guided_network(self, params: Params, labels: jax.Array, guidance: Guidance):
-        """model(x, t) on the doubled batch [x; x] with y = [labels; null]: ``forward_with_cfg``
-        for t inside the guidance interval, the plain network (conditional first half) outside."""
+        """model(x, t[, guide_time]) on the doubled batch [x; x] with y = [labels; null]:
+        ``forward_with_cfg`` for t (or ``guide_time``, when the sampler gives one: REPA's Heun
+        corrector) inside the guidance interval, the plain network (conditional first half)
+        outside."""
         assert self.num_classes is not None, "guidance needs classes (checked by generate)"
         y = jnp.concatenate([labels, jnp.full(labels.shape, self.num_classes, labels.dtype)])
         lo, hi = guidance.interval
 
-        def model(x: jax.Array, t: jax.Array) -> jax.Array:
+        def model(x: jax.Array, t: jax.Array, guide_time: jax.Array | None = None) -> jax.Array:
             def guided() -> jax.Array:
                 return self._guided.apply(params, None, x, t, y, guidance.cfg_scale, guidance.cfg_channels)
 
             if (lo, hi) == (0.0, 1.0):
                 return guided()
-            now = jnp.reshape(t, (-1,))[0]
+            now = jnp.reshape(t if guide_time is None else guide_time, (-1,))[0]
             inside = (now >= lo) & (now <= hi)
             return jax.lax.cond(inside, guided, lambda: self._net.apply(params, None, x, t, y))
 
@@ -410,7 +419,8 @@ def _validate(section: Any, path: str) -> None:
     Transport.create(
         section.path, section.prediction, section.loss_weight, section.train_eps, section.sample_eps
     )
-    transport_sampler(section.sampling.sampler)
+    if isinstance(transport_sampler(section.sampling.sampler), RepaSampler):
+        path_type(Transport.create(section.path))
     s = section.sampling
     try:
         Guidance(s.cfg_scale, s.cfg_channels, tuple(s.guidance_interval))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -29,18 +30,25 @@ Model = Callable[[Array, Array], Array]
 ODE_METHODS = ("dopri5", "euler", "heun2")
 
 
-def torch_linspace(start: float, end: float, steps: int) -> np.ndarray:
-    """torch.linspace(start, end, steps) in float32, value for value: the first half counted up
-    from ``start``, the second half down from ``end``, with step (end − start)/(steps − 1)."""
-    start32, end32 = np.float32(start), np.float32(end)
+def torch_linspace(start: float, end: float, steps: int, dtype: type = np.float32) -> np.ndarray:
+    """torch.linspace(start, end, steps, dtype=dtype) (float32 or float64), value for value: the
+    first half counted up from ``start``, the second half down from ``end``, with step
+    (end − start)/(steps − 1). torch's float64 CPU kernel fuses each multiply-add (one rounding:
+    third_party/repa/samplers.npz holds its grids), computed here exactly."""
+    start_, end_ = dtype(start), dtype(end)
     if steps == 1:
-        return np.asarray([start32], np.float32)
-    step = np.float32((end32 - start32) / np.float32(steps - 1))
+        return np.asarray([start_], dtype)
+    step = dtype((end_ - start_) / dtype(steps - 1))
     idx = np.arange(steps)
     halfway = steps // 2
-    up = start32 + step * idx.astype(np.float32)
-    down = end32 - step * (steps - idx - 1).astype(np.float32)
-    return np.where(idx < halfway, up, down).astype(np.float32)
+    if dtype is np.float64:
+        a, b, h = Fraction(float(start_)), Fraction(float(end_)), Fraction(float(step))
+        return np.asarray(
+            [float(a + h * i if i < halfway else b - h * (steps - i - 1)) for i in range(steps)]
+        )
+    up = start_ + step * idx.astype(dtype)
+    down = end_ - step * (steps - idx - 1).astype(dtype)
+    return np.where(idx < halfway, up, down).astype(dtype)
 
 
 def _field(model: Model) -> Callable[[Array, Array], Array]:

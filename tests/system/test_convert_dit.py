@@ -87,8 +87,6 @@ def run(data, workdir, checkpoint, *extra, **settings) -> int:
 @pytest.mark.default_compiler
 @pytest.mark.parametrize("checkpoint", ["dit_tiny_state_dict.npz", "dit_tiny_checkpoint.pt"])
 def test_the_references_checkpoint_becomes_a_run_that_samples(data, tmp_path, checkpoint):
-    if checkpoint.endswith(".pt"):
-        pytest.importorskip("torch")
     workdir = tmp_path / "run"
     assert run(data, workdir, DIT / checkpoint) == 0
     task = pipeline(str(workdir))
@@ -194,3 +192,71 @@ def test_a_sit_state_dict_becomes_a_sit_run(data, tmp_path):
     out = network(x, jnp.asarray(golden["t"]))
     np.testing.assert_allclose(out.transpose(0, 3, 1, 2), golden["out"], atol=bound(golden["out"]), rtol=0)
     assert task(classes=(1, 2)).images.shape == (2, 32, 32, 3)
+
+
+# --- a checkpoint DiT's train.py saved, and the published bare state dict (make_train_checkpoint.py)
+
+TRAINED = np.load(DIT / "dit_train_checkpoint.npz", allow_pickle=False)
+TRAINED_NETWORK = json.loads(str(TRAINED["config_json"]))  # DiT(hidden_size=16, depth=2, ...)
+
+
+def trained_overrides() -> dict:
+    return {f"model.{k}": TRAINED_NETWORK[k] for k in ("depth", "hidden_size", "num_heads", "patch_size")}
+
+
+@pytest.mark.default_compiler
+@pytest.mark.parametrize(
+    ("checkpoint", "which", "expected"),
+    [
+        ("dit_train_checkpoint.pt", None, "out_ema"),  # train.py's {"model", "ema", "opt", "args"}
+        ("dit_train_checkpoint.pt", "model", "out_model"),
+        ("dit_published_layout.pt", None, "out_ema"),  # DiT-XL-2-256x256.pt's bare state dict
+    ],
+)
+def test_a_checkpoint_dits_own_code_saved_is_sampled_and_scored(
+    data, tmp_path, weights_file, checkpoint, which, expected
+):
+    """No PyTorch in the environment: the .pt is read by dew.interop.torch_zip (its optimizer state
+    and argparse args included). The run's restored network is the reference's (its output on the
+    golden inputs within tests/test_dit.py's bound), ``dew.pipeline`` and ``python -m dew.sample``
+    draw from it, and ``python -m dew.fid --workdir`` scores its samples."""
+    workdir = tmp_path / "run"
+    extra = [] if which is None else [f"--which={which}"]
+    assert run(data, workdir, DIT / checkpoint, *extra, **trained_overrides()) == 0
+    task = pipeline(str(workdir))
+    assert task.step == 1
+    x = jnp.asarray(TRAINED["x"]).transpose(0, 2, 3, 1)
+    out = task.objective._net.apply(
+        task.params, None, x, jnp.asarray(TRAINED["t"]), jnp.asarray(TRAINED["y"]), False
+    )
+    want = TRAINED[expected]
+    np.testing.assert_allclose(out.transpose(0, 3, 1, 2), want, atol=bound(want), rtol=0)
+    other = TRAINED["out_model" if expected == "out_ema" else "out_ema"]
+    assert np.max(np.abs(other - want)) > 10 * bound(want)  # the two weight sets are told apart
+    done = subprocess.run(
+        [sys.executable, "-m", "dew.sample", f"--workdir={workdir}", "--classes=(1,2)", "--cfg_scale=2.0"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert os.path.isfile(done.stdout.split()[0])
+    from dew.fid import main as fid_main
+
+    stats = tmp_path / "stats.npz"
+    argv = [f"--workdir={workdir}", "--num_samples=4", "--batch_size=4", f"--save_stats={stats}"]
+    assert fid_main([*argv, f"--weights={weights_file}", "--allow_unpinned_weights"]) == 0
+    with np.load(stats, allow_pickle=False) as saved:
+        assert saved["mu"].shape == (2048,) and np.all(np.isfinite(saved["sigma"]))
+
+
+def test_a_train_checkpoint_of_another_size_is_one_line_exit_2(data, tmp_path, capsys):
+    """The declared network (hidden 32) and the checkpoint's (hidden 16) differ: refused, nothing written."""
+    workdir = tmp_path / "run"
+    capsys.readouterr()
+    settings = {**trained_overrides(), "model.hidden_size": 32}
+    assert run(data, workdir, DIT / "dit_train_checkpoint.pt", **settings) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "x_embedder.proj.weight has shape" in err, err
+    assert not workdir.exists()

@@ -2,7 +2,8 @@
 
     python -m dew.data.sources.latent_dataset --source=<images: directory or .zip> --dest=<directory> \
         [--weights=<diffusion_pytorch_model.safetensors>] [--allow_unpinned_weights] \
-        [--batch_size=8] [--max_images=N] [--transform=center-crop-dhariwal] [--resolution=512x512]
+        [--batch_size=8] [--max_images=N] [--transform=center-crop-dhariwal] [--resolution=512x512] \
+        [--images_dest=<directory>]
 
 The source is an NVlabs/edm / edm2 image data set (``dew.data.sources.image_folder``: same-size
 8-bit RGB files, optional ``dataset.json`` labels). ``--transform`` / ``--resolution`` first crop
@@ -18,6 +19,13 @@ stored as edm2's ``dataset_tool.py encode`` stores it, so edm2 and dew read the 
   4 mean channels, then 4 std channels);
 - ``<dest>/dataset.json``: ``{"labels": [[file, class], ...]}`` or ``{"labels": null}``, written
   last: its presence marks a finished data set.
+
+``--images_dest``: also write each image as it was encoded (after ``--transform`` /
+``--resolution``) where edm2's ``dataset_tool.py convert`` writes it (``<5 digits>/img<8
+digits>.png``, PNG at compress level 0, and its ``dataset.json``), the layout of REPA's
+``images/`` beside its ``vae-sd/``: ``latent_dataset``'s ``images`` reads it back as the
+``pixels`` field beside each latent (what REPA's encoder sees). Resumed like the latents: a
+rerun writes only the files that are missing.
 
 Training then draws final latents from the stored mean and std (``LatentScaling.encode_latents``)
 without running the encoder. Batches are sharded over all local devices (the batch is rounded up
@@ -56,6 +64,22 @@ PROGRESS_SECONDS = 10.0
 
 class LatentDatasetError(ValueError):
     """Bad arguments or a ``--dest`` that belongs to another encoding (one line)."""
+
+
+def image_name(index: int) -> str:
+    """edm2 ``dataset_tool.py convert``'s archive name of image ``index``: ``00001/img00001234.png``."""
+    s = f"{index:08d}"
+    return f"{s[:5]}/img{s}.png"
+
+
+def _png_bytes(image: np.ndarray) -> bytes:
+    """``convert``'s PNG: ``PIL.Image.fromarray(img).save(f, format='png', compress_level=0,
+    optimize=False)``."""
+    import PIL.Image
+
+    f = io.BytesIO()
+    PIL.Image.fromarray(image).save(f, format="png", compress_level=0, optimize=False)
+    return f.getvalue()
 
 
 def latent_name(index: int) -> str:
@@ -114,13 +138,15 @@ def encode_dataset(
     transform: str | None = None,
     resolution: tuple[int, int] | None = None,
     progress: Callable[[str], None] | None = None,
+    images_dest: str | None = None,
 ) -> EncodeReport:
     """Encode the image data set at ``source`` into ``dest`` with ``codec`` (a
     ``StabilityVAECodec``); see the module docstring for the format and the resume rule.
 
     ``transform`` / ``resolution`` (width, height): ``dataset_tool.py convert``'s crop and resize
     applied to each image first (``dew.data.sources.latent_transforms``); either one set reads
-    the images as edm2 does (``convert('RGB')``), so they may differ in size and mode."""
+    the images as edm2 does (``convert('RGB')``), so they may differ in size and mode.
+    ``images_dest``: where the encoded images are also written (module docstring)."""
     import jax
     import jax.numpy as jnp
 
@@ -196,25 +222,43 @@ def encode_dataset(
         for name in found:
             if ".tmp-" in name:
                 os.remove(os.path.join(root, name))
+    if images_dest is not None and os.path.abspath(images_dest) == os.path.abspath(dest):
+        raise LatentDatasetError(f"--images_dest={images_dest!r} is --dest; expected a directory of its own")
     todo = [i for i in range(len(names)) if not os.path.isfile(os.path.join(dest, latent_name(i)))]
+    pictures = set()
+    if images_dest is not None:
+        pictures = {
+            i for i in range(len(names)) if not os.path.isfile(os.path.join(images_dest, image_name(i)))
+        }
+    work = sorted(set(todo) | pictures)
+    encoding = set(todo)
     devices = jax.devices()
     per_call = -(-batch_size // len(devices)) * len(devices)
     encode = _sharded_encoder(codec)
     say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
     done, last = 0, time.monotonic()
-    for start in range(0, len(todo), per_call):
-        chunk = todo[start : start + per_call]
-        batch = np.stack([_checked(decode(names[i]), shape, names[i], source) for i in chunk])
+    for start in range(0, len(work), per_call):
+        chunk = work[start : start + per_call]
+        decoded = {i: _checked(decode(names[i]), shape, names[i], source) for i in chunk}
+        for i in pictures.intersection(chunk):
+            _write_atomic(os.path.join(images_dest or "", image_name(i)), _png_bytes(decoded[i]))
+        chunk = [i for i in chunk if i in encoding]
+        if not chunk:
+            continue
+        batch = np.stack([decoded[i] for i in chunk])
         if len(chunk) < per_call:  # pad to the sharded size; the padding is dropped
             batch = np.concatenate([batch, np.repeat(batch[-1:], per_call - len(chunk), axis=0)])
         raw = np.asarray(encode(jnp.asarray(batch)))[: len(chunk)]
         for i, mean_std in zip(chunk, raw, strict=True):
             _write_atomic(os.path.join(dest, latent_name(i)), _npy_bytes(mean_std.transpose(2, 0, 1)))
         done += len(chunk)
-        if time.monotonic() - last >= PROGRESS_SECONDS or start + per_call >= len(todo):
+        if time.monotonic() - last >= PROGRESS_SECONDS or start + per_call >= len(work):
             say(f"encode: {len(names) - len(todo) + done}/{len(names)} images")
             last = time.monotonic()
     entries = None if labels is None else [[latent_name(i), int(labels[i])] for i in range(len(names))]
+    if images_dest is not None:
+        pictured = None if labels is None else [[image_name(i), int(labels[i])] for i in range(len(names))]
+        _write_atomic(os.path.join(images_dest, LABELS_FILE), json.dumps({"labels": pictured}).encode())
     _write_atomic(os.path.join(dest, LABELS_FILE), json.dumps({"labels": entries}).encode())
     return EncodeReport(total=len(names), encoded=len(todo), skipped=len(names) - len(todo))
 
@@ -360,6 +404,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--resolution", default=None, help="WxH to resize to first (dataset_tool.py convert's)"
     )
+    parser.add_argument(
+        "--images_dest",
+        default=None,
+        help="also write the encoded images there (convert's layout; latent_dataset's images)",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     from dew.encoding.stability_vae import StabilityVAECodec
     from dew.networks.sd_vae_weights import load_weights
@@ -383,6 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_images=args.max_images,
             transform=args.transform,
             resolution=resolution,
+            images_dest=args.images_dest,
         )
     except (LatentDatasetError, ImageFolderError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

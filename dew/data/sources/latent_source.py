@@ -8,6 +8,16 @@ from them each step (``config.objective.latent``, ``dew.objectives.latent_space`
 scaled as edm2's ``encode_latents``), so the encoder never runs while training. ``label`` (int32)
 is there when the set has labels and ``use_labels`` is on. As NVlabs/edm2 trains on the whole set,
 the ``validation`` split is the same rows as ``train``.
+
+``images``: the image data set the latents were encoded from, cropped and resized as they were
+(``--transform=center-crop-dhariwal``: ADM's center crop), e.g. REPA's ``images/`` beside its
+``vae-sd/`` (sihyun-yu/REPA ``dataset.py``: edm2's ``dataset_tool.py convert`` output) or what
+``python -m dew.data.sources.latent_dataset --images_dest=DIR`` writes beside its latents. Row
+i of its sorted image files is the field ``pixels`` (uint8 [N, H, W, 3], decoded as REPA's
+loader decodes them) beside latent row i, so a representation encoder sees the image while the
+network sees its latent (``config.objective.repa.image_field="pixels"``). One image per latent,
+a side a whole multiple of the latents' (the same on both axes), and, where both sets have
+labels, the same labels; anything else is one line.
 """
 
 from __future__ import annotations
@@ -22,10 +32,11 @@ from dew.schema import ConfigError, Key, Section
 
 
 def latent_dataset(
-    split: str = "train", *, path: str = "", use_labels: bool = False, cache: bool = True
+    split: str = "train", *, path: str = "", use_labels: bool = False, cache: bool = True, images: str = ""
 ) -> Source:
     """The finished latent data set at ``path`` as a ``Source`` (module docstring); ``cache``
-    False reads each batch's files when it is drawn (``LatentRows``) instead of all up front."""
+    False reads each batch's files when it is drawn (``LatentRows``) instead of all up front;
+    ``images``: the image data set whose rows become the ``pixels`` field."""
     from dew.data.sources.latent_dataset import LatentDatasetError, open_latent_dataset
 
     if split not in ("train", "validation"):
@@ -50,8 +61,84 @@ def latent_dataset(
             )
         fields["label"] = labels.astype(np.int32)
         num_classes = int(labels.max()) + 1
+    if images:
+        fields["pixels"] = pixel_rows(images, tuple(rows.shape), labels, cache)
     name = path.rstrip("/").rsplit("/", 1)[-1]
     return Source(name=f"{name}/{split}", fields=fields, num_classes=num_classes, prefetch=0 if cache else 2)
+
+
+class PixelRows:
+    """The images of an image data set as uint8 [N, H, W, C] rows read per lookup (``shape``,
+    ``dtype``, ``len``, indexing by an int or a 1-D index), every one checked to be [H, W, C]."""
+
+    def __init__(self, files: Any, shape: tuple[int, int, int]):
+        self.files = files
+        self.shape = (len(files.images), *shape)
+        self.dtype = np.dtype(np.uint8)
+
+    def _load(self, i: int) -> np.ndarray:
+        from dew.data.sources.image_folder import check_shape
+
+        name = self.files.images[int(i)]
+        image = self.files.decode(name)
+        check_shape(self.files, name, image.shape, self.shape[1:])
+        return image
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index):
+        from dew.data.sources.latent_dataset import _is_integer
+
+        if _is_integer(index):
+            return self._load(range(len(self))[int(index)])
+        rows = np.arange(len(self))[index]
+        if rows.ndim != 1:
+            raise IndexError(f"PixelRows: expected an int or a 1-D index, got shape {rows.shape}")
+        if not rows.size:
+            return np.empty((0, *self.shape[1:]), np.uint8)
+        return np.stack([self._load(i) for i in rows])
+
+
+def pixel_rows(images: str, latent_shape: tuple[int, ...], labels: np.ndarray | None, cache: bool) -> Any:
+    """The ``pixels`` field: the image data set at ``images``, row for row beside latents of
+    ``latent_shape`` [N, h, w, 2C] labelled ``labels`` (module docstring); a ``ConfigError``
+    naming ``config.dataset.images`` for a set that does not pair with them."""
+    from dew.data.sources.image_folder import ImageFiles, ImageFolderError, check_shape, read_labels
+
+    where = f"config.dataset.images={images!r}"
+    try:
+        files = ImageFiles(images)
+        shape = files.decode(files.images[0]).shape
+        count, (h, w) = latent_shape[0], latent_shape[1:3]
+        if len(files.images) != count:
+            raise ConfigError(
+                f"{where} holds {len(files.images)} images but config.dataset.path holds {count} latents; "
+                "expected one image per latent (the set they were encoded from)"
+            )
+        if shape[0] % h or shape[1] % w or shape[0] // h != shape[1] // w:
+            raise ConfigError(
+                f"{where}: images are {shape[0]}x{shape[1]} but the latents {h}x{w}; expected images "
+                "a whole multiple of the latents' side, the same on both axes (the VAE's downsampling)"
+            )
+        image_labels = read_labels(files)
+        if labels is not None and image_labels is not None and not np.array_equal(labels, image_labels):
+            first = int(np.argmax(labels != image_labels))
+            raise ConfigError(
+                f"{where}: {files.images[first]!r} is labelled {int(image_labels[first])} but latent row "
+                f"{first} {int(labels[first])}; expected the images the latents were encoded from, in order"
+            )
+        if cache:
+            table = []
+            for name in files.images:
+                table.append(files.decode(name))
+                check_shape(files, name, table[-1].shape, shape)
+            return np.stack(table)
+        for name in files.images[1:]:  # headers only: a mixed set fails here, not mid-run
+            check_shape(files, name, files.header_shape(name), shape)
+        return PixelRows(files, shape)
+    except ImageFolderError as e:
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def _config_section() -> Section:
@@ -61,6 +148,10 @@ def _config_section() -> Section:
             "path": Key("", "the latent data set: a directory or .zip (edm2's encode layout)"),
             "use_labels": Key(False, "read class labels from its dataset.json"),
             "cache": Key(True, "read every latent up front (False: each batch's files when drawn)"),
+            "images": Key(
+                "",
+                "the image data set the latents were encoded from, as field 'pixels' ('': none)",
+            ),
         },
     )
 
