@@ -177,6 +177,49 @@ def test_constructor_arguments_are_checked_against_the_conditions():
         )
 
 
+def test_the_mean_flow_siblings_check_their_own_arguments_and_hold_the_same_attributes():
+    """MeanFlow and IMeanFlow end their constructors in one place: the same attributes, each
+    with its own defaults and settings classes; each refuses what it cannot train, in order."""
+    from dew.encoding.class_label import UNCONDITIONAL
+    from dew.objectives.imeanflow import IMeanFlow, IMFSampling
+    from dew.objectives.imeanflow_loss import IMFGuidance
+    from dew.objectives.meanflow import MeanFlow, MeanFlowSampling
+    from dew.objectives.meanflow_loss import Guidance, TimeSampling
+
+    label = Condition("class_label", Field("label", (), "int32"), UNCONDITIONAL)
+    spec, plain = InputSpec(Field("x", (4, 4, 1)), {"label": label}), InputSpec(Field("x", (4, 4, 1)))
+
+    def nothing():
+        return None
+
+    mf = MeanFlow(spec, nothing, nothing, 3, label_input="y")
+    imf = IMeanFlow(spec, nothing, nothing, 3, label_input="y")
+    assert vars(mf).keys() == vars(imf).keys()
+    assert (mf.null_label, imf.null_label, MeanFlow(spec, nothing, nothing, 3).null_label) == (3, 3, -1)
+    assert (type(mf.guidance), type(imf.guidance)) == (Guidance, IMFGuidance)
+    assert (type(mf.sampling), type(imf.sampling)) == (MeanFlowSampling, IMFSampling)
+    assert (mf.times, imf.times) == (TimeSampling(), TimeSampling(data_proportion=0.5))
+    assert mf._jitted == imf._jitted == {} and mf._jitted is not imf._jitted
+    with pytest.raises(AttributeError, match=r"IMeanFlow\.times cannot be set"):
+        imf.times = TimeSampling()
+    uniform = TimeSampling(noise_dist="uniform")
+    for cls in (MeanFlow, IMeanFlow):  # label_input is checked first
+        with pytest.raises(ValueError, match="label_input='int' is invalid: expected 'label' or 'y'"):
+            cls(plain, nothing, None, None, times=uniform, label_input="int")
+    with pytest.raises(ValueError, match="give a class encoder and num_classes together"):
+        MeanFlow(spec, nothing, None, 3)
+    with pytest.raises(ValueError, match=r"guidance_eq='cfg', class_dropout_prob=0\.1 need classes"):
+        MeanFlow(plain, nothing, None, None)
+    assert (
+        MeanFlow(plain, nothing, None, None, guidance=Guidance("none", class_dropout_prob=0.0)).num_classes
+        is None
+    )
+    with pytest.raises(ValueError, match="noise_dist='uniform' is invalid: iMF draws"):
+        IMeanFlow(plain, nothing, None, None, times=uniform)
+    with pytest.raises(ValueError, match="iMF trains with guidance and needs classes"):
+        IMeanFlow(plain, nothing, None, None)
+
+
 def test_previews_scores_and_inference_leave_every_attribute_as_it_was():
     objective = _points_objective(extent=3.0)
     before = dict(vars(objective))

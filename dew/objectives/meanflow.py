@@ -90,6 +90,12 @@ def label_input(factory: Any) -> str:
     return "y" if takes_arguments(factory, ("y",)) else "label"
 
 
+def check_label_input(label_input: str) -> None:
+    """``ValueError`` unless ``label_input`` is one of the two ways a network takes classes."""
+    if label_input not in ("label", "y"):
+        raise ValueError(f"label_input={label_input!r} is invalid: expected 'label' or 'y'")
+
+
 def _constructor_takes(factory: Any, name: str) -> bool:
     target = factory.func if isinstance(factory, functools.partial) else factory
     try:
@@ -180,8 +186,7 @@ class MeanFlow(Objective, metaclass=BuiltWhole):
         label_input: str = "label",
     ):
         times, guidance = times or TimeSampling(), guidance or Guidance()
-        if label_input not in ("label", "y"):
-            raise ValueError(f"label_input={label_input!r} is invalid: expected 'label' or 'y'")
+        check_label_input(label_input)
         weighting, sampling = weighting or Weighting(), sampling or MeanFlowSampling()
         if (encoder is None) != (num_classes is None):
             raise ValueError("MeanFlow: give a class encoder and num_classes together, or neither")
@@ -191,6 +196,38 @@ class MeanFlow(Objective, metaclass=BuiltWhole):
                 f"{guidance.class_dropout_prob} need classes; expected guidance_eq='none' and "
                 "class_dropout_prob=0 for an unconditional model"
             )
+        self._hold(
+            input_spec,
+            model,
+            encoder,
+            num_classes,
+            times=times,
+            guidance=guidance,
+            weighting=weighting,
+            sampling=sampling,
+            latent=latent,
+            image_shape=image_shape,
+            label_input=label_input,
+        )
+
+    def _hold(
+        self,
+        input_spec: InputSpec,
+        model: ModuleFactory,
+        encoder: ModuleFactory | None,
+        num_classes: int | None,
+        *,
+        times: TimeSampling,
+        guidance: Any,
+        weighting: Weighting,
+        sampling: Any,
+        latent: latent_space.LatentSpace | None,
+        image_shape: tuple[int, ...] | None,
+        label_input: str,
+    ) -> None:
+        """Every attribute, from the arguments a constructor checked and completed with its
+        defaults: this one's and its siblings' (``IMeanFlow``, whose guidance and sampling
+        settings are its own classes); the network is ``self._forward`` of the model."""
         self.input_spec = input_spec
         self.num_classes = num_classes
         self.times, self.guidance, self.weighting = times, guidance, weighting
