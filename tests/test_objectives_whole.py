@@ -200,6 +200,8 @@ def test_the_mean_flow_siblings_check_their_own_arguments_and_hold_the_same_attr
     assert (type(mf.sampling), type(imf.sampling)) == (MeanFlowSampling, IMFSampling)
     assert (mf.times, imf.times) == (TimeSampling(), TimeSampling(data_proportion=0.5))
     assert mf._jitted == imf._jitted == {} and mf._jitted is not imf._jitted
+    draw = imf._jitted_draw(imf._settings())  # jitted once per settings (compiled at its first call)
+    assert imf._jitted_draw(imf._settings()) is draw and list(imf._jitted.values()) == [draw]
     with pytest.raises(AttributeError, match=r"IMeanFlow\.times cannot be set"):
         imf.times = TimeSampling()
     uniform = TimeSampling(noise_dist="uniform")

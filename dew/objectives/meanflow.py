@@ -42,6 +42,7 @@ from dew.artifacts import ImageGrid
 from dew.encoding.class_label import UNCONDITIONAL
 from dew.inputs import Condition, Field, InputSpec
 from dew.objectives import latent_space
+from dew.objectives.diffusion_preview import jitted_once
 from dew.objectives.diffusion_sampling import requested_classes
 from dew.objectives.meanflow_loss import (
     Guidance,
@@ -320,10 +321,8 @@ class MeanFlow(Objective, metaclass=BuiltWhole):
         return dataclasses.asdict(self.sampling)
 
     def _jitted_draw(self, settings: dict[str, Any]) -> Callable[..., Any]:
-        key = tuple(sorted(settings.items()))
-        if key not in self._jitted:
-            self._jitted[key] = jax.jit(functools.partial(self.draw, **settings))
-        return self._jitted[key]
+        """``draw`` at ``settings``, jitted once per settings."""
+        return jitted_once(self._jitted, tuple(sorted(settings.items())), self.draw, **settings)
 
     def _grid(self, samples: np.ndarray, columns: int) -> ImageGrid:
         finite = np.isfinite(samples.reshape(len(samples), -1)).all(axis=1)
@@ -372,10 +371,10 @@ class MeanFlow(Objective, metaclass=BuiltWhole):
             return self._grid(np.asarray(samples), settings["per_class"])
         classes = requested_classes(classes, self.num_classes)
         settings.pop("per_class")
-        key = ("classes", *sorted((k, v) for k, v in settings.items()))
-        if key not in self._jitted:
-            self._jitted[key] = jax.jit(functools.partial(self.generate, **settings))
-        samples = jax.device_get(self._jitted[key](params, rng, jnp.asarray(classes, jnp.int32)))
+        generate = jitted_once(
+            self._jitted, ("classes", *sorted(settings.items())), self.generate, **settings
+        )
+        samples = jax.device_get(generate(params, rng, jnp.asarray(classes, jnp.int32)))
         return self._grid(np.asarray(samples), min(len(samples), 10))
 
     # --- config ---------------------------------------------------------------------------------
