@@ -27,7 +27,7 @@ from dew import registry
 from dew.artifacts import ImageGrid, VideoGrid
 from dew.config import apply_overrides, load_config
 from dew.inputs import Condition, Field, InputSpec
-from dew.objectives import diffusion_preview, diffusion_sampling, diffusion_scoring
+from dew.objectives import diffusion_network, diffusion_preview, diffusion_sampling, diffusion_scoring
 from dew.objectives.diffusion import Diffusion
 from dew.objectives.diffusion_config import Sampling
 from dew.objectives.whole import BuiltWhole
@@ -316,6 +316,48 @@ def test_unconditional_repeats_the_datum_for_every_row():
     like = jnp.ones((3, 4), jnp.int32)
     out = diffusion_sampling.unconditional(np.array([7, 0, 0, 0]), like)
     assert out.dtype == jnp.int32 and out.tolist() == [[7, 0, 0, 0]] * 3
+
+
+# --- diffusion_network, alone ---------------------------------------------------------------------------
+def test_drop_conditions_replaces_rows_by_the_unconditional_datum_at_the_rate():
+    n = 4000
+    conditions = {"label": jnp.arange(n, dtype=jnp.int32) % 10, "text": jnp.ones((n, 3), jnp.int32)}
+    tokens = {"label": np.int32(-1), "text": np.zeros(3, np.int32)}
+    out = diffusion_network.drop_conditions(jax.random.PRNGKey(0), conditions, 0.25, tokens)
+    label_dropped = np.asarray(out["label"] == -1)
+    text_dropped = np.asarray(jnp.all(out["text"] == 0, axis=1))
+    assert np.all(text_dropped | np.asarray(jnp.all(out["text"] == 1, axis=1)))  # whole rows
+    np.testing.assert_array_equal(np.asarray(out["label"])[~label_dropped], np.arange(n)[~label_dropped] % 10)
+    # binomial(4000, 0.25): mean 1000, standard deviation 27; 5 of them either side
+    assert all(abs(int(d.sum()) - n // 4) < 5 * 27 for d in (label_dropped, text_dropped))
+    assert np.any(label_dropped != text_dropped)  # one key per condition
+    kept = diffusion_network.drop_conditions(jax.random.PRNGKey(0), conditions, 0.0, tokens)
+    assert all(bool(jnp.all(kept[k] == conditions[k])) for k in conditions)
+
+
+def test_precision_denoiser_runs_the_network_in_the_compute_dtype_and_the_rest_in_float32():
+    seen = []
+
+    def apply(params, rng, x, c_noise, conditions, is_training, labels):  # F = w x + c_noise
+        seen.append((params["w"].dtype, x.dtype, c_noise.dtype, None if labels is None else labels.dtype))
+        return params["w"] * x + c_noise.reshape(-1, 1).astype(x.dtype)
+
+    params = {"w": jnp.float32(0.75)}
+    x, sigma, labels = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4), jnp.float32(0.7), jnp.ones((2, 9))
+    process = dew.presets.EDM
+    exact = diffusion_network.precision_denoiser(apply, process, jnp.dtype("float32"), params, {})(x, sigma)
+    assert seen == [(jnp.float32, jnp.float32, jnp.float32, None)]
+    s = jnp.float32(0.7)
+    scaled_f = process.c_out(s) * (0.75 * process.c_in(s) * x + process.c_noise(s))  # c_out F
+    expected = process.c_skip(s) * x + scaled_f
+    np.testing.assert_allclose(exact, expected, rtol=1e-6)
+    half = diffusion_network.precision_denoiser(
+        apply, process, jnp.dtype("float16"), params, {}, augment_labels=labels
+    )(x, jnp.full((2,), sigma))
+    assert seen[1] == (jnp.float16, jnp.float16, jnp.float32, jnp.float16)
+    assert half.dtype == jnp.float32
+    # F in float16: x, w x, c_noise and their sum rounded (4 roundings at u = 2⁻¹¹) of c_out F
+    np.testing.assert_allclose(half, exact, rtol=0, atol=4 * 2.0**-11 * float(jnp.max(jnp.abs(scaled_f))))
 
 
 # --- diffusion_preview and diffusion_scoring, alone --------------------------------------------------
