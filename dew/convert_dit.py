@@ -32,18 +32,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from dew.config import ConfigError, apply_overrides, load_config
-from dew.registry import UnknownNameError
-
-
-class ConversionError(ValueError):
-    """Weights that cannot become the configured network's parameters; the message says why."""
+from dew import converted_run
+from dew.config import apply_overrides, load_config
+from dew.converted_run import ConversionError as ConversionError
 
 
 def convert(
@@ -56,28 +52,18 @@ def convert(
     """Write ``state_dict`` (reference keys -> arrays) as a checkpoint of the run ``config``
     describes, and ``run.json`` beside it; returns the checkpoint directory. Raises
     ConversionError / ConfigError (checked before anything is written)."""
-    import jax
-    import jax.numpy as jnp
-
-    from dew.checkpointing import Checkpoints
     from dew.interop import dit_checkpoint
-    from dew.run_records import save_run_metadata
-    from dew.training.trainer import Trainer
 
     if not isinstance(step, int) or step < 1:
         raise ConversionError(f"--step={step!r} is invalid: expected an int >= 1 (the EMA's update count)")
     name = config.model.name
-    trainer = Trainer(config, workdir)
-    key, batch = jax.random.PRNGKey(config.seed), trainer.example_batch()
-    template = jax.eval_shape(trainer.init, key, batch).params
-    tops = {k.split("/")[0] for k in template}
-    if len(tops) != 1:
-        raise ConversionError(f"the configured objective has parameters outside the network: {sorted(tops)}")
-    sample = trainer.objective.input_spec.sample.shape
+    run = converted_run.target(config, workdir)
+    template = run.template
+    sample = run.trainer.objective.input_spec.sample.shape
     options = {k: v for k, v in config.model.items() if k != "name"}
     try:
         converted = dit_checkpoint.convert(
-            state_dict, name, options, input_size=int(sample[0]), top=next(iter(tops))
+            state_dict, name, options, input_size=int(sample[0]), top=run.network
         )
     except dit_checkpoint.CheckpointError as e:
         raise ConversionError(str(e)) from None
@@ -89,33 +75,9 @@ def convert(
                     f"{module}/{leaf}: the objective's network has {tuple(spec.shape)}, the checkpoint "
                     f"{None if got is None else tuple(got.shape)}"
                 )
-    params = jax.tree.map(jnp.asarray, {m: dict(converted[m]) for m in template})
-    fresh = trainer.init(key, batch)  # only once the weights fit: optimizer state, rng, shardings
-    params = jax.device_put(params, jax.tree.map(lambda a: a.sharding, fresh.params))
-    # The EMA that debiases to exactly these weights after `step` updates (ema = θ (1 − Π β)).
-    spec = trainer.ema
-    assert spec is not None  # the Trainer always builds the classic EMA
-    correction = 1.0 - spec.retained(jnp.float32(step // trainer.accumulation or 1))
-    mask = spec.mask(params)
-    ema = jax.tree.map(lambda p, tracked: p * correction if tracked else p, params, mask)
-    state = fresh.replace(step=jnp.asarray(step, fresh.step.dtype), params=params, ema=ema)
-    checkpoints = Checkpoints(
-        os.path.join(workdir, "checkpoints"), asynchronous=False, ema=trainer.ema_record
-    )
-    data = trainer.train_data  # a fresh stream's position: a resumed run reads from the first batch
-    checkpoints.save(step, state, data.save_position(), share=data.share)
-    checkpoints.wait()
-    checkpoints.close()
-    save_run_metadata(
-        workdir,
-        {
-            "label": os.path.basename(os.path.abspath(workdir)),
-            "config": config.to_dict(),
-            "ema": trainer.ema_record,
-            "converted": {"checkpoint": source, "architecture": name, "step": step},
-        },
-    )
-    return checkpoints.directory
+    params = {m: dict(converted[m]) for m in template}
+    record = {"checkpoint": source, "architecture": name, "step": step}
+    return converted_run.write_run(run, config, workdir, params, step, record)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -133,38 +95,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as e:
         return int(e.code or 0) and 2
-    bad = [item for item in rest if not item.startswith("--config.")]
-    if bad:
-        print(
-            f"error: unrecognised argument {bad[0]!r} (config keys are set with --config.<key>=<value>)",
-            file=sys.stderr,
-        )
-        return 2
-    workdir = os.path.abspath(args.workdir)
-    held = os.path.join(workdir, "checkpoints")
-    if os.path.isdir(held) and os.listdir(held):
-        print(
-            f"error: --workdir {workdir} already holds checkpoints; choose an empty directory",
-            file=sys.stderr,
-        )
-        return 2
-    existed = os.path.exists(workdir)
-    try:
+
+    def write(workdir: str, overrides: list[str]) -> str:
         from dew.interop.dit_checkpoint import CheckpointError, read_checkpoint
 
-        config = apply_overrides(load_config(args.config), [item[2:] for item in rest])
+        config = apply_overrides(load_config(args.config), overrides)
         try:
             state = read_checkpoint(args.checkpoint, args.which)  # a bad file fails before anything is built
         except CheckpointError as e:
             raise ConversionError(f"--checkpoint: {e}") from None
         directory = convert(state, config, workdir, args.step, os.path.abspath(args.checkpoint))
-    except (ConfigError, UnknownNameError, ConversionError) as e:
-        if not existed and os.path.isdir(workdir):
-            shutil.rmtree(workdir)
-        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
-    print(f"converted {args.checkpoint} ({config.model.name}) -> {directory} (step {args.step})")
-    return 0
+        return f"converted {args.checkpoint} ({config.model.name}) -> {directory} (step {args.step})"
+
+    return converted_run.command(args.workdir, rest, write)
 
 
 if __name__ == "__main__":

@@ -48,13 +48,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from ml_collections import ConfigDict
 
-from dew.config import ConfigError, apply_overrides, load_config
+from dew import converted_run
+from dew.config import apply_overrides, load_config
+from dew.converted_run import ConversionError as ConversionError
 from dew.networks.edm_weights import ARCHITECTURES, convert_state_dict, load_npz_state_dict
-from dew.registry import UnknownNameError
-
-
-class ConversionError(ValueError):
-    """Weights that cannot become the configured network's parameters; the message says why."""
 
 
 def read_state_dict(path: str) -> dict[str, np.ndarray]:
@@ -172,13 +169,6 @@ def convert(
     describes, and ``run.json`` beside it (its config; ``source`` names where the weights came
     from, ``details`` is added to that record); returns the checkpoint directory. Raises
     ConversionError / ConfigError."""
-    import jax
-    import jax.numpy as jnp
-
-    from dew.checkpointing import Checkpoints
-    from dew.run_records import save_run_metadata
-    from dew.training.trainer import Trainer
-
     arch = config.model.name
     if arch not in ARCHITECTURES:
         raise ConversionError(
@@ -188,48 +178,15 @@ def convert(
         raise ConversionError(
             f"--step must be an int >= 1 (the EMA is debiased by its update count), got {step!r}"
         )
-    trainer = Trainer(config, workdir)
-    key, batch = jax.random.PRNGKey(config.seed), trainer.example_batch()
-    template = jax.eval_shape(trainer.init, key, batch).params
-    tops = {key.split("/")[0] for key in template}
-    if len(tops) != 1:
-        raise ConversionError(f"the configured objective has parameters outside the network: {sorted(tops)}")
+    run = converted_run.target(config, workdir)
     filt = tuple(config.model.get("resample_filter", (1, 1)))
     try:
-        converted = convert_state_dict(state_dict, arch, filt, top=tops.pop())
+        converted = convert_state_dict(state_dict, arch, filt, top=run.network)
     except ValueError as e:
         raise ConversionError(str(e)) from e
-    params = jax.tree.map(jnp.asarray, fit_to_template(converted, template))
-    fresh = trainer.init(key, batch)  # only once the weights fit: optimizer state, rng, shardings
-    params = jax.device_put(params, jax.tree.map(lambda a: a.sharding, fresh.params))
-    # The EMA that debiases to exactly these weights after `step` updates (ema = θ (1 − Π β)).
-    spec = trainer.ema
-    assert spec is not None  # Averages.from_config always builds the classic EMA's EMASpec
-    correction = 1.0 - spec.retained(jnp.float32(step // trainer.accumulation or 1))
-    mask = spec.mask(params)
-    ema = jax.tree.map(lambda p, tracked: p * correction if tracked else p, params, mask)
-    state = fresh.replace(step=jnp.asarray(step, fresh.step.dtype), params=params, ema=ema)
-    checkpoints = Checkpoints(
-        os.path.join(workdir, "checkpoints"), asynchronous=False, ema=trainer.ema_record
-    )
-    # The data position of a fresh stream: nothing was consumed, so a run that resumes this
-    # checkpoint in place reads its data from the first batch, as a new run would.
-    data = trainer.train_data
-    checkpoints.save(step, state, data.save_position(), share=data.share)
-    checkpoints.wait()
-    checkpoints.close()
-    # run.json, as a training run leaves it: what dew.pipeline, python -m dew.sample and the
-    # scoring scripts read to rebuild the objective; no start is recorded (nothing was trained).
-    save_run_metadata(
-        workdir,
-        {
-            "label": os.path.basename(os.path.abspath(workdir)),
-            "config": config.to_dict(),
-            "ema": trainer.ema_record,
-            "converted": {"state_dict": source, "architecture": arch, "step": step, **(details or {})},
-        },
-    )
-    return checkpoints.directory
+    params = fit_to_template(converted, run.template)
+    record = {"state_dict": source, "architecture": arch, "step": step, **(details or {})}
+    return converted_run.write_run(run, config, workdir, params, step, record)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -244,49 +201,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", required=True, help="where the dew checkpoint is written")
     parser.add_argument("--step", type=int, default=1, help="the step number the checkpoint carries")
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-    bad = [item for item in rest if not item.startswith("--config.")]
     if args.state_dict and not args.config:
         print(
             "error: --state_dict needs --config (the dew experiment the weights belong to)", file=sys.stderr
         )
         return 2
-    if bad:
-        print(
-            f"error: unrecognised argument {bad[0]!r} (config keys are set with --config.<key>=<value>)",
-            file=sys.stderr,
-        )
-        return 2
-    workdir = os.path.abspath(args.workdir)
-    if os.path.isdir(os.path.join(workdir, "checkpoints")) and os.listdir(
-        os.path.join(workdir, "checkpoints")
-    ):
-        print(
-            f"error: --workdir {workdir} already holds checkpoints; choose an empty directory",
-            file=sys.stderr,
-        )
-        return 2
-    existed = os.path.exists(workdir)
-    try:
-        overrides = [item[2:] for item in rest]
+
+    def write(workdir: str, overrides: list[str]) -> str:
         if args.pickle:
             base = load_config(args.config) if args.config else ConfigDict()
             config, state_dict, details = read_pickle(args.pickle, base, overrides)
         else:
             config, details = apply_overrides(load_config(args.config), overrides), None
             state_dict = read_state_dict(args.state_dict)  # a bad file fails before anything is built
-        source = os.path.abspath(args.pickle or args.state_dict)
-        directory = convert(state_dict, config, workdir, args.step, source, details)
-    except (ConfigError, UnknownNameError, ConversionError) as e:
-        if not existed and os.path.isdir(workdir):
-            import shutil
+        given = args.pickle or args.state_dict
+        directory = convert(state_dict, config, workdir, args.step, os.path.abspath(given), details)
+        return f"converted {given} ({config.model.name}) -> {directory} (step {args.step})"
 
-            shutil.rmtree(workdir)
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(
-        f"converted {args.pickle or args.state_dict} ({config.model.name}) -> {directory} (step {args.step})"
-    )
-    return 0
+    return converted_run.command(args.workdir, rest, write)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ source file's SHA-256 (``__source_sha256__``) and a digest of every array (``__c
 and the loader checks both; a file dew reads as published (safetensors) is checked by its own
 SHA-256. What is pinned, and what a refusal says, stays with each network's module; this one holds
 the digests, the paths (``$ENV_VAR`` or a default under ``~/.cache/dew``), the one-line
-missing-file error, the ``.npz`` layout and the converter command's common steps.
+missing-file error, the ``.npz`` layout and the converter command's common steps (with the
+``--allow_unpinned`` command of a file no publisher pins a digest for).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import argparse
 import hashlib
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -141,6 +142,49 @@ def run_converter(
     return 0
 
 
+def run_unpinned_converter(
+    prog: str,
+    description: str | None,
+    source_name: str,
+    default: str,
+    argv: Sequence[str] | None,
+    fallback: Callable[[], str],
+    how_to_get: str,
+    *,
+    pinned: Collection[str],
+    convert: Callable[[dict[str, np.ndarray], str, str], str],
+    network: str,
+) -> int:
+    """The converter command for a file whose publisher may pin no digest (``pinned`` may be
+    empty): ``converter_parser``'s flags and ``--allow_unpinned``; a file whose SHA-256 is not in
+    ``pinned`` is refused (``"which is not pinned (no digest of <source_name> is published); pass
+    --allow_unpinned to convert it anyway"``) unless the flag is given; then ``run_converter``
+    with ``network`` named and the source digest reported."""
+    parser = converter_parser(prog, description, source_name, default)
+    parser.add_argument(
+        "--allow_unpinned", action="store_true", help="convert a file whose SHA-256 is not pinned"
+    )
+
+    def refuse(digest: str, args: argparse.Namespace) -> str | None:
+        if digest in pinned or args.allow_unpinned:
+            return None
+        return (
+            f"which is not pinned (no digest of {source_name} is published); pass --allow_unpinned to "
+            "convert it anyway"
+        )
+
+    return run_converter(
+        parser,
+        argv,
+        fallback,
+        how_to_get,
+        refuse=refuse,
+        convert=convert,
+        network=network,
+        report_source=True,
+    )
+
+
 def _error(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
     return 2
@@ -154,5 +198,6 @@ __all__ = [
     "file_sha256",
     "read_npz",
     "run_converter",
+    "run_unpinned_converter",
     "write_npz",
 ]

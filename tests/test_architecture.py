@@ -53,6 +53,7 @@ UNITS: dict[str, int] = {
     "dew.sweep": ENTRY,
     "dew.convert_edm": ENTRY,
     "dew.convert_dit": ENTRY,
+    "dew.converted_run": ENTRY,  # what convert_edm and convert_dit share: the run they write
     "dew.kernel_probe": ENTRY,  # the kernel choice's measurement child (a process, not an import)
 }
 

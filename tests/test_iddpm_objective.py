@@ -134,8 +134,14 @@ def test_preview_and_infer_draw_every_class():
     }
     again = obj.infer(params, classes=None, seed=0, **IDDPMSampling(5, 2.0, 1, "ddpm", 1).__dict__)
     np.testing.assert_array_equal(again.images, grid.images)
+    assert len(obj._jitted) == 1  # the request at the preview's settings reuses its jitted draw
     two = obj.infer(params, classes=(1, 2), seed=0, **IDDPMSampling(5, 2.0, 1, "ddim", 1).__dict__)
     assert two.images.shape == (2, 8, 8, 1)
+    jitted = dict(obj._jitted)
+    assert len(jitted) == 2 and sum(key[0] == "classes" for key in jitted) == 1
+    same = obj.infer(params, classes=(1, 2), seed=0, **IDDPMSampling(5, 2.0, 1, "ddim", 1).__dict__)
+    np.testing.assert_array_equal(same.images, two.images)
+    assert obj._jitted == jitted  # one program per settings: a repeated request compiles nothing
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,6 @@ last bit is not expected.
 from __future__ import annotations
 
 import functools
-import json
 import os
 
 import haiku as hk
@@ -30,11 +29,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers_goldens import (
+    assert_gradients_match,
+    class_label_spec,
+    close,
+    dew_params,
+    load_golden,
+    meta,
+    use_recorded_noise,
+)
 
 from dew import registry
-from dew.encoding.class_label import UNCONDITIONAL
-from dew.inputs import Condition, Field, InputSpec
-from dew.interop.flax_dit import check_against, params_from_flax
+from dew.interop.flax_dit import check_against
 from dew.objectives.imeanflow import IMeanFlow
 from dew.objectives.imeanflow_loss import IMFDraws, IMFGuidance, imf_loss
 from dew.objectives.meanflow_loss import TimeSampling, Weighting
@@ -52,29 +58,7 @@ INPUTS = ("x", "t", "h", "omega", "t_min", "t_max", "y")
 
 @pytest.fixture(scope="module")
 def golden():
-    with np.load(GOLDEN, allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
-
-
-def close(actual, expected, rtol=RTOL):
-    expected = np.asarray(expected)
-    atol = rtol * float(np.max(np.abs(expected)))
-    np.testing.assert_allclose(np.asarray(actual), expected, rtol=rtol, atol=atol)
-
-
-def meta(g):
-    return json.loads(str(g["meta_json"]))
-
-
-def unflatten(flat: dict[str, np.ndarray]) -> dict:
-    tree: dict = {}
-    for key, value in flat.items():
-        node = tree
-        *parents, leaf = key.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return tree
+    return load_golden(GOLDEN)
 
 
 def options(g) -> dict:
@@ -89,11 +73,6 @@ def options(g) -> dict:
     )
 
 
-def dew_params(g):
-    flax = unflatten({k[len("param/") :]: v for k, v in g.items() if k.startswith("param/")})
-    return jax.tree_util.tree_map(jnp.asarray, params_from_flax(flax))
-
-
 def network(g):
     def forward(x, t, h, omega, t_min, t_max, y):
         net = registry.models["imf_dit"](**options(g))
@@ -104,10 +83,7 @@ def network(g):
 
 def objective(g) -> IMeanFlow:
     d = meta(g)["imf_dit"]
-    spec = InputSpec(
-        Field("image", (d["input_size"], d["input_size"], d["in_channels"])),
-        {"label": Condition("class_label", Field("label", (), "int32"), UNCONDITIONAL)},
-    )
+    spec = class_label_spec(d["input_size"], d["in_channels"])
     model = functools.partial(registry.models["imf_dit"], **options(g))
     num_classes = meta(g)["num_classes"]
     encoder = functools.partial(registry.encoders["class_label"], num_classes)
@@ -164,26 +140,19 @@ def run(g, case, params):
 def test_loss_jvp_target_and_weights_match_forward_with_the_reference_network(golden, case):
     assert meta(golden)["cases"][case]["rows_dropped"] > 0
     terms = jax.jit(lambda p: run(golden, case, p))(dew_params(golden))
-    close(terms.du_dt, golden[f"{case}/du_dt"])
-    close(terms.v_g, golden[f"{case}/v_g"])
-    close(terms.weight_u, golden[f"{case}/weight_u"].reshape(-1))
-    close(terms.weight_v, golden[f"{case}/weight_v"].reshape(-1))
+    close(terms.du_dt, golden[f"{case}/du_dt"], RTOL)
+    close(terms.v_g, golden[f"{case}/v_g"], RTOL)
+    close(terms.weight_u, golden[f"{case}/weight_u"].reshape(-1), RTOL)
+    close(terms.weight_v, golden[f"{case}/weight_v"].reshape(-1), RTOL)
     for name in ("loss", "loss_u", "loss_v"):
-        close(getattr(terms, name), golden[f"{case}/{name}"])
+        close(getattr(terms, name), golden[f"{case}/{name}"], RTOL)
 
 
 @pytest.mark.default_compiler
 @pytest.mark.parametrize("case", CASES)
 def test_gradient_matches_forward_with_the_reference_network(golden, case):
     grads = jax.jit(jax.grad(lambda p: run(golden, case, p).loss))(dew_params(golden))
-    prefix = f"{case}/grad/"
-    expected = params_from_flax(
-        unflatten({k[len(prefix) :]: v for k, v in golden.items() if k.startswith(prefix)})
-    )
-    assert set(grads) == set(expected)
-    for module, leaves in expected.items():
-        for name, value in leaves.items():
-            close(grads[module][name], value)
+    assert_gradients_match(grads, golden, case, RTOL)
 
 
 @pytest.mark.default_compiler
@@ -195,19 +164,13 @@ def test_generate_matches_the_reference_with_its_network(golden, steps, monkeypa
     labels = jnp.asarray(golden[f"generate{steps}/labels"])
     omega, t_min, t_max = (float(v) for v in golden[f"generate{steps}/guidance"])
     schedule = tuple(float(s) for s in np.linspace(1.0, 0.0, steps + 1))
-    noise = jnp.asarray(golden[f"generate{steps}/noise"])
-
-    def recorded_noise(key, shape, dtype=jnp.float32):
-        assert tuple(shape) == noise.shape
-        return noise.astype(dtype)
-
-    monkeypatch.setattr(jax.random, "normal", recorded_noise)
+    use_recorded_noise(monkeypatch, jnp.asarray(golden[f"generate{steps}/noise"]))
     out = jax.jit(
         lambda p: imf.generate(
             p, jax.random.PRNGKey(0), labels, schedule=schedule, omega=omega, t_min=t_min, t_max=t_max
         )
     )(dew_params(golden))
-    close(out, golden[f"generate{steps}/images"])
+    close(out, golden[f"generate{steps}/images"], RTOL)
 
 
 def test_the_imeanflow_objective_builds_the_registered_network_from_a_config():

@@ -16,13 +16,15 @@ hidden units): rtol = 2 S N u ≈ 6.9e-5, atol = rtol · max|reference|.
 
 from __future__ import annotations
 
-import json
+import functools
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers_goldens import close as close_at
+from helpers_goldens import load_golden, meta
 
 from dew.objectives.imeanflow_loss import IMFDraws, IMFGuidance, imf_loss
 from dew.objectives.meanflow_loss import TimeSampling, Weighting
@@ -57,14 +59,10 @@ def tiny_imf_net(p, x, t, h, w, t_min, t_max, y):
 
 @pytest.fixture(scope="module")
 def golden():
-    with np.load(GOLDEN, allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
+    return load_golden(GOLDEN)
 
 
-def close(actual, expected):
-    expected = np.asarray(expected)
-    atol = RTOL * float(np.max(np.abs(expected)))
-    np.testing.assert_allclose(np.asarray(actual), expected, rtol=RTOL, atol=atol)
+close = functools.partial(close_at, rtol=RTOL)
 
 
 def params_of(g):
@@ -72,7 +70,7 @@ def params_of(g):
 
 
 def settings(g, case):
-    s = json.loads(str(g["meta_json"]))["cases"][case]["settings"]
+    s = meta(g)["cases"][case]["settings"]
     times = TimeSampling("logit_normal", s["P_mean"], s["P_std"], s["data_proportion"])
     guidance = IMFGuidance(s["cfg_beta"], s["class_dropout_prob"])
     return times, guidance, Weighting(s.get("norm_p", 1.0), s.get("norm_eps", 0.01))
@@ -81,7 +79,7 @@ def settings(g, case):
 def run(g, case, params):
     times, guidance, weighting = settings(g, case)
     draws = IMFDraws(*(jnp.asarray(g[f"{case}/{k}"]) for k in DRAWS))
-    num_classes = json.loads(str(g["meta_json"]))["num_classes"]
+    num_classes = meta(g)["num_classes"]
 
     def imf_fn(*args):
         return tiny_imf_net(params, *args)
@@ -113,8 +111,8 @@ def test_gradient_matches_the_reference(golden, case):
 def test_the_goldens_exercise_the_interval_and_dropout(golden):
     """Rows are dropped, and among the rows with r < t some lie inside their drawn guidance
     interval and some outside."""
-    meta = json.loads(str(golden["meta_json"]))["cases"]
-    assert all(meta[c]["rows_dropped"] > 0 for c in CASES)
+    cases = meta(golden)["cases"]
+    assert all(cases[c]["rows_dropped"] > 0 for c in CASES)
     inside = []
     for case in CASES:
         times, _, _ = settings(golden, case)

@@ -112,6 +112,11 @@ def test_preview_and_infer_take_the_guidance_settings():
     assert np.max(np.abs(unguided.images - grid.images)) > 1e-4
     two = obj.infer(params, classes=(1, 2), seed=0, **args)
     assert two.images.shape == (2, 8, 8, 3)
+    jitted = dict(obj._jitted)  # the preview's draw (reused by `again`), the unguided one, the classes'
+    assert len(jitted) == 3 and sum(key[0] == "classes" for key in jitted) == 1
+    np.testing.assert_array_equal(obj.infer(params, classes=(1, 2), seed=0, **args).images, two.images)
+    np.testing.assert_array_equal(obj.preview(params, jax.random.key(0)).images, grid.images)
+    assert obj._jitted == jitted  # one program per settings: repeated requests compile nothing
     assert dataclasses.replace(transport_sampler("transport_sde"), num_steps=4).num_steps == 4
 
 

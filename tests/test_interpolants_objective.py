@@ -125,6 +125,10 @@ def test_training_lowers_the_loss_and_every_registered_sampler_draws():
     assert np.mean(losses[-20:]) < 0.8 * np.mean(losses[:20])
     picture = objective.preview(params, jax.random.key(5))  # 2-D points: one scatter picture
     assert isinstance(picture, ImageGrid) and picture.images.shape == (1, 96, 96, 1)
+    jitted = dict(objective._jitted)
+    assert len(jitted) == 1  # the points' draw, compiled once
+    np.testing.assert_array_equal(objective.preview(params, jax.random.key(5)).images, picture.images)
+    assert objective._jitted == jitted
     for name in (
         "transport_ode",
         "transport_ode_euler",

@@ -61,23 +61,24 @@ def machine(monkeypatch):
     return monkeypatch
 
 
-def auto(cache, children, **kw):
+def choose_with(cache, children, library="auto", gradient="auto", *, tracer=None, **kw):
+    """``choose`` as these tests call it: ``children`` measure (and trace, unless ``tracer``), the
+    run's ``SOURCE`` on 2 CPU devices unless ``shapes``/``devices``/``environ`` say otherwise;
+    ``cache`` None: no cache file."""
+    settings = {"shapes": SOURCE, "devices": 2, "environ": CPU, **kw}
     return choose(
-        "auto",
-        "auto",
-        shapes=SOURCE,
-        devices=2,
-        cache=str(cache),
+        library,
+        gradient,
+        cache=None if cache is None else str(cache),
         runner=children,
-        tracer=children.trace,
-        environ=CPU,
-        **kw,
+        tracer=children.trace if tracer is None else tracer,
+        **settings,
     )
 
 
 def test_the_fastest_is_kept_and_handed_to_the_layers(machine, tmp_path):
     children = Children()
-    decision = auto(tmp_path / "k.json", children)
+    decision = choose_with(tmp_path / "k.json", children)
     # eigen: 4·0.10 + 10·0.004 = 0.44 s against ynnpack's 4·0.20 + 10·0.010 = 0.90 s; under eigen
     # XLA's gradient is the faster for both classes, so none is per-tap.
     assert decision.library == "eigen" and decision.per_tap == frozenset()
@@ -88,7 +89,7 @@ def test_the_fastest_is_kept_and_handed_to_the_layers(machine, tmp_path):
         "ynnpack": TIMES["ynnpack"],
         "eigen": {c: {g: 10 * t for g, t in r.items()} for c, r in TIMES["eigen"].items()},
     }
-    decision = auto(tmp_path / "other.json", Children(slow_eigen))
+    decision = choose_with(tmp_path / "other.json", Children(slow_eigen))
     assert decision.library == "ynnpack" and decision.per_tap == frozenset({tuple(BIG)})
     previous = kernels.current()
     try:
@@ -114,9 +115,9 @@ def test_within_the_margin_the_default_stays():
 
 def test_the_decision_is_cached_and_a_second_start_measures_nothing(machine, tmp_path):
     cache = tmp_path / "cache" / "kernel_choice.json"
-    first = auto(cache, Children())
+    first = choose_with(cache, Children())
     children = Children()
-    second = auto(cache, children)
+    second = choose_with(cache, children)
     assert children.calls == []
     assert (second.library, second.per_tap) == (first.library, first.per_tap)
     assert second.how.startswith(f"cached from {cache}")
@@ -129,7 +130,7 @@ def test_the_decision_is_cached_and_a_second_start_measures_nothing(machine, tmp
 @pytest.mark.parametrize("change", ["cpu", "jaxlib", "shapes", "devices"])
 def test_the_cache_key_follows_cpu_jaxlib_and_shapes(machine, tmp_path, change):
     cache = tmp_path / "k.json"
-    auto(cache, Children())
+    choose_with(cache, Children())
     children, devices, source = Children(), 2, SOURCE
     if change == "cpu":
         machine.setattr(kernel_choice, "cpu_model", lambda: "Other CPU (family 2, model 9, 2 cores)")
@@ -140,16 +141,7 @@ def test_the_cache_key_follows_cpu_jaxlib_and_shapes(machine, tmp_path, change):
         children = Children(shapes={**SHAPES, "batch": 32})
     else:
         devices = 1
-    choose(
-        "auto",
-        "auto",
-        shapes=source,
-        devices=devices,
-        cache=str(cache),
-        runner=children,
-        tracer=children.trace,
-        environ=CPU,
-    )
+    choose_with(cache, children, shapes=source, devices=devices)
     measured = [mode for mode, _ in children.calls]
     # A new CPU, jaxlib, device count or shape source measures again, and traces the run's shapes
     # first every time it measures: the run's own checks come before any measurement.
@@ -163,94 +155,38 @@ def test_the_cache_key_follows_cpu_jaxlib_and_shapes(machine, tmp_path, change):
 
 def test_a_forced_choice_overrides_the_cache(machine, tmp_path):
     cache = tmp_path / "k.json"
-    assert auto(cache, Children()).library == "eigen"
+    assert choose_with(cache, Children()).library == "eigen"
     children = Children()
-    forced = choose(
-        "ynnpack",
-        "xla",
-        shapes=SOURCE,
-        devices=2,
-        cache=str(cache),
-        runner=children,
-        tracer=children.trace,
-        environ=CPU,
-    )
+    forced = choose_with(cache, children, "ynnpack", "xla")
     assert (forced.library, forced.per_tap, forced.how) == ("ynnpack", frozenset(), "forced by config")
     # The library forced, the gradient measured: YNNPACK's cached times decide the classes.
-    half = choose(
-        "ynnpack",
-        "auto",
-        shapes=SOURCE,
-        devices=2,
-        cache=str(cache),
-        runner=children,
-        tracer=children.trace,
-        environ=CPU,
-    )
+    half = choose_with(cache, children, "ynnpack", "auto")
     assert (half.library, half.per_tap) == ("ynnpack", frozenset({tuple(BIG)})) and "cached" in half.how
-    every = choose(
-        "auto",
-        "per_tap",
-        shapes=SOURCE,
-        devices=2,
-        cache=str(cache),
-        runner=children,
-        tracer=children.trace,
-        environ=CPU,
-    )
+    every = choose_with(cache, children, "auto", "per_tap")
     assert every.library == "eigen" and every.kernel_choice().per_tap_weight_gradient_from == 1
     assert children.calls == []
     # XLA_FLAGS naming the library wins over the config.
     flagged = {**CPU, "XLA_FLAGS": f"{CPU['XLA_FLAGS']} {cpu_convolutions.EIGEN_ROUTE}"}
-    assert (
-        choose(
-            "ynnpack",
-            "xla",
-            shapes=SOURCE,
-            devices=2,
-            cache=None,
-            runner=children,
-            tracer=children.trace,
-            environ=flagged,
-        ).library
-        == "eigen"
-    )
+    assert choose_with(None, children, "ynnpack", "xla", environ=flagged).library == "eigen"
 
 
 def test_a_resumed_run_keeps_its_recorded_choice(machine, tmp_path):
     cache = tmp_path / "k.json"
-    auto(cache, Children())  # the cache now says eigen, no per-tap class
+    choose_with(cache, Children())  # the cache now says eigen, no per-tap class
     recorded = Decision("ynnpack", frozenset({tuple(SMALL)}), "measured").record()
     children = Children()
-    resumed = auto(cache, children, recorded=json.loads(json.dumps(recorded)), recorded_in="/w/run.json")
+    resumed = choose_with(
+        cache, children, recorded=json.loads(json.dumps(recorded)), recorded_in="/w/run.json"
+    )
     assert (resumed.library, resumed.per_tap) == ("ynnpack", frozenset({tuple(SMALL)}))
     assert resumed.how == "recorded with the run's checkpoints in /w/run.json" and children.calls == []
-    told = choose(
-        "eigen",
-        "xla",
-        shapes=SOURCE,
-        devices=2,
-        cache=str(cache),
-        recorded=recorded,
-        runner=children,
-        tracer=children.trace,
-        environ=CPU,
-    )
+    told = choose_with(cache, children, "eigen", "xla", recorded=recorded)
     assert (told.library, told.per_tap) == ("eigen", frozenset())  # told otherwise: the config wins
 
 
 def test_an_accelerator_measures_nothing(machine, tmp_path):
     children = Children()
-    decision = choose(
-        "auto",
-        "auto",
-        shapes=SOURCE,
-        devices=1,
-        cache=str(tmp_path / "k.json"),
-        runner=children,
-        tracer=children.trace,
-        environ={"JAX_PLATFORMS": "cuda"},
-    )
+    decision = choose_with(tmp_path / "k.json", children, devices=1, environ={"JAX_PLATFORMS": "cuda"})
     assert children.calls == [] and decision.library == "ynnpack" and "not the CPU" in decision.how
     assert not (tmp_path / "k.json").exists()
     assert not kernel_choice.cpu_backend_expected({"JAX_PLATFORMS": "tpu,cpu"})
@@ -319,16 +255,16 @@ def test_start_measures_once_records_and_resumes(machine, tmp_path):
 def test_a_new_workdir_on_a_measured_machine_measures_nothing(machine, tmp_path):
     """The machine's copy (``DEW_CACHE_DIR``) serves every workdir; with it off, each measures."""
     shared = tmp_path / "machine" / kernel_choice.CACHE_FILE
-    first = auto(tmp_path / "run1" / "k.json", Children(), machine_cache=str(shared))
+    first = choose_with(tmp_path / "run1" / "k.json", Children(), machine_cache=str(shared))
     assert first.how.startswith("measured") and shared.exists()
     children = Children()
-    second = auto(tmp_path / "run2" / "k.json", children, machine_cache=str(shared))
+    second = choose_with(tmp_path / "run2" / "k.json", children, machine_cache=str(shared))
     assert children.calls == []
     assert (second.library, second.per_tap) == (first.library, first.per_tap)
     assert second.how.startswith(f"cached for this machine in {shared}")
     assert (tmp_path / "run2" / "k.json").exists()  # the workdir keeps its own copy
     children = Children()
-    alone = auto(tmp_path / "run3" / "k.json", children, machine_cache=None)
+    alone = choose_with(tmp_path / "run3" / "k.json", children, machine_cache=None)
     assert ("time", first.library) in children.calls and alone.how.startswith("measured")
     assert kernel_choice.machine_cache_path({"DEW_CACHE_DIR": "off"}) is None
     assert kernel_choice.machine_cache_path({"DEW_CACHE_DIR": "/x"}) == f"/x/{kernel_choice.CACHE_FILE}"
@@ -341,28 +277,10 @@ def test_asked_not_to_measure_the_cpu_flag_rule_is_taken_and_named(machine, tmp_
     children = Children()
     environ = {**CPU, kernel_choice.BY_RULE_VARIABLE: "1"}
     cache = tmp_path / "cache.json"
-    ruled = choose(
-        "auto",
-        "auto",
-        shapes=SOURCE,
-        devices=2,
-        cache=str(cache),
-        runner=children,
-        tracer=children.trace,
-        environ=environ,
-    )
+    ruled = choose_with(cache, children, environ=environ)
     assert children.calls == [] and not cache.exists()
     assert ruled.how == f"CPU-flag rule: {kernel_choice.BY_RULE_VARIABLE}=1 asks for no measurement"
-    forced = choose(
-        "eigen",
-        "xla",
-        shapes=SOURCE,
-        devices=2,
-        cache=None,
-        runner=children,
-        tracer=children.trace,
-        environ=environ,
-    )
+    forced = choose_with(None, children, "eigen", "xla", environ=environ)
     assert (forced.library, forced.how) == ("eigen", "forced by config") and children.calls == []
 
 
@@ -425,16 +343,16 @@ def test_a_malformed_cache_is_a_hint_said_measured_again_and_replaced(machine, t
     """A cache of the right JSON but the wrong shape: one line naming the file, measured again,
     the entry replaced (the next start reads it), never an error."""
     cache = tmp_path / "k.json"
-    first = auto(cache, Children())
+    first = choose_with(cache, Children())
     cache.write_text(json.dumps(_damaged(damage)(json.loads(cache.read_text()))))
     lines, children = [], Children()
-    again = auto(cache, children, log=lines.append)
+    again = choose_with(cache, children, log=lines.append)
     assert ("time", "ynnpack") in children.calls and again.how.startswith("measured")
     assert (again.library, again.per_tap) == (first.library, first.per_tap)
     named = [line for line in lines if str(cache) in line]
     assert len(named) == 1, lines
     children = Children()
-    assert auto(cache, children).how.startswith("cached from") and children.calls == []
+    assert choose_with(cache, children).how.startswith("cached from") and children.calls == []
     assert [p.name for p in tmp_path.iterdir()] == ["k.json"]
 
 
@@ -448,14 +366,14 @@ def test_a_directory_or_an_unwritable_cache_measures_says_so_once_and_leaves_not
     shared.mkdir(parents=True)
     for _ in range(2):
         lines = []
-        decided = auto(cache, Children(), machine_cache=str(shared), log=lines.append)
+        decided = choose_with(cache, Children(), machine_cache=str(shared), log=lines.append)
         assert decided.how.startswith("measured")
         assert [p.name for p in cache.parent.iterdir()] == ["k.json"]
         assert [p.name for p in shared.parent.iterdir()] == [kernel_choice.CACHE_FILE]
     said = [line for line in lines if "cannot write" in line]
     assert said == [], lines  # said by the first start only
     children = Children()  # /proc takes no new directory, whoever asks (root too)
-    unmeasured = auto("/proc/dew-no-such-run/cache/k.json", children)
+    unmeasured = choose_with("/proc/dew-no-such-run/cache/k.json", children)
     assert ("time", "ynnpack") not in children.calls and "cannot be written" in unmeasured.how
 
 
@@ -464,7 +382,7 @@ def test_an_unwritable_cache_is_said_once(machine, tmp_path):
     shared = tmp_path / "machine" / kernel_choice.CACHE_FILE
     shared.mkdir(parents=True)
     lines = []
-    auto(tmp_path / "k.json", Children(), machine_cache=str(shared), log=lines.append)
+    choose_with(tmp_path / "k.json", Children(), machine_cache=str(shared), log=lines.append)
     said = [line for line in lines if "cannot write" in line]
     assert len(said) == 1 and str(shared) in said[0], lines
 
@@ -472,16 +390,8 @@ def test_an_unwritable_cache_is_said_once(machine, tmp_path):
 def test_no_xla_flags_in_the_environment_is_not_an_error(machine):
     """The CPU-flag rule without ``XLA_FLAGS`` (a newcomer's environment): no KeyError."""
     for shapes in (None, SOURCE):
-        decision = choose(
-            "auto",
-            "auto",
-            shapes=shapes,
-            devices=1,
-            cache=None,
-            runner=Children(),
-            tracer=Children().trace,
-            environ={"JAX_PLATFORMS": "cpu", kernel_choice.BY_RULE_VARIABLE: "1"},
-        )
+        environ = {"JAX_PLATFORMS": "cpu", kernel_choice.BY_RULE_VARIABLE: "1"}
+        decision = choose_with(None, Children(), shapes=shapes, devices=1, environ=environ)
         assert decision.how.startswith("CPU-flag rule")
     assert choose("auto", "auto", shapes=None, devices=1, cache=None, environ={}).per_tap is None
 
@@ -494,16 +404,7 @@ def test_a_config_the_run_refuses_is_not_measured(machine, tmp_path):
         raise ValueError("config.dataset.batch_size=4096 is invalid")
 
     children = Children()
-    decision = choose(
-        "auto",
-        "auto",
-        shapes=SOURCE,
-        devices=2,
-        cache=str(tmp_path / "k.json"),
-        runner=children,
-        tracer=refusing,
-        environ=CPU,
-    )
+    decision = choose_with(tmp_path / "k.json", children, tracer=refusing)
     assert children.calls == [] and not (tmp_path / "k.json").exists()
     assert "did not trace" in decision.how
 

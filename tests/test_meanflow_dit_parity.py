@@ -20,7 +20,6 @@ differently, so equality to the last bit is not expected.
 from __future__ import annotations
 
 import functools
-import json
 import os
 
 import haiku as hk
@@ -28,11 +27,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers_goldens import (
+    assert_gradients_match,
+    class_label_spec,
+    close,
+    dew_params,
+    load_golden,
+    meta,
+    use_recorded_noise,
+)
 
 from dew import registry
-from dew.encoding.class_label import UNCONDITIONAL
-from dew.inputs import Condition, Field, InputSpec
-from dew.interop.flax_dit import check_against, module_path, params_from_flax
+from dew.interop.flax_dit import check_against, module_path
 from dew.objectives.meanflow import MeanFlow
 from dew.objectives.meanflow_loss import Guidance, MeanFlowDraws, TimeSampling, Weighting, meanflow_loss
 
@@ -46,29 +52,7 @@ RTOL = 2 * NET_RTOL
 
 @pytest.fixture(scope="module")
 def golden():
-    with np.load(GOLDEN, allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
-
-
-def close(actual, expected, rtol=RTOL):
-    expected = np.asarray(expected)
-    atol = rtol * float(np.max(np.abs(expected))) if expected.size else 0.0
-    np.testing.assert_allclose(np.asarray(actual), expected, rtol=rtol, atol=atol)
-
-
-def meta(g):
-    return json.loads(str(g["meta_json"]))
-
-
-def unflatten(flat: dict[str, np.ndarray]) -> dict:
-    tree: dict = {}
-    for key, value in flat.items():
-        node = tree
-        *parents, leaf = key.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return tree
+    return load_golden(GOLDEN)
 
 
 def dit_options(g) -> dict:
@@ -89,18 +73,10 @@ def dit_options(g) -> dict:
     )
 
 
-def dew_params(g):
-    flax = unflatten({k[len("param/") :]: v for k, v in g.items() if k.startswith("param/")})
-    return jax.tree_util.tree_map(jnp.asarray, params_from_flax(flax))
-
-
 def objective(g) -> MeanFlow:
     """dew's MeanFlow objective over dew's DiT (labels as DiT takes them: ``y`` ints, null = 3)."""
     d = meta(g)["dit"]
-    spec = InputSpec(
-        Field("image", (d["input_size"], d["input_size"], d["in_channels"])),
-        {"label": Condition("class_label", Field("label", (), "int32"), UNCONDITIONAL)},
-    )
+    spec = class_label_spec(d["input_size"], d["in_channels"])
     model = functools.partial(registry.models["dit"], **dit_options(g))
     encoder = functools.partial(registry.encoders["class_label"], d["num_classes"])
     return MeanFlow(spec, model, encoder, d["num_classes"], label_input="y")
@@ -153,23 +129,17 @@ def run(g, case, params):
 def test_loss_target_and_weights_match_forward_with_the_reference_dit(golden, case):
     assert meta(golden)["cases"][case]["rows_dropped"] > 0
     terms = jax.jit(lambda p: run(golden, case, p))(dew_params(golden))
-    close(terms.u_tgt, golden[f"{case}/u_tgt"])
-    close(terms.weight_denominator, golden[f"{case}/adaptive_weight"].reshape(-1))
-    close(terms.loss, golden[f"{case}/loss"])
-    close(terms.v_loss, golden[f"{case}/v_loss"])
+    close(terms.u_tgt, golden[f"{case}/u_tgt"], RTOL)
+    close(terms.weight_denominator, golden[f"{case}/adaptive_weight"].reshape(-1), RTOL)
+    close(terms.loss, golden[f"{case}/loss"], RTOL)
+    close(terms.v_loss, golden[f"{case}/v_loss"], RTOL)
 
 
 @pytest.mark.default_compiler
 @pytest.mark.parametrize("case", CASES)
 def test_gradient_matches_forward_with_the_reference_dit(golden, case):
     grads = jax.jit(jax.grad(lambda p: run(golden, case, p).loss))(dew_params(golden))
-    expected = params_from_flax(
-        unflatten({k[len(f"{case}/grad/") :]: v for k, v in golden.items() if k.startswith(f"{case}/grad/")})
-    )
-    assert set(grads) == set(expected)
-    for module, leaves in expected.items():
-        for name, value in leaves.items():
-            close(grads[module][name], value)
+    assert_gradients_match(grads, golden, case, RTOL)
 
 
 @pytest.mark.default_compiler
@@ -181,12 +151,6 @@ def test_generate_matches_the_reference_with_its_dit(golden, steps, monkeypatch)
     params = dew_params(golden)
     labels = jnp.asarray(golden[f"generate{steps}/labels"])
     schedule = tuple(float(s) for s in golden[f"generate{steps}/schedule"])
-    noise = jnp.asarray(golden[f"generate{steps}/noise"])
-
-    def recorded_noise(key, shape, dtype=jnp.float32):
-        assert tuple(shape) == noise.shape
-        return noise.astype(dtype)
-
-    monkeypatch.setattr(jax.random, "normal", recorded_noise)
+    use_recorded_noise(monkeypatch, jnp.asarray(golden[f"generate{steps}/noise"]))
     out = jax.jit(lambda p: mf.generate(p, jax.random.PRNGKey(0), labels, schedule=schedule))(params)
-    close(out, golden[f"generate{steps}/images"])
+    close(out, golden[f"generate{steps}/images"], RTOL)

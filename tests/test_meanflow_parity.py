@@ -15,13 +15,14 @@ that cancel to near zero carry the absolute error of their operands).
 
 from __future__ import annotations
 
-import json
+import functools
 import os
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
+from helpers_goldens import close as close_at
+from helpers_goldens import load_golden, meta
 
 from dew.objectives.meanflow_loss import Guidance, MeanFlowDraws, TimeSampling, Weighting, meanflow_loss
 from dew.sampling.meanflow import sample_mean_flow
@@ -42,14 +43,10 @@ def tiny_net(p, x, t, h, y):
 
 @pytest.fixture(scope="module")
 def golden():
-    with np.load(GOLDEN, allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
+    return load_golden(GOLDEN)
 
 
-def close(actual, expected):
-    expected = np.asarray(expected)
-    atol = RTOL * float(np.max(np.abs(expected))) if expected.size else 0.0
-    np.testing.assert_allclose(np.asarray(actual), expected, rtol=RTOL, atol=atol)
+close = functools.partial(close_at, rtol=RTOL)
 
 
 def params_of(g):
@@ -60,7 +57,7 @@ CASES = ("cfg_kappa", "cfg_omega", "plain_uniform")
 
 
 def settings(g, case):
-    s = json.loads(str(g["meta_json"]))["cases"][case]["settings"]
+    s = meta(g)["cases"][case]["settings"]
     times = TimeSampling(s["noise_dist"], s["P_mean"], s["P_std"], s["data_proportion"])
     guidance = Guidance(
         s["guidance_eq"], s["omega"], s["kappa"], s["class_dropout_prob"], s["t_start"], s["t_end"]
@@ -73,7 +70,7 @@ def run(g, case, params):
     draws = MeanFlowDraws(
         *(jnp.asarray(g[f"{case}/{k}"]) for k in ("t_raw", "r_raw", "noise", "drop_uniform"))
     )
-    num_classes = json.loads(str(g["meta_json"]))["num_classes"]
+    num_classes = meta(g)["num_classes"]
 
     def u_fn(z, t, h, y):
         return tiny_net(params, z, t, h, y)
@@ -102,8 +99,8 @@ def test_gradient_matches_the_reference(golden, case):
 
 def test_the_goldens_exercise_guidance_interval_and_dropout(golden):
     """The cases are not degenerate: rows fall outside [t_start, t_end] and rows are dropped."""
-    meta = json.loads(str(golden["meta_json"]))["cases"]
-    assert meta["cfg_kappa"]["rows_dropped"] > 0 and meta["cfg_omega"]["rows_dropped"] > 0
+    cases = meta(golden)["cases"]
+    assert cases["cfg_kappa"]["rows_dropped"] > 0 and cases["cfg_omega"]["rows_dropped"] > 0
     times, guidance, _ = settings(golden, "cfg_kappa")
     t, r = times.times(jnp.asarray(golden["cfg_kappa/t_raw"]), jnp.asarray(golden["cfg_kappa/r_raw"]))
     outside = (t < guidance.t_start) | (t > guidance.t_end)

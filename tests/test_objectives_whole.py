@@ -27,7 +27,7 @@ from dew import registry
 from dew.artifacts import ImageGrid, VideoGrid
 from dew.config import apply_overrides, load_config
 from dew.inputs import Condition, Field, InputSpec
-from dew.objectives import diffusion_preview, diffusion_sampling, diffusion_scoring
+from dew.objectives import diffusion_network, diffusion_preview, diffusion_sampling, diffusion_scoring
 from dew.objectives.diffusion import Diffusion
 from dew.objectives.diffusion_config import Sampling
 from dew.objectives.whole import BuiltWhole
@@ -177,6 +177,51 @@ def test_constructor_arguments_are_checked_against_the_conditions():
         )
 
 
+def test_the_mean_flow_siblings_check_their_own_arguments_and_hold_the_same_attributes():
+    """MeanFlow and IMeanFlow end their constructors in one place: the same attributes, each
+    with its own defaults and settings classes; each refuses what it cannot train, in order."""
+    from dew.encoding.class_label import UNCONDITIONAL
+    from dew.objectives.imeanflow import IMeanFlow, IMFSampling
+    from dew.objectives.imeanflow_loss import IMFGuidance
+    from dew.objectives.meanflow import MeanFlow, MeanFlowSampling
+    from dew.objectives.meanflow_loss import Guidance, TimeSampling
+
+    label = Condition("class_label", Field("label", (), "int32"), UNCONDITIONAL)
+    spec, plain = InputSpec(Field("x", (4, 4, 1)), {"label": label}), InputSpec(Field("x", (4, 4, 1)))
+
+    def nothing():
+        return None
+
+    mf = MeanFlow(spec, nothing, nothing, 3, label_input="y")
+    imf = IMeanFlow(spec, nothing, nothing, 3, label_input="y")
+    assert vars(mf).keys() == vars(imf).keys()
+    assert (mf.null_label, imf.null_label, MeanFlow(spec, nothing, nothing, 3).null_label) == (3, 3, -1)
+    assert (type(mf.guidance), type(imf.guidance)) == (Guidance, IMFGuidance)
+    assert (type(mf.sampling), type(imf.sampling)) == (MeanFlowSampling, IMFSampling)
+    assert (mf.times, imf.times) == (TimeSampling(), TimeSampling(data_proportion=0.5))
+    assert mf._jitted == imf._jitted == {} and mf._jitted is not imf._jitted
+    draw = imf._jitted_draw(imf._settings())  # jitted once per settings (compiled at its first call)
+    assert imf._jitted_draw(imf._settings()) is draw and list(imf._jitted.values()) == [draw]
+    with pytest.raises(AttributeError, match=r"IMeanFlow\.times cannot be set"):
+        imf.times = TimeSampling()
+    uniform = TimeSampling(noise_dist="uniform")
+    for cls in (MeanFlow, IMeanFlow):  # label_input is checked first
+        with pytest.raises(ValueError, match="label_input='int' is invalid: expected 'label' or 'y'"):
+            cls(plain, nothing, None, None, times=uniform, label_input="int")
+    with pytest.raises(ValueError, match="give a class encoder and num_classes together"):
+        MeanFlow(spec, nothing, None, 3)
+    with pytest.raises(ValueError, match=r"guidance_eq='cfg', class_dropout_prob=0\.1 need classes"):
+        MeanFlow(plain, nothing, None, None)
+    assert (
+        MeanFlow(plain, nothing, None, None, guidance=Guidance("none", class_dropout_prob=0.0)).num_classes
+        is None
+    )
+    with pytest.raises(ValueError, match="noise_dist='uniform' is invalid: iMF draws"):
+        IMeanFlow(plain, nothing, None, None, times=uniform)
+    with pytest.raises(ValueError, match="iMF trains with guidance and needs classes"):
+        IMeanFlow(plain, nothing, None, None)
+
+
 def test_previews_scores_and_inference_leave_every_attribute_as_it_was():
     objective = _points_objective(extent=3.0)
     before = dict(vars(objective))
@@ -271,6 +316,48 @@ def test_unconditional_repeats_the_datum_for_every_row():
     like = jnp.ones((3, 4), jnp.int32)
     out = diffusion_sampling.unconditional(np.array([7, 0, 0, 0]), like)
     assert out.dtype == jnp.int32 and out.tolist() == [[7, 0, 0, 0]] * 3
+
+
+# --- diffusion_network, alone ---------------------------------------------------------------------------
+def test_drop_conditions_replaces_rows_by_the_unconditional_datum_at_the_rate():
+    n = 4000
+    conditions = {"label": jnp.arange(n, dtype=jnp.int32) % 10, "text": jnp.ones((n, 3), jnp.int32)}
+    tokens = {"label": np.int32(-1), "text": np.zeros(3, np.int32)}
+    out = diffusion_network.drop_conditions(jax.random.PRNGKey(0), conditions, 0.25, tokens)
+    label_dropped = np.asarray(out["label"] == -1)
+    text_dropped = np.asarray(jnp.all(out["text"] == 0, axis=1))
+    assert np.all(text_dropped | np.asarray(jnp.all(out["text"] == 1, axis=1)))  # whole rows
+    np.testing.assert_array_equal(np.asarray(out["label"])[~label_dropped], np.arange(n)[~label_dropped] % 10)
+    # binomial(4000, 0.25): mean 1000, standard deviation 27; 5 of them either side
+    assert all(abs(int(d.sum()) - n // 4) < 5 * 27 for d in (label_dropped, text_dropped))
+    assert np.any(label_dropped != text_dropped)  # one key per condition
+    kept = diffusion_network.drop_conditions(jax.random.PRNGKey(0), conditions, 0.0, tokens)
+    assert all(bool(jnp.all(kept[k] == conditions[k])) for k in conditions)
+
+
+def test_precision_denoiser_runs_the_network_in_the_compute_dtype_and_the_rest_in_float32():
+    seen = []
+
+    def apply(params, rng, x, c_noise, conditions, is_training, labels):  # F = w x + c_noise
+        seen.append((params["w"].dtype, x.dtype, c_noise.dtype, None if labels is None else labels.dtype))
+        return params["w"] * x + c_noise.reshape(-1, 1).astype(x.dtype)
+
+    params = {"w": jnp.float32(0.75)}
+    x, sigma, labels = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4), jnp.float32(0.7), jnp.ones((2, 9))
+    process = dew.presets.EDM
+    exact = diffusion_network.precision_denoiser(apply, process, jnp.dtype("float32"), params, {})(x, sigma)
+    assert seen == [(jnp.float32, jnp.float32, jnp.float32, None)]
+    s = jnp.float32(0.7)
+    scaled_f = process.c_out(s) * (0.75 * process.c_in(s) * x + process.c_noise(s))  # c_out F
+    expected = process.c_skip(s) * x + scaled_f
+    np.testing.assert_allclose(exact, expected, rtol=1e-6)
+    half = diffusion_network.precision_denoiser(
+        apply, process, jnp.dtype("float16"), params, {}, augment_labels=labels
+    )(x, jnp.full((2,), sigma))
+    assert seen[1] == (jnp.float16, jnp.float16, jnp.float32, jnp.float16)
+    assert half.dtype == jnp.float32
+    # F in float16: x, w x, c_noise and their sum rounded (4 roundings at u = 2⁻¹¹) of c_out F
+    np.testing.assert_allclose(half, exact, rtol=0, atol=4 * 2.0**-11 * float(jnp.max(jnp.abs(scaled_f))))
 
 
 # --- diffusion_preview and diffusion_scoring, alone --------------------------------------------------

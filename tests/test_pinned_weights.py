@@ -1,5 +1,6 @@
 """``dew.pinned_weights``: the digests, the ``.npz`` layout, the one-line missing-file error and the
-converter command's steps that convert_inception, dinov2_weights and sd_vae_weights share."""
+converter command's steps that convert_inception, dinov2_weights, dinov2_vitb14_weights and
+sd_vae_weights share (the two DINOv2 converters through ``run_unpinned_converter``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from dew import pinned_weights
 from dew.npz import NotAnNpzError
+from dew.scoring import dinov2_vitb14_weights, dinov2_weights
 
 
 def _arrays():
@@ -175,3 +177,73 @@ def test_converter_command_without_pytorch_says_so(tmp_path, capsys, monkeypatch
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
     assert _run(tmp_path, [f"--input={source}"]) == 2
     assert "converting needs PyTorch once" in capsys.readouterr().err
+
+
+def _run_unpinned(tmp_path, argv, pinned=frozenset()):
+    return pinned_weights.run_unpinned_converter(
+        "python -m test_converter",
+        None,
+        "w.pth",
+        "~/w.npz",
+        argv,
+        lambda: str(tmp_path / "default.npz"),
+        "download w.pth from X",
+        pinned=pinned,
+        convert=lambda state, output, digest: pinned_weights.write_npz(output, state, digest),
+        network="Test net",
+    )
+
+
+def _fake_torch(monkeypatch, arrays):
+    monkeypatch.setitem(
+        sys.modules,
+        "torch",
+        types.SimpleNamespace(
+            load=lambda path, map_location, weights_only: {k: _Tensor(v) for k, v in arrays.items()}
+        ),
+    )
+
+
+def test_an_unpinned_file_is_converted_only_when_allowed_or_pinned(tmp_path, capsys, monkeypatch):
+    arrays = _arrays()
+    _fake_torch(monkeypatch, arrays)
+    source = tmp_path / "w.pth"
+    source.write_bytes(b"no digest is published for this")
+    digest = hashlib.sha256(b"no digest is published for this").hexdigest()
+    out = tmp_path / "out.npz"
+    assert _run_unpinned(tmp_path, [f"--input={source}", f"--output={out}"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --input={str(source)!r} has SHA-256 {digest}, which is not pinned (no digest of w.pth "
+        "is published); pass --allow_unpinned to convert it anyway\n"
+    )
+    assert not out.exists()
+    content = pinned_weights.content_sha256(arrays)
+    wrote = f"wrote {out} (source sha256 {digest}, content sha256 {content})\n"  # the source is reported
+    assert _run_unpinned(tmp_path, [f"--input={source}", f"--output={out}", "--allow_unpinned"]) == 0
+    assert capsys.readouterr().out == wrote
+    out.unlink()
+    assert _run_unpinned(tmp_path, [f"--input={source}", f"--output={out}"], pinned=frozenset({digest})) == 0
+    assert capsys.readouterr().out == wrote
+
+
+@pytest.mark.parametrize(
+    ("module", "network"),
+    [(dinov2_weights, "DINOv2 ViT-L/14"), (dinov2_vitb14_weights, "DINOv2 ViT-B/14")],
+)
+def test_the_dinov2_converters_refuse_unpinned_files_and_name_their_network(
+    module, network, tmp_path, capsys, monkeypatch
+):
+    source = tmp_path / module.SOURCE_NAME
+    source.write_bytes(b"not the weights")
+    out = tmp_path / "o.npz"
+    assert module.main([f"--input={source}", f"--output={out}"]) == 2
+    err = capsys.readouterr().err
+    assert f"which is not pinned (no digest of {module.SOURCE_NAME} is published)" in err
+    _fake_torch(monkeypatch, {"cls_token": np.zeros((1, 1, 4), np.float32)})
+    assert module.main([f"--input={source}", f"--output={out}", "--allow_unpinned"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith(f"error: --input={str(source)!r} is not a {network} state_dict: ")
+        and "\n" not in err[:-1]
+    )
+    assert not out.exists()

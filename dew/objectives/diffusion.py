@@ -2,8 +2,9 @@
 any ``Process`` preset, with class-label or text conditions and condition dropout for CFG.
 
 ``Diffusion`` is built whole by its constructor (``from_config`` computes the arguments:
-``diffusion_config.arguments``); its sampling, previews and scoring call the pure functions of
-``diffusion_sampling``, ``diffusion_preview`` and ``diffusion_scoring`` with its own values."""
+``diffusion_config.arguments``); how it calls its network (the precision policy, condition
+dropout), its sampling, previews and scoring are the pure functions of ``diffusion_network``,
+``diffusion_sampling``, ``diffusion_preview`` and ``diffusion_scoring``, called with its own values."""
 
 from __future__ import annotations
 
@@ -25,21 +26,19 @@ from dew.diffusion.process import Process
 from dew.inputs import InputSpec
 from dew.objectives import (
     diffusion_augment,
+    diffusion_network,
     diffusion_preview,
     diffusion_sampling,
     diffusion_scoring,
     latent_space,
 )
 from dew.objectives.diffusion_config import CONFIG, Sampling, arguments, check_sampling
+from dew.objectives.diffusion_network import ModuleFactory as ModuleFactory
 from dew.objectives.diffusion_sampling import Denoiser
 from dew.objectives.diffusion_scoring import PreviewRecord
 from dew.objectives.whole import BuiltWhole
 from dew.sampling import CFG, Solver
 from dew.schema import Section
-from dew.training.precision import cast_floats
-
-# A haiku module's constructor: called inside the transform, the module it returns is applied.
-ModuleFactory = Callable[[], Callable[..., Any]]
 
 
 class Diffusion(Objective, metaclass=BuiltWhole):
@@ -129,21 +128,8 @@ class Diffusion(Objective, metaclass=BuiltWhole):
     def _forward(self, model: ModuleFactory, encoders: Mapping[str, ModuleFactory]) -> Callable[..., Any]:
         """The function ``hk.transform`` makes ``self._net`` of: (x, noise level, conditions,
         is_training, augment labels or None) -> the network's output, each condition through its
-        encoder and passed under its key."""
-
-        def forward(
-            x: jax.Array,
-            noise_level: jax.Array,
-            conditions: Mapping[str, jax.Array],
-            is_training: bool,
-            augment_labels: jax.Array | None = None,
-        ):
-            encoded = {k: encoders[k]()(v) for k, v in conditions.items()}
-            if augment_labels is not None:
-                encoded["augment_labels"] = augment_labels
-            return model()(x, noise_level, is_training=is_training, **encoded)
-
-        return forward
+        encoder and passed under its key (``diffusion_network.conditioned_forward``)."""
+        return diffusion_network.conditioned_forward(model, encoders)
 
     # --- pure pieces --------------------------------------------------------------------------
     def _conditions(self, batch: Batch) -> dict[str, jax.Array]:
@@ -158,29 +144,19 @@ class Diffusion(Objective, metaclass=BuiltWhole):
         augment_labels: jax.Array | None = None,
     ) -> Callable[[jax.Array, jax.Array], jax.Array]:
         """D(x, σ) for fixed conditions; σ may be a scalar or per-example [B]. Without
-        ``augment_labels`` an EDM network sees zeros (not augmented), as the reference samples."""
-
-        def denoise(x: jax.Array, sigma: jax.Array) -> jax.Array:
-            sigma = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32), (x.shape[0],))
-
-            def network(x_in: jax.Array, c_noise: jax.Array) -> jax.Array:
-                if self.compute_dtype == jnp.float32:
-                    return self._net.apply(
-                        params, rng, x_in, c_noise, conditions, is_training, augment_labels
-                    )
-                # The precision policy (docs/precision.md): F runs in the compute dtype on
-                # float32 parameters cast at use; c_noise, the σ arithmetic around F (c_in,
-                # c_skip, c_out) and the loss stay float32, as EDMPrecond computes them.
-                dt = self.compute_dtype
-                labels = None if augment_labels is None else augment_labels.astype(dt)
-                out = self._net.apply(
-                    cast_floats(params, dt), rng, x_in.astype(dt), c_noise, conditions, is_training, labels
-                )
-                return out.astype(jnp.float32)
-
-            return self.process.denoise(network, x, sigma)
-
-        return denoise
+        ``augment_labels`` an EDM network sees zeros (not augmented), as the reference samples.
+        The network runs in ``compute_dtype`` under the precision policy
+        (``diffusion_network.precision_denoiser``)."""
+        return diffusion_network.precision_denoiser(
+            self._net.apply,
+            self.process,
+            self.compute_dtype,
+            params,
+            conditions,
+            rng,
+            is_training,
+            augment_labels,
+        )
 
     def training_sample(self, batch: Batch, rng: jax.Array) -> jax.Array:
         """The batch's sample field as the model learns it: the field itself, or in a latent space
@@ -219,15 +195,10 @@ class Diffusion(Objective, metaclass=BuiltWhole):
         return jnp.mean(weighted), ({"mse_denoised": jnp.mean(per_example)}, Aux())
 
     def _drop(self, rng: jax.Array, conditions: dict[str, jax.Array]) -> dict[str, jax.Array]:
-        out = {}
-        for (key, value), k in zip(
-            sorted(conditions.items()), jax.random.split(rng, len(conditions)), strict=True
-        ):
-            keep = jax.random.uniform(k, value.shape[:1]) >= self.condition_dropout
-            out[key] = jnp.where(
-                keep.reshape((-1,) + (1,) * (value.ndim - 1)), value, self._unconditional(key, value)
-            )
-        return out
+        """Condition dropout for CFG at ``condition_dropout`` (``diffusion_network.drop_conditions``)."""
+        return diffusion_network.drop_conditions(
+            rng, conditions, self.condition_dropout, self._unconditional_tokens
+        )
 
     def _unconditional(self, key: str, like: jax.Array) -> jax.Array:
         """The unconditional datum's tokens, one row per row of ``like``."""

@@ -4,7 +4,8 @@ latent run's samples decoded first), the count of non-finite samples a diverged 
 the table of jitted draws that lets repeated previews and requests compile once each.
 
 Each piece receives what it needs as arguments; ``dew.objectives.diffusion.Diffusion`` holds the
-values (its latent space, the data's extent) and calls them.
+values (its latent space, the data's extent) and calls them. ``jitted_once`` keeps the jitted
+draws of the other image objectives too (``meanflow``, ``imeanflow``, ``iddpm``, ``interpolant``).
 """
 
 from __future__ import annotations

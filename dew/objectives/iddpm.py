@@ -38,6 +38,7 @@ from dew.contracts.objective import Aux, Batch, Objective, Params, Stats, Step
 from dew.diffusion.iddpm import SCHEDULES, GaussianDiffusion
 from dew.inputs import Condition, Field, InputSpec
 from dew.objectives import latent_space
+from dew.objectives.diffusion_preview import jitted_once
 from dew.objectives.diffusion_sampling import requested_classes
 from dew.objectives.meanflow import sample_field, takes_arguments
 from dew.objectives.whole import BuiltWhole
@@ -206,11 +207,6 @@ class IDDPM(Objective, metaclass=BuiltWhole):
             labels = jnp.repeat(jnp.arange(self.num_classes, dtype=jnp.int32), per_class)
         return self.generate(params, rng, labels, num_samples=per_class, **settings)
 
-    def _jitted_call(self, key: tuple, make: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
-        if key not in self._jitted:
-            self._jitted[key] = jax.jit(make())
-        return self._jitted[key]
-
     def _grid(self, samples: np.ndarray, columns: int) -> ImageGrid:
         finite = np.isfinite(samples.reshape(len(samples), -1)).all(axis=1)
         self._last_preview["nonfinite"] = int(np.sum(~finite))
@@ -220,8 +216,7 @@ class IDDPM(Objective, metaclass=BuiltWhole):
         return ImageGrid(np.clip(samples, -1.0, 1.0), columns=columns)
 
     def _draw_grid(self, params: Params, rng: jax.Array, settings: dict[str, Any]) -> ImageGrid:
-        key = tuple(sorted(settings.items()))
-        draw = self._jitted_call(key, lambda: functools.partial(self.draw, **settings))
+        draw = jitted_once(self._jitted, tuple(sorted(settings.items())), self.draw, **settings)
         return self._grid(np.asarray(jax.device_get(draw(params, rng))), settings["per_class"])
 
     # --- what a person sees -----------------------------------------------------------------------
@@ -256,8 +251,9 @@ class IDDPM(Objective, metaclass=BuiltWhole):
             return self._draw_grid(params, rng, settings)
         classes = requested_classes(classes, self.num_classes)
         settings.pop("per_class")
-        key = ("classes", *sorted(settings.items()))
-        generate = self._jitted_call(key, lambda: functools.partial(self.generate, **settings))
+        generate = jitted_once(
+            self._jitted, ("classes", *sorted(settings.items())), self.generate, **settings
+        )
         samples = jax.device_get(generate(params, rng, jnp.asarray(classes, jnp.int32)))
         return self._grid(np.asarray(samples), min(len(samples), 10))
 

@@ -18,13 +18,11 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-import haiku as hk
 import jax
 import jax.numpy as jnp
 
 from dew import registry
 from dew.contracts.objective import Aux, Batch, Params, Stats, Step
-from dew.encoding.class_label import UNCONDITIONAL
 from dew.inputs import InputSpec
 from dew.objectives import latent_space
 from dew.objectives.imeanflow_loss import IMFGuidance, draw_imf, imf_loss
@@ -34,6 +32,7 @@ from dew.objectives.meanflow import (
     UNIT,
     MeanFlow,
     ModuleFactory,
+    check_label_input,
     class_conditions,
     label_input,
     network_factory,
@@ -88,30 +87,26 @@ class IMeanFlow(MeanFlow):
         label_input: str = "label",
     ):
         times = times or TimeSampling(data_proportion=0.5)
-        if label_input not in ("label", "y"):
-            raise ValueError(f"label_input={label_input!r} is invalid: expected 'label' or 'y'")
-        guidance, weighting, sampling = (
-            guidance or IMFGuidance(),
-            weighting or Weighting(),
-            sampling or IMFSampling(),
-        )
+        check_label_input(label_input)
         if times.noise_dist != "logit_normal":
             raise ValueError(f"noise_dist={times.noise_dist!r} is invalid: iMF draws (t, r) logit-normal")
         if num_classes is None or encoder is None:
             raise ValueError(
                 "IMeanFlow: iMF trains with guidance and needs classes (a class encoder and num_classes)"
             )
-        self.input_spec = input_spec
-        self.num_classes = num_classes
-        self.times, self.guidance, self.weighting = times, guidance, weighting
-        self.sampling = sampling
-        self.latent, self.image_shape = latent, image_shape
-        self.label_input = label_input
-        # the label the network reads as "no class": the encoder's -1, or DiT's null row
-        self.null_label = UNCONDITIONAL if label_input == "label" else int(num_classes)
-        self._net = hk.transform(self._forward(model, encoder, label_input))
-        self._jitted: dict[tuple, Callable[..., Any]] = {}
-        self._last_preview = {"nonfinite": 0}
+        self._hold(
+            input_spec,
+            model,
+            encoder,
+            num_classes,
+            times=times,
+            guidance=guidance or IMFGuidance(),
+            weighting=weighting or Weighting(),
+            sampling=sampling or IMFSampling(),
+            latent=latent,
+            image_shape=image_shape,
+            label_input=label_input,
+        )
 
     @staticmethod
     def _forward(model: ModuleFactory, encoder: ModuleFactory | None, label_input: str) -> Callable[..., Any]:

@@ -42,6 +42,7 @@ from dew.diffusion.interpolants import LOSS_WEIGHTS, PATHS, PREDICTIONS
 from dew.diffusion.transport import Transport
 from dew.inputs import Condition, Field, InputSpec
 from dew.objectives import latent_space, scatter
+from dew.objectives.diffusion_preview import jitted_once
 from dew.objectives.diffusion_sampling import requested_classes
 from dew.objectives.diffusion_scoring import preview_scores
 from dew.objectives.meanflow import sample_field, takes_arguments
@@ -283,7 +284,8 @@ class Interpolant(Objective, metaclass=BuiltWhole):
         per = self.preview_settings.per_class
         if shape == (2,):
             labels = None if self.num_classes is None else jnp.arange(per, dtype=jnp.int32) % self.num_classes
-            points = np.asarray(jax.jit(functools.partial(self.generate, num=per))(params, rng, labels))
+            generate = jitted_once(self._jitted, ("points", per), self.generate, num=per)
+            points = np.asarray(generate(params, rng, labels))
             return scatter.scatter_grid(points, self.extent or scatter.extent_of(points))
         if len(self.image_shape or shape) != 3 or (self.image_shape or shape)[-1] not in (1, 3):
             raise NotImplementedError(
@@ -311,17 +313,20 @@ class Interpolant(Objective, metaclass=BuiltWhole):
     def _draw_grid(self, params: Params, rng: jax.Array, settings: Preview) -> ImageGrid:
         """``settings.per_class`` images of every class (or in all), as ``preview`` draws them."""
         per = settings.per_class
-        key = dataclasses.astuple(settings)
-        if key not in self._jitted:
-            sampler = dataclasses.replace(transport_sampler(settings.sampler), num_steps=settings.steps)
-            num = per if self.num_classes is None else None
-            self._jitted[key] = jax.jit(
-                functools.partial(self.generate, num=num, sampler=sampler, guidance=Guidance.of(settings))
-            )
+        sampler = dataclasses.replace(transport_sampler(settings.sampler), num_steps=settings.steps)
+        num = per if self.num_classes is None else None
+        generate = jitted_once(
+            self._jitted,
+            dataclasses.astuple(settings),
+            self.generate,
+            num=num,
+            sampler=sampler,
+            guidance=Guidance.of(settings),
+        )
         labels = None
         if self.num_classes is not None:
             labels = jnp.repeat(jnp.arange(self.num_classes, dtype=jnp.int32), per)
-        return self._grid(self._jitted[key](params, rng, labels), per)
+        return self._grid(generate(params, rng, labels), per)
 
     def _grid(self, samples: jax.Array, columns: int) -> ImageGrid:
         """Samples as images in [−1, 1] (decoded by the VAE for latent samples)."""
@@ -351,9 +356,10 @@ class Interpolant(Objective, metaclass=BuiltWhole):
             return self._draw_grid(params, rng, preview)
         classes = requested_classes(classes, self.num_classes)
         sampler = dataclasses.replace(transport_sampler(preview.sampler), num_steps=preview.steps)
-        images = jax.jit(functools.partial(self.generate, sampler=sampler, guidance=Guidance.of(preview)))(
-            params, rng, jnp.asarray(classes, jnp.int32)
-        )
+        guidance = Guidance.of(preview)
+        key = ("classes", preview.sampler, preview.steps, guidance)
+        generate = jitted_once(self._jitted, key, self.generate, sampler=sampler, guidance=guidance)
+        images = generate(params, rng, jnp.asarray(classes, jnp.int32))
         return self._grid(images, min(len(classes), 10))
 
     # --- config ---------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from dew.contracts.objective import Aux, Batch, Objective, Params, Stats, Step
 from dew.encoding.class_label import UNCONDITIONAL
 from dew.inputs import Condition, Field, InputSpec
 from dew.objectives import latent_space
+from dew.objectives.diffusion_preview import jitted_once
 from dew.objectives.diffusion_sampling import requested_classes
 from dew.objectives.meanflow_loss import (
     Guidance,
@@ -88,6 +89,12 @@ def label_input(factory: Any) -> str:
     """How the network takes classes: ``"y"`` (int labels, positional, as DiT) when its
     ``__call__`` names ``y``, else ``"label"`` (the class encoder's vector, by keyword)."""
     return "y" if takes_arguments(factory, ("y",)) else "label"
+
+
+def check_label_input(label_input: str) -> None:
+    """``ValueError`` unless ``label_input`` is one of the two ways a network takes classes."""
+    if label_input not in ("label", "y"):
+        raise ValueError(f"label_input={label_input!r} is invalid: expected 'label' or 'y'")
 
 
 def _constructor_takes(factory: Any, name: str) -> bool:
@@ -180,8 +187,7 @@ class MeanFlow(Objective, metaclass=BuiltWhole):
         label_input: str = "label",
     ):
         times, guidance = times or TimeSampling(), guidance or Guidance()
-        if label_input not in ("label", "y"):
-            raise ValueError(f"label_input={label_input!r} is invalid: expected 'label' or 'y'")
+        check_label_input(label_input)
         weighting, sampling = weighting or Weighting(), sampling or MeanFlowSampling()
         if (encoder is None) != (num_classes is None):
             raise ValueError("MeanFlow: give a class encoder and num_classes together, or neither")
@@ -191,6 +197,38 @@ class MeanFlow(Objective, metaclass=BuiltWhole):
                 f"{guidance.class_dropout_prob} need classes; expected guidance_eq='none' and "
                 "class_dropout_prob=0 for an unconditional model"
             )
+        self._hold(
+            input_spec,
+            model,
+            encoder,
+            num_classes,
+            times=times,
+            guidance=guidance,
+            weighting=weighting,
+            sampling=sampling,
+            latent=latent,
+            image_shape=image_shape,
+            label_input=label_input,
+        )
+
+    def _hold(
+        self,
+        input_spec: InputSpec,
+        model: ModuleFactory,
+        encoder: ModuleFactory | None,
+        num_classes: int | None,
+        *,
+        times: TimeSampling,
+        guidance: Any,
+        weighting: Weighting,
+        sampling: Any,
+        latent: latent_space.LatentSpace | None,
+        image_shape: tuple[int, ...] | None,
+        label_input: str,
+    ) -> None:
+        """Every attribute, from the arguments a constructor checked and completed with its
+        defaults: this one's and its siblings' (``IMeanFlow``, whose guidance and sampling
+        settings are its own classes); the network is ``self._forward`` of the model."""
         self.input_spec = input_spec
         self.num_classes = num_classes
         self.times, self.guidance, self.weighting = times, guidance, weighting
@@ -283,10 +321,8 @@ class MeanFlow(Objective, metaclass=BuiltWhole):
         return dataclasses.asdict(self.sampling)
 
     def _jitted_draw(self, settings: dict[str, Any]) -> Callable[..., Any]:
-        key = tuple(sorted(settings.items()))
-        if key not in self._jitted:
-            self._jitted[key] = jax.jit(functools.partial(self.draw, **settings))
-        return self._jitted[key]
+        """``draw`` at ``settings``, jitted once per settings."""
+        return jitted_once(self._jitted, tuple(sorted(settings.items())), self.draw, **settings)
 
     def _grid(self, samples: np.ndarray, columns: int) -> ImageGrid:
         finite = np.isfinite(samples.reshape(len(samples), -1)).all(axis=1)
@@ -335,10 +371,10 @@ class MeanFlow(Objective, metaclass=BuiltWhole):
             return self._grid(np.asarray(samples), settings["per_class"])
         classes = requested_classes(classes, self.num_classes)
         settings.pop("per_class")
-        key = ("classes", *sorted((k, v) for k, v in settings.items()))
-        if key not in self._jitted:
-            self._jitted[key] = jax.jit(functools.partial(self.generate, **settings))
-        samples = jax.device_get(self._jitted[key](params, rng, jnp.asarray(classes, jnp.int32)))
+        generate = jitted_once(
+            self._jitted, ("classes", *sorted(settings.items())), self.generate, **settings
+        )
+        samples = jax.device_get(generate(params, rng, jnp.asarray(classes, jnp.int32)))
         return self._grid(np.asarray(samples), min(len(samples), 10))
 
     # --- config ---------------------------------------------------------------------------------

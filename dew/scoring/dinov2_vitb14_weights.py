@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from dew import pinned_weights
+from dew.scoring import dinov2_weights
 
 SOURCE_NAME = "dinov2_vitb14_pretrain.pth"
 #: SHA-256 digests of ``SOURCE_NAME`` vouched for by a publisher: none is published (see above).
@@ -47,12 +48,11 @@ def default_path() -> str:
 
 def convert(state_dict: Mapping[str, np.ndarray], output: str, source_sha256: str) -> str:
     """Write the ViT-B/14's arrays (float32, PyTorch names; ``mask_token`` dropped) with their
-    digests after checking every array is present and shaped; returns the content digest."""
-    from dew.scoring.dinov2 import VIT_B14, params_from_torch_names
+    digests after checking every array is present and shaped (``dinov2_weights.convert`` for
+    ``VIT_B14``); returns the content digest."""
+    from dew.scoring.dinov2 import VIT_B14
 
-    arrays = {k: np.asarray(v, np.float32) for k, v in state_dict.items() if k != "mask_token"}
-    params_from_torch_names(arrays, VIT_B14)
-    return pinned_weights.write_npz(output, arrays, source_sha256)
+    return dinov2_weights.convert(state_dict, output, source_sha256, config=VIT_B14)
 
 
 def read_arrays(path: str | None = None, *, allow_unpinned: bool = False) -> dict[str, np.ndarray]:
@@ -77,31 +77,18 @@ def load_weights(path: str | None = None, *, allow_unpinned: bool = False, confi
     return params_from_torch_names(read_arrays(path, allow_unpinned=allow_unpinned), config or VIT_B14)
 
 
-def _refuse(digest: str, args) -> str | None:
-    if digest in PINNED_SHA256 or args.allow_unpinned:
-        return None
-    return (
-        f"which is not pinned (no digest of {SOURCE_NAME} is published); pass --allow_unpinned to "
-        "convert it anyway"
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = pinned_weights.converter_parser(
-        "python -m dew.scoring.dinov2_vitb14_weights", __doc__, SOURCE_NAME, DEFAULT_PATH
-    )
-    parser.add_argument(
-        "--allow_unpinned", action="store_true", help="convert a file whose SHA-256 is not pinned"
-    )
-    return pinned_weights.run_converter(
-        parser,
+    return pinned_weights.run_unpinned_converter(
+        "python -m dew.scoring.dinov2_vitb14_weights",
+        __doc__,
+        SOURCE_NAME,
+        DEFAULT_PATH,
         argv,
         default_path,
         HOW_TO_GET,
-        refuse=_refuse,
+        pinned=PINNED_SHA256,
         convert=convert,
         network="DINOv2 ViT-B/14",
-        report_source=True,
     )
 
 

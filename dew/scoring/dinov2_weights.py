@@ -90,31 +90,18 @@ def load_weights(path: str | None = None, *, allow_unpinned: bool = False, confi
     return params_from_torch_names(read_arrays(path, allow_unpinned=allow_unpinned), config or VIT_L14)
 
 
-def _refuse(digest: str, args) -> str | None:
-    if digest in PINNED_SHA256 or args.allow_unpinned:
-        return None
-    return (
-        f"which is not pinned (no digest of {SOURCE_NAME} is published); pass --allow_unpinned to "
-        "convert it anyway"
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = pinned_weights.converter_parser(
-        "python -m dew.scoring.dinov2_weights", __doc__, SOURCE_NAME, DEFAULT_PATH
-    )
-    parser.add_argument(
-        "--allow_unpinned", action="store_true", help="convert a file whose SHA-256 is not pinned"
-    )
-    return pinned_weights.run_converter(
-        parser,
+    return pinned_weights.run_unpinned_converter(
+        "python -m dew.scoring.dinov2_weights",
+        __doc__,
+        SOURCE_NAME,
+        DEFAULT_PATH,
         argv,
         default_path,
         HOW_TO_GET,
-        refuse=_refuse,
+        pinned=PINNED_SHA256,
         convert=convert,
         network="DINOv2 ViT-L/14",
-        report_source=True,
     )
 
 
