@@ -280,6 +280,7 @@ def choose_kernels(args):
         log=lambda line: print(f"dew: {line}", flush=True),
     )
     cpu_convolutions.route_convolutions(decision.library)
+    cpu_convolutions.route_dots(decision.dots)
     kernels.set_choice(decision.kernel_choice())
     return decision
 
