@@ -733,6 +733,8 @@ def test_a_real_onednn_child_reports_what_it_left_unchanged(tmp_path):
     """Two real children, YNNPACK's and the same with oneDNN's dots: XLA's own program (a
     convolution, no dot) compiles the same under both and is not timed again; whichever dot forms
     oneDNN took on this CPU are timed, the rest reported unchanged (no CPU assumed)."""
+    if not cpu_convolutions.xla_knows_onednn_dots():
+        pytest.skip("this jaxlib's XLA has no oneDNN flags")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
     payload = {"batch": 2, "convolutions": [[6, 6, 3, 5, 3, 1]], "forms": ["xla", "weight_im2col"]}
     base = kernel_choice.run_probe("time", payload, env)
