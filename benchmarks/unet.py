@@ -219,14 +219,14 @@ def dew_setup(net_name: str, batch: int, initialize: bool = True):
 
     objective, optimizer, ema = dew_training(net_name)
     images, labels = batch_arrays(NETS[net_name], batch)
+    host_batch = {"image": images, "label": labels}
+    init_fn = make_init(objective, optimizer, ema)
+    if not initialize:  # no mesh: the kernel choice traces this before JAX's backend starts
+        return init_fn, None, host_batch, None
     # As the Trainer compiles and places them (dew.training.sharding.Layout): the state on the
     # mesh (replicated: data parallelism), each batch split over its devices, init run once.
     layout = Layout.for_mesh(MeshSpec().mesh())
     layout.check_batch(batch)
-    host_batch = {"image": images, "label": labels}
-    init_fn = make_init(objective, optimizer, ema)
-    if not initialize:
-        return init_fn, None, host_batch, None
     data = layout.place_batch(host_batch)
     abstract_state = jax.eval_shape(init_fn, jax.random.PRNGKey(0), host_batch)
     jitted_init = layout.jit_init(init_fn, abstract_state)
