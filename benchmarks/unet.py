@@ -248,12 +248,13 @@ def traced_convolutions(net: str, batch: int) -> dict:
     records them while the state's shapes are traced): the kernel choice's shape source, run in
     its measurement child (``dew.kernel_probe``)."""
     import jax
+    import numpy as np
 
     from dew import kernels
 
     init, _, data, _ = dew_setup(net, batch, initialize=False)
-    with kernels.record_convolutions() as seen:
-        jax.eval_shape(init, jax.random.PRNGKey(0), data)
+    with kernels.record_convolutions() as seen:  # an abstract key: a concrete one starts the backend
+        jax.eval_shape(init, jax.ShapeDtypeStruct((2,), np.uint32), data)
     return {"batch": batch, "convolutions": [[*shape, uses] for shape, uses in sorted(seen.items())]}
 
 
