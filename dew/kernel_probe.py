@@ -109,7 +109,8 @@ def time_convolutions(
     library without this child's extra flags): a program that compiles to the same digest is the
     same program, so it is not timed again but listed in ``unchanged`` for the parent to take the
     other child's time. Answer: ``{"times": {class: {form: s}}, "programs": {class: {form:
-    digest}}, "unchanged": [[class, form], ...]}``."""
+    digest}}, "unchanged": [[class, form], ...], "failed": [[class, form, error], ...]}`` (a program
+    XLA could not compile or run under this process's flags: not timed)."""
     import hashlib
 
     import jax
@@ -132,6 +133,7 @@ def time_convolutions(
     out: dict[str, dict[str, float]] = {}
     digests: dict[str, dict[str, str]] = {}
     unchanged: list[list[str]] = []
+    failed: list[list[str]] = []
     for h, w, cin, cout, k, pad in (tuple(c[:6]) for c in convolutions):
         name = json.dumps([h, w, cin, cout, k, pad])
         x = jax.device_put(rng.standard_normal((batch, h, w, cin), np.float32), split)
@@ -146,14 +148,18 @@ def time_convolutions(
                 y, pullback = jax.vjp(lambda a, b: conv_forms.convolve(a, b, pad, i, f), x, kernel)
                 return (y, *pullback(g))
 
-            compiled = jax.jit(both, out_shardings=(split, split, whole)).lower(x, kernel, g).compile()
-            digest = hashlib.sha256((compiled.as_text() or "").encode()).hexdigest()[:16]
-            digests[name][form] = digest
-            if same_as is not None and same_as.get(name, {}).get(form) == digest:
-                unchanged.append([name, form])
+            try:
+                compiled = jax.jit(both, out_shardings=(split, split, whole)).lower(x, kernel, g).compile()
+                digest = hashlib.sha256((compiled.as_text() or "").encode()).hexdigest()[:16]
+                digests[name][form] = digest
+                if same_as is not None and same_as.get(name, {}).get(form) == digest:
+                    unchanged.append([name, form])
+                    continue
+                jax.block_until_ready(compiled(x, kernel, g))  # one untimed call
+            except Exception as e:  # XLA's library routes can refuse a program: said, not timed
+                failed.append([name, form, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"])
                 continue
             programs[form] = compiled
-            jax.block_until_ready(compiled(x, kernel, g))  # one untimed call
         seconds: dict[str, list[float]] = {form: [] for form in programs}
         active, began = list(programs), time.perf_counter()
         while active:
@@ -171,7 +177,7 @@ def time_convolutions(
                 break
         # The fastest call: on a shared machine other processes only ever add time.
         out[name] = {form: min(s) for form, s in seconds.items()}
-    return {"times": out, "programs": digests, "unchanged": unchanged}
+    return {"times": out, "programs": digests, "unchanged": unchanged, "failed": failed}
 
 
 def main(argv: list[str]) -> int:

@@ -40,9 +40,9 @@ class Children:
     TIMES does not name: ``ynnpack+onednn``, ...) it compiles to the same digest as its base
     library's (oneDNN took none of its dots)."""
 
-    def __init__(self, times=TIMES, shapes=SHAPES):
+    def __init__(self, times=TIMES, shapes=SHAPES, failing=None):
         self.calls: list[tuple[str, str]] = []
-        self.times, self.shapes = times, shapes
+        self.times, self.shapes, self.failing = times, shapes, failing
 
     def trace(self, source):
         self.calls.append(("shapes", "ynnpack"))
@@ -69,7 +69,14 @@ class Children:
                 else:
                     programs[c][f] = payload["same_as"][c][f]
                     unchanged.append([c, f])
-        return {"times": times, "programs": programs, "unchanged": unchanged}
+        failed = []
+        if self.failing is not None and route.endswith("+onednn"):
+            if self.failing == "child":
+                raise RuntimeError("the kernel measurement child (time) failed: partition compile failed")
+            failed = [[c, self.failing, "XlaRuntimeError: partition compile failed"] for c in times]
+            for c in times:
+                times[c].pop(self.failing, None)
+        return {"times": times, "programs": programs, "unchanged": unchanged, "failed": failed}
 
 
 @pytest.fixture
@@ -747,3 +754,16 @@ def test_a_real_onednn_child_reports_what_it_left_unchanged(tmp_path):
     assert [name, "xla"] in onednn["unchanged"]
     timed = set(onednn["times"].get(name, {}))
     assert timed | {f for c, f in onednn["unchanged"]} == {"xla", "weight_im2col"} and "xla" not in timed
+
+
+@pytest.mark.parametrize("failing", ["per_tap", "child"])
+def test_a_route_xla_cannot_compile_is_no_candidate_and_the_rest_stand(machine, tmp_path, failing):
+    """oneDNN's route refusing a program (XLA's 'partition compile failed') or its child failing:
+    that route is said and dropped (a run on it could fail the same way); the libraries' times
+    still decide, and the other oneDNN route is not started."""
+    children = Children(ONEDNN_TIMES, failing=failing)
+    decision = auto(tmp_path / "k.json", children)
+    assert decision.how.startswith("measured") and (decision.library, decision.dots) == ("eigen", "xla")
+    said = "XLA could not compile 2 of its programs" if failing == "per_tap" else "its measurement child failed"
+    assert f"ynnpack+onednn: {said}" in decision.how and f"eigen+onednn: {said}" in decision.how
+    assert ("time", "eigen+onednn") not in children.calls

@@ -511,11 +511,9 @@ def choose(
                 if complete({"times": times, "unused": unused}, route):
                     continue
                 base = route[: -len(ONEDNN)] if route.endswith(ONEDNN) else None
-                if base is not None and any(
-                    r.endswith(ONEDNN) and "same programs" in w for r, w in unused.items()
-                ):
+                if base is not None and any(r.endswith(ONEDNN) for r in unused):
                     unused[route] = unused[next(r for r in unused if r.endswith(ONEDNN))]
-                    continue  # where oneDNN took no dot of one library's programs, it takes none
+                    continue  # where oneDNN took (or compiled) no dot of one library's programs
                 if log is not None:
                     log(f"timing {len(classes)} convolution shape classes with {route} (once per machine)")
                 payload: dict[str, Any] = {
@@ -525,9 +523,23 @@ def choose(
                 }
                 if base is not None and base in programs:
                     payload["same_as"] = programs[base]
-                answer = runner("time", payload, library_environment(route, environ))
+                try:
+                    answer = runner("time", payload, library_environment(route, environ))
+                except RuntimeError as e:
+                    if base is None:
+                        raise
+                    unused[route] = f"its measurement child failed ({e})"
+                    continue
                 rows = {c: dict(r) for c, r in answer["times"].items()}
-                same = answer.get("unchanged", [])
+                same, failed = answer.get("unchanged", []), answer.get("failed", [])
+                if failed:  # a run on this route could fail where the child did: not a candidate
+                    name, form, error = failed[0]
+                    unused[route] = (
+                        f"XLA could not compile {len(failed)} of its programs here (first: {name} "
+                        f"{form}: {error})"
+                    )
+                    times.pop(route, None)
+                    continue
                 if base is not None and len(same) == len(counts) * len(needed):
                     unused[route] = f"not used by XLA on this CPU (the same programs as {base})"
                     times.pop(route, None)
