@@ -148,6 +148,8 @@ def time_convolutions(
                 y, pullback = jax.vjp(lambda a, b: conv_forms.convolve(a, b, pad, i, f), x, kernel)
                 return (y, *pullback(g))
 
+            # What the parent names if XLA kills this process (a library's abort is no exception).
+            print(f"compiling {name} {form}", file=sys.stderr, flush=True)
             try:
                 compiled = jax.jit(both, out_shardings=(split, split, whole)).lower(x, kernel, g).compile()
                 digest = hashlib.sha256((compiled.as_text() or "").encode()).hexdigest()[:16]

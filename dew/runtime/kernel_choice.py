@@ -222,7 +222,8 @@ def run_probe(mode: str, payload: Mapping[str, Any], environment: Mapping[str, s
     """One measurement child, ``python -m dew.kernel_probe <mode>`` (``time``: only convolution
     shapes, nothing the user configured): the payload on its stdin, its answer the last line of
     its stdout (JSON). The child's compilation cache is off. Raises RuntimeError naming the
-    child's last line of stderr when it fails."""
+    child's last line of stderr when it fails, and the program it was compiling (a library that
+    aborts the process raises nothing the child could catch)."""
     env = dict(environment)
     env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     done = subprocess.run(
@@ -235,8 +236,11 @@ def run_probe(mode: str, payload: Mapping[str, Any], environment: Mapping[str, s
     )
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise RuntimeError(f"the kernel measurement child ({mode}) failed: {tail}")
+        said = done.stderr.strip().splitlines()
+        tail = (said or ["(no output)"])[-1]
+        doing = [line for line in said if line.startswith("compiling ")]
+        where = f", {doing[-1]}" if doing and doing[-1] != tail else ""
+        raise RuntimeError(f"the kernel measurement child ({mode}) failed: {tail}{where}")
     return json.loads(lines[-1])
 
 
