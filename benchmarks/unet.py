@@ -221,7 +221,7 @@ def dew_setup(net_name: str, batch: int, initialize: bool = True):
     images, labels = batch_arrays(NETS[net_name], batch)
     host_batch = {"image": images, "label": labels}
     init_fn = make_init(objective, optimizer, ema)
-    if not initialize:  # the kernel choice's shapes: traced before JAX starts (no mesh, no devices)
+    if not initialize:  # no mesh: the kernel choice traces this before JAX's backend starts
         return init_fn, None, host_batch, None
     # As the Trainer compiles and places them (dew.training.sharding.Layout): the state on the
     # mesh (replicated: data parallelism), each batch split over its devices, init run once.
@@ -248,12 +248,13 @@ def traced_convolutions(net: str, batch: int) -> dict:
     records them while the state's shapes are traced): the kernel choice's shape source, run in
     its measurement child (``dew.kernel_probe``)."""
     import jax
+    import numpy as np
 
     from dew import kernels
 
     init, _, data, _ = dew_setup(net, batch, initialize=False)
-    with kernels.record_convolutions() as seen:
-        jax.eval_shape(lambda: init(jax.random.PRNGKey(0), data))  # a concrete key would start JAX
+    with kernels.record_convolutions() as seen:  # an abstract key: a concrete one starts the backend
+        jax.eval_shape(init, jax.ShapeDtypeStruct((2,), np.uint32), data)
     return {"batch": batch, "convolutions": [[*shape, uses] for shape, uses in sorted(seen.items())]}
 
 
@@ -280,6 +281,7 @@ def choose_kernels(args):
         log=lambda line: print(f"dew: {line}", flush=True),
     )
     cpu_convolutions.route_convolutions(decision.library)
+    cpu_convolutions.route_dots(decision.dots)
     kernels.set_choice(decision.kernel_choice())
     return decision
 

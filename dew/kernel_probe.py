@@ -7,10 +7,11 @@
 - ``python -m dew.kernel_probe time``, its payload a JSON object on stdin (only shapes: nothing
   the user configured or registered), its answer one JSON line on stdout: for each shape class,
   the seconds of one convolution's forward pass and both gradients at batch B over all of this
-  process's CPU devices (the batch split over them as a run splits it), with XLA's weight
-  gradient and with the per-tap one
-  (``dew.networks.edm_layers``): ``{"times": {class: {"xla": s, "per_tap": s}}}``. The library
-  is whatever this process's ``XLA_FLAGS`` chose; the parent starts one child per library.
+  process's CPU devices (the batch split over them as a run splits it), in each form of the two
+  gradients (``dew.runtime.kernel_cache.FORMS``: XLA's, per-tap or im2col; ``dew.networks.conv_forms``):
+  ``{"times": {class: {form: s}}, "programs": {class: {form: digest}}, "unchanged": [...]}``
+  (``time_convolutions``). The libraries are whatever this process's ``XLA_FLAGS`` chose; the
+  parent starts one child per route (convolution library, and where dots go).
 
 An entry-layer module: it builds what a run builds (the objective, its init, the EDM layers), so
 that the runtime below can measure before its own process starts JAX.
@@ -94,15 +95,35 @@ def trainer_convolutions(config: Any, devices: int) -> dict:
     return {"batch": per_step, "convolutions": [[*shape, uses] for shape, uses in sorted(seen.items())]}
 
 
-def time_convolutions(batch: int, convolutions: list[list[int]]) -> dict:
-    """Seconds per call of each shape class's forward + input and weight gradients, XLA's weight
-    gradient against the per-tap one, alternating calls of the two."""
+def time_convolutions(
+    batch: int,
+    convolutions: list[list[int]],
+    forms: list[str] | None = None,
+    same_as: dict[str, dict[str, str]] | None = None,
+) -> dict:
+    """Seconds per call of each shape class's forward + input and weight gradients in each of
+    ``forms`` (``dew.runtime.kernel_cache.FORMS``: the gradients' forms, ``dew.networks.conv_forms``;
+    default all), alternating calls of the forms, and a digest of each compiled program.
+
+    ``same_as``: the digests another child reported (``{class: {form: digest}}``, the same
+    library without this child's extra flags): a program that compiles to the same digest is the
+    same program, so it is not timed again but listed in ``unchanged`` for the parent to take the
+    other child's time. Answer: ``{"times": {class: {form: s}}, "programs": {class: {form:
+    digest}}, "unchanged": [[class, form], ...], "failed": [[class, form, error], ...]}`` (a program
+    XLA could not compile or run under this process's flags: not timed)."""
+    import hashlib
+
     import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from dew.networks import edm_layers
+    from dew.networks import conv_forms
+    from dew.runtime.kernel_cache import FORMS
 
+    forms = list(FORMS) if forms is None else forms
+    unknown = sorted(set(forms) - set(FORMS))
+    if unknown:
+        raise ValueError(f"unknown convolution forms {unknown}: expected some of {list(FORMS)}")
     devices = jax.devices()
     if batch % len(devices):
         devices = devices[:1]
@@ -110,36 +131,55 @@ def time_convolutions(batch: int, convolutions: list[list[int]]) -> dict:
     split, whole = NamedSharding(mesh, PartitionSpec("data")), NamedSharding(mesh, PartitionSpec())
     rng = np.random.default_rng(0)
     out: dict[str, dict[str, float]] = {}
+    digests: dict[str, dict[str, str]] = {}
+    unchanged: list[list[str]] = []
+    failed: list[list[str]] = []
     for h, w, cin, cout, k, pad in (tuple(c[:6]) for c in convolutions):
+        name = json.dumps([h, w, cin, cout, k, pad])
         x = jax.device_put(rng.standard_normal((batch, h, w, cin), np.float32), split)
         kernel = jax.device_put(rng.standard_normal((k, k, cin, cout), np.float32) / k, whole)
         ho, wo = h + 2 * pad - k + 1, w + 2 * pad - k + 1
         g = jax.device_put(rng.standard_normal((batch, ho, wo, cout), np.float32), split)
-        programs = {}
-        for name, conv in (("xla", edm_layers._xla_conv), ("per_tap", edm_layers._conv_tap_weight_grad)):
+        programs, digests[name] = {}, {}
+        for form in forms:
+            input_form, weight_form = FORMS[form]
 
-            def both(x, kernel, g, conv=conv, pad=pad):
-                y, pullback = jax.vjp(lambda a, b: conv(a, b, pad), x, kernel)
+            def both(x, kernel, g, pad=pad, i=input_form, f=weight_form):
+                y, pullback = jax.vjp(lambda a, b: conv_forms.convolve(a, b, pad, i, f), x, kernel)
                 return (y, *pullback(g))
 
-            programs[name] = jax.jit(both, out_shardings=(split, split, whole))
-            jax.block_until_ready(programs[name](x, kernel, g))  # compile, and one untimed call
-        seconds: dict[str, list[float]] = {name: [] for name in programs}
-        began = time.perf_counter()
-        while True:
-            for name, program in programs.items():
+            # What the parent names if XLA kills this process (a library's abort is no exception).
+            print(f"compiling {name} {form}", file=sys.stderr, flush=True)
+            try:
+                compiled = jax.jit(both, out_shardings=(split, split, whole)).lower(x, kernel, g).compile()
+                digest = hashlib.sha256((compiled.as_text() or "").encode()).hexdigest()[:16]
+                digests[name][form] = digest
+                if same_as is not None and same_as.get(name, {}).get(form) == digest:
+                    unchanged.append([name, form])
+                    continue
+                jax.block_until_ready(compiled(x, kernel, g))  # one untimed call
+            except Exception as e:  # XLA's library routes can refuse a program: said, not timed
+                failed.append([name, form, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"])
+                continue
+            programs[form] = compiled
+        seconds: dict[str, list[float]] = {form: [] for form in programs}
+        active, began = list(programs), time.perf_counter()
+        while active:
+            for form in active:
                 start = time.perf_counter()
-                jax.block_until_ready(program(x, kernel, g))
-                seconds[name].append(time.perf_counter() - start)
-            calls = len(seconds["xla"])
-            fastest = sorted(min(s) for s in seconds.values())
-            if fastest[-1] > CLEAR * fastest[0]:  # decided: more calls cannot reverse the order
-                break
-            if calls >= MAX_CALLS or (calls >= MIN_CALLS and time.perf_counter() - began >= MIN_SECONDS):
+                jax.block_until_ready(programs[form](x, kernel, g))
+                seconds[form].append(time.perf_counter() - start)
+            fastest = min(min(s) for s in seconds.values())
+            # Decided for a form this many times the fastest: more calls cannot make it win.
+            active = [f for f in active if min(seconds[f]) <= CLEAR * fastest]
+            calls = max(len(s) for s in seconds.values())
+            decided = len(programs) > 1 and len(active) <= 1
+            enough = calls >= MIN_CALLS and time.perf_counter() - began >= MIN_SECONDS
+            if decided or enough or calls >= MAX_CALLS:
                 break
         # The fastest call: on a shared machine other processes only ever add time.
-        out[json.dumps([h, w, cin, cout, k, pad])] = {n: min(s) for n, s in seconds.items()}
-    return {"times": out}
+        out[name] = {form: min(s) for form, s in seconds.items()}
+    return {"times": out, "programs": digests, "unchanged": unchanged, "failed": failed}
 
 
 def main(argv: list[str]) -> int:
@@ -147,7 +187,9 @@ def main(argv: list[str]) -> int:
         print("usage: python -m dew.kernel_probe time < payload.json", file=sys.stderr)
         return 2
     payload = json.loads(sys.stdin.read())
-    answer = time_convolutions(int(payload["batch"]), payload["convolutions"])
+    answer = time_convolutions(
+        int(payload["batch"]), payload["convolutions"], payload.get("forms"), payload.get("same_as")
+    )
     print(json.dumps(answer), flush=True)
     return 0
 

@@ -29,12 +29,24 @@ class KernelChoice:
     ``per_tap_convolutions``: when not None, it decides instead, shape class by shape class
     (``Convolution``): exactly these take the per-tap gradient (a measured choice,
     ``dew.runtime.kernel_choice``); a shape class not in it keeps XLA's.
+    ``convolution_forms``: when not None, the (input gradient, weight gradient) forms of the
+    shape classes it names (``dew.networks.conv_forms``: ``xla``, ``per_tap``, ``im2col``), as
+    ``(class, input form, weight form)`` triples; it supersedes the two fields above for those
+    classes (a measured choice).
     ``reason``: one line saying why, for the run's log.
     """
 
     per_tap_weight_gradient_from: int | None = None
     reason: str = "XLA's kernels (no platform choice made)"
     per_tap_convolutions: frozenset[Convolution] | None = None
+    convolution_forms: frozenset[tuple[Convolution, str, str]] | None = None
+
+    def forms_of(self, convolution: Convolution) -> tuple[str, str] | None:
+        """The (input, weight) gradient forms ``convolution_forms`` names for a class, or None."""
+        for named, input_form, weight_form in self.convolution_forms or ():
+            if tuple(named) == tuple(convolution):
+                return input_form, weight_form
+        return None
 
 
 _current = KernelChoice()
@@ -87,9 +99,25 @@ def per_tap_weight_gradient(positions: int, convolution: Convolution | None = No
     return jax.default_backend() == "cpu"
 
 
+def convolution_forms(positions: int, convolution: Convolution) -> tuple[str, str]:
+    """The (input gradient, weight gradient) forms (``dew.networks.conv_forms``) a convolution of
+    shape class ``convolution`` over ``positions`` pixels, traced now, takes: what the choice's
+    ``convolution_forms`` names for the class, else XLA's input gradient and the weight gradient
+    ``per_tap_weight_gradient`` says; on other backends than the CPU, XLA's for both. Records the
+    class where ``record_convolutions`` is active."""
+    per_tap = per_tap_weight_gradient(positions, convolution)  # records the class
+    named = _current.forms_of(convolution)
+    if named is None:
+        return "xla", "per_tap" if per_tap else "xla"
+    import jax
+
+    return named if jax.default_backend() == "cpu" else ("xla", "xla")
+
+
 __all__ = [
     "Convolution",
     "KernelChoice",
+    "convolution_forms",
     "current",
     "per_tap_weight_gradient",
     "record_convolutions",

@@ -5,6 +5,7 @@ an accelerator measures nothing; and one real measurement child on a tiny convol
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -33,29 +34,56 @@ SOURCE = ShapeSource("tests.nowhere:shapes", {}, {"model": "songunet", "batch": 
 
 
 class Children:
-    """A stand-in for the measurement children: answers from SHAPES and TIMES, counts the calls."""
+    """A stand-in for the measurement children: answers from SHAPES and TIMES, counts the calls.
 
-    def __init__(self, times=TIMES, shapes=SHAPES):
+    A form a route's row lacks costs 10× XLA's; where the row has no XLA time either (a route
+    TIMES does not name: ``ynnpack+onednn``, ...) it compiles to the same digest as its base
+    library's (oneDNN took none of its dots)."""
+
+    def __init__(self, times=TIMES, shapes=SHAPES, failing=None):
         self.calls: list[tuple[str, str]] = []
-        self.times, self.shapes = times, shapes
+        self.times, self.shapes, self.failing = times, shapes, failing
 
     def trace(self, source):
         self.calls.append(("shapes", "ynnpack"))
         return self.shapes
 
     def __call__(self, mode, payload, environment):
-        library = cpu_convolutions.library_in_flags(environment.get("XLA_FLAGS", "")) or "ynnpack"
-        self.calls.append((mode, library))
+        flags = environment.get("XLA_FLAGS", "")
+        route = cpu_convolutions.library_in_flags(flags) or "ynnpack"
+        route += "+onednn" if cpu_convolutions.ONEDNN_DOTS in flags else ""
+        self.calls.append((mode, route))
         if mode == "shapes":  # no child traces shapes now; kept to run these tests on older code
             return self.shapes
         assert payload["batch"] == self.shapes["batch"]
-        return {"times": {c: self.times[library][c] for c in map(json.dumps, payload["convolutions"])}}
+        forms = payload.get("forms", list(kernel_cache.FORMS))
+        times, programs, unchanged = {}, {}, []
+        for c in map(json.dumps, payload["convolutions"]):
+            rows = self.times.get(route, {})
+            programs[c] = {f: f"{route}:{f}" for f in forms}
+            for f in forms:
+                if c in rows and f in rows[c]:
+                    times.setdefault(c, {})[f] = rows[c][f]
+                elif "xla" in rows.get(c, {}):
+                    times.setdefault(c, {})[f] = 10 * rows[c]["xla"]
+                else:
+                    programs[c][f] = payload["same_as"][c][f]
+                    unchanged.append([c, f])
+        failed = []
+        if self.failing is not None and route.endswith("+onednn"):
+            if self.failing == "child":
+                raise RuntimeError("the kernel measurement child (time) failed: partition compile failed")
+            failed = [[c, self.failing, "XlaRuntimeError: partition compile failed"] for c in times]
+            for c in times:
+                times[c].pop(self.failing, None)
+        return {"times": times, "programs": programs, "unchanged": unchanged, "failed": failed}
 
 
 @pytest.fixture
 def machine(monkeypatch):
     """This jaxlib knows the Eigen route; the CPU and jaxlib are named as the test says."""
     monkeypatch.setattr(cpu_convolutions, "xla_knows_the_flag", lambda: True)
+    monkeypatch.setattr(cpu_convolutions, "xla_knows_onednn_dots", lambda: True)
     monkeypatch.setattr(kernel_choice, "cpu_model", lambda: "Test CPU (family 1, model 1, 2 cores)")
     monkeypatch.setattr(kernel_choice, "jaxlib_version", lambda: "0.10.2")
     return monkeypatch
@@ -83,7 +111,16 @@ def test_the_fastest_is_kept_and_handed_to_the_layers(machine, tmp_path):
     # XLA's gradient is the faster for both classes, so none is per-tap.
     assert decision.library == "eigen" and decision.per_tap == frozenset()
     assert "measured" in decision.how and "eigen 440 ms" in decision.how and "ynnpack 900 ms" in decision.how
-    assert children.calls == [("shapes", "ynnpack"), ("time", "ynnpack"), ("time", "eigen")]
+    # oneDNN took none of the programs' dots (this stand-in's CPU): said, and the other library's
+    # oneDNN route not started.
+    assert children.calls == [
+        ("shapes", "ynnpack"),
+        ("time", "ynnpack"),
+        ("time", "eigen"),
+        ("time", "ynnpack+onednn"),
+    ]
+    assert "ynnpack+onednn: not used by XLA on this CPU" in decision.how and decision.dots == "xla"
+    assert "eigen+onednn: not used by XLA on this CPU" in decision.how
     # With YNNPACK faster overall, its per-tap class is kept where it won (BIG: 0.20 < 0.90).
     slow_eigen = {
         "ynnpack": TIMES["ynnpack"],
@@ -145,7 +182,7 @@ def test_the_cache_key_follows_cpu_jaxlib_and_shapes(machine, tmp_path, change):
     measured = [mode for mode, _ in children.calls]
     # A new CPU, jaxlib, device count or shape source measures again, and traces the run's shapes
     # first every time it measures: the run's own checks come before any measurement.
-    assert measured.count("time") == 2, children.calls
+    assert measured.count("time") == 3, children.calls
     assert measured[0] == "shapes" and measured.count("shapes") == 1
     assert len(json.loads(cache.read_text())["decisions"]) == 2
     key = kernel_choice.decision_key
@@ -290,8 +327,8 @@ def test_one_real_measurement_child(tmp_path):
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
     answer = kernel_choice.run_probe("time", {"batch": 4, "convolutions": [[6, 6, 3, 5, 3, 1]]}, env)
     (row,) = answer["times"].values()
-    assert set(row) == {"xla", "per_tap"} and all(0 < t < 10 for t in row.values())
-    assert list(answer["times"]) == [json.dumps([6, 6, 3, 5, 3, 1])]
+    assert set(row) == set(kernel_cache.FORMS) and all(0 < t < 10 for t in row.values())
+    assert list(answer["times"]) == [json.dumps([6, 6, 3, 5, 3, 1])] and answer["unchanged"] == []
 
 
 def test_the_layers_report_their_shape_classes():
@@ -439,3 +476,197 @@ def test_the_shapes_are_traced_in_this_process_with_its_registrations():
     traced = kernel_choice.ShapeSource.trace(platform.run_shapes(config, 2))
     assert traced["batch"] == 16
     assert [8, 8, 8, 8, 3, 1] in [row[:6] for row in traced["convolutions"]]
+
+
+ONEDNN_TIMES = {
+    **TIMES,
+    # oneDNN's dots make the per-tap form of BIG faster under YNNPACK's convolutions, and every dot
+    # form slower under Eigen's; the XLA programs (no dots) compile to the same digests as their
+    # library's alone, so they are not timed again.
+    "ynnpack+onednn": {
+        json.dumps(BIG): {
+            "per_tap": 0.09,
+            "weight_im2col": 0.30,
+            "input_per_tap": 0.99,
+            "input_im2col": 0.95,
+        },
+        json.dumps(SMALL): {
+            "per_tap": 0.012,
+            "weight_im2col": 0.02,
+            "input_per_tap": 0.02,
+            "input_im2col": 0.02,
+        },
+    },
+    "eigen+onednn": {
+        json.dumps(BIG): {"per_tap": 0.5, "weight_im2col": 0.5, "input_per_tap": 0.5, "input_im2col": 0.5},
+        json.dumps(SMALL): {
+            "per_tap": 0.05,
+            "weight_im2col": 0.05,
+            "input_per_tap": 0.05,
+            "input_im2col": 0.05,
+        },
+    },
+}
+
+
+def test_onednn_dots_are_a_measured_route_and_what_they_leave_unchanged_is_not_timed(machine, tmp_path):
+    """A route whose programs oneDNN changes is timed (only those programs: the rest take the base
+    library's times), wins where it is fastest, is cached, and reaches the run as ``dots``."""
+    cache = tmp_path / "k.json"
+    children = Children(ONEDNN_TIMES)
+    decision = choose_with(cache, children)
+    # ynnpack+onednn: BIG per-tap 0.09 × 4 + SMALL XLA's (YNNPACK's time) 0.010 × 10 = 0.46 s
+    # against eigen's 0.44 s: eigen stays.
+    assert decision.library == "eigen" and decision.dots == "xla"
+    assert "ynnpack+onednn 460 ms" in decision.how and "not used" not in decision.how
+    assert ("time", "eigen+onednn") in children.calls  # measured too: its dots are oneDNN's
+    stored = json.loads(cache.read_text())
+    (entry,) = stored["decisions"].values()
+    assert (
+        entry["times"]["ynnpack+onednn"][json.dumps(BIG)]["xla"] == TIMES["ynnpack"][json.dumps(BIG)]["xla"]
+    )
+    # Faster still: oneDNN's route wins, with its per-class forms.
+    faster = {
+        **ONEDNN_TIMES,
+        "ynnpack+onednn": {c: dict(r) for c, r in ONEDNN_TIMES["ynnpack+onednn"].items()},
+    }
+    faster["ynnpack+onednn"][json.dumps(BIG)]["per_tap"] = 0.05
+    decision = choose_with(tmp_path / "other.json", Children(faster))
+    assert (decision.library, decision.dots) == ("ynnpack", "onednn")
+    assert decision.per_tap == frozenset({tuple(BIG)})
+    assert decision.line().startswith(
+        "convolutions on ynnpack, weight gradients per-tap for 1 shape class(es)"
+    )
+    assert ", dots on oneDNN (" in decision.line()
+    record = json.loads(json.dumps(decision.record()))
+    assert Decision.from_record(record, "recorded") == dataclasses.replace(decision, how="recorded")
+    children = Children(faster)
+    again = choose_with(tmp_path / "other.json", children)
+    assert children.calls == [] and (again.library, again.dots, again.forms) == (
+        "ynnpack",
+        "onednn",
+        decision.forms,
+    )
+
+
+def test_the_input_and_weight_gradient_forms_are_chosen_per_class():
+    """Each gradient's form is the fastest of the programs varying only it; the pair is costed as
+    the sum of the two changes from XLA's, and handed to the layers class by class."""
+    counts = {json.dumps(BIG): 2, json.dumps(SMALL): 3}
+    row_big = {"xla": 1.0, "per_tap": 0.7, "weight_im2col": 0.9, "input_per_tap": 1.2, "input_im2col": 0.8}
+    row_small = {
+        "xla": 0.1,
+        "per_tap": 0.2,
+        "weight_im2col": 0.05,
+        "input_per_tap": 0.1,
+        "input_im2col": 0.099,
+    }
+    times = {"ynnpack": {json.dumps(BIG): row_big, json.dumps(SMALL): row_small}}
+    route, per_tap, totals, forms = kernel_choice.decide(
+        times, counts, ("ynnpack",), kernel_choice.WEIGHT_FORM_NAMES
+    )
+    assert route == "ynnpack" and per_tap == frozenset({tuple(BIG)})
+    # BIG: per-tap weight (−0.3) and im2col input (−0.2): 0.5; SMALL: im2col weight (−0.05), the
+    # input's 1 % gain is inside the margin: XLA's. 2 · 0.5 + 3 · 0.05 = 1.15 s.
+    assert forms == frozenset({(tuple(BIG), "im2col", "per_tap"), (tuple(SMALL), "xla", "im2col")})
+    assert totals["ynnpack"] == pytest.approx(1.15)
+    # The weight gradient forced to XLA's: only the input's form is chosen.
+    _, per_tap, _, forms = kernel_choice.decide(times, counts, ("ynnpack",), ("xla",))
+    assert per_tap == frozenset() and (tuple(SMALL), "xla", "xla") in forms
+    decision = Decision(
+        "ynnpack",
+        frozenset({tuple(BIG)}),
+        "measured",
+        None,
+        frozenset({(tuple(BIG), "im2col", "per_tap"), (tuple(SMALL), "xla", "im2col")}),
+    )
+    assert "weight gradients per-tap for 1, im2col for 1 shape class(es)" in decision.line()
+    assert "input gradients im2col for 1 shape class(es)" in decision.line()
+    previous = kernels.current()
+    try:
+        kernels.set_choice(decision.kernel_choice())
+        assert kernels.convolution_forms(32 * 32, tuple(BIG)) == ("im2col", "per_tap")
+        assert kernels.convolution_forms(8 * 8, tuple(SMALL)) == ("xla", "im2col")
+    finally:
+        kernels.set_choice(previous)
+
+
+def test_a_cache_from_before_the_new_forms_is_measured_again_without_complaint(machine, tmp_path):
+    """A decision timed with only XLA's and the per-tap gradient (an earlier dew's cache) is
+    well formed but lacks the forms now measured: measured again, silently, and replaced."""
+    cache = tmp_path / "k.json"
+    choose_with(cache, Children())
+    data = json.loads(cache.read_text())
+    for entry in data["decisions"].values():
+        entry["times"] = {
+            lib: {c: {"xla": r["xla"], "per_tap": r["per_tap"]} for c, r in rows.items()}
+            for lib, rows in entry["times"].items()
+        }
+        del entry["unused"], entry["programs"]
+    cache.write_text(json.dumps(data))
+    lines, children = [], Children()
+    again = choose_with(cache, children, log=lines.append)
+    assert again.how.startswith("measured") and ("time", "ynnpack") in children.calls
+    assert not [line for line in lines if "malformed" in line or "unusable" in line], lines
+
+
+def test_where_xla_flags_or_jaxlib_leave_no_onednn_route_it_is_said(machine, tmp_path):
+    children = Children()
+    flagged = {**CPU, "XLA_FLAGS": f"{CPU['XLA_FLAGS']} --xla_cpu_use_onednn=false"}
+    decision = choose(
+        "auto", "auto", shapes=SOURCE, devices=2, cache=None, runner=children, tracer=children.trace,
+        environ=flagged,
+    )  # fmt: skip
+    assert "dots: as XLA_FLAGS says" in decision.how and not any("+onednn" in r for _, r in children.calls)
+    machine.setattr(cpu_convolutions, "xla_knows_onednn_dots", lambda: False)
+    decision = choose_with(tmp_path / "k.json", Children())
+    assert "onednn: not in this jaxlib's XLA" in decision.how
+
+
+def test_route_dots_adds_the_flags_once_and_leaves_the_users(monkeypatch):
+    monkeypatch.setattr(cpu_convolutions, "_backend_started", lambda: False)
+    monkeypatch.setattr(cpu_convolutions, "xla_knows_onednn_dots", lambda: True)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    assert cpu_convolutions.route_dots("xla") == "xla"
+    assert "onednn" not in os.environ["XLA_FLAGS"]
+    assert cpu_convolutions.route_dots("onednn") == "onednn"
+    assert os.environ["XLA_FLAGS"].endswith(cpu_convolutions.ONEDNN_DOTS)
+    assert cpu_convolutions.route_dots("onednn") == "flags"  # already there: not added twice
+    assert os.environ["XLA_FLAGS"].count("xla_cpu_use_onednn") == 1
+    with pytest.raises(ValueError, match="dots must go to one of"):
+        cpu_convolutions.route_dots("mkl")
+
+
+def test_a_real_onednn_child_reports_what_it_left_unchanged(tmp_path):
+    """Two real children, YNNPACK's and the same with oneDNN's dots: XLA's own program (a
+    convolution, no dot) compiles the same under both and is not timed again; whichever dot forms
+    oneDNN took on this CPU are timed, the rest reported unchanged (no CPU assumed)."""
+    if not cpu_convolutions.xla_knows_onednn_dots():
+        pytest.skip("this jaxlib's XLA has no oneDNN flags")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    payload = {"batch": 2, "convolutions": [[6, 6, 3, 5, 3, 1]], "forms": ["xla", "weight_im2col"]}
+    base = kernel_choice.run_probe("time", payload, env)
+    onednn = kernel_choice.run_probe(
+        "time",
+        {**payload, "same_as": base["programs"]},
+        kernel_choice.library_environment("ynnpack+onednn", env),
+    )
+    name = json.dumps([6, 6, 3, 5, 3, 1])
+    assert [name, "xla"] in onednn["unchanged"]
+    timed = set(onednn["times"].get(name, {}))
+    assert timed | {f for c, f in onednn["unchanged"]} == {"xla", "weight_im2col"} and "xla" not in timed
+
+
+@pytest.mark.parametrize("failing", ["per_tap", "child"])
+def test_a_route_xla_cannot_compile_is_no_candidate_and_the_rest_stand(machine, tmp_path, failing):
+    """oneDNN's route refusing a program (XLA's 'partition compile failed') or its child failing:
+    that route is said and dropped (a run on it could fail the same way); the libraries' times
+    still decide, and the other oneDNN route is not started."""
+    children = Children(ONEDNN_TIMES, failing=failing)
+    decision = choose_with(tmp_path / "k.json", children)
+    assert decision.how.startswith("measured") and (decision.library, decision.dots) == ("eigen", "xla")
+    said = "its measurement child failed"
+    if failing == "per_tap":
+        said = "XLA could not compile 2 of its programs"
+    assert f"ynnpack+onednn: {said}" in decision.how and f"eigen+onednn: {said}" in decision.how
+    assert ("time", "eigen+onednn") not in children.calls

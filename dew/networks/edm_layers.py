@@ -18,7 +18,6 @@ the DDPM++/ADM box filter [1, 1] becomes a 2×2 mean and a nearest-neighbour rep
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 
@@ -28,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dew import kernels
-from dew.networks import materialize
+from dew.networks import conv_forms, materialize
 
 INIT_MODES = ("xavier_uniform", "xavier_normal", "kaiming_uniform", "kaiming_normal")
 
@@ -152,9 +151,10 @@ def upsample(x: jax.Array, resample_filter: Sequence[float], pad: int) -> jax.Ar
 def conv(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
     """Stride-1 2D convolution, NHWC × [k, k, in, out]; a 1×1 kernel is a matmul.
 
-    Where the platform's choice says so (``dew.kernels.per_tap_weight_gradient``, set by
-    ``dew.runtime``: on CPUs where XLA's own is slow on large images), the weight gradient is
-    computed per kernel tap (``_conv_tap_weight_grad``); elsewhere XLA's is kept.
+    Its input and weight gradients take the forms the platform's choice names for its shape class
+    (``dew.kernels.convolution_forms``, set by ``dew.runtime``: XLA's own, or a per-tap or im2col
+    sum of matmuls, ``dew.networks.conv_forms``, where one was measured faster on this CPU);
+    without a choice, XLA's.
 
     On XLA:CPU the input, and in reverse mode the output's gradient, are each computed once into
     their own buffer (``dew.networks.materialize``) instead of being re-fused into every use; the
@@ -163,58 +163,26 @@ def conv(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
     if w.shape[0] == 1 and w.shape[1] == 1 and pad == 0:
         return jnp.dot(x, w[0, 0])
     shape_class = (x.shape[1], x.shape[2], w.shape[2], w.shape[3], w.shape[0], pad)
-    if kernels.per_tap_weight_gradient(x.shape[1] * x.shape[2], shape_class):
-        convolve = _conv_tap_weight_grad
-    else:
-        convolve = _xla_conv
+    input_form, weight_form = kernels.convolution_forms(x.shape[1] * x.shape[2], shape_class)
     # XLA:CPU would re-fuse the elementwise chain that produced x (and the one producing the
     # output's gradient) into the layout transposes feeding the weight gradient, recomputing it
     # there in transposed order; computed once, the 16×16 EDM step is ~10 % faster
     # (dew.networks.materialize; benchmarks/RESULTS.md). The token is w's, so the
     # mark holds when only w is differentiated.
-    return materialize.marked(lambda v: convolve(v, w, pad), x, w[0, 0, 0, 0])
-
-
-def _xla_conv(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
-    return jax.lax.conv_general_dilated(
-        x, w, (1, 1), [(pad, pad), (pad, pad)], dimension_numbers=("NHWC", "HWIO", "NHWC")
+    return materialize.marked(
+        lambda v: conv_forms.convolve(v, w, pad, input_form, weight_form), x, w[0, 0, 0, 0]
     )
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+_xla_conv = conv_forms.xla_conv
+
+
 def _conv_tap_weight_grad(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
-    """XLA's convolution, whose weight gradient is computed one kernel tap at a time.
-
-    Forward and input gradient are XLA's own. The weight gradient is the textbook sum
-    dL/dw[i, j] = Σ_{b,r,s} x_pad[b, r + i, s + j, :]ᵀ dL/dy[b, r, s, :], one [in, B·H·W] × [B·H·W,
-    out] matmul per tap. XLA:CPU computes it instead as a convolution whose kernel is the whole
-    output gradient, which on this backend is ~8× slower at 32×32 (``benchmarks/RESULTS.md``);
-    the two agree to float32 summation order.
-    """
-    return _xla_conv(x, w, pad)
-
-
-def _conv_forward(x: jax.Array, w: jax.Array, pad: int):
-    return _xla_conv(x, w, pad), (x, w)
-
-
-def _conv_backward(pad: int, residuals, grad: jax.Array):
-    x, w = residuals
-    (dx,) = jax.vjp(lambda x_: _xla_conv(x_, w, pad), x)[1](grad)
-    kh, kw, cin, cout = w.shape
-    _, h, wd, _ = grad.shape
-    xp = jnp.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0))) if pad else x
-    g = grad.reshape(-1, cout)
-    taps = [
-        jnp.dot(xp[:, i : i + h, j : j + wd, :].reshape(-1, cin).T, g, preferred_element_type=jnp.float32)
-        for i in range(kh)
-        for j in range(kw)
-    ]
-    dw = jnp.stack(taps).reshape(kh, kw, cin, cout).astype(w.dtype)
-    return dx, dw
-
-
-_conv_tap_weight_grad.defvjp(_conv_forward, _conv_backward)
+    """XLA's convolution whose weight gradient is computed one kernel tap at a time (forward and
+    input gradient XLA's own; ``dew.networks.conv_forms``). XLA:CPU computes the weight gradient
+    as a convolution whose kernel is the whole output gradient, which on some CPUs is ~8× slower
+    at 32×32 (``benchmarks/RESULTS.md``); the two agree to float32 summation order."""
+    return conv_forms.convolve(x, w, pad, "xla", "per_tap")
 
 
 class Conv2d(hk.Module):

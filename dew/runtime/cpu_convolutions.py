@@ -87,13 +87,12 @@ def convolutions_on_ynnpack(xla_flags: str | None = None) -> bool:
     return library_in_flags(flags) != "eigen"
 
 
-def xla_knows_the_flag() -> bool:
-    """Whether the installed jaxlib's XLA has the flag and its convolution value (searched for in
-    jaxlib's shared libraries, memory-mapped: ~10 ms, nothing imported)."""
+def _jaxlib_has(*names: bytes) -> bool:
+    """Whether one of the installed jaxlib's shared libraries holds all of ``names`` (memory-mapped:
+    ~10 ms, nothing imported)."""
     spec = importlib.util.find_spec("jaxlib")
     if spec is None or not spec.submodule_search_locations:
         return False
-    names = (FLAG[2:].encode(), b"LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION")
     for folder in spec.submodule_search_locations:
         for path in sorted(glob.glob(os.path.join(folder, "*.so")), key=os.path.getsize, reverse=True):
             try:
@@ -103,6 +102,50 @@ def xla_knows_the_flag() -> bool:
             except (OSError, ValueError):  # unreadable, or empty (mmap of 0 bytes)
                 continue
     return False
+
+
+def xla_knows_the_flag() -> bool:
+    """Whether the installed jaxlib's XLA has the flag and its convolution value."""
+    return _jaxlib_has(FLAG[2:].encode(), b"LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION")
+
+
+#: XLA:CPU's flags that hand dots (matmuls) to oneDNN, the library PyTorch runs on Intel CPUs:
+#: ``xla_cpu_use_onednn`` turns on its library fusions and the fusion type ``dot`` gives them the
+#: dots (XLA's default list is empty). Convolutions stay with their library: XLA rewrites a
+#: convolution to oneDNN only in builds with oneDNN's asynchronous runtime (its
+#: ``IsOneDnnCompatible``, a build option, not a CPU check), which jaxlib's wheels are not; on
+#: this jaxlib (0.10.2) ``xla_cpu_experimental_onednn_custom_call`` leaves every convolution as it
+#: was (``benchmarks/RESULTS.md``). The dots this moves are the per-tap and im2col gradient forms
+#: (``dew.networks.conv_forms``), the 1×1 convolutions, attention and linear layers.
+ONEDNN_DOTS = "--xla_cpu_use_onednn=true --xla_cpu_experimental_onednn_fusion_type=dot"
+DOTS_CHOICES = ("xla", "onednn")
+
+
+def onednn_in_flags(xla_flags: str) -> bool:
+    """Whether ``xla_flags`` already says anything about oneDNN (the user's setting wins)."""
+    return "onednn" in xla_flags
+
+
+def xla_knows_onednn_dots() -> bool:
+    """Whether the installed jaxlib's XLA has the oneDNN flags of ``ONEDNN_DOTS`` (XLA aborts the
+    process on a flag it does not know)."""
+    return _jaxlib_has(b"xla_cpu_use_onednn", b"xla_cpu_experimental_onednn_fusion_type")
+
+
+def route_dots(choice: str = "xla") -> str:
+    """Hand this process's dots to oneDNN (``choice="onednn"``: ``ONEDNN_DOTS`` added to
+    ``XLA_FLAGS``) or leave them where XLA puts them (``"xla"``). Returns where they go: nothing
+    changes where ``XLA_FLAGS`` already mentions oneDNN (``"flags"``), the backend has started, or
+    this XLA lacks the flags (``"xla"``). Raises ValueError for an unknown choice."""
+    if choice not in DOTS_CHOICES:
+        raise ValueError(f"dots must go to one of {DOTS_CHOICES}, got {choice!r}")
+    flags = os.environ.get("XLA_FLAGS", "")
+    if onednn_in_flags(flags):
+        return "flags"
+    if choice == "xla" or _backend_started() or not xla_knows_onednn_dots():
+        return "xla"
+    os.environ["XLA_FLAGS"] = f"{flags} {ONEDNN_DOTS}".strip()
+    return "onednn"
 
 
 def _backend_started() -> bool:

@@ -23,6 +23,19 @@ CACHE_FILE = "kernel_choice.json"
 #: The candidates a decision times: convolution libraries, weight gradients (default first).
 LIBRARIES = ("ynnpack", "eigen")
 WEIGHT_GRADIENTS = ("xla", "per_tap")
+#: Where a measurement child's dots go besides its convolution library: a route is a library, or
+#: a library with ``+onednn`` (XLA:CPU hands dots to oneDNN: ``cpu_convolutions.ONEDNN_DOTS``).
+ROUTES = ("ynnpack", "eigen", "ynnpack+onednn", "eigen+onednn")
+#: The forms of a convolution's gradients a child times, by name: (input gradient, weight
+#: gradient) forms of ``dew.networks.conv_forms``. ``xla`` and ``per_tap`` are the names earlier
+#: caches used; a row may lack the others (measured again when the decision needs them).
+FORMS = {
+    "xla": ("xla", "xla"),
+    "per_tap": ("xla", "per_tap"),
+    "weight_im2col": ("xla", "im2col"),
+    "input_per_tap": ("per_tap", "xla"),
+    "input_im2col": ("im2col", "xla"),
+}
 
 
 def _empty() -> dict:
@@ -58,8 +71,9 @@ def valid_shapes(entry: Any) -> dict:
 
 
 def valid_decision(entry: Any) -> dict:
-    """A measured-decision entry (``counts``: class -> uses; ``times``: library -> class ->
-    {"xla": s, "per_tap": s}, every counted class timed) as it is, or ValueError."""
+    """A measured-decision entry (``counts``: class -> uses; ``times``: route (``ROUTES``) -> class
+    -> {form: s}, every counted class timed with at least ``WEIGHT_GRADIENTS``' forms and only
+    ``FORMS``; optional ``unused``: route -> why it was not timed) as it is, or ValueError."""
     if not isinstance(entry, dict):
         raise ValueError(f"a decision is a {type(entry).__name__}, not an object")
     counts, times = entry.get("counts"), entry.get("times")
@@ -75,15 +89,21 @@ def valid_decision(entry: Any) -> dict:
     if not isinstance(times, dict) or not times:
         raise ValueError("a decision has no 'times' object")
     for library, rows in times.items():
-        if library not in LIBRARIES or not isinstance(rows, dict):
+        if library not in ROUTES or not isinstance(rows, dict):
             raise ValueError(f"a decision times library {library!r} as {type(rows).__name__}")
         for name in counts:
             row = rows.get(name)
-            if not isinstance(row, dict) or not all(
-                isinstance(row.get(g), int | float) and not isinstance(row.get(g), bool) and row[g] >= 0
-                for g in WEIGHT_GRADIENTS
+            if (
+                not isinstance(row, dict)
+                or not set(WEIGHT_GRADIENTS) <= set(row) <= set(FORMS)
+                or not all(
+                    isinstance(t, int | float) and not isinstance(t, bool) and t >= 0 for t in row.values()
+                )
             ):
                 raise ValueError(f"a decision has no times of {library} for shape class {name}")
+    unused = entry.get("unused", {})
+    if not isinstance(unused, dict) or not all(r in ROUTES and isinstance(v, str) for r, v in unused.items()):
+        raise ValueError(f"a decision's 'unused' is {unused!r}, not an object of routes and reasons")
     return entry
 
 
@@ -195,7 +215,11 @@ def _remember(path: str | None, part: str, key: str, value: Any, log: Callable[[
 
 __all__ = [
     "CACHE_FILE",
+    "FORMS",
+    "LIBRARIES",
     "MACHINE_CACHE_VARIABLE",
+    "ROUTES",
+    "WEIGHT_GRADIENTS",
     "cache_path",
     "machine_cache_path",
     "read_cache",

@@ -1,25 +1,37 @@
 """The CPU kernels a run uses, chosen by timing them on the machine at hand, as
 ``torch.backends.cudnn.benchmark`` does, instead of by a CPU-flag rule.
 
-Two choices change how fast XLA:CPU trains a convolutional network, never what it computes beyond
+Three choices change how fast XLA:CPU trains a convolutional network, never what it computes beyond
 float32 reassociation (each choice is one program, bit-for-bit reproducible):
 
 - the convolution library (``config.runtime.cpu_convolutions``): YNNPACK, XLA's default, or
-  Eigen (``dew.runtime.cpu_convolutions``). It is an XLA flag read once, when JAX starts its CPU
-  backend, so each library is timed in a child process started with that flag;
-- the weight gradient of each convolution shape class (``config.runtime.cpu_weight_gradient``):
-  XLA's, or the sum over kernel taps (``dew.networks.edm_layers``), chosen class by class.
+  Eigen (``dew.runtime.cpu_convolutions``);
+- where XLA's dots go: XLA's default (YNNPACK) or oneDNN, the library PyTorch runs on Intel CPUs
+  (``cpu_convolutions.ONEDNN_DOTS``; XLA hands oneDNN no convolution in jaxlib's builds, see
+  there). Both are XLA flags read once, when JAX starts its CPU backend, so each *route* (a
+  library, or a library ``+onednn``) is timed in a child process started with its flags;
+- the forms of each convolution shape class's two gradients (``config.runtime.cpu_weight_gradient``
+  for the weight gradient; ``dew.networks.conv_forms``): XLA's own, or a per-tap or im2col sum of
+  matmuls, for the input gradient and the weight gradient each, chosen class by class.
 
 ``choose`` makes the decision before this process starts JAX. With ``auto`` it times, for every
 shape class the run's network traces (``dew.kernels.record_convolutions``; traced in THIS process
 before its backend starts, so the caller's registrations are in effect, by a function named rather
-than imported: ``ShapeSource``), in a child process per library given only the shapes (``python -m
+than imported: ``ShapeSource``), in a child process per route given only the shapes (``python -m
 dew.kernel_probe time``), the convolution's forward pass and both gradients at the run's batch
-over the run's CPU devices, with each library and each weight gradient, and keeps the fastest: the
-library whose convolutions, each class weighted by how often the network uses it and taking its
-faster weight gradient, cost the step least; then, under that library, the per-tap gradient for
-exactly the classes where it was faster. Within ``TIE`` (2 %) the default (YNNPACK, XLA's
-gradient) is kept.
+over the run's CPU devices, in each form (``kernel_cache.FORMS``: XLA's, then one gradient at a
+time per-tap or im2col), and keeps the fastest: the route whose convolutions, each class weighted
+by how often the network uses it and taking its fastest forms, cost the step least (``decide``:
+the two gradients' forms costed as the sum of their changes from XLA's); then, under that route,
+each class's forms. Within ``TIE`` (2 %) the default (YNNPACK, XLA's dots, XLA's gradients) is kept.
+
+A route that does not change a program is not timed as if it did: each child reports a digest of
+every compiled program, a ``+onednn`` child is given its library's digests, and a program that
+compiles the same (no dot oneDNN took) takes the library's time instead of being timed again. A
+route that changes none is not a candidate; the run's ``kernel choice:`` line says so ("…+onednn:
+not used by XLA on this CPU"), as it says when XLA_FLAGS or the jaxlib leave no oneDNN route. So
+the measurement assumes nothing about the CPU it runs on: on an Intel CPU the same code times
+what oneDNN does there.
 
 The decision is cached as JSON (``CACHE_FILE``, in the workdir's ``cache`` folder, and a copy for
 the whole machine in ``machine_cache_path``: ``~/.cache/dew``, beside its compiled programs) keyed
@@ -51,9 +63,9 @@ from dew import kernels
 from dew.runtime import cpu_convolutions
 from dew.runtime.kernel_cache import (
     CACHE_FILE,
+    FORMS,
     LIBRARIES,
     MACHINE_CACHE_VARIABLE,
-    WEIGHT_GRADIENTS,
     _remember,
     cache_path,
     machine_cache_path,
@@ -66,6 +78,10 @@ from dew.runtime.kernel_cache import (
 
 LIBRARY_CHOICES = cpu_convolutions.CHOICES  # auto, eigen, ynnpack
 WEIGHT_GRADIENT_CHOICES = ("auto", "xla", "per_tap")
+#: The timed forms (``kernel_cache.FORMS``) that vary one gradient each, XLA's first (the default).
+WEIGHT_FORM_NAMES = ("xla", "per_tap", "weight_im2col")
+INPUT_FORM_NAMES = ("xla", "input_per_tap", "input_im2col")
+ONEDNN = "+onednn"  # a route's suffix: its dots on oneDNN
 PROBE_MODULE = "dew.kernel_probe"
 #: Relative margin within which the default (YNNPACK, XLA's gradient) is kept over a faster one.
 TIE = 0.02
@@ -77,40 +93,71 @@ Runner = Callable[[str, Mapping[str, Any], Mapping[str, str]], dict]
 @dataclasses.dataclass(frozen=True)
 class Decision:
     """The convolution library, the shape classes that take the per-tap weight gradient, and
-    ``how`` (one line: measured times, cached from a file, forced by config, recorded, rule)."""
+    ``how`` (one line: measured times, cached from a file, forced by config, recorded, rule);
+    where measured, ``forms``: every class's (input gradient, weight gradient) forms
+    (``dew.networks.conv_forms``) as ``(class, input form, weight form)`` triples, and ``dots``:
+    where XLA:CPU's dots go (``xla``: its default; ``onednn``: ``cpu_convolutions.ONEDNN_DOTS``)."""
 
     library: str
     per_tap: frozenset | None
     how: str
     per_tap_from: int | None = None  # the rule's pixel threshold, where no classes were measured
+    forms: frozenset | None = None
+    dots: str = "xla"
 
     def kernel_choice(self) -> kernels.KernelChoice:
         if self.per_tap is None:
-            return kernels.KernelChoice(self.per_tap_from, self.how)
-        return kernels.KernelChoice(None, self.how, per_tap_convolutions=self.per_tap)
+            return kernels.KernelChoice(self.per_tap_from, self.how, convolution_forms=self.forms)
+        return kernels.KernelChoice(
+            None, self.how, per_tap_convolutions=self.per_tap, convolution_forms=self.forms
+        )
 
     def record(self) -> dict:
         """The JSON a run stores with its starts (``run.json``), read back by ``from_record``."""
         per_tap = None if self.per_tap is None else sorted(list(c) for c in self.per_tap)
-        return {"library": self.library, "per_tap": per_tap, "per_tap_from": self.per_tap_from}
+        forms = None if self.forms is None else sorted([*c, i, w] for c, i, w in self.forms)
+        return {
+            "library": self.library,
+            "per_tap": per_tap,
+            "per_tap_from": self.per_tap_from,
+            "forms": forms,
+            "dots": self.dots,
+        }
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any], how: str) -> Decision:
-        per_tap = record.get("per_tap")
+        per_tap, forms = record.get("per_tap"), record.get("forms")
         return cls(
             record["library"],
             None if per_tap is None else frozenset(tuple(int(v) for v in c) for c in per_tap),
             how,
             record.get("per_tap_from"),
+            None if forms is None else frozenset((tuple(int(v) for v in f[:6]), f[6], f[7]) for f in forms),
+            record.get("dots", "xla"),
         )
 
     def line(self) -> str:
-        """What the run prints: the library, the per-tap classes, and why."""
+        """What the run prints: the library, the gradients' forms, where dots go, and why."""
         if self.per_tap is None:
             gradient = f"per-tap from {self.per_tap_from} pixels" if self.per_tap_from else "XLA's"
         else:
             gradient = f"per-tap for {len(self.per_tap)} shape class(es)" if self.per_tap else "XLA's"
-        return f"convolutions on {self.library}, weight gradients {gradient} ({self.how})"
+        inputs = "XLA's"
+        if self.forms is not None:
+            gradient = _forms_said([w for _, _, w in self.forms]) or gradient
+            inputs = _forms_said([i for _, i, _ in self.forms]) or inputs
+        dots = ", dots on oneDNN" if self.dots == "onednn" else ""
+        return (
+            f"convolutions on {self.library}, weight gradients {gradient}, input gradients {inputs}"
+            f"{dots} ({self.how})"
+        )
+
+
+def _forms_said(forms: Sequence[str]) -> str:
+    """'per-tap for 2, im2col for 1 shape class(es)' for the forms other than XLA's; '' if none."""
+    counted = {form: forms.count(form) for form in ("per_tap", "im2col") if form in forms}
+    said = ", ".join(f"{form.replace('_', '-')} for {n}" for form, n in counted.items())
+    return f"{said} shape class(es)" if said else ""
 
 
 #: Set to 1, ``auto`` settings take the CPU-flag rule (``dew.runtime.cpu_convolutions``) instead
@@ -175,7 +222,8 @@ def run_probe(mode: str, payload: Mapping[str, Any], environment: Mapping[str, s
     """One measurement child, ``python -m dew.kernel_probe <mode>`` (``time``: only convolution
     shapes, nothing the user configured): the payload on its stdin, its answer the last line of
     its stdout (JSON). The child's compilation cache is off. Raises RuntimeError naming the
-    child's last line of stderr when it fails."""
+    child's last line of stderr when it fails, and the program it was compiling (a library that
+    aborts the process raises nothing the child could catch)."""
     env = dict(environment)
     env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     done = subprocess.run(
@@ -188,16 +236,23 @@ def run_probe(mode: str, payload: Mapping[str, Any], environment: Mapping[str, s
     )
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise RuntimeError(f"the kernel measurement child ({mode}) failed: {tail}")
+        said = done.stderr.strip().splitlines()
+        tail = (said or ["(no output)"])[-1]
+        doing = [line for line in said if line.startswith("compiling ")]
+        where = f", {doing[-1]}" if doing and doing[-1] != tail else ""
+        raise RuntimeError(f"the kernel measurement child ({mode}) failed: {tail}{where}")
     return json.loads(lines[-1])
 
 
-def library_environment(library: str, environ: Mapping[str, str]) -> dict[str, str]:
-    """This process's environment with ``XLA_FLAGS`` routing convolutions to ``library``."""
+def library_environment(route: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment with ``XLA_FLAGS`` routing convolutions to ``route``'s library
+    and, for a route ending in ``+onednn``, dots to oneDNN (``cpu_convolutions.ONEDNN_DOTS``)."""
     env = dict(environ)
+    library, _, dots = route.partition("+")
     if library == "eigen":
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {cpu_convolutions.EIGEN_ROUTE}".strip()
+    if dots == "onednn":
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {cpu_convolutions.ONEDNN_DOTS}".strip()
     return env
 
 
@@ -206,25 +261,40 @@ def decide(
     counts: Mapping[str, int],
     libraries: Sequence[str],
     gradients: Sequence[str],
-) -> tuple[str, frozenset, dict[str, float]]:
-    """From ``times[library][class][gradient]`` (seconds) and ``counts[class]`` (uses in the
-    network; classes as ``json.dumps`` of the 6-tuple): the library, the per-tap classes and each
-    library's weighted total. Ties within ``TIE`` go to the default (first) candidate."""
+) -> tuple[str, frozenset, dict[str, float], frozenset]:
+    """From ``times[route][class][form]`` (seconds of forward + both gradients, ``kernel_cache.FORMS``)
+    and ``counts[class]`` (uses in the network; classes as ``json.dumps`` of the 6-tuple): the
+    route, the per-tap weight-gradient classes, each route's weighted total and every class's
+    ``(class, input form, weight form)``. ``libraries``: the routes to weigh, the default first;
+    ``gradients``: the weight-gradient forms allowed (``WEIGHT_FORM_NAMES`` or one of them).
 
-    def best(row: Mapping[str, float]) -> tuple[str, float]:
-        chosen = gradients[0]
-        for g in gradients[1:]:
-            if row[g] < row[chosen] * (1 - TIE):
-                chosen = g
-        return chosen, row[chosen]
+    Per class the weight-gradient form (among ``gradients``) and the input-gradient form (among
+    ``INPUT_FORM_NAMES``, those a row has) are each the fastest of the programs that vary only
+    that gradient, and their combination is costed as the sum of the two changes from XLA's own
+    (``xla`` form): cost = t(weight form) + t(input form) − t(xla). Ties within ``TIE`` go to the
+    default (first) candidate."""
 
-    totals = {lib: sum(counts[c] * best(times[lib][c])[1] for c in counts) for lib in libraries}
+    def pick(row: Mapping[str, float], names: Sequence[str]) -> str:
+        present = [n for n in names if n in row]
+        chosen = present[0]
+        for n in present[1:]:
+            if row[n] < row[chosen] * (1 - TIE):
+                chosen = n
+        return chosen
+
+    def best(row: Mapping[str, float]) -> tuple[str, str, float]:
+        weight, inputs = pick(row, gradients), pick(row, INPUT_FORM_NAMES)
+        return weight, inputs, row[weight] + row[inputs] - row["xla"]
+
+    totals = {lib: sum(counts[c] * best(times[lib][c])[2] for c in counts) for lib in libraries}
     library = libraries[0]
     for lib in libraries[1:]:
         if totals[lib] < totals[library] * (1 - TIE):
             library = lib
-    per_tap = frozenset(tuple(json.loads(c)) for c in counts if best(times[library][c])[0] == "per_tap")
-    return library, per_tap, totals
+    chosen = {c: best(times[library][c]) for c in counts}
+    per_tap = frozenset(tuple(json.loads(c)) for c, (w, _, _) in chosen.items() if w == "per_tap")
+    forms = frozenset((tuple(json.loads(c)), FORMS[i][0], FORMS[w][1]) for c, (w, i, _) in chosen.items())
+    return library, per_tap, totals, forms
 
 
 _applied: Decision | None = None
@@ -361,7 +431,7 @@ def choose(
                 f"{cpu_convolutions.FLAG} flag; use 'auto' or 'ynnpack'"
             )
         libraries = ("ynnpack",)
-    gradients = WEIGHT_GRADIENTS if gradient_setting == "auto" else (gradient_setting,)
+    gradients = WEIGHT_FORM_NAMES if gradient_setting == "auto" else (gradient_setting,)
     forced_gradient = frozenset() if gradient_setting == "xla" else None
     forced_from = 1 if gradient_setting == "per_tap" else None  # every convolution
 
@@ -375,7 +445,7 @@ def choose(
         library = chosen.library if len(libraries) > 1 else libraries[0]
         if len(gradients) == 1:
             how = chosen.how + ", weight gradient forced by config"
-            return Decision(library, forced_gradient, how, forced_from)
+            return Decision(library, forced_gradient, how, forced_from, dots=chosen.dots)
         return dataclasses.replace(chosen, library=library)
     if not cpu_backend_expected(environ):
         return Decision(libraries[0], frozenset(), "not measured: the backend is not the CPU")
@@ -383,6 +453,17 @@ def choose(
         return _rule(libraries, gradients, environ, f"{BY_RULE_VARIABLE}=1 asks for no measurement")
     if shapes is None:  # another model; a reader without a run config (dew.sample)
         return _rule(libraries, gradients, environ, "no convolutions of a measured model to time")
+
+    flags = environ.get("XLA_FLAGS", "")
+    routes = list(libraries)
+    unavailable = ""
+    if cpu_convolutions.onednn_in_flags(flags):
+        unavailable = "dots: as XLA_FLAGS says"
+    elif not cpu_convolutions.xla_knows_onednn_dots():
+        unavailable = "onednn: not in this jaxlib's XLA"
+    else:
+        routes += [f"{library}{ONEDNN}" for library in libraries]
+    needed = set(gradients) | set(INPUT_FORM_NAMES)
 
     workdir, machine = read_cache(cache, log), read_cache(machine_cache, log)
     data = {part: {**machine[part], **workdir[part]} for part in ("decisions", "shapes")}
@@ -410,7 +491,15 @@ def choose(
     cached = data["decisions"].get(key)
     if cached is not None and set(cached["counts"]) != set(counts):
         cached = None  # a digest collision or a hand edit: not these shapes
-    if cached is None or any(lib not in cached["times"] for lib in libraries):
+
+    def complete(entry: Mapping[str, Any], route: str) -> bool:
+        """Whether ``entry`` timed ``route`` in every form needed (or found it unused)."""
+        if route in entry.get("unused", {}):
+            return True
+        rows = entry["times"].get(route)
+        return rows is not None and all(needed <= set(rows[c]) for c in counts)
+
+    if cached is None or not all(complete(cached, route) for route in routes):
         try:
             if not checked:
                 trace()  # the run's checks, before anything is measured
@@ -419,15 +508,52 @@ def choose(
         if cache is not None and not writable(cache):
             return _rule(libraries, gradients, environ, f"not measured, {cache} cannot be written")
         times = dict(cached["times"]) if cached else {}
+        unused = dict(cached.get("unused", {})) if cached else {}
+        programs = dict(cached.get("programs", {})) if cached else {}
         try:
-            for library in libraries:
-                if library in times:
+            for route in routes:
+                if complete({"times": times, "unused": unused}, route):
                     continue
+                base = route[: -len(ONEDNN)] if route.endswith(ONEDNN) else None
+                if base is not None and any(r.endswith(ONEDNN) for r in unused):
+                    unused[route] = unused[next(r for r in unused if r.endswith(ONEDNN))]
+                    continue  # where oneDNN took (or compiled) no dot of one library's programs
                 if log is not None:
-                    log(f"timing {len(classes)} convolution shape classes with {library} (once per machine)")
-                payload = {"batch": int(traced["batch"]), "convolutions": [list(c) for c in classes]}
-                times[library] = runner("time", payload, library_environment(library, environ))["times"]
-            cached = valid_decision({"counts": counts, "times": times})
+                    log(f"timing {len(classes)} convolution shape classes with {route} (once per machine)")
+                payload: dict[str, Any] = {
+                    "batch": int(traced["batch"]),
+                    "convolutions": [list(c) for c in classes],
+                    "forms": sorted(needed),
+                }
+                if base is not None and base in programs:
+                    payload["same_as"] = programs[base]
+                try:
+                    answer = runner("time", payload, library_environment(route, environ))
+                except RuntimeError as e:
+                    if base is None:
+                        raise
+                    unused[route] = f"its measurement child failed ({e})"
+                    continue
+                rows = {c: dict(r) for c, r in answer["times"].items()}
+                same, failed = answer.get("unchanged", []), answer.get("failed", [])
+                if failed:  # a run on this route could fail where the child did: not a candidate
+                    name, form, error = failed[0]
+                    unused[route] = (
+                        f"XLA could not compile {len(failed)} of its programs here (first: {name} "
+                        f"{form}: {error})"
+                    )
+                    times.pop(route, None)
+                    continue
+                if base is not None and len(same) == len(counts) * len(needed):
+                    unused[route] = f"not used by XLA on this CPU (the same programs as {base})"
+                    times.pop(route, None)
+                    continue
+                for name, form in same:
+                    rows.setdefault(name, {})[form] = times[base][name][form]
+                times[route] = rows
+                unused.pop(route, None)
+                programs[route] = answer.get("programs", {})
+            cached = valid_decision({"counts": counts, "times": times, "unused": unused})
         except (RuntimeError, ValueError, KeyError, TypeError) as e:
             if log is not None:
                 log(f"the kernel measurement failed ({e}): using the CPU-flag rule")
@@ -439,6 +565,8 @@ def choose(
             "batch": int(traced["batch"]),
             "counts": counts,
             "times": times,
+            "unused": unused,
+            "programs": programs,
             "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "measure_s": round(time.perf_counter() - started, 2),
         }
@@ -450,16 +578,20 @@ def choose(
     else:  # measured on this machine for another workdir: the workdir keeps its own copy too
         _remember(cache, "decisions", key, cached, log)
         source = f"cached for this machine in {machine_cache}"
-    library, per_tap, totals = decide(cached["times"], cached["counts"], libraries, gradients)
+    unused = cached.get("unused", {})
+    timed = [route for route in routes if route not in unused]
+    route, per_tap, totals, forms = decide(cached["times"], cached["counts"], timed, gradients)
+    library, _, dots = route.partition("+")
     if len(gradients) == 1:
         per_tap, per_tap_from = forced_gradient, forced_from
     else:
         per_tap_from = None
-    summary = ", ".join(f"{lib} {1e3 * totals[lib]:.0f} ms" for lib in libraries)
-    how = f"{source}: the step's convolutions {summary}"
+    summary = ", ".join(f"{r} {1e3 * totals[r]:.0f} ms" for r in timed)
+    said = [f"{r}: {unused[r]}" for r in routes if r in unused] + ([unavailable] if unavailable else [])
+    how = f"{source}: the step's convolutions {summary}" + "".join(f"; {s}" for s in said)
     if len(gradients) == 1:
         how += "; weight gradient forced by config"
-    return Decision(library, per_tap, how, per_tap_from)
+    return Decision(library, per_tap, how, per_tap_from, forms, dots or "xla")
 
 
 __all__ = [

@@ -265,6 +265,7 @@ def start(
             log=lambda line: print(f"dew: {line}", flush=True),
         )
         convolutions = cpu_convolutions.route_convolutions(decision.library)
+        cpu_convolutions.route_dots(decision.dots)
         choice = decision.kernel_choice()
     kernels.set_choice(choice)
     kernel_choice.set_applied(decision)
