@@ -68,7 +68,7 @@ def convert(
     name = config.model.name
     trainer = Trainer(config, workdir)
     key, batch = jax.random.PRNGKey(config.seed), trainer.example_batch()
-    template = jax.eval_shape(trainer.init, key, batch).params
+    template = jax.eval_shape(trainer.programs.init, key, batch).params
     tops = {k.split("/")[0] for k in template}
     if len(tops) != 1:
         raise ConversionError(f"the configured objective has parameters outside the network: {sorted(tops)}")
@@ -89,10 +89,10 @@ def convert(
                     f"{None if got is None else tuple(got.shape)}"
                 )
     params = jax.tree.map(jnp.asarray, {m: dict(converted[m]) for m in template})
-    fresh = trainer.init(key, batch)  # only once the weights fit: optimizer state, rng, shardings
+    fresh = trainer.programs.init(key, batch)  # only once the weights fit: optimizer state, rng, shardings
     params = jax.device_put(params, jax.tree.map(lambda a: a.sharding, fresh.params))
     # The EMA that debiases to exactly these weights after `step` updates (ema = θ (1 − Π β)).
-    spec = trainer.ema
+    spec = trainer.averages.ema.law_spec
     assert spec is not None  # the Trainer always builds the classic EMA
     correction = 1.0 - spec.retained(jnp.float32(step // trainer.accumulation or 1))
     mask = spec.mask(params)

@@ -76,7 +76,7 @@ def main() -> int:
     convolutions = platform.convolutions
     trainer = Trainer(config, args.workdir, resolved=True)
     compiling = trainer.compile_step_in_background()  # as Trainer.run does
-    state = trainer.init(jax.random.PRNGKey(config.seed), trainer.example_batch())
+    state = trainer.programs.init(jax.random.PRNGKey(config.seed), trainer.example_batch())
     compiling.wait()
     batches = iter(trainer.train_data)
     steps = 0
