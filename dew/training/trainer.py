@@ -50,8 +50,9 @@ class Trainer:
     ``platform``: what ``dew.runtime.start`` set up for this config and workdir, from a caller
     that checked the workdir (``check_workdir``) and started the platform itself
     (``dew.launch.Run``, behind ``python -m dew.main``). Left None, a Trainer built in a user's
-    own code does both here (``start_platform``). Either way ``self.platform`` is that one value
-    (None only where JAX started first without ``dew.runtime.start``).
+    own code does both here (``start_for``: the same decision, caches and ``kernel choice:`` line,
+    keeping the kernels a resumed run recorded). Either way ``self.platform`` is that one value
+    (None only where JAX started first without ``dew.runtime.start``: ``start_for`` warned).
     """
 
     def __init__(
@@ -64,9 +65,10 @@ class Trainer:
         platform: Platform | None = None,
     ):
         self.config = c = config if resolved else resolve_config(config)
-        if platform is None:
+        if platform is None:  # built in a user's own code: dew.runtime.start as dew.main makes it
             workdir = check_workdir(workdir)
-            platform = start_platform(c, workdir)
+            start_for("Trainer", c, workdir, recorded=recorded_kernels(workdir))  # warns the caller
+            platform = started()
         self.workdir, self.platform = workdir, platform
         self.mesh, self.layout = mesh_and_layout(c)  # bad input fails before any work
         self.train_source, self.val_source = (
@@ -350,15 +352,6 @@ class Trainer:
             self.train_data.set_placement(None)
             tracker.close()
         return state
-
-
-def start_platform(config: ml_collections.ConfigDict, workdir: str) -> Platform | None:
-    """The platform of a Trainer built in a user's own code: ``dew.runtime.start`` as ``python -m
-    dew.main`` makes it (``start_for``: the same decision, caches and ``kernel choice:`` line),
-    keeping the kernels a resumed run recorded; what an earlier ``start`` set up when there was one
-    (None: JAX started first, and ``start_for`` warned)."""
-    start_for("Trainer", config, workdir, recorded=recorded_kernels(workdir))
-    return started()
 
 
 def recorded_kernels(workdir: str) -> dict | None:
