@@ -277,7 +277,7 @@ def main() -> None:
     step = trainer.programs.step  # the jitted, sharded dew step
     k = config.train.steps_per_call  # fit and the Trainer run k steps per call (plain: one)
     plain_data = Dataset(trainer.train_source, 256, seed=1)
-    state_box["plain"] = trainer.init(jax.random.PRNGKey(3), trainer.example_batch())
+    state_box["plain"] = trainer.programs.init(jax.random.PRNGKey(3), trainer.example_batch())
 
     def run_plain(record: bool) -> None:
         def body():
@@ -291,7 +291,7 @@ def main() -> None:
     parked = ParkedFit(
         sides["fit"],
         w,
-        trainer.init(jax.random.PRNGKey(4), trainer.example_batch()),
+        trainer.programs.init(jax.random.PRNGKey(4), trainer.example_batch()),
         step,
         Dataset(trainer.train_source, 256, seed=2),
         windows=args.rounds + 1,
@@ -303,7 +303,7 @@ def main() -> None:
         parked.window(record)
 
     fit_call_data = Dataset(trainer.train_source, 256, seed=5)
-    state_box["fit/call"] = trainer.init(jax.random.PRNGKey(6), trainer.example_batch())
+    state_box["fit/call"] = trainer.programs.init(jax.random.PRNGKey(6), trainer.example_batch())
 
     def run_fit_call(record: bool) -> None:
         def body():

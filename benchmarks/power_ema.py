@@ -36,7 +36,7 @@ def build(power: bool) -> tuple[Trainer, object]:
         overrides.append("config.ema.power_std_rels=(0.05, 0.1)")
     config = apply_overrides(load_config(os.path.join(ROOT, "experiments", "edm.py")), overrides)
     trainer = Trainer(config, tempfile.mkdtemp(prefix="dew-power-ema-bench-"))
-    state = trainer.init(jax.random.PRNGKey(0), trainer.example_batch())
+    state = trainer.programs.init(jax.random.PRNGKey(0), trainer.example_batch())
     return trainer, state
 
 

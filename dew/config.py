@@ -65,4 +65,14 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str])
     return resolve_config(config, overrides)
 
 
-__all__ = ["ConfigError", "apply_overrides", "load_config"]
+def describe_config(config: ml_collections.ConfigDict, overrides: Sequence[str] = ()) -> str:
+    """What ``--help-config`` prints: every key of the Trainer's schema as ``config`` with
+    ``overrides`` resolves it, one per line (value, default if different, kind, doc)."""
+    from dew.schema import describe, resolve
+    from dew.training.trainer import config_schema
+
+    resolved, schema = resolve(config_schema(), config, overrides)
+    return describe(schema, resolved)
+
+
+__all__ = ["ConfigError", "apply_overrides", "describe_config", "load_config"]

@@ -56,7 +56,7 @@ def target(config: Any, workdir: str) -> Target:
 
     trainer = Trainer(config, workdir)
     key, batch = jax.random.PRNGKey(config.seed), trainer.example_batch()
-    template = jax.eval_shape(trainer.init, key, batch).params
+    template = jax.eval_shape(trainer.programs.init, key, batch).params
     tops = {k.split("/")[0] for k in template}
     if len(tops) != 1:
         raise ConversionError(f"the configured objective has parameters outside the network: {sorted(tops)}")
@@ -77,10 +77,12 @@ def write_run(
 
     trainer = run.trainer
     params = jax.tree.map(jnp.asarray, params)
-    fresh = trainer.init(run.key, run.batch)  # only once the weights fit: optimizer state, rng, shardings
+    fresh = trainer.programs.init(
+        run.key, run.batch
+    )  # only once the weights fit: optimizer state, rng, shardings
     params = jax.device_put(params, jax.tree.map(lambda a: a.sharding, fresh.params))
     # The EMA that debiases to exactly these weights after `step` updates (ema = θ (1 − Π β)).
-    spec = trainer.ema
+    spec = trainer.averages.ema.law_spec
     assert spec is not None  # Averages.from_config always builds the classic EMA's EMASpec
     correction = 1.0 - spec.retained(jnp.float32(step // trainer.accumulation or 1))
     mask = spec.mask(params)

@@ -19,17 +19,14 @@ checkpoint at the same step in all, and all exit with the preemption code.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import shlex
 import signal
 import sys
 from collections.abc import Sequence
 
-from dew.config import load_config
-from dew.failures import capture_library_logs, end_process, report
+from dew.config import apply_overrides, describe_config, load_config
+from dew.failures import end_process, report
 from dew.runtime.host_memory import with_huge_pages
-from dew.schema import ConfigError
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -69,97 +66,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     traceback in a file, see ``dew.failures``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args, overrides = parse_args(argv)
-    workdir = trainer = lock = None
+    run = None
     try:
         raw = load_config(args.config)
         if args.help_config:
-            from dew.schema import describe, resolve
-            from dew.training.trainer import config_schema
-
-            config, schema = resolve(config_schema(), raw, overrides)
             print(f"# {args.config}: every key, as resolved (value, default if different, kind, doc)")
-            print(describe(schema, config), end="")
+            print(describe_config(raw, overrides), end="")
             return 0
-        from dew.runtime import distributed
-        from dew.runtime.platform import start
-        from dew.training.trainer import Trainer
-        from dew.training.trainer_config import check_workdir, resolve_config
+        from dew.launch import Run  # JAX and the trainer load once with_huge_pages restarted the process
 
-        config = resolve_config(raw, overrides)  # the one resolution of the run's config
-        workdir = check_workdir(args.workdir)
-        from dew.run_records import starts
-
-        starts(workdir)  # a damaged run.json stops here, named, before anything is written
-        from dew.run_records import RUN_METADATA, read_run_metadata
-
-        processes = distributed.requested(
-            args.coordinator,
-            args.num_processes,
-            args.process_id,
-            initialization_timeout=config.runtime.coordinator_timeout,
-        )
-        # A resumed run keeps the kernels it was trained with (for settings left at 'auto').
-        recorded = (read_run_metadata(workdir) or {}).get("kernels") if os.path.isdir(workdir) else None
-        try:  # before JAX starts: processes, devices, convolution library, kernels, compilation cache
-            platform = start(
-                config,
-                workdir,
-                processes=processes,
-                detect_processes=False,
-                recorded=recorded,
-                recorded_in=os.path.join(workdir, RUN_METADATA),
-            )
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        if platform.processes is not None:  # one config in every process; a lost peer stops this one
-            rt = config.runtime
-            stop = lambda e: end_process(report(e, workdir if os.path.isdir(workdir) else None))  # noqa: E731
-            distributed.agree(config, rt.coordinator_timeout, rt.heartbeat_timeout, stop)
-        trainer = Trainer(config, workdir, resolved=True)  # validates everything; touches no file
-        import jax
-
-        from dew.runtime.workdir_lock import WorkdirLock, describe_stale
-
-        # One run per workdir (process 0 holds it for the whole run), taken before anything opens
-        # the checkpoint directory: the run's first save cleans up unfinished saves, which would
-        # be a live holder's save in progress (readers never clean up: Store.manager).
-        lock = WorkdirLock(workdir).acquire() if jax.process_index() == 0 else None
-        if lock is not None and lock.stale:
-            print(f"dew: {describe_stale(lock.stale)}", flush=True)
-        trainer.check_resumable()
-        capture_library_logs(workdir)
-        print(f"dew: training {args.config} in {workdir}", flush=True)
-        if jax.default_backend() == "cpu":
-            for line in platform.lines(trainer.layout.data_parallel_size):
-                print(f"dew: {line}", flush=True)
-        elif platform.processes is not None:
-            print(f"dew: {platform.lines()[0]}", flush=True)  # which process of the group this is
-        state = trainer.run()
+        run = Run(args.config, apply_overrides(raw, overrides), args.workdir)  # the one resolution
+        run.start(args.coordinator, args.num_processes, args.process_id)  # the platform, the Trainer
+        done = run.finished(run.train())  # the workdir lock, the resume check, the console lines, fit
     except Exception as e:  # the CLI boundary: every failure becomes one short report
-        if trainer is not None:
-            _release(trainer)
-        from dew.training.preemption import Preempted
-
-        if isinstance(e, Preempted):
-            command = " ".join(shlex.quote(a) for a in ["python", "-m", "dew.main", *argv])
-            print(f"dew: {e}", file=sys.stderr, flush=True)
-            if e.path is not None:
-                print(f"dew: resume with: {command}", file=sys.stderr, flush=True)
-            return e.exit_code
-        return report(e, workdir if workdir and os.path.isdir(workdir) else None)
+        return report(e, None) if run is None else run.failed(e, argv)
     except KeyboardInterrupt as e:  # Ctrl-C outside the preemption stage's handler, or a second one
-        print(f"dew: {interrupted(e, trainer, argv)}", file=sys.stderr, flush=True)
+        print(f"dew: {interrupted(e, run and run.trainer, argv)}", file=sys.stderr, flush=True)
         return 128 + signal.SIGINT
     finally:
-        if lock is not None:
-            lock.release()
-    previews = os.path.join(workdir, "previews")
-    where = trainer.checkpoints.directory if trainer.checkpoints else "none (checkpointing off)"
-    print(
-        f"done at step {int(state.step)}: checkpoints in {where}"
-        + (f", previews in {previews}" if trainer.config.preview.every else ""),
-        flush=True,
-    )
+        if run is not None:
+            run.release()
+    print(done, flush=True)
     return 0
 
 
@@ -198,13 +125,6 @@ def interrupted(error: KeyboardInterrupt, trainer, argv: Sequence[str]) -> str:
         text + f": the newest saved checkpoint is step {landed[-1]} in {checkpoints.path(landed[-1])}; "
         f"resume from it with: {command}"
     )
-
-
-def _release(trainer) -> None:
-    """Shut the checkpoint writer and orbax managers down before exiting, so no async teardown
-    runs at interpreter exit; what they raise now belongs to the failure already reported."""
-    with contextlib.suppress(Exception):  # the first failure is the one reported
-        trainer.checkpoints.close()
 
 
 def run() -> None:

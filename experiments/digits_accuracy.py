@@ -42,7 +42,7 @@ def main() -> int:
     if step is None:
         print(f"error: no checkpoint in {trainer.checkpoints.directory}", file=sys.stderr)
         return 2
-    template = jax.eval_shape(trainer.init, jax.random.PRNGKey(0), trainer.example_batch()).params
+    template = jax.eval_shape(trainer.programs.init, jax.random.PRNGKey(0), trainer.example_batch()).params
     params = trainer.checkpoints.restore_ema(template, step)  # debiased as the checkpoint records
     sampling = trainer.objective.sampling
     steps = args.steps or sampling.steps

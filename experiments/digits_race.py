@@ -89,13 +89,13 @@ def main() -> int:
         from dew.runtime.platform import started
 
         convolutions = getattr(started(), "convolutions", None)
-        state = trainer.init(jax.random.PRNGKey(config.seed), trainer.example_batch())
+        state = trainer.programs.init(jax.random.PRNGKey(config.seed), trainer.example_batch())
     else:
         platform = start_runtime(config)  # as dew.main, without a compilation cache (a cold start)
         convolutions = platform.convolutions
         trainer = Trainer(config, args.workdir, resolved=True)
         compiling = trainer.compile_step_in_background()  # as Trainer.run does
-        state = trainer.init(jax.random.PRNGKey(config.seed), trainer.example_batch())
+        state = trainer.programs.init(jax.random.PRNGKey(config.seed), trainer.example_batch())
         compiling.wait()
     batches = iter(trainer.train_data)
     steps = 0

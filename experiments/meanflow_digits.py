@@ -71,7 +71,7 @@ def restore(workdir: str):
     step = trainer.checkpoints.latest_step()
     if step is None:
         raise SystemExit(f"error: no checkpoint in {trainer.checkpoints.directory}")
-    template = jax.eval_shape(trainer.init, jax.random.PRNGKey(0), trainer.example_batch()).params
+    template = jax.eval_shape(trainer.programs.init, jax.random.PRNGKey(0), trainer.example_batch()).params
     return trainer, trainer.checkpoints.restore_ema(template, step), step
 
 

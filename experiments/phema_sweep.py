@@ -84,7 +84,7 @@ def main() -> int:
         return fds, accs
 
     rows = []
-    fixed = score(debiased_ema(state, trainer.ema))
+    fixed = score(debiased_ema(state, trainer.averages.ema.law_spec))
     rows.append({"what": "fixed EMA β=0.999 (the run's)", "sigma_rel": None, "fd": fixed[0], "acc": fixed[1]})
 
     # Reconstruction fidelity in parameter space: a tracked profile lies in the snapshots' span,
@@ -94,7 +94,7 @@ def main() -> int:
 
     tracked = {
         s: flat(jax.device_get(slot))
-        for s, slot in zip(trainer.power_ema.std_rels, state.power_ema, strict=True)
+        for s, slot in zip(trainer.averages.power.std_rels, state.power_ema, strict=True)
     }
     a, b = tracked.values()
     print(f"‖θ̂(0.05) − θ̂(0.10)‖ / ‖θ̂(0.10)‖ = {np.linalg.norm(a - b) / np.linalg.norm(b):.3e}")

@@ -58,7 +58,8 @@ def score(args: argparse.Namespace) -> int:
             return 2
         trainer = Trainer(ml_collections.ConfigDict(metadata["config"]), workdir)
         step = trainer.checkpoints.latest_step()
-        template = jax.eval_shape(trainer.init, jax.random.PRNGKey(0), trainer.example_batch()).params
+        init = trainer.programs.init
+        template = jax.eval_shape(init, jax.random.PRNGKey(0), trainer.example_batch()).params
         params = trainer.checkpoints.restore_ema(template, step)  # debiased, as the checkpoint records
         objective = trainer.objective
         labels = jnp.repeat(jnp.arange(10, dtype=jnp.int32), args.per_class)

@@ -97,10 +97,10 @@ moved = max(
 # Compile the eval program first and meet again, for the same reason as the step.
 val = trainer.val_data.first(3)
 rng = jax.random.PRNGKey(0)
-trainer.eval.lower(state, trainer.layout.place_batch(val[0]), rng).compile()
+trainer.programs.eval.lower(state, trainer.layout.place_batch(val[0]), rng).compile()
 distributed.global_state.client.wait_at_barrier("eval_compiled", 600_000)
 offered = val if process_id == 0 else val[:2]
-result = evaluate(trainer.eval, state, iter(offered), 3, rng, place_batch=trainer.layout.place_batch)
+result = evaluate(trainer.programs.eval, state, iter(offered), 3, rng, place_batch=trainer.layout.place_batch)
 grid = ImageGrid(np.zeros((4, 8, 8, 1), np.float32))
 hosted = Evaluation.hosted(int(state.step), result, {"samples": grid})
 np.savez(

@@ -47,6 +47,7 @@ UNITS: dict[str, int] = {
     "dew.failures": ENTRY,
     "dew.inference": ENTRY,
     "dew.main": ENTRY,
+    "dew.launch": ENTRY,  # the run python -m dew.main makes: workdir, platform, lock, console lines
     "dew.sample": ENTRY,
     "dew.fid": ENTRY,
     "dew.phema": ENTRY,

@@ -90,6 +90,11 @@ class Platform:
     processes: distributed.ProcessGroup | None = None
     decision: kernel_choice.Decision | None = None
 
+    def kernels_record(self) -> dict | None:
+        """The kernel decision this process runs with, as the run's ``run.json`` records it (what
+        a resume keeps: ``kernel_choice.applied_record``); None when ``start`` made none."""
+        return kernel_choice.applied_record()
+
     def lines(self, data_parallel: int | None = None) -> list[str]:
         """One line per choice, for a CPU run's log (``data_parallel``: the devices each batch is
         split over)."""

@@ -20,7 +20,8 @@ from dew.checkpointing.settings import checkpoint_settings
 from dew.contracts.objective import Objective
 from dew.contracts.state import TrainState
 from dew.run_records import record_start
-from dew.runtime import distributed, kernel_choice, platform
+from dew.runtime import distributed
+from dew.runtime.platform import Platform, start_for, started
 from dew.runtime.precompile import BackgroundCompile
 from dew.schema import ConfigError
 from dew.tracking.console import Progress
@@ -37,19 +38,6 @@ from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, Previe
 from dew.training.trainer_config import check_workdir, config_schema, make_optimizer, resolve_config
 
 
-def recorded_kernels(workdir: str) -> dict | None:
-    """The kernel decision a run recorded in its ``run.json`` (what a resume keeps), or None: no
-    run there yet, or a ``run.json`` the restore reports on its own."""
-    from dew.run_records import read_run_metadata
-
-    if not os.path.isdir(workdir):
-        return None
-    try:
-        return (read_run_metadata(workdir) or {}).get("kernels")
-    except (OSError, ValueError):
-        return None
-
-
 class Trainer:
     """Runs an Objective: gradients, EMA, checkpoints, logging, previews.
 
@@ -58,6 +46,13 @@ class Trainer:
     or workdir fails before any file exists. ``run`` trains (resuming from the latest checkpoint
     in ``workdir`` if there is one) and returns the final state. The Trainer knows the
     ``Objective`` contract and nothing else about what is learned.
+
+    ``platform``: what ``dew.runtime.start`` set up for this config and workdir, from a caller
+    that checked the workdir (``check_workdir``) and started the platform itself
+    (``dew.launch.Run``, behind ``python -m dew.main``). Left None, a Trainer built in a user's
+    own code does both here (``start_for``: the same decision, caches and ``kernel choice:`` line,
+    keeping the kernels a resumed run recorded). Either way ``self.platform`` is that one value
+    (None only where JAX started first without ``dew.runtime.start``: ``start_for`` warned).
     """
 
     def __init__(
@@ -67,11 +62,14 @@ class Trainer:
         trackers: list[Tracker] | None = None,
         *,
         resolved: bool = False,
+        platform: Platform | None = None,
     ):
         self.config = c = config if resolved else resolve_config(config)
-        self.workdir = check_workdir(workdir)
-        # Built in a user's own code before JAX started: the platform's choices, as dew.main makes them.
-        platform.start_for("Trainer", c, self.workdir, recorded=recorded_kernels(self.workdir))
+        if platform is None:  # built in a user's own code: dew.runtime.start as dew.main makes it
+            workdir = check_workdir(workdir)
+            start_for("Trainer", c, workdir, recorded=recorded_kernels(workdir))  # warns the caller
+            platform = started()
+        self.workdir, self.platform = workdir, platform
         self.mesh, self.layout = mesh_and_layout(c)  # bad input fails before any work
         self.train_source, self.val_source = (
             open_split(c.dataset, "train"),
@@ -88,12 +86,8 @@ class Trainer:
             )
         self.optimizer = make_optimizer(c)
         self.averages = Averages.from_config(c)  # the classic EMA and, when configured, the power EMA
-        spec = self.averages.spec
-        assert spec is not None, "Averages.from_config always builds the classic EMA"
-        self.ema, self.power_ema = spec, self.averages.power
         self.accumulation = c.train.accumulation
         self.programs = self._programs()
-        self.init, self.eval = self.programs.init, self.programs.eval
         self.checkpoint_settings = cs = checkpoint_settings(c.checkpoint)
         # Every checkpoint records the EMA it holds, so restore_ema debiases it on its own.
         self.ema_record = self.averages.ema.record(self.programs.abstract.params, self.accumulation)
@@ -123,7 +117,7 @@ class Trainer:
                 f"{str(e).splitlines()[0] if str(e) else ''}"
             ) from None
         try:
-            self.ema.check(programs.abstract.params)
+            self.averages.ema.law_spec.check(programs.abstract.params)
         except ValueError as e:
             raise ConfigError(f"config.ema.tracks={c.ema.tracks!r}: {e}") from e
         return programs
@@ -175,7 +169,7 @@ class Trainer:
         """The EMA parameters this run evaluates, previews and exports: debiased with the run's
         ``EMASpec`` and accumulation (eagerly, on the host's arrays; ``preview_params`` is the
         jitted, replicated equivalent the stages use)."""
-        return debiased_ema(state, self.ema, self.accumulation)
+        return debiased_ema(state, self.averages.ema.law_spec, self.accumulation)
 
     def preview_params(self, state: TrainState) -> Any:
         """The debiased EMA, jitted and replicated on every device: what previews are drawn from."""
@@ -183,7 +177,7 @@ class Trainer:
 
     def fresh_state(self) -> TrainState:
         """The state of step 0, from ``config.seed``."""
-        return self.init(jax.random.PRNGKey(self.config.seed), self.example_batch())
+        return self.programs.init(jax.random.PRNGKey(self.config.seed), self.example_batch())
 
     def initial_state(self) -> TrainState:
         """The state the run starts from, as ``config.checkpoint`` asks (``RestorePolicy``: the
@@ -242,7 +236,7 @@ class Trainer:
             batches = self.val_data.first(c.eval.num_batches)
             stages.append(
                 EvalStage(
-                    self.eval,
+                    self.programs.eval,
                     batches,
                     tracker,
                     c.eval.every,
@@ -270,7 +264,7 @@ class Trainer:
             stages.append(
                 CheckpointStage(self.checkpoints, self.train_data, c.checkpoint.every, tracker, progress)
             )
-        if self.power_ema is not None:
+        if self.averages.power is not None:
             stages.append(SnapshotStage(self.power_ema_snapshots(), self.averages, self.accumulation))
         if c.profile.steps:
             directory = c.profile.directory or os.path.join(self.workdir, "profile")
@@ -310,8 +304,13 @@ class Trainer:
 
     def run(self) -> TrainState:
         """Train from ``initial_state`` to ``config.train.num_steps`` with ``fit`` and the
-        configured stages; return the final state."""
+        configured stages; return the final state. ``check_resumable`` first, then ``train``."""
         self.check_resumable()
+        return self.train()
+
+    def train(self) -> TrainState:
+        """``run`` without its ``check_resumable``, for a caller that made that check once already,
+        before side effects of its own (``dew.launch.Run``: the workdir lock comes first)."""
         os.makedirs(self.workdir, exist_ok=True)
         compiling = self.compile_step_in_background()  # overlaps the state's init or restore
         state = self.initial_state()
@@ -319,15 +318,15 @@ class Trainer:
         if start:
             assert self.checkpoints is not None  # a state past step 0 was restored from them
             print(f"resuming from step {start} ({self.checkpoints.source(start)})", flush=True)
-        if self.power_ema is not None:  # snapshots newer than the restored state are redone
+        if self.averages.power is not None:  # snapshots newer than the restored state are redone
             store = self.power_ema_snapshots()
             store.discard_after(start)
             store.close()
         if jax.process_index() == 0:
             extra = {"ema": self.ema_record}
-            recorded_kernels = kernel_choice.applied_record()
-            if recorded_kernels is not None:  # what a resume keeps (dew.runtime.kernel_choice)
-                extra["kernels"] = recorded_kernels
+            kernels = None if self.platform is None else self.platform.kernels_record()
+            if kernels is not None:  # what a resume keeps (dew.runtime.kernel_choice)
+                extra["kernels"] = kernels
             record_start(
                 self.workdir, self.config.to_dict(), start, processes=jax.process_count(), extra=extra
             )
@@ -353,6 +352,19 @@ class Trainer:
             self.train_data.set_placement(None)
             tracker.close()
         return state
+
+
+def recorded_kernels(workdir: str) -> dict | None:
+    """The kernel decision a run recorded in its ``run.json`` (what a resume keeps), or None: no
+    run there yet, or a ``run.json`` the restore reports on its own."""
+    from dew.run_records import read_run_metadata
+
+    if not os.path.isdir(workdir):
+        return None
+    try:
+        return (read_run_metadata(workdir) or {}).get("kernels")
+    except (OSError, ValueError):
+        return None
 
 
 __all__ = ["Trainer", "check_workdir", "config_schema", "debiased_ema", "make_optimizer", "resolve_config"]

@@ -67,9 +67,10 @@ def assert_the_live_correction(trainer, state, restored) -> None:
 def test_the_state_carries_the_ema_law_make_init_gives_it(run):
     trainer, state, _ = run
     spec, k = ema_lib.from_law(jax.device_get(state.ema_law), state.params)
-    assert (spec.half_life, spec.ramp_up, spec.decay, k) == (5.0, 0.3, trainer.ema.decay, 2)
+    run_spec = trainer.averages.ema.law_spec
+    assert (spec.half_life, spec.ramp_up, spec.decay, k) == (5.0, 0.3, run_spec.decay, 2)
     mask = jax.tree.leaves(spec.mask(state.params))
-    assert mask == jax.tree.leaves(trainer.ema.mask(state.params)) and any(mask) and not all(mask)
+    assert mask == jax.tree.leaves(run_spec.mask(state.params)) and any(mask) and not all(mask)
 
 
 def test_the_trainers_checkpoints_hold_the_law_in_extra_and_restore_ema_applies_it(run):

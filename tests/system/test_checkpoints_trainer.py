@@ -80,7 +80,7 @@ def test_unknown_and_mistyped_keys_are_named():
 def saved_run(tmp_path) -> tuple[Trainer, TrainState, TrainState]:
     """A Trainer's fresh state and a different one saved at step 2 with a data position."""
     trainer = Trainer(tiny_config(), str(tmp_path / "a"))
-    fresh = trainer.init(jax.random.PRNGKey(0), trainer.example_batch())
+    fresh = trainer.programs.init(jax.random.PRNGKey(0), trainer.example_batch())
     bump = lambda tree: jax.tree.map(lambda x: x + 1 if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)  # noqa: E731
     saved = fresh.replace(
         step=jnp.int32(2), params=bump(fresh.params), opt_state=bump(fresh.opt_state), rng=fresh.rng + 1

@@ -46,7 +46,7 @@ def test_converted_checkpoint_samples_like_the_reference(tmp_path):
     assert directory == str(workdir / "checkpoints")
 
     trainer = Trainer(config, str(tmp_path / "reader"))
-    template = jax.eval_shape(trainer.init, jax.random.PRNGKey(0), trainer.example_batch()).params
+    template = jax.eval_shape(trainer.programs.init, jax.random.PRNGKey(0), trainer.example_batch()).params
     checkpoints = Checkpoints(directory, read_only=True)
     assert checkpoints.latest == 1
     params = checkpoints.restore_ema(template, 1)  # debiased with the EMA the checkpoint records

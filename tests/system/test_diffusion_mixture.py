@@ -66,7 +66,7 @@ def test_trained_edm_on_the_mixture_is_within_1_25x_of_the_noise_floor(tmp_path)
     assert ratio < 1.25, (model, floor)
     # And it is a real comparison: an untrained model (F = 0, so D = c_skip x, the ideal
     # denoiser of N(0, σ_data² I)) samples one Gaussian blob of std 0.5 instead of the ring.
-    untrained = trainer.init(jax.random.PRNGKey(0), trainer.example_batch()).params
+    untrained = trainer.programs.init(jax.random.PRNGKey(0), trainer.example_batch()).params
     bad = jax.jit(lambda rng: trainer.objective.generate(untrained, rng, {}, steps=18, num_samples=1000))
     _, _, bad_ratio = ratio_to_noise_floor(
         lambda k: np.asarray(bad(jax.random.PRNGKey(k))), lambda k: RING.sample(1000, 1000 + k), sets=1

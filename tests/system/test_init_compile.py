@@ -15,9 +15,9 @@ def test_init_compiled_for_speed_of_compile_gives_the_same_bits(tmp_path):
     config = tiny_config(**{"model.channel_mult": (1,), "model.attn_resolutions": ()})
     trainer = Trainer(config, str(tmp_path / "run"))
     key, batch = jax.random.PRNGKey(3), trainer.example_batch()
-    lowered = trainer.init.lower(key, batch)
+    lowered = trainer.programs.init.lower(key, batch)
     assert INIT_COMPILER_OPTIONS == {"xla_backend_optimization_level": 0}
-    fast = jax.tree.leaves(trainer.init(key, batch))  # what the Trainer runs
+    fast = jax.tree.leaves(trainer.programs.init(key, batch))  # what the Trainer runs
     optimised = jax.tree.leaves(lowered.compile({"xla_backend_optimization_level": 3})(key, batch))
     assert len(fast) == len(optimised) > 10
     for a, b in zip(fast, optimised, strict=True):

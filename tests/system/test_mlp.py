@@ -59,6 +59,6 @@ def test_the_toy_is_one_override_of_the_mixture_experiment(tmp_path):
         ["config.model.residual=False", "config.model.blocks=2", "config.mesh.devices=1"],
     )
     trainer = Trainer(config, str(tmp_path / "run"))
-    params = jax.eval_shape(trainer.init, jax.random.PRNGKey(0), trainer.example_batch()).params
+    params = jax.eval_shape(trainer.programs.init, jax.random.PRNGKey(0), trainer.example_batch()).params
     sizes = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(params))
     assert sizes == 3 * 128 + 128 + 128 * 128 + 128 + 128 * 2 + 2

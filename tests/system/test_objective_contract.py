@@ -236,7 +236,7 @@ def test_restore_ema_debiases_a_half_life_accumulation_run_on_its_own(tmp_path):
     expected = trainer.debiased_ema(state)
 
     reader = Checkpoints(str(tmp_path / "run" / "checkpoints"))  # no EMA given: read from disk
-    template = jax.eval_shape(trainer.init, jax.random.PRNGKey(0), trainer.example_batch()).params
+    template = jax.eval_shape(trainer.programs.init, jax.random.PRNGKey(0), trainer.example_batch()).params
     restored = reader.restore_ema(template)
     at_step = reader.restore_ema(template, 10)
     for a, b, c in zip(
@@ -246,7 +246,8 @@ def test_restore_ema_debiases_a_half_life_accumulation_run_on_its_own(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
     np.testing.assert_array_equal(np.asarray(restored["b1"]), np.asarray(state.params["b1"]))
     # What callers used to pass (the config's decay, no accumulation) would be wrong here:
-    naive = ema_lib.debias(state.ema, trainer.ema, 10)  # 10 micro-batches taken for 10 updates
+    spec = trainer.averages.ema.law_spec
+    naive = ema_lib.debias(state.ema, spec, 10)  # 10 micro-batches taken for 10 updates
     assert not np.allclose(np.asarray(naive["w1"]), np.asarray(expected["w1"]))
     with pytest.raises(ValueError, match="contradicts the EMA"):
         reader.restore_ema(template, decay=0.9)
@@ -254,4 +255,4 @@ def test_restore_ema_debiases_a_half_life_accumulation_run_on_its_own(tmp_path):
         reader.restore_ema(template, accumulation=1)
     with pytest.raises(TypeError, match="step must be an int"):
         reader.restore_ema(template, 0.9)
-    assert reader.restore_ema(template, decay=trainer.ema, accumulation=2)["w2"].shape == (16, 10)
+    assert reader.restore_ema(template, decay=spec, accumulation=2)["w2"].shape == (16, 10)

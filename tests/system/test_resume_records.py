@@ -105,7 +105,7 @@ def test_a_preview_with_nonfinite_samples_reports_them_instead_of_scoring(tmp_pa
     from dew.training.trainer import Trainer
 
     trainer = Trainer(tiny_config(), str(tmp_path / "run"))
-    state = trainer.init(jax.random.PRNGKey(0), trainer.example_batch())
+    state = trainer.programs.init(jax.random.PRNGKey(0), trainer.example_batch())
     diverged = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), state.params)  # what lr=1e9 leaves
 
     def metric(images, labels):  # a scorer that, like an SVM, refuses missing values

@@ -17,7 +17,7 @@ from dew.training.trainer import Trainer
 def run_on_mesh(tmp_path, name: str, num_steps: int = 3, **mesh):
     overrides = {"mesh.devices": 0, **{f"mesh.{k}": v for k, v in mesh.items()}}
     trainer = Trainer(tiny_config(**overrides, **{"eval.every": 0}), str(tmp_path / name))
-    state = trainer.init(jax.random.PRNGKey(0), trainer.example_batch())
+    state = trainer.programs.init(jax.random.PRNGKey(0), trainer.example_batch())
     losses, placements = [], []
     data = iter(trainer.train_data)
     for i in range(num_steps):

@@ -245,7 +245,7 @@ def test_a_custom_loop_gets_the_platform_choices_of_the_cli(home, tmp_path):
         expected = max(n for n in range(1, cores + 1) if 16 % n == 0)
         assert jax.device_count() == expected, (jax.device_count(), expected)
         assert kernel_choice.applied_record() is not None
-        state = trainer.init(jax.random.PRNGKey(0), trainer.example_batch())
+        state = trainer.programs.init(jax.random.PRNGKey(0), trainer.example_batch())
         print("devices", jax.device_count())
     """
     done = run(["-c", textwrap.dedent(script)], home)

@@ -1,0 +1,163 @@
+"""``Run``: one training run as ``python -m dew.main`` makes it, each check in one place, once.
+
+In order: ``Run(name, config, workdir)`` checks the workdir (``check_workdir``); ``start`` reads
+its ``run.json`` (a damaged one stops here, named), sets up the process and its platform before
+JAX starts (``start_platform``: one call, one ``Platform`` value) and builds the ``Trainer`` with
+that value (it validates everything and writes nothing); ``train`` takes the workdir lock
+(process 0), checks that the resume fits the config (``Trainer.check_resumable``), routes the
+libraries' logs under ``<workdir>/logs``, prints the console lines and trains
+(``Trainer.train``, which records the run's start in ``run.json``). ``failed``, ``finished`` and
+``release`` are what ``dew.main`` says and undoes at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+
+import jax
+import ml_collections
+
+from dew.contracts.state import TrainState
+from dew.failures import capture_library_logs, end_process, report
+from dew.run_records import RUN_METADATA, starts
+from dew.runtime import distributed
+from dew.runtime.platform import Platform, start
+from dew.runtime.workdir_lock import WorkdirLock, describe_stale
+from dew.schema import ConfigError
+from dew.training.preemption import Preempted
+from dew.training.trainer import Trainer, recorded_kernels
+from dew.training.trainer_config import check_workdir
+
+
+def say(line: str) -> None:
+    """One console line of the run, ``dew: ...``, on stdout."""
+    print(f"dew: {line}", flush=True)
+
+
+def start_platform(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    coordinator: str | None = None,
+    num_processes: str | None = None,
+    process_id: str | None = None,
+) -> Platform:
+    """The process and its platform, set up before JAX starts, as one value: the process group
+    the flags (or ``DEW_*`` variables, or a cluster JAX detects) name, the CPU devices, the
+    convolution library, the kernels (a resumed run keeps those it recorded, for settings left at
+    ``auto``) and the compilation cache (``dew.runtime.start``). In a group, every process then
+    agrees on the config, and a lost peer stops this one with a report. A setting this machine
+    cannot honour is a ``ConfigError``."""
+    rt = config.runtime
+    processes = distributed.requested(
+        coordinator, num_processes, process_id, initialization_timeout=rt.coordinator_timeout
+    )
+    try:
+        platform = start(
+            config,
+            workdir,
+            processes=processes,
+            detect_processes=False,
+            recorded=recorded_kernels(workdir),
+            recorded_in=os.path.join(workdir, RUN_METADATA),
+        )
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if platform.processes is not None:  # one config in every process; a lost peer stops this one
+        stop = lambda e: end_process(report(e, _existing(workdir)))  # noqa: E731
+        distributed.agree(config, rt.coordinator_timeout, rt.heartbeat_timeout, stop)
+    return platform
+
+
+class Run:
+    """One run of ``config`` (resolved) in ``workdir``, named ``name`` (the experiment file) in
+    its console lines. See the module docstring for the order of its steps."""
+
+    def __init__(self, name: str, config: ml_collections.ConfigDict, workdir: str):
+        self.name, self.config = name, config
+        self.workdir = check_workdir(workdir)
+        self.platform: Platform | None = None
+        self.trainer: Trainer | None = None
+        self.lock: WorkdirLock | None = None
+
+    def start(
+        self, coordinator: str | None = None, num_processes: str | None = None, process_id: str | None = None
+    ) -> Trainer:
+        """Everything before the first write: ``run.json`` read, the platform started, the
+        Trainer built with it; returns the Trainer."""
+        starts(self.workdir)  # a damaged run.json stops here, named, before anything is written
+        self.platform = start_platform(self.config, self.workdir, coordinator, num_processes, process_id)
+        self.trainer = Trainer(self.config, self.workdir, resolved=True, platform=self.platform)
+        return self.trainer
+
+    def train(self) -> TrainState:
+        """The run itself, after ``start``: returns the final state."""
+        trainer = self.trainer if self.trainer is not None else self.start()
+        # One run per workdir (process 0 holds it for the whole run), taken before anything opens
+        # the checkpoint directory: the run's first save cleans up unfinished saves, which would
+        # be a live holder's save in progress (readers never clean up: Store.manager).
+        self.lock = WorkdirLock(self.workdir).acquire() if jax.process_index() == 0 else None
+        if self.lock is not None and self.lock.stale:
+            say(describe_stale(self.lock.stale))
+        trainer.check_resumable()
+        capture_library_logs(self.workdir)
+        say(f"training {self.name} in {self.workdir}")
+        for line in self.platform_lines(trainer.layout.data_parallel_size):
+            say(line)
+        return trainer.train()
+
+    def platform_lines(self, data_parallel: int) -> list[str]:
+        """What the run says of its platform: every choice on a CPU, on an accelerator only which
+        process of the group this is (nothing for a single process)."""
+        platform = self.platform
+        if platform is None:
+            return []
+        if jax.default_backend() == "cpu":
+            return platform.lines(data_parallel)
+        return platform.lines()[:1] if platform.processes is not None else []
+
+    def finished(self, state: TrainState) -> str:
+        """The line a finished run ends with: its step, where its checkpoints and previews are."""
+        assert self.trainer is not None, "finished follows train"
+        checkpoints = self.trainer.checkpoints
+        where = checkpoints.directory if checkpoints else "none (checkpointing off)"
+        previews = os.path.join(self.workdir, "previews")
+        return f"done at step {int(state.step)}: checkpoints in {where}" + (
+            f", previews in {previews}" if self.config.preview.every else ""
+        )
+
+    def failed(self, error: Exception, argv: Sequence[str]) -> int:
+        """The exit status of a run that raised ``error``: a preempted run's (saved; the command
+        to resume), else one short report (``dew.failures.report``). The checkpoint writer and
+        orbax managers are shut down first, so no async teardown runs at interpreter exit; what
+        they raise now belongs to the failure already reported."""
+        checkpoints = None if self.trainer is None else self.trainer.checkpoints
+        if checkpoints is not None:
+            with contextlib.suppress(Exception):  # the first failure is the one reported
+                checkpoints.close()
+        if isinstance(error, Preempted):
+            print(f"dew: {error}", file=sys.stderr, flush=True)
+            if error.path is not None:
+                print(f"dew: resume with: {resume_command(argv)}", file=sys.stderr, flush=True)
+            return error.exit_code
+        return report(error, _existing(self.workdir))
+
+    def release(self) -> None:
+        """Let go of the workdir lock (when this process took it)."""
+        if self.lock is not None:
+            self.lock.release()
+
+
+def resume_command(argv: Sequence[str]) -> str:
+    """The command that resumes this run: the same ``python -m dew.main`` arguments."""
+    return " ".join(shlex.quote(a) for a in ["python", "-m", "dew.main", *argv])
+
+
+def _existing(workdir: str) -> str | None:
+    return workdir if os.path.isdir(workdir) else None
+
+
+__all__ = ["Run", "resume_command", "start_platform"]
