@@ -242,26 +242,32 @@ class Draw:
     def run(self, max_chunks: int | None = None) -> MomentSums | None:
         """Draw the chunks not yet in the progress file (at most ``max_chunks`` this call);
         the complete sums, or None when stopped by ``max_chunks`` before the end."""
+        tally = FidTally(self.detector.dim)
+        return tally.sums if self.run_tally(tally, max_chunks) else None
+
+    def run_tally(self, tally: Tally, max_chunks: int | None = None) -> bool:
+        """``run`` into any ``tally`` (it reads and writes its own progress file): True when
+        every chunk is in it, False when stopped by ``max_chunks`` before the end."""
         import jax
 
         settings = self.settings()
-        done, sums = read_progress(self.outdir, settings, self.detector.dim)
+        done = tally.resume(self.outdir, settings)
         os.makedirs(self.outdir, exist_ok=True)
+        num_chunks = math.ceil(self.num / self.chunk)
         if jax.process_index() == 0:
-            stale = remove_stale_temporaries(self.outdir, (PROGRESS_FILE, STATS_FILE))
+            stale = remove_stale_temporaries(self.outdir, tally.temporaries(num_chunks))
             if stale:
                 self.log(
                     f"fid: removed {len(stale)} temporary files of interrupted writes ({', '.join(stale)})"
                 )
-        num_chunks = math.ceil(self.num / self.chunk)
         if done:
-            self.log(f"fid: resuming after {done}/{num_chunks} chunks ({sums.count}/{self.num} images)")
+            self.log(f"fid: resuming after {done}/{num_chunks} chunks ({tally.count}/{self.num} images)")
         step, per_step = self._step_fn()
         started = time.monotonic()
         for ran, index in enumerate(range(done, num_chunks)):
             if max_chunks is not None and ran >= max_chunks:
                 self.log(f"fid: stopped after {ran} chunks (--max_chunks); rerun to continue")
-                return None
+                return False
             lo = self.first_seed + index * self.chunk
             hi = min(lo + self.chunk, self.first_seed + self.num)
             seeds = np.arange(lo, hi, dtype=np.int64)
@@ -275,18 +281,70 @@ class Draw:
                 if wanted:
                     assert images is not None  # keep_images=True
                     shown.append(images[: len(part)])
-            sums.add(np.concatenate(parts))
+            tally.add(index, np.concatenate(parts))
             if jax.process_index() == 0:
                 if shown:
                     write_preview(self.outdir, np.concatenate(shown)[: self.preview])
-                write_progress(self.outdir, settings, index + 1, sums)
-            rate = (sums.count - done * self.chunk) / max(time.monotonic() - started, 1e-9)
-            remaining = (self.num - sums.count) / rate if rate > 0 else float("nan")
+                tally.commit(self.outdir, settings, index + 1)
+            rate = (tally.count - done * self.chunk) / max(time.monotonic() - started, 1e-9)
+            remaining = (self.num - tally.count) / rate if rate > 0 else float("nan")
             self.log(
-                f"fid: {sums.count}/{self.num} images (chunk {index + 1}/{num_chunks}, "
+                f"fid: {tally.count}/{self.num} images (chunk {index + 1}/{num_chunks}, "
                 f"{rate:.1f} images/s, ~{remaining / 60:.1f} min left)"
             )
-        return sums
+        return True
+
+
+class Tally(Protocol):
+    """What a draw accumulates chunk by chunk and records in its progress file after each:
+    ``FidTally`` (FID's sums) or ``dew.scoring.adm_progress.AdmTally`` (ADM's suite). Every
+    process adds every chunk's features, in chunk order; process 0 alone commits."""
+
+    @property
+    def count(self) -> int:
+        """Images added so far (resumed ones included)."""
+        ...
+
+    def temporaries(self, num_chunks: int) -> tuple[str, ...]:
+        """The names of the files it writes (``<name>.tmp-<pid>`` leftovers get removed)."""
+        ...
+
+    def resume(self, outdir: str, settings: dict[str, Any]) -> int:
+        """Take the state of ``outdir``'s progress (none: empty), refusing a damaged or other
+        draw's with ``FidInputError``; the chunks done."""
+        ...
+
+    def add(self, index: int, features: np.ndarray) -> None:
+        """Add chunk ``index``'s feature rows [n, D], in seed order."""
+        ...
+
+    def commit(self, outdir: str, settings: dict[str, Any], chunks_done: int) -> None:
+        """Write the state after ``chunks_done`` chunks, atomically."""
+        ...
+
+
+class FidTally:
+    """FID's tally: the float64 ``MomentSums`` of the features, in ``fid-progress.npz``."""
+
+    def __init__(self, dim: int | None):
+        self.dim, self.sums = dim, MomentSums()
+
+    @property
+    def count(self) -> int:
+        return self.sums.count
+
+    def temporaries(self, num_chunks: int) -> tuple[str, ...]:
+        return (PROGRESS_FILE, STATS_FILE)
+
+    def resume(self, outdir: str, settings: dict[str, Any]) -> int:
+        done, self.sums = read_progress(outdir, settings, self.dim)
+        return done
+
+    def add(self, index: int, features: np.ndarray) -> None:
+        self.sums.add(features)
+
+    def commit(self, outdir: str, settings: dict[str, Any], chunks_done: int) -> None:
+        write_progress(outdir, settings, chunks_done, self.sums)
 
 
 def write_preview(outdir: str, images: np.ndarray) -> str:
@@ -344,7 +402,9 @@ def write_results(outdir: str, sums: MomentSums, report: dict[str, Any], resolut
 __all__ = [
     "PRESETS",
     "Draw",
+    "FidTally",
     "SamplerPreset",
+    "Tally",
     "draw_images",
     "fid_report",
     "preset",
