@@ -31,6 +31,8 @@ read) continues after the last completed chunk, and since every chunk's
 features are summed in one fixed order, it ends with the same statistics, bit for bit, as a run
 never interrupted. A progress file made with other settings is refused, and so is one that is damaged or whose
 counts disagree with each other or the settings (one line naming it: delete it to start over).
+What a chunk adds and its progress file are the draw's ``Tally`` (``Draw.run_tally``): ``FidTally``
+for FID; ADM's suite's ``dew.scoring.adm_progress.AdmTally`` also keeps each chunk's pool rows.
 
 **Preview.** With ``preview`` = k > 0, the first k images of the draw (seeds s₀ … s₀ + k − 1,
 the very uint8 images the detector embeds, out of the same program) are written as one grid,
