@@ -39,7 +39,8 @@ def wants_adm(metrics: str) -> bool:
     return any(name.strip() in ADM_ONLY for name in metrics.split(","))
 
 
-def _parse(text: str) -> tuple[str, ...]:
+def parse_suite(text: str) -> tuple[str, ...]:
+    """``--metrics``' names of ADM's suite, in order; ``FidError`` for another name or a repeat."""
     from dew.scoring.adm_metrics import METRICS
 
     names = tuple(n.strip() for n in text.split(","))
@@ -52,7 +53,7 @@ def _parse(text: str) -> tuple[str, ...]:
 
 
 def _check(args: argparse.Namespace) -> None:
-    args.metrics = _parse(args.metrics)
+    args.metrics = parse_suite(args.metrics)
     other = [
         f"--{f}"
         for f in ("save_stats", "dinov2_weights", "dinov2_ref", "save_dinov2_stats")

@@ -64,10 +64,10 @@ def _protocol_args(argv: Sequence[str]) -> argparse.Namespace:
 def _protocol_metrics(text: str) -> tuple[str, ...]:
     """``("fid",)`` (the EDM protocol's FID) or ADM's suite (``dew.fid.adm_cli``'s parse);
     ``FidError`` for anything else."""
-    from dew.fid.adm_cli import _parse, wants_adm
+    from dew.fid.adm_cli import parse_suite, wants_adm
 
     if wants_adm(text):
-        return _parse(text)
+        return parse_suite(text)
     if text.strip() != "fid":
         raise FidError(
             f"--metrics={text!r} is invalid with --preset: expected fid, or ADM's suite (a subset of "

@@ -24,6 +24,8 @@ Another protocol's progress (ADM's suite: ``dew.scoring.adm_progress``) is the s
 another ``name``, with ``extra`` arrays beside the sums (``write_progress(..., extra=...)``,
 ``read_progress_arrays``): their dtype kinds and shapes are checked like the sums', they are in
 the digest, and the caller's ``check`` refuses what disagrees with the counts in the same line.
+``Tally`` is what a protocol draw accumulates and commits chunk by chunk (``Draw.run_tally``);
+``FidTally`` is FID's, the sums in this file.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import json
 import math
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -41,6 +43,7 @@ from dew.pinned_weights import content_sha256
 from dew.scoring.fid_reference import FidInputError, MomentSums
 
 PROGRESS_FILE = "fid-progress.npz"
+STATS_FILE = "fid-stats.npz"  # the finished draw's statistics (``fid_protocol.write_results``)
 _ARRAYS = ("settings", "chunks_done", "count", "total", "outer")
 _DIGEST = "digest"
 
@@ -204,6 +207,58 @@ def read_progress_arrays(
     return chunks, MomentSums(count, total, outer), extras
 
 
+class Tally(Protocol):
+    """What a draw accumulates chunk by chunk and records in its progress file after each:
+    ``FidTally`` (FID's sums) or ``dew.scoring.adm_progress.AdmTally`` (ADM's suite). Every
+    process adds every chunk's features, in chunk order; process 0 alone commits."""
+
+    @property
+    def count(self) -> int:
+        """Images added so far (resumed ones included)."""
+        ...
+
+    def temporaries(self, num_chunks: int) -> tuple[str, ...]:
+        """The names of the files it writes (``<name>.tmp-<pid>`` leftovers get removed)."""
+        ...
+
+    def resume(self, outdir: str, settings: dict[str, Any]) -> int:
+        """Take the state of ``outdir``'s progress (none: empty), refusing a damaged or other
+        draw's with ``FidInputError``; the chunks done."""
+        ...
+
+    def add(self, index: int, features: np.ndarray) -> None:
+        """Add chunk ``index``'s feature rows [n, D], in seed order."""
+        ...
+
+    def commit(self, outdir: str, settings: dict[str, Any], chunks_done: int) -> None:
+        """Write the state after ``chunks_done`` chunks, atomically."""
+        ...
+
+
+class FidTally:
+    """FID's tally: the float64 ``MomentSums`` of the features, in ``fid-progress.npz``."""
+
+    def __init__(self, dim: int | None):
+        self.dim, self.sums = dim, MomentSums()
+
+    @property
+    def count(self) -> int:
+        return self.sums.count
+
+    def temporaries(self, num_chunks: int) -> tuple[str, ...]:
+        return (PROGRESS_FILE, STATS_FILE)
+
+    def resume(self, outdir: str, settings: dict[str, Any]) -> int:
+        done, self.sums = read_progress(outdir, settings, self.dim)
+        return done
+
+    def add(self, index: int, features: np.ndarray) -> None:
+        self.sums.add(features)
+
+    def commit(self, outdir: str, settings: dict[str, Any], chunks_done: int) -> None:
+        write_progress(outdir, settings, chunks_done, self.sums)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -239,6 +294,9 @@ def remove_stale_temporaries(outdir: str, names: tuple[str, ...] = (PROGRESS_FIL
 
 __all__ = [
     "PROGRESS_FILE",
+    "STATS_FILE",
+    "FidTally",
+    "Tally",
     "fingerprint",
     "read_progress",
     "read_progress_arrays",

@@ -52,12 +52,19 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from dew.scoring.fid_progress import PROGRESS_FILE, read_progress, remove_stale_temporaries, write_progress
+from dew.scoring.fid_progress import (  # noqa: F401  (public here too, as before)
+    PROGRESS_FILE,
+    STATS_FILE,
+    FidTally,
+    Tally,
+    read_progress,
+    remove_stale_temporaries,
+    write_progress,
+)
 from dew.scoring.fid_reference import Detector, FidInputError, MomentSums
 
 PREVIEW_FILE = "preview.png"
 REPORT_FILE = "fid.json"
-STATS_FILE = "fid-stats.npz"
 
 
 class _Step(Protocol):
@@ -295,58 +302,6 @@ class Draw:
                 f"{rate:.1f} images/s, ~{remaining / 60:.1f} min left)"
             )
         return True
-
-
-class Tally(Protocol):
-    """What a draw accumulates chunk by chunk and records in its progress file after each:
-    ``FidTally`` (FID's sums) or ``dew.scoring.adm_progress.AdmTally`` (ADM's suite). Every
-    process adds every chunk's features, in chunk order; process 0 alone commits."""
-
-    @property
-    def count(self) -> int:
-        """Images added so far (resumed ones included)."""
-        ...
-
-    def temporaries(self, num_chunks: int) -> tuple[str, ...]:
-        """The names of the files it writes (``<name>.tmp-<pid>`` leftovers get removed)."""
-        ...
-
-    def resume(self, outdir: str, settings: dict[str, Any]) -> int:
-        """Take the state of ``outdir``'s progress (none: empty), refusing a damaged or other
-        draw's with ``FidInputError``; the chunks done."""
-        ...
-
-    def add(self, index: int, features: np.ndarray) -> None:
-        """Add chunk ``index``'s feature rows [n, D], in seed order."""
-        ...
-
-    def commit(self, outdir: str, settings: dict[str, Any], chunks_done: int) -> None:
-        """Write the state after ``chunks_done`` chunks, atomically."""
-        ...
-
-
-class FidTally:
-    """FID's tally: the float64 ``MomentSums`` of the features, in ``fid-progress.npz``."""
-
-    def __init__(self, dim: int | None):
-        self.dim, self.sums = dim, MomentSums()
-
-    @property
-    def count(self) -> int:
-        return self.sums.count
-
-    def temporaries(self, num_chunks: int) -> tuple[str, ...]:
-        return (PROGRESS_FILE, STATS_FILE)
-
-    def resume(self, outdir: str, settings: dict[str, Any]) -> int:
-        done, self.sums = read_progress(outdir, settings, self.dim)
-        return done
-
-    def add(self, index: int, features: np.ndarray) -> None:
-        self.sums.add(features)
-
-    def commit(self, outdir: str, settings: dict[str, Any], chunks_done: int) -> None:
-        write_progress(outdir, settings, chunks_done, self.sums)
 
 
 def write_preview(outdir: str, images: np.ndarray) -> str:
