@@ -128,7 +128,7 @@ class AdmTally:
         extra = {
             "total_s": np.asarray(self.spatial_sums.total, np.float64),
             "outer_s": np.asarray(self.spatial_sums.outer, np.float64),
-            "pool_sha256": np.asarray(self.digests, dtype=f"U{64}"),
+            "pool_sha256": np.asarray(self.digests, dtype="U64"),
         }
         write_progress(outdir, settings, chunks_done, self.pool_sums, extra=extra, name=PROGRESS_FILE)
 
@@ -151,7 +151,9 @@ class AdmTally:
         self.pool_sums = pool_sums
         if chunks:
             total_s, outer_s = extra["total_s"], extra["outer_s"]
-            self.spatial_sums = MomentSums(pool_sums.count, total_s.astype(np.float64), outer_s)
+            self.spatial_sums = MomentSums(
+                pool_sums.count, total_s.astype(np.float64), outer_s.astype(np.float64)
+            )
             self.digests = [str(d) for d in extra["pool_sha256"]]
         else:
             self.spatial_sums, self.digests = MomentSums(), []
