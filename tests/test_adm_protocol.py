@@ -295,6 +295,7 @@ def test_a_chunk_file_left_past_the_progress_is_rewritten_and_other_settings_ref
     _draw(cut, range(1))
     (cut / ap.chunk_file(1)).write_bytes(b"half a chunk")
     resumed = _draw(cut, range(1, 3))
+    assert _same_statistics(resumed, whole)
     assert _scores(resumed, cut) == _scores(whole, tmp_path / "whole")
     with pytest.raises(
         FidInputError, match=r"other settings \(first_seed=0; now first_seed=1\).*adm-progress"
