@@ -39,7 +39,8 @@ def wants_adm(metrics: str) -> bool:
     return any(name.strip() in ADM_ONLY for name in metrics.split(","))
 
 
-def _parse(text: str) -> tuple[str, ...]:
+def parse_suite(text: str) -> tuple[str, ...]:
+    """``--metrics``' names of ADM's suite, in order; ``FidError`` for another name or a repeat."""
     from dew.scoring.adm_metrics import METRICS
 
     names = tuple(n.strip() for n in text.split(","))
@@ -52,7 +53,7 @@ def _parse(text: str) -> tuple[str, ...]:
 
 
 def _check(args: argparse.Namespace) -> None:
-    args.metrics = _parse(args.metrics)
+    args.metrics = parse_suite(args.metrics)
     other = [
         f"--{f}"
         for f in ("save_stats", "dinov2_weights", "dinov2_ref", "save_dinov2_stats")
@@ -77,31 +78,41 @@ def _reference(args: argparse.Namespace, resolution: tuple[int, int]) -> dict[st
     """The reference batch (read, not yet embedded), checked against the samples' resolution."""
     if not args.ref:
         return None
-    if os.path.isdir(args.ref):
+    return reference_batch(args.ref, args.metrics, resolution)
+
+
+def reference_batch(ref: str, metrics: tuple[str, ...], resolution: tuple[int, int]) -> dict[str, Any]:
+    """``--ref``: an ADM reference batch (``read_reference_batch``) or a folder of images, read
+    (not yet embedded), holding what ``metrics`` need and checked against the samples'
+    ``resolution``; ``FidError`` in one line otherwise."""
+    if os.path.isdir(ref):
         from dew.fid.inputs import list_images
 
-        files = list_images(args.ref, "--ref")
+        files = list_images(ref, "--ref")
         ref_resolution = _file_resolution(files[0])
         out: dict[str, Any] = {"files": files, "resolution": ref_resolution}
     else:
         from dew.scoring.adm_evaluator import ReferenceBatchError, read_reference_batch
 
         try:
-            out = read_reference_batch(args.ref)
+            out = read_reference_batch(ref)
         except ReferenceBatchError as e:
             raise FidError(str(e)) from None
-        needs_rows = {"precision", "recall"} & set(args.metrics)
+        needs_rows = {"precision", "recall"} & set(metrics)
         has_stats = all(k in out for k in ("mu", "sigma", "mu_s", "sigma_s"))
         if needs_rows and "images" not in out and "pool" not in out:
-            raise FidError(
-                f"--ref={args.ref!r} holds statistics only; precision and recall need its arr_0 images"
-            )
+            raise FidError(f"--ref={ref!r} holds statistics only; precision and recall need its arr_0 images")
         if not has_stats and "images" not in out and "pool" not in out:
-            raise FidError(f"--ref={args.ref!r} holds neither statistics nor images")
+            raise FidError(f"--ref={ref!r} holds neither statistics nor images")
+        if not has_stats and "images" not in out and {"fid", "sfid"} & set(metrics):
+            raise FidError(
+                f"--ref={ref!r} holds pool rows only; fid and sfid need its mu, sigma, mu_s, sigma_s "
+                "or its arr_0 images"
+            )
     recorded = out.get("resolution")
     if recorded is not None and tuple(recorded) != tuple(resolution):
         raise FidError(
-            f"--ref={args.ref!r} is a reference batch at {recorded[0]}x{recorded[1]}, the samples are "
+            f"--ref={ref!r} is a reference batch at {recorded[0]}x{recorded[1]}, the samples are "
             f"{resolution[0]}x{resolution[1]}; ADM's metrics compare images of one resolution"
         )
     return out
@@ -166,7 +177,9 @@ def run(args: argparse.Namespace) -> int:
             scorer, softmax="is" in args.metrics, keep_images=bool(args.save_ref_batch)
         ).add_all(batches)
         scores = (
-            adm_metrics.scores(args.metrics, samples, _embed_reference(reference, scorer, args))
+            adm_metrics.scores(
+                args.metrics, samples, embed_reference(reference, scorer, args.metrics, args.batch_size)
+            )
             if reference
             else {}
         )
@@ -192,13 +205,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _embed_reference(reference: dict[str, Any], scorer: Any, args: argparse.Namespace) -> dict[str, Any]:
+def embed_reference(
+    reference: dict[str, Any], scorer: Any, metrics: tuple[str, ...], batch: int
+) -> dict[str, Any]:
     """mu/sigma/mu_s/sigma_s (stored ones first, as the evaluator's ``read_statistics``) and the
     pool rows precision and recall need (stored ``pool``, else ``arr_0`` or the folder embedded)."""
     from dew.scoring import adm_metrics
 
     stored = {k: reference[k] for k in ("mu", "sigma", "mu_s", "sigma_s") if k in reference}
-    needs_rows = bool({"precision", "recall"} & set(args.metrics))
+    needs_rows = bool({"precision", "recall"} & set(metrics))
     out: dict[str, Any] = {}
     if len(stored) == 4 and (not needs_rows or "pool" in reference):
         out.update(stored)
@@ -207,9 +222,9 @@ def _embed_reference(reference: dict[str, Any], scorer: Any, args: argparse.Name
         return out
     features = adm_metrics.AdmFeatures(scorer, softmax=False)
     if "files" in reference:
-        features.add_all(_image_batches(reference["files"], args.batch_size))
+        features.add_all(_image_batches(reference["files"], batch))
     elif "images" in reference:
-        features.add_all(reference["images"].batches(args.batch_size))
+        features.add_all(reference["images"].batches(batch))
     else:  # stored statistics and pool rows
         out.update(stored, pool=reference["pool"])
         return out

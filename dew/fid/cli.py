@@ -9,6 +9,8 @@ Inception feature space.
     python -m dew.fid --workdir=runs/edm --preset=cifar10 --ref=cifar10-32x32.npz --outdir=fid/
         [--num=50000] [--first_seed=0] [--batch=64] [--chunk=1000] [--max_chunks=K] [--distributed]
         [--preview=64] [--image_handling=tf1]
+    python -m dew.fid --workdir=runs/x --preset=imagenet64 --metrics=fid,sfid,is,precision,recall
+        --ref=VIRTUAL_imagenet256_labeled.npz --outdir=adm/      (ADM's suite in the protocol)
     python -m dew.fid ref --data=datasets/cifar10-32x32.zip --dest=fid-refs/cifar10-32x32.npz
         [--image_handling=tf1]
     python -m dew.fid --images=samples/ --metrics=fid,fd_dinov2 --ref=real/   (or --ref=fid.npz
@@ -43,7 +45,8 @@ same images) at the preset's sampler (``cifar10``: 18 Heun steps, NFE 35; ``ffhq
 over every device and process, resumable in ``--outdir`` (rerun the same command after an
 interruption; ``--max_chunks`` stops after that many chunks). It prints and writes
 (``<outdir>/fid.json``) the FID with its inputs; ``--preview=N`` also writes the first N of the
-images it embedded as ``<outdir>/preview.png``. ``ref`` computes a data set's reference
+images it embedded as ``<outdir>/preview.png``; with ``--metrics`` naming ADM's suite it reports
+that instead, resumable the same way (``dew.fid.adm_protocol_cli``). ``ref`` computes a data set's reference
 statistics as NVlabs/edm's ``fid.py ref`` does (``dew.scoring.fid_reference``), in its ``.npz``
 format plus the resolution and the detector, which ``--preset`` checks against the samples'.
 Both feed the Inception uint8 images with ``--image_handling``: ``tf1`` (their default) is the

@@ -31,6 +31,11 @@ def _protocol_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--step", type=int, help="the checkpoint (default: the latest)")
     parser.add_argument("--raw", action="store_true", help="live weights, not the EMA")
     parser.add_argument("--distributed", action="store_true", help="jax.distributed.initialize() first")
+    parser.add_argument(
+        "--metrics",
+        default="fid",
+        help="fid (default), or ADM's suite: a subset of fid,sfid,is,precision,recall",
+    )
     _detector_flags(parser)
     args = parser.parse_args(argv)
     for flag, low in (
@@ -56,13 +61,34 @@ def _protocol_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+def _protocol_metrics(text: str) -> tuple[str, ...]:
+    """``("fid",)`` (the EDM protocol's FID) or ADM's suite (``dew.fid.adm_cli``'s parse);
+    ``FidError`` for anything else."""
+    from dew.fid.adm_cli import parse_suite, wants_adm
+
+    if wants_adm(text):
+        return parse_suite(text)
+    if text.strip() != "fid":
+        raise FidError(
+            f"--metrics={text!r} is invalid with --preset: expected fid, or ADM's suite (a subset of "
+            "fid,sfid,is,precision,recall with at least one of sfid, is, precision, recall)"
+        )
+    return ("fid",)
+
+
 def protocol_main(argv: Sequence[str]) -> int:
-    """``--preset``: draw, resume, report (``dew.scoring.fid_protocol``); exit 2 on bad input."""
+    """``--preset``: draw, resume, report (``dew.scoring.fid_protocol``); exit 2 on bad input.
+    ``--metrics`` naming ADM's suite goes to ``dew.fid.adm_protocol_cli``."""
     from dew.scoring import fid_protocol as fp
     from dew.scoring.fid_reference import FidInputError, check_reference, file_digest, load_reference
 
     try:
         args = _protocol_args(argv)
+        metrics = _protocol_metrics(args.metrics)
+        if metrics != ("fid",):
+            from dew.fid.adm_protocol_cli import adm_protocol_main
+
+            return adm_protocol_main(args, metrics)
         sampler = fp.preset(args.preset)
         ref = load_reference(args.ref)
         if args.distributed:

@@ -212,6 +212,8 @@ def read_reference_batch(path: str, flag: str = "--ref") -> dict[str, Any]:
                 out["detector"] = str(data["detector"])
             if "resolution" in names:
                 out["resolution"] = tuple(int(v) for v in np.asarray(data["resolution"]).reshape(-1))
+            if "num_images" in names:
+                out["num_images"] = int(data["num_images"])
     except NotAnNpzError as e:
         raise ReferenceBatchError(str(e)) from None
     except ValueError as e:

@@ -12,7 +12,7 @@ features into the requested metrics.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -118,10 +118,27 @@ class AdmFeatures:
 def scores(metrics: Sequence[str], samples: AdmFeatures, reference: dict[str, Any]) -> dict[str, float]:
     """The requested metrics of ``samples`` against ``reference`` (``mu``, ``sigma``, ``mu_s``,
     ``sigma_s``; ``pool`` rows for precision and recall), in ``metrics``' order."""
+    return scores_of(
+        metrics,
+        samples.statistics(),
+        lambda: samples.pool,
+        lambda: np.concatenate(samples.probs),
+        reference,
+    )
+
+
+def scores_of(
+    metrics: Sequence[str],
+    stats: dict[str, np.ndarray],
+    pool: Callable[[], np.ndarray],
+    probabilities: Callable[[], np.ndarray],
+    reference: dict[str, Any],
+) -> dict[str, float]:
+    """``scores`` from the samples' ``stats`` (``mu``, ``sigma``, ``mu_s``, ``sigma_s``), their
+    pool rows and softmax rows (each called only when a metric needs it), in ``metrics``' order."""
     from dew.scoring.distances import frechet_distance
 
     out: dict[str, float] = {}
-    stats = samples.statistics()
     pr = None
     for name in metrics:
         if name == "fid":
@@ -131,12 +148,12 @@ def scores(metrics: Sequence[str], samples: AdmFeatures, reference: dict[str, An
                 stats["mu_s"], stats["sigma_s"], reference["mu_s"], reference["sigma_s"]
             )
         elif name == "is":
-            out[name] = adm.inception_score(np.concatenate(samples.probs))
+            out[name] = adm.inception_score(probabilities())
         else:
             if pr is None:
-                pr = adm.precision_recall(reference["pool"], samples.pool)
+                pr = adm.precision_recall(reference["pool"], pool())
             out[name] = pr[0] if name == "precision" else pr[1]
     return out
 
 
-__all__ = ["ADM_ONLY", "LABELS", "METRICS", "AdmFeatures", "AdmScorer", "quantize", "scores"]
+__all__ = ["ADM_ONLY", "LABELS", "METRICS", "AdmFeatures", "AdmScorer", "quantize", "scores", "scores_of"]

@@ -19,6 +19,13 @@ never computed from sums the file does not vouch for.
 Progress is written to ``fid-progress.npz.tmp-<pid>`` and renamed over the old file; a process
 killed between the two leaves the temporary file behind, and ``remove_stale_temporaries``
 (called by the next draw on the same ``outdir``) removes those of processes no longer alive.
+
+Another protocol's progress (ADM's suite: ``dew.scoring.adm_progress``) is the same file under
+another ``name``, with ``extra`` arrays beside the sums (``write_progress(..., extra=...)``,
+``read_progress_arrays``): their dtype kinds and shapes are checked like the sums', they are in
+the digest, and the caller's ``check`` refuses what disagrees with the counts in the same line.
+``Tally`` is what a protocol draw accumulates and commits chunk by chunk (``Draw.run_tally``);
+``FidTally`` is FID's, the sums in this file.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -35,6 +43,7 @@ from dew.pinned_weights import content_sha256
 from dew.scoring.fid_reference import FidInputError, MomentSums
 
 PROGRESS_FILE = "fid-progress.npz"
+STATS_FILE = "fid-stats.npz"  # the finished draw's statistics (``fid_protocol.write_results``)
 _ARRAYS = ("settings", "chunks_done", "count", "total", "outer")
 _DIGEST = "digest"
 
@@ -54,11 +63,24 @@ def _arrays(settings: dict[str, Any], chunks_done: int, sums: MomentSums) -> dic
     }
 
 
-def write_progress(outdir: str, settings: dict[str, Any], chunks_done: int, sums: MomentSums) -> None:
-    """The sums after ``chunks_done`` chunks with their digest, written atomically (a temporary
-    file, flushed to disk, then renamed over the old one)."""
+def write_progress(
+    outdir: str,
+    settings: dict[str, Any],
+    chunks_done: int,
+    sums: MomentSums,
+    *,
+    extra: dict[str, np.ndarray] | None = None,
+    name: str = PROGRESS_FILE,
+) -> None:
+    """The sums (and ``extra`` arrays) after ``chunks_done`` chunks with their digest, written
+    atomically as ``<outdir>/<name>`` (a temporary file, flushed to disk, then renamed over the
+    old one)."""
     arrays = _arrays(settings, chunks_done, sums)
-    path = os.path.join(outdir, PROGRESS_FILE)
+    clash = set(arrays) & set(extra or {}) | {_DIGEST} & set(extra or {})
+    if clash:
+        raise ValueError(f"write_progress: extra arrays {sorted(clash)} would replace the file's own")
+    arrays.update(extra or {})
+    path = os.path.join(outdir, name)
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "wb") as f:
         np.savez(f, **arrays, **{_DIGEST: np.asarray(content_sha256(arrays))}, allow_pickle=False)
@@ -79,11 +101,10 @@ def _expected_kinds(dim: int | None) -> dict[str, tuple[str, tuple[int, ...] | N
     }
 
 
-def _read_arrays(path: str, refuse) -> dict[str, np.ndarray]:
+def _read_arrays(path: str, refuse, wanted: set[str], what: str) -> dict[str, np.ndarray]:
     try:
-        with open_npz(path, "the FID progress file") as data:
+        with open_npz(path, f"the {what} progress file") as data:
             names = set(data.files)
-            wanted = {*_ARRAYS, _DIGEST}
             if names != wanted:
                 missing, extra = sorted(wanted - names), sorted(names - wanted)
                 raise refuse(
@@ -108,22 +129,45 @@ def read_progress(outdir: str, settings: dict[str, Any], dim: int | None = None)
     ``settings`` are the draw's (with ``num_images`` and ``chunk``), ``dim`` the detector's
     feature width (None: not checked). ``FidInputError`` in one line naming the file when it is
     damaged or inconsistent (module docstring), or was made with other settings."""
-    path = os.path.join(outdir, PROGRESS_FILE)
+    chunks, sums, _ = read_progress_arrays(outdir, settings, dim)
+    return chunks, sums
+
+
+Check = Callable[[int, dict[str, np.ndarray]], str | None]
+
+
+def read_progress_arrays(
+    outdir: str,
+    settings: dict[str, Any],
+    dim: int | None = None,
+    *,
+    name: str = PROGRESS_FILE,
+    what: str = "FID",
+    extra: dict[str, tuple[str, tuple[int, ...] | None]] | None = None,
+    check: Check | None = None,
+) -> tuple[int, MomentSums, dict[str, np.ndarray]]:
+    """``read_progress`` of ``<outdir>/<name>`` holding also the ``extra`` arrays (name ->
+    (dtype kind, shape; None: any)): (chunks done, their sums, the extra arrays); (0, empty,
+    {}) without the file. After the file's own checks, ``check(chunks_done, extra arrays)``
+    gives a reason to refuse it (or None). Refusals name the ``what`` progress file."""
+    path = os.path.join(outdir, name)
     if not os.path.exists(path):
-        return 0, MomentSums()
+        return 0, MomentSums(), {}
 
     def refuse(reason: str) -> FidInputError:
         return FidInputError(
-            f"--outdir={outdir!r}: the FID progress file {path} is unusable: {reason}; "
+            f"--outdir={outdir!r}: the {what} progress file {path} is unusable: {reason}; "
             "delete it to start over"
         )
 
-    data = _read_arrays(path, refuse)
-    for name, (kind, shape) in _expected_kinds(dim).items():
-        a = data[name]
+    extra = dict(extra or {})
+    kinds = {**_expected_kinds(dim), **extra}
+    data = _read_arrays(path, refuse, set(kinds), what)
+    for key, (kind, shape) in kinds.items():
+        a = data[key]
         if a.dtype.kind != kind or (shape is not None and a.shape != shape):
-            raise refuse(f"{name!r} is {a.dtype} {a.shape}, expected kind {kind!r} of shape {shape}")
-    arrays = {k: data[k] for k in _ARRAYS}
+            raise refuse(f"{key!r} is {a.dtype} {a.shape}, expected kind {kind!r} of shape {shape}")
+    arrays = {k: data[k] for k in kinds if k != _DIGEST}
     if content_sha256(arrays) != str(data[_DIGEST]):
         raise refuse("its arrays do not match the digest it records (damaged or edited)")
     stored = str(data["settings"])
@@ -140,7 +184,7 @@ def read_progress(outdir: str, settings: dict[str, Any], dim: int | None = None)
         now = ", ".join(f"{k}={new.get(k)!r}" for k in diff)
         raise FidInputError(
             f"--outdir={outdir!r} holds a draw with other settings ({was}; now {now}); "
-            f"use another --outdir or delete {PROGRESS_FILE}"
+            f"use another --outdir or delete {name}"
         )
     chunks, count = int(data["chunks_done"]), int(data["count"])
     total, outer = data["total"].astype(np.float64), data["outer"].astype(np.float64)
@@ -156,7 +200,63 @@ def read_progress(outdir: str, settings: dict[str, Any], dim: int | None = None)
         raise refuse(f"total {total.shape} and outer {outer.shape} are not [D] and [D, D]")
     if not (np.isfinite(total).all() and np.isfinite(outer).all()):
         raise refuse("its sums are not finite")
-    return chunks, MomentSums(count, total, outer)
+    extras = {k: data[k] for k in extra}
+    reason = check(chunks, extras) if check is not None else None
+    if reason:
+        raise refuse(reason)
+    return chunks, MomentSums(count, total, outer), extras
+
+
+class Tally(Protocol):
+    """What a draw accumulates chunk by chunk and records in its progress file after each:
+    ``FidTally`` (FID's sums) or ``dew.scoring.adm_progress.AdmTally`` (ADM's suite). Every
+    process adds every chunk's features, in chunk order; process 0 alone commits."""
+
+    @property
+    def count(self) -> int:
+        """Images added so far (resumed ones included)."""
+        ...
+
+    def temporaries(self, num_chunks: int) -> tuple[str, ...]:
+        """The names of the files it writes (``<name>.tmp-<pid>`` leftovers get removed)."""
+        ...
+
+    def resume(self, outdir: str, settings: dict[str, Any]) -> int:
+        """Take the state of ``outdir``'s progress (none: empty), refusing a damaged or other
+        draw's with ``FidInputError``; the chunks done."""
+        ...
+
+    def add(self, index: int, features: np.ndarray) -> None:
+        """Add chunk ``index``'s feature rows [n, D], in seed order."""
+        ...
+
+    def commit(self, outdir: str, settings: dict[str, Any], chunks_done: int) -> None:
+        """Write the state after ``chunks_done`` chunks, atomically."""
+        ...
+
+
+class FidTally:
+    """FID's tally: the float64 ``MomentSums`` of the features, in ``fid-progress.npz``."""
+
+    def __init__(self, dim: int | None):
+        self.dim, self.sums = dim, MomentSums()
+
+    @property
+    def count(self) -> int:
+        return self.sums.count
+
+    def temporaries(self, num_chunks: int) -> tuple[str, ...]:
+        return (PROGRESS_FILE, STATS_FILE)
+
+    def resume(self, outdir: str, settings: dict[str, Any]) -> int:
+        done, self.sums = read_progress(outdir, settings, self.dim)
+        return done
+
+    def add(self, index: int, features: np.ndarray) -> None:
+        self.sums.add(features)
+
+    def commit(self, outdir: str, settings: dict[str, Any], chunks_done: int) -> None:
+        write_progress(outdir, settings, chunks_done, self.sums)
 
 
 def _alive(pid: int) -> bool:
@@ -192,4 +292,14 @@ def remove_stale_temporaries(outdir: str, names: tuple[str, ...] = (PROGRESS_FIL
     return removed
 
 
-__all__ = ["PROGRESS_FILE", "fingerprint", "read_progress", "remove_stale_temporaries", "write_progress"]
+__all__ = [
+    "PROGRESS_FILE",
+    "STATS_FILE",
+    "FidTally",
+    "Tally",
+    "fingerprint",
+    "read_progress",
+    "read_progress_arrays",
+    "remove_stale_temporaries",
+    "write_progress",
+]

@@ -31,6 +31,8 @@ read) continues after the last completed chunk, and since every chunk's
 features are summed in one fixed order, it ends with the same statistics, bit for bit, as a run
 never interrupted. A progress file made with other settings is refused, and so is one that is damaged or whose
 counts disagree with each other or the settings (one line naming it: delete it to start over).
+What a chunk adds and its progress file are the draw's ``Tally`` (``Draw.run_tally``): ``FidTally``
+for FID; ADM's suite's ``dew.scoring.adm_progress.AdmTally`` also keeps each chunk's pool rows.
 
 **Preview.** With ``preview`` = k > 0, the first k images of the draw (seeds s₀ … s₀ + k − 1,
 the very uint8 images the detector embeds, out of the same program) are written as one grid,
@@ -50,12 +52,19 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from dew.scoring.fid_progress import PROGRESS_FILE, read_progress, remove_stale_temporaries, write_progress
+from dew.scoring.fid_progress import (  # noqa: F401  (public here too, as before)
+    PROGRESS_FILE,
+    STATS_FILE,
+    FidTally,
+    Tally,
+    read_progress,
+    remove_stale_temporaries,
+    write_progress,
+)
 from dew.scoring.fid_reference import Detector, FidInputError, MomentSums
 
 PREVIEW_FILE = "preview.png"
 REPORT_FILE = "fid.json"
-STATS_FILE = "fid-stats.npz"
 
 
 class _Step(Protocol):
@@ -242,26 +251,32 @@ class Draw:
     def run(self, max_chunks: int | None = None) -> MomentSums | None:
         """Draw the chunks not yet in the progress file (at most ``max_chunks`` this call);
         the complete sums, or None when stopped by ``max_chunks`` before the end."""
+        tally = FidTally(self.detector.dim)
+        return tally.sums if self.run_tally(tally, max_chunks) else None
+
+    def run_tally(self, tally: Tally, max_chunks: int | None = None) -> bool:
+        """``run`` into any ``tally`` (it reads and writes its own progress file): True when
+        every chunk is in it, False when stopped by ``max_chunks`` before the end."""
         import jax
 
         settings = self.settings()
-        done, sums = read_progress(self.outdir, settings, self.detector.dim)
+        done = tally.resume(self.outdir, settings)
         os.makedirs(self.outdir, exist_ok=True)
+        num_chunks = math.ceil(self.num / self.chunk)
         if jax.process_index() == 0:
-            stale = remove_stale_temporaries(self.outdir, (PROGRESS_FILE, STATS_FILE))
+            stale = remove_stale_temporaries(self.outdir, tally.temporaries(num_chunks))
             if stale:
                 self.log(
                     f"fid: removed {len(stale)} temporary files of interrupted writes ({', '.join(stale)})"
                 )
-        num_chunks = math.ceil(self.num / self.chunk)
         if done:
-            self.log(f"fid: resuming after {done}/{num_chunks} chunks ({sums.count}/{self.num} images)")
+            self.log(f"fid: resuming after {done}/{num_chunks} chunks ({tally.count}/{self.num} images)")
         step, per_step = self._step_fn()
         started = time.monotonic()
         for ran, index in enumerate(range(done, num_chunks)):
             if max_chunks is not None and ran >= max_chunks:
                 self.log(f"fid: stopped after {ran} chunks (--max_chunks); rerun to continue")
-                return None
+                return False
             lo = self.first_seed + index * self.chunk
             hi = min(lo + self.chunk, self.first_seed + self.num)
             seeds = np.arange(lo, hi, dtype=np.int64)
@@ -275,18 +290,18 @@ class Draw:
                 if wanted:
                     assert images is not None  # keep_images=True
                     shown.append(images[: len(part)])
-            sums.add(np.concatenate(parts))
+            tally.add(index, np.concatenate(parts))
             if jax.process_index() == 0:
                 if shown:
                     write_preview(self.outdir, np.concatenate(shown)[: self.preview])
-                write_progress(self.outdir, settings, index + 1, sums)
-            rate = (sums.count - done * self.chunk) / max(time.monotonic() - started, 1e-9)
-            remaining = (self.num - sums.count) / rate if rate > 0 else float("nan")
+                tally.commit(self.outdir, settings, index + 1)
+            rate = (tally.count - done * self.chunk) / max(time.monotonic() - started, 1e-9)
+            remaining = (self.num - tally.count) / rate if rate > 0 else float("nan")
             self.log(
-                f"fid: {sums.count}/{self.num} images (chunk {index + 1}/{num_chunks}, "
+                f"fid: {tally.count}/{self.num} images (chunk {index + 1}/{num_chunks}, "
                 f"{rate:.1f} images/s, ~{remaining / 60:.1f} min left)"
             )
-        return sums
+        return True
 
 
 def write_preview(outdir: str, images: np.ndarray) -> str:
@@ -344,7 +359,9 @@ def write_results(outdir: str, sums: MomentSums, report: dict[str, Any], resolut
 __all__ = [
     "PRESETS",
     "Draw",
+    "FidTally",
     "SamplerPreset",
+    "Tally",
     "draw_images",
     "fid_report",
     "preset",

@@ -1,0 +1,105 @@
+"""ADM's evaluation suite reported from a finished protocol draw (``dew.scoring.fid_protocol`` with
+``dew.scoring.adm_progress.AdmTally``): FID, sFID, Inception Score, precision and recall by the
+evaluator's rules (``dew.scoring.adm_evaluator``), and the files that record them.
+
+``adm_scores`` takes the samples' statistics from the tally's float64 sums (μ = Σf/n,
+Σ = (Σffᵀ − nμμᵀ)/(n − 1), as ``MomentSums``), their pool rows from the chunk files (each
+checked against the digest its progress file records), their softmax rows from those pool rows
+(``softmax(pool · Wᵀ)`` chunk by chunk: ``probabilities``), and the reference's ``mu``,
+``sigma``, ``mu_s``, ``sigma_s`` and pool rows as the caller read or embedded them. Every number
+is a function of the progress file and its chunk files alone, so a draw interrupted and rerun
+reports what one never interrupted does, bit for bit.
+
+``adm_report`` is the report with every input it depends on (images, seeds, sampler, model,
+detector, the reference batch's path, SHA-256, resolution and count); ``write_adm_results``
+writes it as ``<outdir>/adm.json`` and the samples' statistics as ``<outdir>/adm-stats.npz``
+(``mu``, ``sigma``, ``mu_s``, ``sigma_s`` and dew's provenance: the layout
+``read_reference_batch`` reads for FID and sFID), each atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from dew.scoring.adm_progress import REPORT_FILE, STATS_FILE, AdmTally
+
+
+def adm_scores(
+    metrics: Sequence[str],
+    tally: AdmTally,
+    outdir: str,
+    reference: dict[str, Any],
+    probabilities: Callable[[np.ndarray], np.ndarray],
+) -> dict[str, float]:
+    """The requested metrics of a complete draw in ``outdir`` against ``reference``;
+    ``probabilities`` maps pool rows [n, 2048] to softmax rows [n, 1008]
+    (``AdmScorer.probabilities``). ``FidInputError`` when a chunk file is not what the progress
+    file recorded."""
+    from dew.scoring.adm_metrics import scores_of
+
+    rows: list[list[np.ndarray]] = []
+
+    def chunks() -> list[np.ndarray]:
+        if not rows:
+            rows.append(tally.pool_rows(outdir))
+        return rows[0]
+
+    return scores_of(
+        metrics,
+        tally.statistics(),
+        lambda: np.concatenate(chunks()),
+        lambda: np.concatenate([probabilities(part) for part in chunks()]),
+        reference,
+    )
+
+
+def adm_report(
+    scores: dict[str, float], draw: Any, reference: dict[str, Any], ref_path: str, ref_digest: str
+) -> dict[str, Any]:
+    """The metrics (in the order asked) and every input they depend on; ``draw`` is the
+    protocol's ``Draw``."""
+    recorded = {k: reference[k] for k in ("resolution", "num_images", "detector") if k in reference}
+    if "resolution" in recorded:
+        recorded["resolution"] = [int(v) for v in recorded["resolution"]]
+    if "num_images" in recorded:
+        recorded["num_images"] = int(recorded["num_images"])
+    return {
+        **{name: float(value) for name, value in scores.items()},
+        "num_images": draw.num,
+        "seeds": [draw.first_seed, draw.first_seed + draw.num - 1],
+        "sampler": draw.sampler.settings(),
+        "model": draw.identity,
+        "detector": draw.detector.description,
+        "reference": {"path": os.path.abspath(ref_path), "sha256": ref_digest, **recorded},
+    }
+
+
+def write_adm_results(
+    outdir: str, tally: AdmTally, report: dict[str, Any], resolution: tuple[int, int]
+) -> None:
+    """``<outdir>/adm-stats.npz`` (the samples' statistics) and ``<outdir>/adm.json`` (the
+    report), each written to a temporary file and renamed into place."""
+    arrays: dict[str, np.ndarray | np.generic] = {
+        k: np.asarray(v, np.float64) for k, v in tally.statistics().items()
+    }
+    arrays["resolution"] = np.asarray(resolution, np.int64)
+    arrays["num_images"] = np.int64(tally.count)
+    arrays["detector"] = np.str_(report["detector"])
+    path = os.path.join(outdir, STATS_FILE)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays, allow_pickle=False)
+    os.replace(tmp, path)
+    path = os.path.join(outdir, REPORT_FILE)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(tmp, path)
+
+
+__all__ = ["adm_report", "adm_scores", "write_adm_results"]
