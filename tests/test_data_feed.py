@@ -23,7 +23,8 @@ def take(dataset: Dataset, k: int) -> list[np.ndarray]:
 
 
 def feed_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("dew-feed")]
+    """This file's feed threads (its sources are named "toy"), not another test's in the process."""
+    return [t for t in threading.enumerate() if t.name.startswith("dew-feed-toy")]
 
 
 def test_the_order_is_the_seeded_permutation_of_each_epoch_and_share():

@@ -257,12 +257,15 @@ def test_a_resumed_stream_carries_the_same_images_beside_the_same_latents(tmp_pa
     def take(dataset, k):
         return [next(dataset) for _ in range(k)]
 
-    straight = take(stream(), 7)  # 2 per batch over 5 rows: crosses epoch boundaries
+    whole = stream()
+    straight = take(whole, 7)  # 2 per batch over 5 rows: crosses epoch boundaries
     first = stream()
     head = take(first, 3)
     resumed = stream()
     resumed.read_position(first.save_position())
     got = head + take(resumed, 4)
+    for dataset in (whole, first, resumed):
+        dataset.close()  # their feed threads end here, not in another test
     source = source_of(path=str(dest), use_labels=True, images=str(pictures))
     table = {bytes(np.asarray(source.fields["image"][i]).tobytes()): i for i in range(5)}
     for a, b in zip(got, straight, strict=True):
