@@ -50,7 +50,6 @@ from dew import converted_run
 from dew.config import apply_overrides, load_config
 from dew.converted_run import ConversionError as ConversionError
 
-
 REFERENCES = ("dit", "sit", "repa")
 #: REPA's paths (``loss.py`` ``path_type``) as dew's interpolant paths, and its one prediction
 REPA_PATHS = ("Linear", "GVP")
@@ -172,9 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             state = read_checkpoint(args.checkpoint, args.which)  # a bad file fails before anything is built
         except CheckpointError as e:
             raise ConversionError(f"--checkpoint: {e}") from None
-        directory = convert(
-            state, config, workdir, args.step, os.path.abspath(args.checkpoint), args.source
-        )
+        directory = convert(state, config, workdir, args.step, os.path.abspath(args.checkpoint), args.source)
         return f"converted {args.checkpoint} ({config.model.name}) -> {directory} (step {args.step})"
 
     return converted_run.command(args.workdir, rest, write)

@@ -192,7 +192,9 @@ def test_bad_options_are_one_line():
 
 def test_a_repa_checkpoint_needs_its_source_and_a_matching_network(ref, tmp_path, capsys):
     state = dit_checkpoint.read_checkpoint(CHECKPOINT)
-    config = ConfigDict({"model": {"name": "SiT-XL/2"}, "objective": {"name": "interpolant", "path": "Linear"}})
+    config = ConfigDict(
+        {"model": {"name": "SiT-XL/2"}, "objective": {"name": "interpolant", "path": "Linear"}}
+    )
     with pytest.raises(convert_dit.ConversionError, match="pass --source=repa"):
         convert_dit.with_time_direction(config, state, None)
     assert convert_dit.with_time_direction(config, state, "sit") is config
@@ -206,7 +208,7 @@ def test_a_repa_checkpoint_needs_its_source_and_a_matching_network(ref, tmp_path
         with pytest.raises(convert_dit.ConversionError, match=message):
             convert_dit.with_time_direction(ConfigDict({**config.to_dict(), **change}), state, "repa")
     # A REPA checkpoint of another size: the key, its shape and the network's, one line.
-    with pytest.raises(dit_checkpoint.CheckpointError, match="blocks.1.") as info:
+    with pytest.raises(dit_checkpoint.CheckpointError, match=r"blocks\.1\.") as info:
         dit_checkpoint.convert(state, "sit", {**options(ref), "depth": 1})
     assert "\n" not in str(info.value)
     # The command: one line, exit 2, nothing written, without --source.
