@@ -58,11 +58,12 @@ REPA_PROJECTORS = ("projectors.", "module.projectors.")
 
 def with_time_direction(config, state_dict: Mapping[str, np.ndarray], reference: str | None):
     """``config`` with ``model.time_direction`` set for the checkpoint's reference (a copy; the
-    same object when nothing changes). sihyun-yu/REPA trains t = 1 at the noise, x_t = (1 − t)·x +
-    t·ε, v = ε − x (cosine: α = cos(πt/2), σ = sin(πt/2)): its networks run in the mirror of SiT's
-    time, so ``reference="repa"`` builds dew's network with ``time_direction="repa"`` (it feeds
-    1 − s to the time embedder and negates the velocity: ``dew.networks.dit``). A checkpoint with
-    REPA's projector keys and no ``reference`` is refused (its time direction is not in it)."""
+    same object when nothing changes; ``repa`` replaces the network's default ``sit``).
+    sihyun-yu/REPA trains t = 1 at the noise, x_t = (1 − t)·x + t·ε, v = ε − x (cosine:
+    α = cos(πt/2), σ = sin(πt/2)): its networks run in the mirror of SiT's time, so
+    ``reference="repa"`` builds dew's network with ``time_direction="repa"`` (it feeds 1 − s to
+    the time embedder and negates the velocity: ``dew.networks.dit``). A checkpoint with REPA's
+    projector keys and no ``reference`` is refused (its time direction is not in it)."""
     if reference is not None and reference not in REFERENCES:
         raise ConversionError(f"--source={reference!r} is unknown: expected one of {REFERENCES}")
     if reference is None:
@@ -74,11 +75,6 @@ def with_time_direction(config, state_dict: Mapping[str, np.ndarray], reference:
         return config
     if reference != "repa":
         return config
-    direction = config.model.get("time_direction", "repa")
-    if direction != "repa":
-        raise ConversionError(
-            f"config.model.time_direction={direction!r} contradicts --source=repa: expected 'repa' or unset"
-        )
     objective = config.objective
     if objective.get("name") != "interpolant" or objective.get("path", "Linear") not in REPA_PATHS:
         raise ConversionError(
