@@ -39,6 +39,11 @@ so dew counts the reference's trainable parameters: e.g. DiT-XL/2 at 32×32 late
 ``mlp``, ``qk_norm`` and ``rotary`` (``dit_layers``) are off by default (= the reference).
 Each is checked against the reference's own code on random weights (tests/test_dit.py, goldens
 in third_party/dit): DiT, SiT, REPA's projectors, LightningDiT's options, MeanFlow's (t, h) DiT.
+``time_direction="repa"`` (default ``"sit"``) runs weights trained by sihyun-yu/REPA, whose time
+is the mirror of SiT's (t = 1 at the noise, velocity dx/dt = ε − x), in dew's SiT time s: the
+time embedder is fed 1 − s and the output negated, net(x, s) = −REPA(x, 1 − s) (the projector
+tokens are REPA's at its t); only for continuous t, ``time_inputs=("t",)``, adaLN, and an output
+without variance channels (``dew.convert_dit --source=repa`` sets it).
 ``remat`` (``dew.networks.songunet.REMAT_POLICIES``: ``none``, ``blocks``, ``blocks_save_dots``)
 recomputes each block's activations in the backward pass: less memory, the same function.
 
