@@ -4,6 +4,8 @@
         --workdir=runs/dit [--which=ema] [--step=1] [--config.dataset.path=...] [--config.*=...]
     python -m dew.convert_dit --checkpoint=SiT-XL-2-256x256.pt --config=experiments/sit.py:SiT-XL/2 \
         --workdir=runs/sit
+    python -m dew.convert_dit --checkpoint=last.pt --source=repa --config=experiments/repa.py:SiT-XL/2 \
+        --workdir=runs/repa
 
 ``--checkpoint`` is what facebookresearch/DiT, willisma/SiT or sihyun-yu/REPA publish or save: a
 plain ``state_dict`` (``DiT-XL-2-256x256.pt``) or ``train.py``'s ``{"model", "ema", "opt",
@@ -13,6 +15,13 @@ a ``.pt`` (PyTorch's zip format, read without PyTorch: ``dew.interop.torch_zip``
 is the dew experiment the weights belong to: its ``config.model`` names the network (the
 registered ``DiT-XL/2`` …) and its data set the latent shape and classes; ``--config.*``
 overrides apply last.
+
+``--source=repa`` (required for a checkpoint holding REPA's ``projectors.*``): sihyun-yu/REPA
+trains in the mirror of SiT's time (t = 1 at the noise, velocity ε − x), so the run's network is
+built with ``config.model.time_direction="repa"`` (dew's time s, 1 − s fed to the weights, the
+velocity negated): dew's samplers, ``repa_sde``/``repa_ode`` included, and further training with
+the ``interpolant`` objective then see a SiT-convention network, and the loss trains the weights
+toward REPA's own target at REPA's time.
 
 The weights become both the parameters and the (debiased) EMA of a ``TrainState`` at step
 ``--step`` with a fresh optimizer state, saved through ``Checkpoints`` under
@@ -41,6 +50,48 @@ from dew import converted_run
 from dew.config import apply_overrides, load_config
 from dew.converted_run import ConversionError as ConversionError
 
+REFERENCES = ("dit", "sit", "repa")
+#: REPA's paths (``loss.py`` ``path_type``) as dew's interpolant paths, and its one prediction
+REPA_PATHS = ("Linear", "GVP")
+REPA_PROJECTORS = ("projectors.", "module.projectors.")
+
+
+def with_time_direction(config, state_dict: Mapping[str, np.ndarray], reference: str | None):
+    """``config`` with ``model.time_direction`` set for the checkpoint's reference (a copy; the
+    same object when nothing changes; ``repa`` replaces the network's default ``sit``).
+    sihyun-yu/REPA trains t = 1 at the noise, x_t = (1 − t)·x + t·ε, v = ε − x (cosine:
+    α = cos(πt/2), σ = sin(πt/2)): its networks run in the mirror of SiT's time, so
+    ``reference="repa"`` builds dew's network with ``time_direction="repa"`` (it feeds 1 − s to
+    the time embedder and negates the velocity: ``dew.networks.dit``). A checkpoint with REPA's
+    projector keys and no ``reference`` is refused (its time direction is not in it)."""
+    if reference is not None and reference not in REFERENCES:
+        raise ConversionError(f"--source={reference!r} is unknown: expected one of {REFERENCES}")
+    if reference is None:
+        if any(k.startswith(REPA_PROJECTORS) for k in state_dict):
+            raise ConversionError(
+                "--source: the checkpoint holds REPA's projectors (projectors.*): pass --source=repa "
+                "(REPA's time, t = 1 at the noise) or --source=sit if it was trained in SiT's time"
+            )
+        return config
+    if reference != "repa":
+        return config
+    objective = config.objective
+    if objective.get("name") != "interpolant" or objective.get("path", "Linear") not in REPA_PATHS:
+        raise ConversionError(
+            f"--source=repa: config.objective ({objective.get('name')!r}, path "
+            f"{objective.get('path', 'Linear')!r}) is not REPA's: expected the interpolant objective "
+            f"on a path in {REPA_PATHS} (REPA's linear and cosine)"
+        )
+    if objective.get("prediction", "velocity") != "velocity":
+        raise ConversionError(
+            f"--source=repa: config.objective.prediction={objective.get('prediction')!r} is not REPA's: "
+            "expected 'velocity'"
+        )
+    config = config.copy_and_resolve_references()
+    with config.unlocked():
+        config.model.time_direction = "repa"
+    return config
+
 
 def convert(
     state_dict: Mapping[str, np.ndarray],
@@ -48,14 +99,18 @@ def convert(
     workdir: str,
     step: int = 1,
     source: str = "<in memory>",
+    reference: str | None = None,
 ) -> str:
     """Write ``state_dict`` (reference keys -> arrays) as a checkpoint of the run ``config``
-    describes, and ``run.json`` beside it; returns the checkpoint directory. Raises
+    describes, and ``run.json`` beside it; returns the checkpoint directory. ``reference``
+    (``dit``, ``sit``, ``repa``; None: DiT/SiT, refused for a checkpoint with REPA's projectors)
+    says whose time convention the weights were trained in (``with_time_direction``). Raises
     ConversionError / ConfigError (checked before anything is written)."""
     from dew.interop import dit_checkpoint
 
     if not isinstance(step, int) or step < 1:
         raise ConversionError(f"--step={step!r} is invalid: expected an int >= 1 (the EMA's update count)")
+    config = with_time_direction(config, state_dict, reference)
     name = config.model.name
     run = converted_run.target(config, workdir)
     template = run.template
@@ -77,6 +132,8 @@ def convert(
                 )
     params = {m: dict(converted[m]) for m in template}
     record = {"checkpoint": source, "architecture": name, "step": step}
+    if reference is not None:
+        record["source"] = reference
     return converted_run.write_run(run, config, workdir, params, step, record)
 
 
@@ -91,6 +148,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", required=True, help="where the dew run is written")
     parser.add_argument("--which", default="ema", help="ema or model, from a train.py checkpoint")
     parser.add_argument("--step", type=int, default=1, help="the step number the checkpoint carries")
+    parser.add_argument(
+        "--source",
+        choices=REFERENCES,
+        default=None,
+        help="whose training the weights come from: repa runs t = 1 at the noise (required for REPA's)",
+    )
     try:
         args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as e:
@@ -104,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             state = read_checkpoint(args.checkpoint, args.which)  # a bad file fails before anything is built
         except CheckpointError as e:
             raise ConversionError(f"--checkpoint: {e}") from None
-        directory = convert(state, config, workdir, args.step, os.path.abspath(args.checkpoint))
+        directory = convert(state, config, workdir, args.step, os.path.abspath(args.checkpoint), args.source)
         return f"converted {args.checkpoint} ({config.model.name}) -> {directory} (step {args.step})"
 
     return converted_run.command(args.workdir, rest, write)

@@ -110,9 +110,16 @@ def imagenet(size: str) -> ConfigDict:
             "sampling": sampling(REPA_SAMPLING),
         }
     )
-    # REPA's SiT: learn_sigma=True built, the first 4 channels returned; use_cfg -> dropout 0.1
+    # REPA's SiT (models/sit.py): out_channels = in_channels (no variance channels, so its
+    # checkpoints' final layer holds 4); use_cfg -> dropout 0.1
     config.model = ConfigDict(
-        {"name": size, "input_size": 32, "num_classes": 1000, "class_dropout_prob": 0.1}
+        {
+            "name": size,
+            "input_size": 32,
+            "num_classes": 1000,
+            "class_dropout_prob": 0.1,
+            "learn_sigma": False,
+        }
     )
     config.optimizer = ConfigDict(
         {"learning_rate": 1e-4, "warmup_steps": 0, "b1": 0.9, "b2": 0.999, "eps": 1e-8, "grad_clip": 1.0}

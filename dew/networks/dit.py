@@ -39,6 +39,11 @@ so dew counts the reference's trainable parameters: e.g. DiT-XL/2 at 32×32 late
 ``mlp``, ``qk_norm`` and ``rotary`` (``dit_layers``) are off by default (= the reference).
 Each is checked against the reference's own code on random weights (tests/test_dit.py, goldens
 in third_party/dit): DiT, SiT, REPA's projectors, LightningDiT's options, MeanFlow's (t, h) DiT.
+``time_direction="repa"`` (default ``"sit"``) runs weights trained by sihyun-yu/REPA, whose time
+is the mirror of SiT's (t = 1 at the noise, velocity dx/dt = ε − x), in dew's SiT time s: the
+time embedder is fed 1 − s and the output negated, net(x, s) = −REPA(x, 1 − s) (the projector
+tokens are REPA's at its t); only for continuous t, ``time_inputs=("t",)``, adaLN, and an output
+without variance channels (``dew.convert_dit --source=repa`` sets it).
 ``remat`` (``dew.networks.songunet.REMAT_POLICIES``: ``none``, ``blocks``, ``blocks_save_dots``)
 recomputes each block's activations in the backward pass: less memory, the same function.
 
@@ -91,6 +96,7 @@ CONDITIONINGS = ("adaln", "in_context")
 IMF_SIZES = {"B": (12, 768, 12), "M": (24, 768, 12), "L": (32, 1024, 16), "XL": (48, 1024, 16)}
 """size -> (depth, hidden_size, num_heads), imfDiT_B_2 … imfDiT_XL_2 (patch 2, aux_head_depth 8)."""
 NORMS = ("layernorm", "rmsnorm")
+TIME_DIRECTIONS = ("sit", "repa")
 MLPS = ("gelu_tanh", "swiglu")
 
 
@@ -117,6 +123,8 @@ def check_options(
     head_depth: int = 0,
     v_head: bool = False,
     qk_norm: bool = False,
+    time_direction: str = "sit",
+    returns_variance: bool = False,
 ) -> None:
     """Raise ``ConfigError`` (one line: the field, the value, what is accepted) for options the
     network cannot be built with; callable at config time, before anything is traced or written."""
@@ -173,6 +181,14 @@ def check_options(
         raise _fail("rotary", rotary, "False unless hidden_size / num_heads is a multiple of 4")
     if remat not in REMAT_POLICIES:
         raise _fail("remat", remat, f"one of {tuple(REMAT_POLICIES)}")
+    if time_direction not in TIME_DIRECTIONS:
+        raise _fail("time_direction", time_direction, f"one of {TIME_DIRECTIONS}")
+    if time_direction == "repa" and (conditioning != "adaln" or tuple(time_inputs) != ("t",)):
+        raise _fail("time_direction", time_direction, "'sit' unless the network reads t alone (adaln)")
+    if time_direction == "repa" and returns_variance:
+        raise _fail(
+            "time_direction", time_direction, "'sit' with learn_sigma and sigma_output (REPA has no variance)"
+        )
 
 
 class DiT(hk.Module):
@@ -210,6 +226,7 @@ class DiT(hk.Module):
         token_init_constant: float = 1.0,
         embedding_init_constant: float = 1.0,
         weight_init_constant: float = 0.32,
+        time_direction: str = "sit",
         name: str | None = "dit",
     ):
         check_options(
@@ -230,6 +247,8 @@ class DiT(hk.Module):
             head_depth=head_depth,
             v_head=v_head,
             qk_norm=qk_norm,
+            time_direction=time_direction,
+            returns_variance=learn_sigma and sigma_output,
         )
         super().__init__(name=name)
         self.depth, self.hidden_size, self.num_heads, self.patch_size = (
@@ -248,6 +267,7 @@ class DiT(hk.Module):
         self.tokens = {"class": class_tokens, "omega": cfg_tokens, "t_min": interval_tokens}
         self.tokens.update({"t_max": interval_tokens, "time": time_tokens})
         self.init_constants = (token_init_constant, embedding_init_constant, weight_init_constant)
+        self.time_direction = time_direction
 
     def _grid(self, x: jax.Array) -> int:
         _, height, width, _ = x.shape
@@ -297,6 +317,8 @@ class DiT(hk.Module):
         tokens = L.PatchEmbed(self.patch_size, self.hidden_size, name="x_embedder")(x)
         tokens = tokens + jnp.asarray(pos_embed, dtype)[None]
         t = jnp.broadcast_to(jnp.asarray(t).reshape(-1), (batch,))
+        if self.time_direction == "repa":
+            t = 1 - t  # REPA's time t = 1 − s: its network was trained with t = 1 at the noise
         c = L.TimestepEmbedder(self.hidden_size, name="t_embedder")(t, dtype)
         if h is not None:
             h = jnp.broadcast_to(jnp.asarray(h).reshape(-1), (batch,))
@@ -335,6 +357,8 @@ class DiT(hk.Module):
         out = unpatchify(out, grid, p, out_channels)
         if self.learn_sigma and not self.sigma_output:
             out = out[..., :in_channels]
+        if self.time_direction == "repa":
+            out = -out  # v_S(x, s) = dx/ds = −dx/dt = −v_REPA(x, 1 − s)
         return (out, features) if return_features else out
 
     @hk.transparent

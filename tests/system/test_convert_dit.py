@@ -194,6 +194,46 @@ def test_a_sit_state_dict_becomes_a_sit_run(data, tmp_path):
     assert task(classes=(1, 2)).images.shape == (2, 32, 32, 3)
 
 
+@pytest.mark.default_compiler
+def test_a_repa_checkpoint_becomes_a_run_in_sits_time(data, tmp_path, capsys):
+    """REPA's train.py checkpoint (third_party/repa/repa_tiny_checkpoint.pt, REPA's own SiT) with
+    ``--source=repa``: run.json's network carries ``time_direction="repa"`` and the run's network
+    is −REPA(x, 1 − s) (tests/test_convert_repa.py checks the samplers and the loss); without
+    ``--source`` it is one line, exit 2, nothing written."""
+    repa = ROOT / "third_party" / "repa"
+    golden = dict(np.load(repa / "repa_tiny_outputs.npz", allow_pickle=False))
+    c = json.loads(str(golden["meta_json"]))["config"]
+    settings = {
+        "model.name": "sit",
+        **{f"model.{k}": c[k] for k in ("depth", "hidden_size", "num_heads", "patch_size", "num_classes")},
+        "model.learn_sigma": False,
+        "model.encoder_depth": c["encoder_depth"],
+        "model.projector_dims": tuple(c["z_dims"]),
+        "model.projector_hidden": c["projector_dim"],
+        "objective.sampling.steps": 3,
+    }
+    argv = [
+        f"--checkpoint={repa / 'repa_tiny_checkpoint.pt'}",
+        f"--config={ROOT / 'experiments' / 'sit.py'}:SiT-S/2",
+        *overrides(data, **settings),
+    ]
+    refused = tmp_path / "refused"
+    capsys.readouterr()
+    assert convert_dit.main([*argv, f"--workdir={refused}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pass --source=repa" in err, err
+    assert not refused.exists()
+    workdir = tmp_path / "run"
+    assert convert_dit.main([*argv, f"--workdir={workdir}", "--source=repa"]) == 0
+    record = json.loads((workdir / "run.json").read_text())
+    assert record["config"]["model"]["time_direction"] == "repa"
+    task = pipeline(str(workdir))
+    x = jnp.asarray(golden["x"]).transpose(0, 2, 3, 1)
+    network = task.objective.network(task.params, jnp.asarray(golden["y"]))
+    out = np.asarray(network(x, 1.0 - jnp.asarray(golden["t"]))).transpose(0, 3, 1, 2)
+    np.testing.assert_allclose(out, -golden["out"], atol=bound(golden["out"]), rtol=0)
+
+
 # --- a checkpoint DiT's train.py saved, and the published bare state dict (make_train_checkpoint.py)
 
 TRAINED = np.load(DIT / "dit_train_checkpoint.npz", allow_pickle=False)
