@@ -24,7 +24,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from dew.checkpointing import dataset_state as saved_dataset
-from dew.checkpointing import layout, positions
+from dew.checkpointing import direct_write, layout, paths, positions
 from dew.checkpointing.checksummed_handler import ChecksummedPyTreeHandler
 from dew.checkpointing.errors import (
     CheckpointDamagedError,
@@ -38,6 +38,7 @@ from dew.checkpointing.writer import yield_to_the_loop
 from dew.data.dataset import DataPartition
 from dew.training.state import TrainState
 
+_HANDLER_TYPESTR = ChecksummedPyTreeHandler.typestr()  # what orbax records for each item
 _DELETING = ".deleting-"  # a step being deleted: out of orbax's step namespace
 log = logging.getLogger("dew.checkpoints")
 
@@ -51,12 +52,14 @@ class Store:
         retention: Retention,
         *,
         read_only: bool = False,
-        ocdbt: bool = True,
+        ocdbt: bool | None = None,
     ):
         self.directory, self.retention, self.read_only = directory, retention, read_only
-        # The items' format: orbax's OCDBT (one key-value store per item), or one zarr array per
-        # leaf. OCDBT wrote dew's states faster at every size measured (benchmarks/checkpoint.py);
-        # a reader reads either.
+        # How a step is written (a reader reads every one): None, chosen by the state's size, as
+        # measured (benchmarks/checkpoint.py): a small state (``direct_write.eligible``) by dew
+        # itself in orbax's per-leaf zarr format, skipping orbax's fixed per-item cost; a larger
+        # one by orbax in OCDBT (one key-value store per item). True / False: always by orbax,
+        # with / without OCDBT.
         self.ocdbt = ocdbt
         self._manager: ocp.CheckpointManager | None = None
         self._writing = False  # whether the open manager is a writer's (see ``manager``)
@@ -92,6 +95,8 @@ class Store:
                 registry.add(name, ocp.args.PyTreeSave, handler)
                 registry.add(name, ocp.args.PyTreeRestore, handler)
             self._manager = ocp.CheckpointManager(self.directory, options=options, handler_registry=registry)
+            if self._writing:  # its cleanup runs on a thread: a direct write must not race it
+                self._manager._maybe_await_cleanup_tmp_directory()
         return self._manager
 
     def abandon_removals(self) -> None:
@@ -175,9 +180,17 @@ class Store:
                 f"{self.steps()}; a run saves each step once (a rollback moves newer steps aside first)"
             )
         try:
-            manager = self.manager(writing=True, ocdbt=self.ocdbt)
-            manager.save(step, args=ocp.args.Composite(**items), custom_metadata=custom, force=True)
-            manager.wait_until_finished()
+            trees = {name: arg.item for name, arg in items.items()}
+            if self.ocdbt is None and paths.is_local(self.directory) and direct_write.eligible(trees):
+                # a writing manager, opened once: it creates the directory and removes what a
+                # killed write left (``<step>.orbax-checkpoint-tmp``)
+                manager = self.manager(writing=True, ocdbt=self._ocdbt if self._writing else True)
+                direct_write.write_step(self.directory, step, trees, custom, _HANDLER_TYPESTR)
+                manager.reload()  # orbax lists the new step
+            else:
+                manager = self.manager(writing=True, ocdbt=self.ocdbt is not False)
+                manager.save(step, args=ocp.args.Composite(**items), custom_metadata=custom, force=True)
+                manager.wait_until_finished()
         except Exception as e:
             raise CheckpointWriteError(f"checkpoint step {step} did not land in {self.directory}: {e}") from e
         self._metrics[step] = metrics
