@@ -101,9 +101,13 @@ def report(name: str, times: list[float], unit: str = "ms") -> float:
 
 def open_checkpoints(path: str, fmt: str, asynchronous: bool = True) -> Checkpoints:
     """``Checkpoints`` writing ``fmt``: ``default`` (what it writes unasked, also on a dew that
-    has no choice of format), ``ocdbt`` or ``no-ocdbt``."""
-    if fmt == "default":
-        return Checkpoints(path, keep=2, asynchronous=asynchronous)
+    has no choice of format), ``direct`` (dew's direct write of a small state, at any size),
+    ``ocdbt`` or ``no-ocdbt`` (orbax)."""
+    if fmt in ("default", "direct"):
+        checkpoints = Checkpoints(path, keep=2, asynchronous=asynchronous)
+        if fmt == "direct":
+            checkpoints.store.small_bytes = float("inf")
+        return checkpoints
     return Checkpoints(path, keep=2, asynchronous=asynchronous, ocdbt={"ocdbt": True, "no-ocdbt": False}[fmt])
 
 

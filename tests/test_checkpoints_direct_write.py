@@ -73,8 +73,11 @@ def test_the_default_writes_a_small_state_directly_and_a_larger_one_through_orba
     )
     c.save(1, tiny_state(1), None)
     assert calls == [] and not (tmp_path / "c" / "1" / "params" / "manifest.ocdbt").exists()
+    c.close()
     monkeypatch.setattr(direct_write, "SMALL_BYTES", 8)  # the tiny state is "large" now
+    c = Checkpoints(str(tmp_path / "c"), asynchronous=False, keep=None)
     c.save(2, tiny_state(2), None)
+    c.close()
     assert len(calls) == 1 and (tmp_path / "c" / "2" / "params" / "manifest.ocdbt").exists()
     again = Checkpoints(str(tmp_path / "c"), read_only=True)
     for step in (1, 2):

@@ -59,9 +59,10 @@ _SHARDING = "_sharding"
 _TREE_METADATA = "_METADATA"
 
 
-def eligible(items: Mapping[str, Any]) -> bool:
+def eligible(items: Mapping[str, Any], limit: float | None = None) -> bool:
     """Whether this module writes ``items``: one process, every leaf an array of numbers this
-    process holds whole (a ``jax.Array`` or a ``numpy`` array), ``SMALL_BYTES`` in all."""
+    process holds whole (a ``jax.Array`` or a ``numpy`` array), ``limit`` bytes in all
+    (default ``SMALL_BYTES``)."""
     if jax.process_count() != 1:
         return False
     total = 0
@@ -72,7 +73,7 @@ def eligible(items: Mapping[str, Any]) -> bool:
         elif not isinstance(leaf, np.ndarray) or leaf.dtype.kind not in "biufc":
             return False
         total += leaf.nbytes
-    return total <= SMALL_BYTES
+    return total <= (SMALL_BYTES if limit is None else limit)
 
 
 _CONTEXT: ts.Context | None = None

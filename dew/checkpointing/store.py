@@ -61,6 +61,7 @@ class Store:
         # one by orbax in OCDBT (one key-value store per item). True / False: always by orbax,
         # with / without OCDBT.
         self.ocdbt = ocdbt
+        self.small_bytes: float = direct_write.SMALL_BYTES  # the largest state written directly
         self._manager: ocp.CheckpointManager | None = None
         self._writing = False  # whether the open manager is a writer's (see ``manager``)
         self._ocdbt = True  # the format the open manager's handlers write
@@ -181,7 +182,11 @@ class Store:
             )
         try:
             trees = {name: arg.item for name, arg in items.items()}
-            if self.ocdbt is None and paths.is_local(self.directory) and direct_write.eligible(trees):
+            if (
+                self.ocdbt is None
+                and paths.is_local(self.directory)
+                and direct_write.eligible(trees, self.small_bytes)
+            ):
                 # a writing manager, opened once: it creates the directory and removes what a
                 # killed write left (``<step>.orbax-checkpoint-tmp``)
                 manager = self.manager(writing=True, ocdbt=self._ocdbt if self._writing else True)
