@@ -125,6 +125,23 @@ def test_sharded_leaves_are_written_whole_and_restore_onto_their_placement(tmp_p
     assert {json.loads(v)["sharding_type"] for v in stored.values()} == {"NamedSharding"}
 
 
+def test_every_array_dtype_of_a_state_round_trips(tmp_path):
+    state = tiny_state(2)
+    params = {
+        "w": state.params["w"].astype(jnp.bfloat16),
+        "b": state.params["b"] > 0,
+        "i": jnp.arange(3, dtype=jnp.int8),
+        "h": np.arange(4, dtype=np.float16),  # a host array
+    }
+    state = state.replace(params=params, ema=params)
+    save(tmp_path / "c", state, ocdbt=None).close()
+    assert not (tmp_path / "c" / "2" / "params" / "manifest.ocdbt").exists()
+    template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+    restored, _ = Checkpoints(str(tmp_path / "c"), read_only=True).resume(template)
+    for name, want in params.items():
+        assert restored.params[name].dtype == want.dtype and same(restored.params[name], want), name
+
+
 def test_damage_to_a_direct_step_is_caught_by_its_checksums(tmp_path):
     save(tmp_path / "c", tiny_state(3), ocdbt=None).close()
     chunk = tmp_path / "c" / "3" / "params" / "w" / "0.0"

@@ -70,7 +70,9 @@ def eligible(items: Mapping[str, Any], limit: float | None = None) -> bool:
         if isinstance(leaf, jax.Array):
             if not leaf.is_fully_addressable or jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
                 return False
-        elif not isinstance(leaf, np.ndarray) or leaf.dtype.kind not in "biufc":
+        elif not isinstance(leaf, np.ndarray) or not (
+            jax.dtypes.issubdtype(leaf.dtype, np.number) or leaf.dtype == np.bool_
+        ):  # strings and objects are orbax's to write
             return False
         total += leaf.nbytes
     return total <= (SMALL_BYTES if limit is None else limit)
