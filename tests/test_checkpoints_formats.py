@@ -117,16 +117,33 @@ def test_pruned_steps_are_removed_off_the_writers_path_and_gone_after_wait(tmp_p
 
 
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="thread priorities are Linux's")
-def test_the_writer_and_remover_threads_run_at_a_lower_priority_than_the_loop(tmp_path):
-    from dew.checkpointing.writer import WRITER_NICENESS, Writer
+@pytest.mark.parametrize("ocdbt", [True, None])
+def test_a_write_through_orbax_runs_at_a_lower_priority_than_the_loop_and_a_direct_one_does_not(
+    tmp_path, ocdbt
+):
+    from dew.checkpointing.writer import WRITER_NICENESS, yield_to_the_loop
 
-    here = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    def priority() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    here = priority()
+    c = Checkpoints(str(tmp_path / "c"), keep=1, keep_best=False, ocdbt=ocdbt)
+    c.save(1, tiny_state(1), None)
+    c.save(2, tiny_state(2), None)  # prunes step 1: the remover's thread starts
+    c.wait()
     seen = []
-    writer = Writer(asynchronous=True)
-    writer.submit(lambda: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
-    writer.close()
-    assert WRITER_NICENESS > 0 and seen == [min(here + WRITER_NICENESS, 19)]
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == here  # the loop's is its own
+    c.writer.submit(lambda: seen.append(priority()))  # the writer's one thread, after its writes
+    c.wait()
+    remover = c.store._remover
+    assert remover is not None
+    seen.append(remover.submit(priority).result())
+    c.close()
+    lowered = min(here + WRITER_NICENESS, 19)
+    # orbax's write (much of it off the GIL) yields the cores; a small direct one (mostly Python,
+    # holding the GIL) stays at the loop's priority, and so does its remover
+    assert WRITER_NICENESS > 0 and seen == ([lowered, lowered] if ocdbt else [here, here])
+    yield_to_the_loop()  # on the loop's own thread (a synchronous save): nothing
+    assert priority() == here
 
 
 def test_the_writer_names_the_writes_still_pending_until_they_finish():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime
+import functools
 import logging
 import uuid
 from collections.abc import Mapping
@@ -34,7 +35,7 @@ from dew.checkpointing.errors import (
 )
 from dew.checkpointing.retention import Retention
 from dew.checkpointing.step_files import StepFiles
-from dew.checkpointing.writer import yield_to_the_loop
+from dew.checkpointing.writer import checkpoint_thread, yield_to_the_loop
 from dew.data.dataset import DataPartition
 from dew.training.state import TrainState
 
@@ -69,6 +70,7 @@ class Store:
         self.last_aside: epath.Path | None = None  # where ``set_aside`` last moved steps
         self._remover: concurrent.futures.ThreadPoolExecutor | None = None  # ``_remove_later``
         self._removing: list[tuple[epath.Path, concurrent.futures.Future]] = []
+        self._through_orbax = False  # whether a write went through orbax (its threads run niced)
 
     def manager(self, *, writing: bool = False, ocdbt: bool = True) -> ocp.CheckpointManager:
         """The orbax manager; ``writing=True`` (a save) reopens a reading one as a writer, and a
@@ -193,6 +195,8 @@ class Store:
                 direct_write.write_step(self.directory, step, trees, custom, _HANDLER_TYPESTR)
                 manager.reload()  # orbax lists the new step
             else:
+                self._through_orbax = True
+                yield_to_the_loop()  # the writer's thread, not the loop's (``writer.WRITER_NICENESS``)
                 manager = self.manager(writing=True, ocdbt=self.ocdbt is not False)
                 manager.save(step, args=ocp.args.Composite(**items), custom_metadata=custom, force=True)
                 manager.wait_until_finished()
@@ -231,9 +235,11 @@ class Store:
         """Remove a directory already renamed out of the step namespace on a thread of its own:
         removing a step's files took longer than writing one (benchmarks/checkpoint.py), and
         nothing waits for it but ``wait_removals`` (``Checkpoints.wait``, ``close``)."""
-        if self._remover is None:
+        if self._remover is None:  # at a lower priority after orbax's writes, as the writer
             self._remover = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="dew-checkpoints-remove", initializer=yield_to_the_loop
+                1,
+                thread_name_prefix="dew-checkpoints-remove",
+                initializer=functools.partial(checkpoint_thread, lowered=self._through_orbax),
             )
         self._removing.append((doomed, self._remover.submit(doomed.rmtree)))
 
