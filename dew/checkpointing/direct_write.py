@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import tensorstore as ts
 from etils import epath
@@ -68,10 +69,10 @@ def eligible(items: Mapping[str, Any], limit: float | None = None) -> bool:
     total = 0
     for leaf in jax.tree.leaves(dict(items)):
         if isinstance(leaf, jax.Array):
-            if not leaf.is_fully_addressable or jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            if not leaf.is_fully_addressable or jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
                 return False
         elif not isinstance(leaf, np.ndarray) or not (
-            jax.dtypes.issubdtype(leaf.dtype, np.number) or leaf.dtype == np.bool_
+            jnp.issubdtype(leaf.dtype, np.number) or leaf.dtype == np.bool_
         ):  # strings and objects are orbax's to write
             return False
         total += leaf.nbytes
