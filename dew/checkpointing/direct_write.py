@@ -1,8 +1,9 @@
 """A small state's checkpoint step written by dew itself, in the format orbax writes and reads.
 
-Orbax's save of a step costs a fixed few tens of milliseconds of CPU per item, whatever the item
-holds (its event loops and threads, tensorstore contexts, the OCDBT merge and its validation:
-``benchmarks/checkpoint.py``), and a dew step has five or six items. For a small model that is
+Orbax's save of a step costs CPU per item whatever the item holds (its event loops and threads,
+a tensorstore context per save, the OCDBT merge and its read-back validation): ~130-140 ms of
+CPU for the five items of a tiny state, where writing the same files directly costs ~50 ms
+(``benchmarks/checkpoint.py``, benchmarks/RESULTS.md). For a small model that fixed cost is
 nearly all of a save, and on cores the training loop keeps busy, loop time. For a state of at
 most ``SMALL_BYTES`` the store writes, here, the files orbax's ``PyTreeCheckpointHandler``
 writes with ``use_ocdbt=False`` (its per-leaf zarr format, which every orbax reads), so orbax and
@@ -23,7 +24,10 @@ every dew restore path read the step as one of orbax's own:
 All of it goes into ``<step>.orbax-checkpoint-tmp`` first and is renamed into place, as orbax
 does: a kill leaves either a whole, checksummed step or an unfinished directory that the next
 writer's orbax manager removes. Only a single-process run's states, whose leaves are arrays
-this process holds whole (``eligible``); everything else is orbax's to write.
+this process holds whole (``eligible``; a sharded leaf is gathered and written as one chunk,
+its sharding recorded); everything else is orbax's to write. The specs and metadata come from
+orbax's own (internal) builders; tests/test_checkpoints_direct_write.py compares the files with
+orbax's byte for byte, so an orbax whose format moves fails there, not in a user's restore.
 """
 
 from __future__ import annotations
@@ -49,9 +53,10 @@ from orbax.checkpoint._src.tree import utils as tree_utils
 
 from dew.checkpointing.integrity import write_checksums
 
-#: The largest state (all items, in bytes) written here; larger ones go to orbax (OCDBT), whose
-#: fixed cost is small beside their bytes' and whose chunking suits large leaves. Measured:
-#: benchmarks/checkpoint.py (``--parts dew``, tiny and 50 MB states).
+#: The largest state (all items, in bytes) written here. Measured (benchmarks/RESULTS.md): the
+#: direct write cost less CPU than orbax's at 0.01, 1 and 4 MiB (4 MiB: 116 against 171 ms), the
+#: same at 16 MiB (167 ms); a larger state goes to orbax (OCDBT), which writes each shard
+#: where it lives (no copy of the whole state on the host) and chunks large leaves.
 SMALL_BYTES = 16 * 2**20
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's: a writing manager removes what a kill left
 STEP_METADATA = "_CHECKPOINT_METADATA"
