@@ -123,6 +123,14 @@ class Store:
         return self.directory / str(step)
 
     def steps(self) -> list[int]:
+        """The steps that have landed. One process on a local disk reads them from the directory,
+        as orbax lists them (a step is a directory named by its number; one in flight is
+        ``<step>.orbax-checkpoint-tmp``, one being deleted ``.deleting-...``), with no manager
+        to open or reload after a direct write."""
+        if jax.process_count() == 1 and paths.is_local(self.directory):
+            if not self.directory.exists():
+                return []
+            return sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit() and p.is_dir())
         # With several processes every one must open its manager (orbax meets at a barrier
         # there) whatever it sees: process 0 may create the directory while another looks.
         if jax.process_count() == 1 and not self.directory.exists():
@@ -191,9 +199,8 @@ class Store:
             ):
                 # a writing manager, opened once: it creates the directory and removes what a
                 # killed write left (``<step>.orbax-checkpoint-tmp``)
-                manager = self.manager(writing=True, ocdbt=self._ocdbt if self._writing else True)
+                self.manager(writing=True, ocdbt=self._ocdbt if self._writing else True)
                 direct_write.write_step(self.directory, step, trees, custom, _HANDLER_TYPESTR)
-                manager.reload()  # orbax lists the new step
             else:
                 self._through_orbax = True
                 yield_to_the_loop()  # the writer's thread, not the loop's (``writer.WRITER_NICENESS``)
