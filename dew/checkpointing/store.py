@@ -5,7 +5,9 @@ the step count the state must agree with, the items that were empty (orbax canno
 without arrays, e.g. plain SGD's optimizer state) and the metrics the save reported (the
 retention ranks by them). Pruning is ``retention.Retention``'s, applied after each save lands;
 orbax's own is off so that any metric name, or none, works. Everything is arrays and JSON;
-nothing written or read is pickled.
+nothing written or read is pickled. A small state's step is written by ``direct_write`` (the
+files orbax writes without OCDBT, without orbax's fixed cost per item), a larger one by orbax;
+orbax reads every step either way.
 """
 
 from __future__ import annotations
