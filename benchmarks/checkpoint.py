@@ -7,19 +7,24 @@ States (``--sizes``): ``tiny`` is the size of the suite's small runs (a residual
 about that many MB (params, two Adam moments and the EMA, float32, random so compression cannot
 shrink the write). Parts:
 
-* ``dew``: ``Checkpoints.save`` per save, asynchronous and synchronous, for each on-disk format
-  ``Checkpoints`` can write (``--formats``: OCDBT on/off): ``blocked`` is what the caller waits
-  for with nothing in flight (the loop's cost), ``landed`` until the step is on disk and the
-  writer is free (the writer's cost; what decides whether the next save finds the previous one
-  still in flight);
+* ``dew``: ``Checkpoints.save`` per save, asynchronous and synchronous, for each way
+  ``Checkpoints`` can write (``--formats``: ``default``, what it writes unasked: by the state's
+  size, dew's direct write of orbax's per-leaf zarr format for a small state, orbax's OCDBT for a
+  larger one; ``ocdbt`` / ``no-ocdbt``: orbax with OCDBT on / off): ``blocked`` is what the
+  caller waits for with nothing in flight (the loop's cost), ``landed`` until the step is on disk
+  and the writer is free (the writer's cost; what decides whether the next save finds the
+  previous one still in flight), ``cpu`` the process's CPU time (all threads) from the call
+  until landed: what a save takes from a loop that keeps every core busy;
 * ``orbax``: orbax alone, without dew (``CheckpointManager`` with the pytree handler per item,
-  sync and orbax's own async), OCDBT on/off, the five items of a dew step in one composite call
-  against one call per item: where the per-item cost lies;
+  sync and orbax's own async), OCDBT on/off, zarr3, OCDBT without its post-merge validation,
+  the five items of a dew step in one composite call against one call per item: where the
+  per-item cost lies, with the process's CPU time per save;
 * ``loop``: a jitted tiny train step (~``--step_ms`` of work) run ``--steps`` times with a save
   every ``--every`` steps, against the same loop without saves, in alternating rounds: the
   extra wall time per save is the loop time a save costs, all included (the GIL and the cores
-  the writer thread takes, waiting for a save still in flight); where the writer's thread runs at
-  a lower priority (``dew.checkpointing.writer.WRITER_NICENESS``), also at the loop's own.
+  the writer thread takes, waiting for a save still in flight), printed with the steps/s of
+  each; where the writer's thread runs at a lower priority
+  (``dew.checkpointing.writer.WRITER_NICENESS``), also at the loop's own (``--niceness0``).
 
 Variants alternate within each round (ABAB...) so machine noise hits all of them; medians are
 reported, with every round's value.
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import tempfile
@@ -81,6 +87,12 @@ def at_step(state: TrainState, step: int) -> TrainState:
     return jax.block_until_ready(state.replace(step=jnp.asarray(step, jnp.int32)))
 
 
+def cpu_seconds() -> float:
+    """This process's CPU time so far, every thread's, user and system."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def report(name: str, times: list[float], unit: str = "ms") -> float:
     median = statistics.median(times)
     print(f"  {name:38s} median {median * 1e3:8.2f} {unit}  (rounds: {[round(t * 1e3, 1) for t in times]})")
@@ -89,9 +101,13 @@ def report(name: str, times: list[float], unit: str = "ms") -> float:
 
 def open_checkpoints(path: str, fmt: str, asynchronous: bool = True) -> Checkpoints:
     """``Checkpoints`` writing ``fmt``: ``default`` (what it writes unasked, also on a dew that
-    has no choice of format), ``ocdbt`` or ``no-ocdbt``."""
-    if fmt == "default":
-        return Checkpoints(path, keep=2, asynchronous=asynchronous)
+    has no choice of format), ``direct`` (dew's direct write of a small state, at any size),
+    ``ocdbt`` or ``no-ocdbt`` (orbax)."""
+    if fmt in ("default", "direct"):
+        checkpoints = Checkpoints(path, keep=2, asynchronous=asynchronous)
+        if fmt == "direct":
+            checkpoints.store.small_bytes = float("inf")
+        return checkpoints
     return Checkpoints(path, keep=2, asynchronous=asynchronous, ocdbt={"ocdbt": True, "no-ocdbt": False}[fmt])
 
 
@@ -105,25 +121,31 @@ def part_dew(state: TrainState, root: str, rounds: int, formats: list[str]) -> N
             )
     blocked: dict[str, list[float]] = {name: [] for name in variants}
     landed: dict[str, list[float]] = {name: [] for name in variants}
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
     for round_index in range(rounds + 2):  # rounds 0 and 1 warm up (managers, first prune)
         step = round_index + 1
         s = at_step(state, step)
         for name, checkpoints in variants.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), cpu_seconds()
             checkpoints.save(step, s, None)
             returned = time.perf_counter()
             checkpoints.writer.wait()  # the step is on disk: the next save would not wait
-            done = time.perf_counter()
+            done, done_cpu = time.perf_counter(), cpu_seconds()
             checkpoints.wait()  # and whatever else is pending (a pruned step's removal), untimed
             if round_index > 1:
                 blocked[name].append(returned - start)
                 landed[name].append(done - start)
+                cpu[name].append(done_cpu - start_cpu)
     for checkpoints in variants.values():
         checkpoints.close()
-    print("dew Checkpoints.save: blocked = the caller's wait with nothing in flight; landed = on disk")
+    print(
+        "dew Checkpoints.save: blocked = the caller's wait with nothing in flight; landed = on disk; "
+        "cpu = the process's CPU time until landed"
+    )
     for name in variants:
         report(f"{name}: blocked", blocked[name])
         report(f"{name}: landed", landed[name])
+        report(f"{name}: cpu", cpu[name])
 
 
 # --- orbax alone ----------------------------------------------------------------------------------------
@@ -135,24 +157,31 @@ def part_orbax(state: TrainState, root: str, rounds: int) -> None:
     items = layout.items_from_state(state)
     items["data"] = {"rows": np.zeros((1, 32), np.uint8)}  # a data position: the fifth item
 
-    def manager(path: str, ocdbt: bool, asynchronous: bool) -> ocp.CheckpointManager:
+    def handler(fmt: str) -> ocp.PyTreeCheckpointHandler:
+        if fmt == "ocdbt unvalidated":  # OCDBT without the read-back after the per-process merge
+            from orbax.checkpoint._src.handlers.base_pytree_checkpoint_handler import (
+                BasePyTreeCheckpointHandler,
+            )
+
+            impl = BasePyTreeCheckpointHandler(use_ocdbt=True, enable_post_merge_validation=False)
+            return ocp.PyTreeCheckpointHandler(use_ocdbt=True, handler_impl=impl)
+        settings = {"ocdbt": {}, "no-ocdbt": {"use_ocdbt": False}, "ocdbt zarr3": {"use_zarr3": True}}
+        return ocp.PyTreeCheckpointHandler(**settings[fmt])
+
+    def manager(path: str, fmt: str, asynchronous: bool) -> ocp.CheckpointManager:
         registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
         for name in items:
-            handler = ocp.PyTreeCheckpointHandler(use_ocdbt=ocdbt)
-            registry.add(name, ocp.args.PyTreeSave, handler)
+            registry.add(name, ocp.args.PyTreeSave, handler(fmt))
         options = ocp.CheckpointManagerOptions(enable_async_checkpointing=asynchronous, max_to_keep=2)
         return ocp.CheckpointManager(path, options=options, handler_registry=registry)
 
     variants: dict[str, Callable[[int], tuple[float, float]]] = {}
-    for ocdbt in (True, False):
-        for asynchronous in (False, True):
-            fmt = "ocdbt" if ocdbt else "no-ocdbt"
-            mode = "async" if asynchronous else "sync"
-            composite = manager(os.path.join(root, f"orbax-{fmt}-{mode}"), ocdbt, asynchronous)
-            per_item = {
-                name: manager(os.path.join(root, f"orbax-{fmt}-{mode}-{name}"), ocdbt, asynchronous)
-                for name in items
-            }
+    cases = [(f, m, c) for f in ("ocdbt", "no-ocdbt") for m in ("sync", "async") for c in (True, False)]
+    cases += [(f, "sync", True) for f in ("ocdbt zarr3", "ocdbt unvalidated")]
+    for fmt, mode, one in cases:
+        path = os.path.join(root, f"orbax-{fmt}-{mode}".replace(" ", "-"))
+        if one:
+            composite = manager(path, fmt, mode == "async")
 
             def one_call(step: int, m=composite) -> tuple[float, float]:
                 start = time.perf_counter()
@@ -160,6 +189,10 @@ def part_orbax(state: TrainState, root: str, rounds: int) -> None:
                 returned = time.perf_counter()
                 m.wait_until_finished()
                 return returned - start, time.perf_counter() - start
+
+            variants[f"{fmt} {mode} one composite call"] = one_call
+        else:
+            per_item = {name: manager(f"{path}-{name}", fmt, mode == "async") for name in items}
 
             def each_item(step: int, ms=per_item) -> tuple[float, float]:
                 start = time.perf_counter()
@@ -170,26 +203,39 @@ def part_orbax(state: TrainState, root: str, rounds: int) -> None:
                     m.wait_until_finished()
                 return returned - start, time.perf_counter() - start
 
-            variants[f"{fmt} {mode} one composite call"] = one_call
             variants[f"{fmt} {mode} one call per item"] = each_item
     blocked: dict[str, list[float]] = {name: [] for name in variants}
     landed: dict[str, list[float]] = {name: [] for name in variants}
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
     for round_index in range(rounds + 2):
         for name, save in variants.items():
+            start_cpu = cpu_seconds()
             returned, done = save(round_index + 1)
             if round_index > 1:
                 blocked[name].append(returned)
                 landed[name].append(done)
-    print(f"orbax alone, {len(items)} items (blocked = save() returned; landed = wait_until_finished)")
+                cpu[name].append(cpu_seconds() - start_cpu)
+    print(
+        f"orbax alone, {len(items)} items (blocked = save() returned; landed = wait_until_finished; "
+        "cpu = the process's CPU time until landed)"
+    )
     for name in variants:
         if " async " in name:
             report(f"{name}: blocked", blocked[name])
         report(f"{name}: landed", landed[name])
+        report(f"{name}: cpu", cpu[name])
 
 
 # --- the loop's time per save --------------------------------------------------------------------------
 def part_loop(
-    state: TrainState, root: str, rounds: int, steps: int, every: int, step_ms: float, formats: list[str]
+    state: TrainState,
+    root: str,
+    rounds: int,
+    steps: int,
+    every: int,
+    step_ms: float,
+    formats: list[str],
+    niceness0: bool = False,
 ) -> None:
     width = 256
     work = jax.random.normal(jax.random.PRNGKey(2), (width, width))
@@ -224,9 +270,9 @@ def part_loop(
 
     saves = steps // every
     names = ["no saves", *[f"async {fmt}" for fmt in formats]]
-    if hasattr(writer_module, "WRITER_NICENESS"):  # the writer's priority, lowered and not
-        default_niceness = writer_module.WRITER_NICENESS
-        names += [f"async {fmt} niceness 0" for fmt in formats if default_niceness]
+    default_niceness = getattr(writer_module, "WRITER_NICENESS", 0)
+    if niceness0 and default_niceness:  # the writer's priority, lowered and not
+        names += [f"async {fmt} niceness 0" for fmt in formats]
     walls: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(rounds + 1):
         for name in names:
@@ -244,9 +290,15 @@ def part_loop(
                 walls[name].append(wall)
     print(
         f"loop: {steps} steps of ~{per_call * repeats * 1e3:.1f} ms, a save every {every} ({saves} saves); "
-        "extra wall per save against the loop without saves, per round"
+        "steps/s of each, and the extra wall per save against the loop without saves in the same round"
     )
     base = walls["no saves"]
+    for name in names:
+        rates = [steps / w for w in walls[name]]
+        print(
+            f"  {name + ': steps/s':38s} median {statistics.median(rates):8.2f}     "
+            f"(rounds: {[round(r, 1) for r in rates]})"
+        )
     report("no saves: wall", base, unit="ms")
     for name in names[1:]:
         extra = [(w - b) / saves for w, b in zip(walls[name], base, strict=True)]
@@ -263,6 +315,9 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=10, help="loop part: a save every N steps")
     parser.add_argument("--step_ms", type=float, default=20.0, help="loop part: work per step")
     parser.add_argument("--directory", default=None, help="where to write (default: a temporary directory)")
+    parser.add_argument(
+        "--niceness0", action="store_true", help="loop part: also the writer at the loop's priority"
+    )
     args = parser.parse_args()
     parts, formats = args.parts.split(","), args.formats.split(",")
     for size in args.sizes.split(","):
@@ -277,7 +332,9 @@ def main() -> None:
             if "orbax" in parts:
                 part_orbax(state, root, args.rounds)
             if "loop" in parts and size == "tiny":
-                part_loop(state, root, args.rounds, args.steps, args.every, args.step_ms, formats)
+                part_loop(
+                    state, root, args.rounds, args.steps, args.every, args.step_ms, formats, args.niceness0
+                )
         finally:
             shutil.rmtree(root, ignore_errors=True)
 

@@ -9,8 +9,9 @@ FINAL.npz. Prints ``resumed N`` once and ``step N`` after each step has been han
 checkpoint stage, so the parent can kill it while a write is in flight.
 
 With ``HOLD_AT=K`` in the environment, the write of step K stops between writing its items into
-orbax's temporary directory and renaming it into place, prints ``mid-write K`` and waits there:
-a kill then lands mid-write by construction, not by timing.
+the temporary directory (orbax's, or ``direct_write``'s for a small state) and renaming it into
+place, prints ``mid-write K`` and waits there: a kill then lands mid-write by construction, not
+by timing.
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ class Announce(Stage):
 
 
 def hold_mid_write(step: int) -> None:
-    """Stop the write of ``step`` after its items are written, before orbax renames it in."""
+    """Stop the write of ``step`` after its items are written, before it is renamed in (by orbax,
+    or by ``direct_write``: before its checksums)."""
     from orbax.checkpoint._src.path import atomicity
 
     finalize = atomicity.AtomicRenameTemporaryPath.finalize
@@ -93,6 +95,18 @@ def hold_mid_write(step: int) -> None:
         return await finalize(self, *args, **kwargs)
 
     atomicity.AtomicRenameTemporaryPath.finalize = held
+
+    from dew.checkpointing import direct_write  # a small step dew writes itself
+
+    checksums = direct_write.write_checksums
+
+    def held_direct(item_dir):
+        if os.path.basename(os.path.dirname(os.fspath(item_dir))) == f"{step}{direct_write.TMP_SUFFIX}":
+            print(f"mid-write {step}", flush=True)
+            time.sleep(3600)
+        return checksums(item_dir)
+
+    direct_write.write_checksums = held_direct
 
 
 def main(workdir: str, num_steps: int, final: str | None) -> None:

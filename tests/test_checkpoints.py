@@ -142,9 +142,8 @@ def test_restore_ema_reads_only_the_ema_and_extra_items(tmp_path):
     checkpoints.save(3, state_at(3), None)
     checkpoints.wait()
     for item in ("params", "opt_state"):  # what restore_ema must never touch
-        for path in (tmp_path / "c" / "3" / item).rglob("*"):
-            if path.is_file() and path.parent.name == "d":
-                path.write_bytes(b"garbage")
+        for path in data_files(tmp_path / "c" / "3", item):
+            path.write_bytes(b"garbage")
     ema = checkpoints.restore_ema(None, decay=0.5)
     np.testing.assert_allclose(ema["b"], (0.5 * (np.arange(4.0) + 3)) / (1 - 0.5**3), rtol=1e-6)
     with pytest.raises(CheckpointRestorationError, match=r"step 3 .* damaged: item 'params'"):
@@ -208,9 +207,8 @@ def test_resume_flags_keep_the_fresh_optimizer_state_and_rng(tmp_path):
     checkpoints.save(4, saved, None)
     both, _ = checkpoints.resume(fresh)
     assert_same(both, saved)
-    for path in (tmp_path / "c" / "4" / "opt_state").rglob("*"):
-        if path.is_file() and path.parent.name == "d":
-            path.write_bytes(b"garbage")  # with restore_optimizer_state=False it is never read
+    for path in data_files(tmp_path / "c" / "4", "opt_state"):
+        path.write_bytes(b"garbage")  # with restore_optimizer_state=False it is never read
     kept, _ = checkpoints.resume(fresh, restore_optimizer_state=False, restore_rng_key=False)
     jax.tree.map(np.testing.assert_array_equal, kept.opt_state, fresh.opt_state)
     np.testing.assert_array_equal(kept.rng, fresh.rng)
@@ -271,7 +269,14 @@ def test_pending_accumulation_round_trips_and_a_template_without_it_is_refused(t
 
 # --- damaged checkpoints and mismatched templates ------------------------------------------------
 def data_files(root: pathlib.Path, item: str) -> list[pathlib.Path]:
-    return sorted(p for p in (root / item).rglob("*") if p.is_file() and p.parent.name == "d")
+    """The files holding an item's array bytes: OCDBT's ``d/`` files, or the chunks beside each
+    leaf's ``.zarray`` (orbax's per-leaf zarr format, what a small state is written in)."""
+    return sorted(
+        p
+        for p in (root / item).rglob("*")
+        if p.is_file()
+        and (p.parent.name == "d" or ((p.parent / ".zarray").is_file() and not p.name.startswith(".")))
+    )
 
 
 @pytest.mark.parametrize("damage", ["truncate", "corrupt"])

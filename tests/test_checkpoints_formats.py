@@ -1,6 +1,6 @@
 """What a save costs the loop, and what it leaves on disk: a save returns without waiting for the
 write unless the previous one is still in flight; pruned steps are removed off the writer's path;
-both orbax formats restore; a checkpoint written by 729b5ab's code (``data/checkpoint_729b5ab``,
+every way of writing restores; a checkpoint written by 729b5ab's code (``data/checkpoint_729b5ab``,
 OCDBT items, a raw key) restores whole: state, EMA, data position, metrics, checksums."""
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from dew.checkpointing import Checkpoints
-from dew.checkpointing.store import Store
 from dew.data.dataset import DataPartition
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent / "data"))
@@ -55,15 +54,15 @@ def test_a_checkpoint_written_by_729b5abs_code_restores_whole(tmp_path):
     assert same(again.params, state.params) and int(again.step) == 4
 
 
-@pytest.mark.parametrize("ocdbt", [True, False])
-def test_either_orbax_format_writes_and_restores_and_the_default_is_ocdbt(tmp_path, ocdbt):
+@pytest.mark.parametrize("ocdbt", [True, False, None])
+def test_every_way_of_writing_writes_and_restores(tmp_path, ocdbt):
     c = Checkpoints(str(tmp_path / "c"), asynchronous=False, ocdbt=ocdbt)
     c.save(2, tiny_state(2), None)
     c.verify(2)
-    assert (tmp_path / "c" / "2" / "params" / "manifest.ocdbt").exists() == ocdbt
+    # orbax with / without OCDBT; None: a small state written directly, without (direct_write)
+    assert (tmp_path / "c" / "2" / "params" / "manifest.ocdbt").exists() == bool(ocdbt)
     state, _ = Checkpoints(str(tmp_path / "c"), read_only=True).resume(tiny_state(0))
     assert same(state, tiny_state(2))
-    assert Store.__init__.__kwdefaults__["ocdbt"] is True  # measured the faster (benchmarks/checkpoint.py)
 
 
 def test_a_save_returns_before_its_write_lands_and_waits_only_for_one_still_in_flight(tmp_path, monkeypatch):
@@ -118,16 +117,33 @@ def test_pruned_steps_are_removed_off_the_writers_path_and_gone_after_wait(tmp_p
 
 
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="thread priorities are Linux's")
-def test_the_writer_and_remover_threads_run_at_a_lower_priority_than_the_loop(tmp_path):
-    from dew.checkpointing.writer import WRITER_NICENESS, Writer
+@pytest.mark.parametrize("ocdbt", [True, None])
+def test_a_write_through_orbax_runs_at_a_lower_priority_than_the_loop_and_a_direct_one_does_not(
+    tmp_path, ocdbt
+):
+    from dew.checkpointing.writer import WRITER_NICENESS, yield_to_the_loop
 
-    here = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    def priority() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    here = priority()
+    c = Checkpoints(str(tmp_path / "c"), keep=1, keep_best=False, ocdbt=ocdbt)
+    c.save(1, tiny_state(1), None)
+    c.save(2, tiny_state(2), None)  # prunes step 1: the remover's thread starts
+    c.wait()
     seen = []
-    writer = Writer(asynchronous=True)
-    writer.submit(lambda: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
-    writer.close()
-    assert WRITER_NICENESS > 0 and seen == [min(here + WRITER_NICENESS, 19)]
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == here  # the loop's is its own
+    c.writer.submit(lambda: seen.append(priority()))  # the writer's one thread, after its writes
+    c.wait()
+    remover = c.store._remover
+    assert remover is not None
+    seen.append(remover.submit(priority).result())
+    c.close()
+    lowered = min(here + WRITER_NICENESS, 19)
+    # orbax's write (much of it off the GIL) yields the cores; a small direct one (mostly Python,
+    # holding the GIL) stays at the loop's priority, and so does its remover
+    assert WRITER_NICENESS > 0 and seen == ([lowered, lowered] if ocdbt else [here, here])
+    yield_to_the_loop()  # on the loop's own thread (a synchronous save): nothing
+    assert priority() == here
 
 
 def test_the_writer_names_the_writes_still_pending_until_they_finish():

@@ -50,9 +50,11 @@ class Checkpoints:
     ``upload(path)`` is called after each persistent save lands. ``ema`` is the run's EMA as
     ``dew.averaging.ema.record`` describes it (β's law, tracked leaves, accumulation); every save
     records it, so ``restore_ema`` debiases on its own. ``read_only=True`` opens another
-    run's directory for restoring only. ``ocdbt`` is the orbax format the items are written in
-    (OCDBT, the default, was faster for small and large states alike: ``benchmarks/checkpoint.py``;
-    False: one zarr array per leaf); either is read. A pruned step is renamed out of the
+    run's directory for restoring only. ``ocdbt`` is how steps are written (every one is read):
+    None, the default, by the state's size as measured (``benchmarks/checkpoint.py``): a small
+    state by dew itself in orbax's per-leaf zarr format (``direct_write``: orbax's fixed cost per
+    item is most of a small save), a larger one by orbax in OCDBT; True / False: always by orbax,
+    with / without OCDBT. A pruned step is renamed out of the
     directory's steps at once and its files removed on a thread of their own (``wait`` and
     ``close`` wait for that too). With several processes every process must make the same
     calls in the same order: ``latest_step()``, ``local_step()`` and saves are collectives, and
@@ -73,7 +75,7 @@ class Checkpoints:
         read_only: bool = False,
         retention: Retention | None = None,
         ema: Mapping[str, Any] | None = None,
-        ocdbt: bool = True,
+        ocdbt: bool | None = None,
     ):
         if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
             raise ValueError(f"Checkpoints: keep must be None (keep all) or an int >= 1, got {keep!r}")

@@ -5,13 +5,16 @@ the step count the state must agree with, the items that were empty (orbax canno
 without arrays, e.g. plain SGD's optimizer state) and the metrics the save reported (the
 retention ranks by them). Pruning is ``retention.Retention``'s, applied after each save lands;
 orbax's own is off so that any metric name, or none, works. Everything is arrays and JSON;
-nothing written or read is pickled.
+nothing written or read is pickled. A small state's step is written by ``direct_write`` (the
+files orbax writes without OCDBT, without orbax's fixed cost per item), a larger one by orbax;
+orbax reads every step either way.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import datetime
+import functools
 import logging
 import uuid
 from collections.abc import Mapping
@@ -23,7 +26,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from dew.checkpointing import layout, positions
+from dew.checkpointing import direct_write, layout, positions
 from dew.checkpointing import positions as saved_dataset  # the dataset state beside the positions
 from dew.checkpointing.errors import (
     CheckpointDamagedError,
@@ -32,10 +35,11 @@ from dew.checkpointing.errors import (
     first_line,
 )
 from dew.checkpointing.step_files import ChecksummedPyTreeHandler, Retention, StepFiles
-from dew.checkpointing.writer import yield_to_the_loop
+from dew.checkpointing.writer import checkpoint_thread, yield_to_the_loop
 from dew.contracts.state import TrainState
 from dew.data.dataset import DataPartition
 
+_HANDLER_TYPESTR = ChecksummedPyTreeHandler.typestr()  # what orbax records for each item
 _DELETING = ".deleting-"  # a step being deleted: out of orbax's step namespace
 log = logging.getLogger("dew.checkpoints")
 
@@ -49,13 +53,16 @@ class Store:
         retention: Retention,
         *,
         read_only: bool = False,
-        ocdbt: bool = True,
+        ocdbt: bool | None = None,
     ):
         self.directory, self.retention, self.read_only = directory, retention, read_only
-        # The items' format: orbax's OCDBT (one key-value store per item), or one zarr array per
-        # leaf. OCDBT wrote dew's states faster at every size measured (benchmarks/checkpoint.py);
-        # a reader reads either.
+        # How a step is written (a reader reads every one): None, chosen by the state's size, as
+        # measured (benchmarks/checkpoint.py): a small state (``direct_write.eligible``) by dew
+        # itself in orbax's per-leaf zarr format, skipping orbax's fixed per-item cost; a larger
+        # one by orbax in OCDBT (one key-value store per item). True / False: always by orbax,
+        # with / without OCDBT.
         self.ocdbt = ocdbt
+        self.small_bytes: float = direct_write.SMALL_BYTES  # the largest state written directly
         self._manager: ocp.CheckpointManager | None = None
         self._writing = False  # whether the open manager is a writer's (see ``manager``)
         self._ocdbt = True  # the format the open manager's handlers write
@@ -63,6 +70,7 @@ class Store:
         self.last_aside: epath.Path | None = None  # where ``set_aside`` last moved steps
         self._remover: concurrent.futures.ThreadPoolExecutor | None = None  # ``_remove_later``
         self._removing: list[tuple[epath.Path, concurrent.futures.Future]] = []
+        self._through_orbax = False  # whether a write went through orbax (its threads run niced)
 
     def manager(self, *, writing: bool = False, ocdbt: bool = True) -> ocp.CheckpointManager:
         """The orbax manager; ``writing=True`` (a save) reopens a reading one as a writer, and a
@@ -90,6 +98,8 @@ class Store:
                 registry.add(name, ocp.args.PyTreeSave, handler)
                 registry.add(name, ocp.args.PyTreeRestore, handler)
             self._manager = ocp.CheckpointManager(self.directory, options=options, handler_registry=registry)
+            if self._writing:  # its cleanup runs on a thread: a direct write must not race it
+                self._manager._maybe_await_cleanup_tmp_directory()
         return self._manager
 
     def abandon_removals(self) -> None:
@@ -113,6 +123,14 @@ class Store:
         return self.directory / str(step)
 
     def steps(self) -> list[int]:
+        """The steps that have landed. One process on a local disk reads them from the directory,
+        as orbax lists them (a step is a directory named by its number; one in flight is
+        ``<step>.orbax-checkpoint-tmp``, one being deleted ``.deleting-...``), with no manager
+        to open or reload after a direct write."""
+        if jax.process_count() == 1 and layout.is_local(self.directory):
+            if not self.directory.exists():
+                return []
+            return sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit() and p.is_dir())
         # With several processes every one must open its manager (orbax meets at a barrier
         # there) whatever it sees: process 0 may create the directory while another looks.
         if jax.process_count() == 1 and not self.directory.exists():
@@ -173,9 +191,22 @@ class Store:
                 f"{self.steps()}; a run saves each step once (a rollback moves newer steps aside first)"
             )
         try:
-            manager = self.manager(writing=True, ocdbt=self.ocdbt)
-            manager.save(step, args=ocp.args.Composite(**items), custom_metadata=custom, force=True)
-            manager.wait_until_finished()
+            trees = {name: arg.item for name, arg in items.items()}
+            if (
+                self.ocdbt is None
+                and layout.is_local(self.directory)
+                and direct_write.eligible(trees, self.small_bytes)
+            ):
+                # a writing manager, opened once: it creates the directory and removes what a
+                # killed write left (``<step>.orbax-checkpoint-tmp``)
+                self.manager(writing=True, ocdbt=self._ocdbt if self._writing else True)
+                direct_write.write_step(self.directory, step, trees, custom, _HANDLER_TYPESTR)
+            else:
+                self._through_orbax = True
+                yield_to_the_loop()  # the writer's thread, not the loop's (``writer.WRITER_NICENESS``)
+                manager = self.manager(writing=True, ocdbt=self.ocdbt is not False)
+                manager.save(step, args=ocp.args.Composite(**items), custom_metadata=custom, force=True)
+                manager.wait_until_finished()
         except Exception as e:
             raise CheckpointWriteError(f"checkpoint step {step} did not land in {self.directory}: {e}") from e
         self._metrics[step] = metrics
@@ -211,9 +242,11 @@ class Store:
         """Remove a directory already renamed out of the step namespace on a thread of its own:
         removing a step's files took longer than writing one (benchmarks/checkpoint.py), and
         nothing waits for it but ``wait_removals`` (``Checkpoints.wait``, ``close``)."""
-        if self._remover is None:
+        if self._remover is None:  # at a lower priority after orbax's writes, as the writer
             self._remover = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="dew-checkpoints-remove", initializer=yield_to_the_loop
+                1,
+                thread_name_prefix="dew-checkpoints-remove",
+                initializer=functools.partial(checkpoint_thread, lowered=self._through_orbax),
             )
         self._removing.append((doomed, self._remover.submit(doomed.rmtree)))
 

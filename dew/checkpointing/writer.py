@@ -39,8 +39,9 @@ class Writer:
             write(*args)
             return
         if self._pool is None:
+            # at the loop's priority: a write that goes through orbax lowers it (``yield_to_the_loop``)
             self._pool = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="dew-checkpoints", initializer=yield_to_the_loop
+                1, thread_name_prefix="dew-checkpoints", initializer=checkpoint_thread
             )
         future = self._pool.submit(write, *args)
         self._inflight.append(future)
@@ -85,22 +86,47 @@ class Writer:
                 self._pool = None
 
 
-#: How much lower than the loop's the writer thread's scheduling priority is (Linux ``nice``
-#: steps; 0: the same). The threads a write starts inherit it. With every core busy training,
-#: a write takes the cycles the loop leaves rather than half of the loop's.
+#: How much lower than the loop's the scheduling priority of a thread writing through orbax is
+#: (Linux ``nice`` steps; 0: the same). The threads a write starts inherit it. With every core
+#: busy training, orbax's write (much of it in tensorstore's threads, off the GIL) takes the
+#: cycles the loop leaves rather than half of the loop's. A small state's direct write
+#: (``direct_write``) stays at the loop's priority: it is mostly Python, holding the GIL, and a
+#: thread preempted while holding it stalls the loop (a save every 3 steps of ~20 ms cost the loop
+#: 408 ms per save niced, 155 ms not: benchmarks/RESULTS.md).
 WRITER_NICENESS = 10
+_thread = threading.local()
+
+
+def checkpoint_thread(lowered: bool = False) -> None:
+    """Mark this thread as a checkpoint thread (the writer's, the remover's: their pools'
+    initializer), its priority lowered at once with ``lowered=True``."""
+    _thread.checkpoint = True
+    if lowered:
+        yield_to_the_loop()
 
 
 def yield_to_the_loop() -> None:
-    """Lower this (the writer's) thread's priority by ``WRITER_NICENESS`` where the platform lets
-    a thread do so (Linux: a thread id is a ``setpriority`` target); elsewhere nothing."""
-    if not WRITER_NICENESS or not hasattr(os, "setpriority"):
+    """Lower this checkpoint thread's priority to ``WRITER_NICENESS`` below the loop's, once (a
+    thread cannot raise it again unprivileged), where the platform lets a thread do so (Linux: a
+    thread id is a ``setpriority`` target). Nothing on any other thread: a synchronous save runs
+    on the loop's."""
+    if not WRITER_NICENESS or not hasattr(os, "setpriority") or not getattr(_thread, "checkpoint", False):
         return
+    if getattr(_thread, "lowered", False):
+        return
+    _thread.lowered = True
     try:
         tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + WRITER_NICENESS)
+        lowered = min(_LOOP_NICENESS + WRITER_NICENESS, 19)  # a thread started by a lowered one has it
+        os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), lowered))
     except OSError:
         pass
+
+
+#: The niceness of the thread that imported this module (the loop's), which the lowered one is relative to.
+_LOOP_NICENESS = (
+    os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) if hasattr(os, "setpriority") else 0
+)
 
 
 def snapshot(state: TrainState) -> TrainState:

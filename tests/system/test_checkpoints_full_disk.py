@@ -1,7 +1,8 @@
 """A full disk during an asynchronous save: the error surfaces, the run stops, and every older
 checkpoint is still intact and restorable. The disk is a real size-limited tmpfs where one can be
-mounted; everywhere, the same failure is also injected into orbax's write (ENOSPC raised after a
-step's items were written, before it is renamed into place), so CI always runs the behaviour."""
+mounted; everywhere, the same failure is also injected into the write (ENOSPC raised after a
+step's items were written, before it is renamed into place: by orbax, or by ``direct_write`` for
+a small state), so CI always runs the behaviour."""
 
 from __future__ import annotations
 
@@ -72,6 +73,17 @@ def small_disk(tmp_path, request, monkeypatch):
             return await finalize(self, *args, **kwargs)
 
         monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", full)
+        from dew.checkpointing import direct_write  # a small step dew writes itself
+
+        checksums = direct_write.write_checksums
+
+        def full_direct(item_dir):
+            step = os.path.basename(os.path.dirname(os.fspath(item_dir))).split(".")[0]
+            if int(step) >= FULL_AT:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(item_dir))
+            return checksums(item_dir)
+
+        monkeypatch.setattr(direct_write, "write_checksums", full_direct)
         yield mount
         return
     command = ["mount", "-t", "tmpfs", "-o", "size=1600k", "tmpfs", str(mount)]
