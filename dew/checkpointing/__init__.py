@@ -11,6 +11,8 @@ One idea per module:
 - ``store``: the persistent tier, one orbax checkpoint per step in a path or URI;
 - ``local``: the per-host local tier, the shards each process's devices hold;
 - ``writer``: the background thread writes run on;
+- ``direct_write``: a small state's step written by dew itself, in the files orbax writes without
+  OCDBT (orbax's fixed per-save cost is most of a small save's), checksummed, then renamed into place;
 - ``layout``: what a checkpoint is: its directory (a path or URI, ``etils.epath``), its items,
   ``TrainState`` <-> items in one place, and the EMA record a step keeps;
 - ``step_files``: one step read from its files (metadata, items, completeness), the per-item
