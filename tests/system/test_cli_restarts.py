@@ -223,7 +223,15 @@ def jax_leaves(tree):
 
 
 def largest_file(directory):
-    return max((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    """The item's largest file of array bytes: an OCDBT ``d/`` file, or a leaf's chunk beside its
+    ``.zarray`` (the per-leaf format a small state is written in), never its checksums file."""
+    arrays = [
+        p
+        for p in directory.rglob("*")
+        if p.is_file()
+        and (p.parent.name == "d" or ((p.parent / ".zarray").is_file() and not p.name.startswith(".")))
+    ]
+    return max(arrays, key=lambda p: p.stat().st_size)
 
 
 def final_state(workdir):
