@@ -150,10 +150,36 @@ def model_classes(objective: Any) -> int:
     return int(objective.num_classes)
 
 
-def draw_images(objective: Any, params: Any, seeds: Any, sampler: SamplerPreset) -> Any:
+class ProtocolSampler(Protocol):
+    """A preset that draws through its objective's own sampler (DiT's, SiT's, REPA's:
+    ``dew.objectives.protocol_presets``): samples [n, *shape] for ``seeds``, each from its own
+    seed by this module's rule, and the settings a progress file records."""
+
+    name: str
+
+    def draw_samples(self, objective: Any, params: Any, seeds: Any) -> Any: ...
+
+    def settings(self) -> dict[str, Any]: ...
+
+
+def draw_images(objective: Any, params: Any, seeds: Any, sampler: SamplerPreset | ProtocolSampler) -> Any:
     """uint8 images [n, H, W, C] for int32 ``seeds`` [n], each from its own seed (module
     docstring); pure and jittable, any sharding of ``seeds``. A latent run's samples are
-    decoded by its VAE (``config.objective.latent``)."""
+    decoded by its VAE (``config.objective.latent``). A ``ProtocolSampler`` draws the samples
+    through its objective's sampler, decoded and quantised the same way."""
+
+    if isinstance(sampler, SamplerPreset):
+        latents_or_pixels = _edm_samples(objective, params, seeds, sampler)
+    else:
+        latents_or_pixels = sampler.draw_samples(objective, params, seeds)
+    latent = getattr(objective, "latent", None)
+    if latent is not None:  # a latent run: edm2's generate_images.py decodes to uint8 (encoder.decode)
+        return latent.codec.decode(latents_or_pixels)
+    return quantize(latents_or_pixels)
+
+
+def _edm_samples(objective: Any, params: Any, seeds: Any, sampler: SamplerPreset) -> Any:
+    """The EDM presets' samples [n, *shape]: ``sample`` on the model's σ schedule."""
     import jax
 
     from dew.sampling import sample
@@ -173,11 +199,7 @@ def draw_images(objective: Any, params: Any, seeds: Any, sampler: SamplerPreset)
         denoise = objective.denoiser(params, conditions)
         return sample(denoise, noise, sigmas, solver, rng=jax.random.fold_in(key, 2))[0]
 
-    latents_or_pixels = jax.vmap(one)(seeds)
-    latent = getattr(objective, "latent", None)
-    if latent is not None:  # a latent run: edm2's generate_images.py decodes to uint8 (encoder.decode)
-        return latent.codec.decode(latents_or_pixels)
-    return quantize(latents_or_pixels)
+    return jax.vmap(one)(seeds)
 
 
 @dataclasses.dataclass
@@ -191,7 +213,7 @@ class Draw:
 
     objective: Any
     params: Any
-    sampler: SamplerPreset
+    sampler: SamplerPreset | ProtocolSampler
     detector: Detector
     num: int
     outdir: str
@@ -360,6 +382,7 @@ __all__ = [
     "PRESETS",
     "Draw",
     "FidTally",
+    "ProtocolSampler",
     "SamplerPreset",
     "Tally",
     "draw_images",
