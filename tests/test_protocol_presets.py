@@ -5,6 +5,9 @@ both."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 from helpers_common import ROOT, tiny_config
 
@@ -33,8 +36,16 @@ def test_presets_are_the_experiments_fid_sampling():
     for name, experiment in (("sit", "sit.py"), ("repa", "repa.py")):
         s = resolved(experiment, "SiT-XL/2").objective.sampling
         preset = pp.OBJECTIVE_PRESETS[name]
+        rounding = {"sit": "half_up", "repa": "truncate"}[name]
         assert preset == pp.ObjectivePreset(
-            name, "interpolant", s.sampler, s.steps, s.cfg_scale, s.cfg_channels, tuple(s.guidance_interval)
+            name,
+            "interpolant",
+            s.sampler,
+            s.steps,
+            s.cfg_scale,
+            s.cfg_channels,
+            tuple(s.guidance_interval),
+            rounding,
         )
     assert pp.OBJECTIVE_PRESETS["sit"].settings() == {
         "preset": "sit",
@@ -44,6 +55,7 @@ def test_presets_are_the_experiments_fid_sampling():
         "cfg_scale": 1.5,
         "cfg_channels": 3,
         "guidance_interval": [0.0, 1.0],
+        "uint8": "clamp(127.5 * x + 128, 0, 255) truncated",
     }
     assert pp.OBJECTIVE_PRESETS["repa"].settings()["guidance_interval"] == [1.0 - 0.7, 1.0]
     assert "guidance_interval" not in pp.OBJECTIVE_PRESETS["dit"].settings()
@@ -75,3 +87,16 @@ def test_a_preset_resolves_for_its_own_objective_and_is_refused_for_another():
     with pytest.raises(FidInputError, match=r"^--preset='sdxl' is not a sampler preset; expected one of"):
         pp.preset_named("sdxl")
     assert str(e.value).count("\n") == 0
+
+
+def test_pixel_samples_become_uint8_as_each_reference_writes_its_pngs():
+    """DiT's and SiT's sample_ddp.py: clamp(127.5 x + 128, 0, 255) truncated; REPA's generate.py:
+    clamp(255 (x + 1) / 2, 0, 255) truncated (values exact in float32 away from the cut)."""
+    x = np.array([-1.5, -1.0, -0.003, 0.0, 0.999, 1.2], np.float32)
+    pixel_run = SimpleNamespace(latent=None)
+    half_up = np.asarray(pp.OBJECTIVE_PRESETS["sit"].to_uint8(pixel_run, x))
+    np.testing.assert_array_equal(half_up, [0, 0, 127, 128, 255, 255])
+    np.testing.assert_array_equal(np.asarray(pp.OBJECTIVE_PRESETS["dit"].to_uint8(pixel_run, x)), half_up)
+    truncate = np.asarray(pp.OBJECTIVE_PRESETS["repa"].to_uint8(pixel_run, x))
+    np.testing.assert_array_equal(truncate, [0, 0, 127, 127, 254, 255])
+    assert half_up.dtype == truncate.dtype == np.uint8

@@ -20,8 +20,13 @@ sampler (the one its ``generate`` uses):
 class ``randint(fold_in(key, 1), 0, classes)`` and the sampler's step noise comes from
 ``fold_in(key, 2)``; each image is drawn as a batch of one (two with guidance: [z; z] with the
 null class, the first half kept, as the references' ``sample.py``) under ``vmap``, so sharding and
-resuming give the same images. ``fid_protocol.draw_images`` decodes a latent run's samples as it
-does the EDM presets'.
+resuming give the same images.
+
+**uint8 images as each reference writes its PNGs** (``rounding``): DiT's and SiT's
+``sample_ddp.py`` ``clamp(127.5·x + 128, 0, 255)`` truncated (``half_up``; the EDM presets' rule
+for pixels), REPA's ``generate.py`` ``clamp(255·(x + 1)/2, 0, 255)`` truncated (``truncate``;
+edm2's rule, which the EDM presets use for latents). A latent run's samples are decoded by its
+VAE first (``config.objective.latent``'s codec, as the EDM presets' latent path).
 
 ``resolve(name, objective)`` finds a preset of either kind and refuses (``FidInputError``, one
 line naming both) a preset whose objective is not the run's: ``--preset=dit`` on an
@@ -54,6 +59,7 @@ class ObjectivePreset:
     cfg_scale: float
     cfg_channels: int
     guidance_interval: tuple[float, float] = (0.0, 1.0)
+    rounding: str = "half_up"
 
     def settings(self) -> dict[str, Any]:
         """What a progress file and the report record (JSON values)."""
@@ -67,7 +73,23 @@ class ObjectivePreset:
         }
         if self.objective == "interpolant":
             out["guidance_interval"] = list(self.guidance_interval)
+        out["uint8"] = UINT8_RULES[self.rounding]
         return out
+
+    def to_uint8(self, objective: Any, samples: Any) -> Any:
+        """uint8 images [n, H, W, C] as the reference writes its PNGs (``rounding``, module
+        docstring); a latent run's samples decoded by its VAE first."""
+        import jax.numpy as jnp
+
+        latent = getattr(objective, "latent", None)
+        if self.rounding == "truncate":  # REPA: clamp(255 * (x + 1) / 2, 0, 255).to(uint8)
+            if latent is not None:  # the same rule as edm2's decode: clamp(0, 1) * 255 truncated
+                return latent.codec.decode(samples)
+            return jnp.clip((samples + 1.0) / 2.0 * 255.0, 0.0, 255.0).astype(jnp.uint8)
+        if latent is None:  # DiT, SiT: clamp(127.5 * x + 128, 0, 255).to(uint8)
+            return fp.quantize(samples)
+        unit = latent.codec.decode_to_unit(samples)  # (x + 1) / 2 clamped to [0, 1]
+        return jnp.clip(unit * 255.0 + 0.5, 0.0, 255.0).astype(jnp.uint8)
 
     def draw_samples(self, objective: Any, params: Any, seeds: Any) -> Any:
         """Samples [n, *sample shape] (latents for a latent run) for int32 ``seeds`` [n], each
@@ -125,6 +147,11 @@ class ObjectivePreset:
         return draw
 
 
+UINT8_RULES = {
+    "half_up": "clamp(127.5 * x + 128, 0, 255) truncated",
+    "truncate": "clamp(255 * (x + 1) / 2) truncated",
+}
+
 OBJECTIVE_PRESETS: dict[str, ObjectivePreset] = {
     # DiT sample_ddp.py: --num-sampling-steps 250 --cfg-scale 1.5 (forward_with_cfg: first 3 channels)
     "dit": ObjectivePreset("dit", "iddpm", "ddpm", 250, 1.5, 3),
@@ -132,7 +159,9 @@ OBJECTIVE_PRESETS: dict[str, ObjectivePreset] = {
     "sit": ObjectivePreset("sit", "interpolant", "transport_sde", 250, 1.5, 3),
     # REPA README generate.py --mode=sde --num-steps=250 --cfg-scale=1.8 --guidance-high=0.7
     # (REPA's t in [guidance-low, guidance-high] = [0, 0.7] is SiT time [1 - 0.7, 1 - 0], as the experiment)
-    "repa": ObjectivePreset("repa", "interpolant", "repa_sde", 250, 1.8, 4, (1.0 - 0.7, 1.0 - 0.0)),
+    "repa": ObjectivePreset(
+        "repa", "interpolant", "repa_sde", 250, 1.8, 4, (1.0 - 0.7, 1.0 - 0.0), "truncate"
+    ),
 }
 
 Preset = fp.SamplerPreset | ObjectivePreset

@@ -161,17 +161,20 @@ class ProtocolSampler(Protocol):
 
     def settings(self) -> dict[str, Any]: ...
 
+    def to_uint8(self, objective: Any, samples: Any) -> Any:
+        """uint8 images [n, H, W, C] of ``samples`` (decoded by the run's VAE for a latent run)
+        as the preset's reference writes its PNGs."""
+        ...
+
 
 def draw_images(objective: Any, params: Any, seeds: Any, sampler: SamplerPreset | ProtocolSampler) -> Any:
     """uint8 images [n, H, W, C] for int32 ``seeds`` [n], each from its own seed (module
     docstring); pure and jittable, any sharding of ``seeds``. A latent run's samples are
     decoded by its VAE (``config.objective.latent``). A ``ProtocolSampler`` draws the samples
-    through its objective's sampler, decoded and quantised the same way."""
-
-    if isinstance(sampler, SamplerPreset):
-        latents_or_pixels = _edm_samples(objective, params, seeds, sampler)
-    else:
-        latents_or_pixels = sampler.draw_samples(objective, params, seeds)
+    through its objective's sampler and turns them into uint8 images by its reference's rule."""
+    if not isinstance(sampler, SamplerPreset):
+        return sampler.to_uint8(objective, sampler.draw_samples(objective, params, seeds))
+    latents_or_pixels = _edm_samples(objective, params, seeds, sampler)
     latent = getattr(objective, "latent", None)
     if latent is not None:  # a latent run: edm2's generate_images.py decodes to uint8 (encoder.decode)
         return latent.codec.decode(latents_or_pixels)
