@@ -14,7 +14,9 @@ to uint8, and the detector sees those uint8 images.
 **Presets** (``PRESETS``, the NVlabs/edm README's "Generating images" commands): ``cifar10``
 18 Heun steps (NFE 35), ``ffhq`` and ``afhqv2`` 40 Heun steps (NFE 79), ``imagenet64`` EDM's
 stochastic sampler (Algorithm 2) with S_churn 40, S_tmin 0.05, S_tmax 50, S_noise 1.003 over 256
-steps (NFE 511); all on the model's own σ schedule (EDM: Eq. 5, σ ∈ [0.002, 80], ρ 7).
+steps (NFE 511); all on the model's own σ schedule (EDM: Eq. 5, σ ∈ [0.002, 80], ρ 7). Presets
+that draw through another objective's own sampler (``ProtocolSampler``: DiT's, SiT's, REPA's in
+``dew.objectives.protocol_presets``) follow the same seed rule and go through the same ``Draw``.
 
 **Sharding.** One jitted program draws and embeds ``batch`` images per device over a 1-D mesh
 of every device of every process (``jax.devices()``); each process builds only its own
@@ -155,7 +157,8 @@ class ProtocolSampler(Protocol):
     ``dew.objectives.protocol_presets``): samples [n, *shape] for ``seeds``, each from its own
     seed by this module's rule, and the settings a progress file records."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def draw_samples(self, objective: Any, params: Any, seeds: Any) -> Any: ...
 
