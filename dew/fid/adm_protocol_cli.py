@@ -31,6 +31,7 @@ def adm_protocol_main(args: argparse.Namespace, metrics: tuple[str, ...]) -> int
     """The ADM mode of ``--preset`` (``args`` from ``protocol_cli._protocol_args``, ``metrics``
     parsed); exit 2 with one line on bad input."""
     from dew.fid.adm_cli import embed_reference, reference_batch
+    from dew.objectives.protocol_presets import preset_named, resolve
     from dew.scoring import fid_protocol as fp
     from dew.scoring.adm_evaluator import ReferenceBatchError
     from dew.scoring.adm_progress import AdmTally
@@ -42,7 +43,7 @@ def adm_protocol_main(args: argparse.Namespace, metrics: tuple[str, ...]) -> int
                 f"--image_handling={args.image_handling} does not apply to ADM's suite: its evaluator "
                 "feeds the TF graph its own way (tf1)"
             )
-        sampler = fp.preset(args.preset)
+        preset_named(args.preset)  # an unknown name before the run loads
         if os.path.isdir(args.ref):
             raise FidError(f"--ref={args.ref!r} is a folder; the protocol takes an ADM reference batch .npz")
         if args.distributed:
@@ -50,6 +51,7 @@ def adm_protocol_main(args: argparse.Namespace, metrics: tuple[str, ...]) -> int
 
             jax.distributed.initialize()
         task = load_pipeline(argparse.Namespace(workdir=args.workdir, step=args.step, raw=args.raw))
+        sampler = resolve(args.preset, task.objective)
         shape = getattr(task.objective, "image_shape", None) or task.objective.input_spec.sample.shape
         resolution = (int(shape[0]), int(shape[1]))
         fp.model_classes(task.objective)

@@ -41,7 +41,8 @@ images), ``--batch_size`` at a time; progress goes to stderr.
 ``--preset`` runs the EDM paper's protocol (``dew.scoring.fid_protocol``): ``--num`` images
 (50,000) from seeds ``--first_seed`` … (each image from its own seed, so any sharding draws the
 same images) at the preset's sampler (``cifar10``: 18 Heun steps, NFE 35; ``ffhq``/``afhqv2``:
-40, NFE 79; ``imagenet64``: EDM's stochastic sampler, 256 steps), ``--batch`` images per device
+40, NFE 79; ``imagenet64``: EDM's stochastic sampler, 256 steps; for DiT's, SiT's and REPA's
+objectives ``dit``, ``sit``, ``repa``: ``dew.objectives.protocol_presets``), ``--batch`` images per device
 over every device and process, resumable in ``--outdir`` (rerun the same command after an
 interruption; ``--max_chunks`` stops after that many chunks). It prints and writes
 (``<outdir>/fid.json``) the FID with its inputs; ``--preview=N`` also writes the first N of the

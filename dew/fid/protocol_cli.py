@@ -15,11 +15,11 @@ from dew.fid.inputs import FidError, Parser, load_pipeline
 
 def _protocol_args(argv: Sequence[str]) -> argparse.Namespace:
     """The ``--preset`` protocol's flags; a malformed or missing one raises ``FidError``."""
-    from dew.scoring.fid_protocol import PRESETS
+    from dew.objectives.protocol_presets import all_presets
 
     parser = Parser(prog="python -m dew.fid --preset=...", description="the EDM paper's FID protocol")
     parser.add_argument("--workdir", required=True, help="a dew run (or one converted from NVlabs/edm)")
-    parser.add_argument("--preset", required=True, help=f"the paper's sampler: {', '.join(PRESETS)}")
+    parser.add_argument("--preset", required=True, help=f"the paper's sampler: {', '.join(all_presets())}")
     parser.add_argument("--ref", required=True, help="reference statistics .npz (mu, sigma)")
     parser.add_argument("--outdir", required=True, help="progress, statistics and report go here")
     parser.add_argument("--num", type=int, default=50_000, help="images to draw (default 50000)")
@@ -79,6 +79,7 @@ def _protocol_metrics(text: str) -> tuple[str, ...]:
 def protocol_main(argv: Sequence[str]) -> int:
     """``--preset``: draw, resume, report (``dew.scoring.fid_protocol``); exit 2 on bad input.
     ``--metrics`` naming ADM's suite goes to ``dew.fid.adm_protocol_cli``."""
+    from dew.objectives.protocol_presets import preset_named, resolve
     from dew.scoring import fid_protocol as fp
     from dew.scoring.fid_reference import FidInputError, check_reference, file_digest, load_reference
 
@@ -89,13 +90,14 @@ def protocol_main(argv: Sequence[str]) -> int:
             from dew.fid.adm_protocol_cli import adm_protocol_main
 
             return adm_protocol_main(args, metrics)
-        sampler = fp.preset(args.preset)
+        preset_named(args.preset)  # an unknown name before the run loads
         ref = load_reference(args.ref)
         if args.distributed:
             import jax
 
             jax.distributed.initialize()
         task = load_pipeline(argparse.Namespace(workdir=args.workdir, step=args.step, raw=args.raw))
+        sampler = resolve(args.preset, task.objective)
         resolution = tuple(
             (getattr(task.objective, "image_shape", None) or task.objective.input_spec.sample.shape)[:2]
         )

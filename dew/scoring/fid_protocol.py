@@ -14,7 +14,9 @@ to uint8, and the detector sees those uint8 images.
 **Presets** (``PRESETS``, the NVlabs/edm README's "Generating images" commands): ``cifar10``
 18 Heun steps (NFE 35), ``ffhq`` and ``afhqv2`` 40 Heun steps (NFE 79), ``imagenet64`` EDM's
 stochastic sampler (Algorithm 2) with S_churn 40, S_tmin 0.05, S_tmax 50, S_noise 1.003 over 256
-steps (NFE 511); all on the model's own σ schedule (EDM: Eq. 5, σ ∈ [0.002, 80], ρ 7).
+steps (NFE 511); all on the model's own σ schedule (EDM: Eq. 5, σ ∈ [0.002, 80], ρ 7). Presets
+that draw through another objective's own sampler (``ProtocolSampler``: DiT's, SiT's, REPA's in
+``dew.objectives.protocol_presets``) follow the same seed rule and go through the same ``Draw``.
 
 **Sharding.** One jitted program draws and embeds ``batch`` images per device over a 1-D mesh
 of every device of every process (``jax.devices()``); each process builds only its own
@@ -150,10 +152,40 @@ def model_classes(objective: Any) -> int:
     return int(objective.num_classes)
 
 
-def draw_images(objective: Any, params: Any, seeds: Any, sampler: SamplerPreset) -> Any:
+class ProtocolSampler(Protocol):
+    """A preset that draws through its objective's own sampler (DiT's, SiT's, REPA's:
+    ``dew.objectives.protocol_presets``): samples [n, *shape] for ``seeds``, each from its own
+    seed by this module's rule, and the settings a progress file records."""
+
+    @property
+    def name(self) -> str: ...
+
+    def draw_samples(self, objective: Any, params: Any, seeds: Any) -> Any: ...
+
+    def settings(self) -> dict[str, Any]: ...
+
+    def to_uint8(self, objective: Any, samples: Any) -> Any:
+        """uint8 images [n, H, W, C] of ``samples`` (decoded by the run's VAE for a latent run)
+        as the preset's reference writes its PNGs."""
+        ...
+
+
+def draw_images(objective: Any, params: Any, seeds: Any, sampler: SamplerPreset | ProtocolSampler) -> Any:
     """uint8 images [n, H, W, C] for int32 ``seeds`` [n], each from its own seed (module
     docstring); pure and jittable, any sharding of ``seeds``. A latent run's samples are
-    decoded by its VAE (``config.objective.latent``)."""
+    decoded by its VAE (``config.objective.latent``). A ``ProtocolSampler`` draws the samples
+    through its objective's sampler and turns them into uint8 images by its reference's rule."""
+    if not isinstance(sampler, SamplerPreset):
+        return sampler.to_uint8(objective, sampler.draw_samples(objective, params, seeds))
+    latents_or_pixels = _edm_samples(objective, params, seeds, sampler)
+    latent = getattr(objective, "latent", None)
+    if latent is not None:  # a latent run: edm2's generate_images.py decodes to uint8 (encoder.decode)
+        return latent.codec.decode(latents_or_pixels)
+    return quantize(latents_or_pixels)
+
+
+def _edm_samples(objective: Any, params: Any, seeds: Any, sampler: SamplerPreset) -> Any:
+    """The EDM presets' samples [n, *shape]: ``sample`` on the model's σ schedule."""
     import jax
 
     from dew.sampling import sample
@@ -173,11 +205,7 @@ def draw_images(objective: Any, params: Any, seeds: Any, sampler: SamplerPreset)
         denoise = objective.denoiser(params, conditions)
         return sample(denoise, noise, sigmas, solver, rng=jax.random.fold_in(key, 2))[0]
 
-    latents_or_pixels = jax.vmap(one)(seeds)
-    latent = getattr(objective, "latent", None)
-    if latent is not None:  # a latent run: edm2's generate_images.py decodes to uint8 (encoder.decode)
-        return latent.codec.decode(latents_or_pixels)
-    return quantize(latents_or_pixels)
+    return jax.vmap(one)(seeds)
 
 
 @dataclasses.dataclass
@@ -191,7 +219,7 @@ class Draw:
 
     objective: Any
     params: Any
-    sampler: SamplerPreset
+    sampler: SamplerPreset | ProtocolSampler
     detector: Detector
     num: int
     outdir: str
@@ -360,6 +388,7 @@ __all__ = [
     "PRESETS",
     "Draw",
     "FidTally",
+    "ProtocolSampler",
     "SamplerPreset",
     "Tally",
     "draw_images",

@@ -50,6 +50,15 @@ def test_protocol_bad_input_is_one_line_exit_2_writing_nothing(run, tmp_path, ca
     ok = [f"--workdir={run}", "--preset=cifar10", f"--ref={ref_8}", f"--outdir={out}"]
     cases = [
         (["--preset=cifar100"], "--preset='cifar100' is not a sampler preset; expected one of ['afhqv2', "),
+        (
+            ["--preset=dit"],
+            "--preset='dit' draws 'iddpm' runs, but --workdir is a 'diffusion' run; expected one of its "
+            "presets ['afhqv2', 'cifar10', 'ffhq', 'imagenet64']",
+        ),
+        (
+            ["--preset=sit", "--metrics=fid,sfid"],
+            "--preset='sit' draws 'interpolant' runs, but --workdir is a ",
+        ),
         (["--num=0"], "--num=0 is invalid: expected an int >= 2"),
         (["--num=-5"], "--num=-5 is invalid: expected an int >= 2"),
         (["--num=many"], "argument --num: invalid int value: 'many'"),
