@@ -344,7 +344,10 @@ def test_a_stopped_peer_stops_the_other_process_with_one_line_exit_1_and_a_trace
             with open(lines[1].split(": ", 1)[1]) as f:
                 text = f.read()
             assert "PeerLost" in text and "--- thread MainThread" in text, text[:2000]
-            assert heartbeat <= waited < heartbeat + 45, waited  # the heartbeat bounds it, not JAX's + 30 s
+            # The heartbeat bounds it, not JAX's + 30 s. The peer's last beat may precede the
+            # SIGSTOP by one publishing interval (PeerWatch: heartbeat / 20), so the survivor can
+            # call it lost that much before a full heartbeat has passed since the stop.
+            assert heartbeat - heartbeat / 20 <= waited < heartbeat + 45, waited
     finally:
         for pair in pairs.values():
             for p in pair:
