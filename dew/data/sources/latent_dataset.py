@@ -304,6 +304,20 @@ def _is_integer(index: object) -> bool:
     return bool(np.isscalar(index) and np.issubdtype(type(index), np.integer))
 
 
+def rows_of(table, index, dtype) -> np.ndarray:
+    """``table[index]`` for a lazily read table (``table.shape``, ``table._load(i)`` one row): an
+    int gives one row, a 1-D index (slice, list, array) the rows stacked, [0, ...] when empty."""
+    name = type(table).__name__
+    if _is_integer(index):
+        return table._load(range(table.shape[0])[int(index)])
+    rows = np.arange(table.shape[0])[index]
+    if rows.ndim != 1:
+        raise IndexError(f"{name}: expected an int or a 1-D index, got shape {rows.shape}")
+    if not rows.size:
+        return np.empty((0, *table.shape[1:]), dtype)
+    return np.stack([table._load(i) for i in rows])
+
+
 class LatentRows:
     """The raw latents of a finished latent data set, read per lookup: behaves as a float32
     [N, h, w, 2C] array for ``Dataset`` (``shape``, ``dtype``, ``len``, indexing by an index array
@@ -340,16 +354,7 @@ class LatentRows:
         return self.shape[0]
 
     def __getitem__(self, index):
-        if _is_integer(index):
-            return self._load(range(len(self))[int(index)])
-        rows = np.arange(len(self))[index]
-        if rows.ndim != 1:
-            raise IndexError(f"LatentRows: expected an int or a 1-D index, got shape {rows.shape}")
-        return (
-            np.stack([self._load(i) for i in rows])
-            if rows.size
-            else np.empty((0, *self.shape[1:]), np.float32)
-        )
+        return rows_of(self, index, np.float32)
 
 
 def open_latent_dataset(path: str) -> tuple[LatentRows, np.ndarray | None]:

@@ -88,16 +88,9 @@ class PixelRows:
         return self.shape[0]
 
     def __getitem__(self, index):
-        from dew.data.sources.latent_dataset import _is_integer
+        from dew.data.sources.latent_dataset import rows_of
 
-        if _is_integer(index):
-            return self._load(range(len(self))[int(index)])
-        rows = np.arange(len(self))[index]
-        if rows.ndim != 1:
-            raise IndexError(f"PixelRows: expected an int or a 1-D index, got shape {rows.shape}")
-        if not rows.size:
-            return np.empty((0, *self.shape[1:]), np.uint8)
-        return np.stack([self._load(i) for i in rows])
+        return rows_of(self, index, np.uint8)
 
 
 def pixel_rows(images: str, latent_shape: tuple[int, ...], labels: np.ndarray | None, cache: bool) -> Any:
