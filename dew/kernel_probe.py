@@ -33,22 +33,12 @@ MAX_CALLS = 15
 CLEAR = 2.0
 
 
-def trainer_convolutions(config: Any, devices: int) -> dict:
-    """The convolution shape classes of the run ``config`` (a resolved run config) describes, and
-    how often each is used, traced in THIS process without starting JAX's backend, so that the
-    caller's registrations (a data set or model registered in the experiment file or the user's
-    script) are in effect. Batch: the per-step batch of one micro-step.
-
-    The checks the Trainer makes before it needs a device come first, with the Trainer's own
-    functions, so a config the Trainer would refuse raises here too (and nothing is measured): the
-    mesh's axes against the ``devices`` the run will have, the batch sizes against its
-    data-parallel axes and against the data (train and validation), the objective and the
-    compute precision. Then the state's init is traced abstractly (``jax.eval_shape``, as the
-    Trainer traces it) while ``dew.kernels`` records every convolution."""
+def _traced_init(config: Any, devices: int) -> tuple[Any, tuple[Any, Any], int]:
+    """The run's init as the Trainer traces it, its abstract arguments and the per-step batch,
+    after the checks the Trainer makes before it needs a device (see ``trainer_convolutions``)."""
     import jax
     import numpy as np
 
-    from dew import kernels
     from dew.averaging.averager import Averages
     from dew.data.dataset import Dataset
     from dew.training import sharding
@@ -89,10 +79,82 @@ def trainer_convolutions(config: Any, devices: int) -> dict:
         k: jax.ShapeDtypeStruct((sizes["dataset.batch_size"], *v.shape[1:]), v.dtype)
         for k, v in train.fields.items()
     }
-    with kernels.record_convolutions() as seen:
-        jax.eval_shape(init, jax.ShapeDtypeStruct((2,), np.uint32), batch)
     per_step = sizes["dataset.batch_size"] // int(c.train.get("accumulation", 1) or 1)
+    return init, (jax.ShapeDtypeStruct((2,), np.uint32), batch), per_step
+
+
+def trainer_convolutions(config: Any, devices: int) -> dict:
+    """The convolution shape classes of the run ``config`` (a resolved run config) describes, and
+    how often each is used, traced in THIS process without starting JAX's backend, so that the
+    caller's registrations (a data set or model registered in the experiment file or the user's
+    script) are in effect. Batch: the per-step batch of one micro-step.
+
+    The checks the Trainer makes before it needs a device come first, with the Trainer's own
+    functions, so a config the Trainer would refuse raises here too (and nothing is measured): the
+    mesh's axes against the ``devices`` the run will have, the batch sizes against its
+    data-parallel axes and against the data (train and validation), the objective and the
+    compute precision. Then the state's init is traced abstractly (``jax.eval_shape``, as the
+    Trainer traces it) while ``dew.kernels`` records every convolution."""
+    import jax
+
+    from dew import kernels
+
+    init, arguments, per_step = _traced_init(config, devices)
+    with kernels.record_convolutions() as seen:
+        jax.eval_shape(init, *arguments)
     return {"batch": per_step, "convolutions": [[*shape, uses] for shape, uses in sorted(seen.items())]}
+
+
+def trainer_dots(config: Any, devices: int) -> dict:
+    """The matrix products of the run ``config`` describes (a transformer's), traced as
+    ``trainer_convolutions`` traces convolutions (the same checks first, nothing started): every
+    ``dot_general`` of the state's init (the network's forward pass at the run's batch), as
+    ``count_dots`` counts them: ``{"batch": B, "dots": [[b, m, k, n, split, uses], ...]}``."""
+    import jax
+
+    init, arguments, per_step = _traced_init(config, devices)
+    whole = int(arguments[1][next(iter(arguments[1]))].shape[0])  # init's batch
+    seen = count_dots(jax.make_jaxpr(init)(*arguments).jaxpr, whole, per_step)
+    return {"batch": per_step, "dots": [[*key, uses] for key, uses in sorted(seen.items())]}
+
+
+def count_dots(jaxpr: Any, whole: int, per_step: int) -> dict[tuple[int, ...], int]:
+    """Every ``dot_general`` of ``jaxpr`` (and the jaxprs inside its equations) as a batched
+    matrix product ``[b, m, k] · [b, k, n]`` (``b``: the product of its batch dimensions, ``m``/``n``:
+    of the two sides' free dimensions, ``k``: of the contracted ones) with the side a batch of
+    ``whole`` leads and the run splits over devices (``split``: 0 for ``b``, 1 for ``m``, 2 for
+    neither), rescaled to a batch of ``per_step``; mapped to how often it runs (a ``scan`` body's
+    products once per iteration)."""
+    import math
+
+    from jax.extend import core
+
+    seen: dict[tuple[int, ...], int] = {}
+
+    def walk(jaxpr: Any, times: int) -> None:
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "dot_general":
+                lhs, rhs = (v.aval.shape for v in eqn.invars)
+                (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+                b = math.prod(lhs[d] for d in lb)
+                k = math.prod(lhs[d] for d in lc)
+                m = math.prod(lhs[d] for d in range(len(lhs)) if d not in (*lc, *lb))
+                n = math.prod(rhs[d] for d in range(len(rhs)) if d not in (*rc, *rb))
+                # The batch leads the activations: it is in the batch dimensions (attention) or
+                # in the free rows (a dense layer).
+                split = 0 if lb and lb[0] == 0 and b % whole == 0 else 1 if m % whole == 0 else 2
+                if split == 0:
+                    b = b // whole * per_step
+                elif split == 1:
+                    m = m // whole * per_step
+                key = (b, m, k, n, split)
+                seen[key] = seen.get(key, 0) + times
+            inner = times * int(eqn.params.get("length", 1)) if eqn.primitive.name == "scan" else times
+            for sub in core.jaxprs_in_params(eqn.params):
+                walk(sub, inner)
+
+    walk(jaxpr, 1)
+    return seen
 
 
 def time_convolutions(
@@ -182,14 +244,85 @@ def time_convolutions(
     return {"times": out, "programs": digests, "unchanged": unchanged, "failed": failed}
 
 
+def _fastest(call: Any) -> float:
+    """The fastest of ``call``'s calls (each waited for), called until ``MIN_SECONDS`` have
+    passed and at least ``MIN_CALLS`` times, at most ``MAX_CALLS``: on a shared machine other
+    processes only ever add time."""
+    import jax
+
+    seconds: list[float] = []
+    began = time.perf_counter()
+    while len(seconds) < MAX_CALLS and (
+        len(seconds) < MIN_CALLS or time.perf_counter() - began < MIN_SECONDS
+    ):
+        start = time.perf_counter()
+        jax.block_until_ready(call())
+        seconds.append(time.perf_counter() - start)
+    return min(seconds)
+
+
+def time_dots(dots: list[list[int]], same_as: dict[str, str] | None = None) -> dict:
+    """Seconds per call of each matrix-product class's forward and both gradients (``[b, m, k] ·
+    [b, k, n]`` with its cotangent, ``trainer_dots``' rows; the side ``split`` names divided over
+    this process's CPU devices as a run divides its batch), and a digest of each compiled program.
+    ``same_as``: another child's digests (``{class: digest}``); a program that compiles the same
+    is listed in ``unchanged`` instead of being timed again. Answer: ``{"times": {class: s},
+    "programs": {class: digest}, "unchanged": [class, ...], "failed": [[class, error], ...]}``."""
+    import hashlib
+
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    everything = jax.devices()
+    rng = np.random.default_rng(0)
+    times: dict[str, float] = {}
+    digests: dict[str, str] = {}
+    unchanged: list[str] = []
+    failed: list[list[str]] = []
+    for b, m, k, n, split in (tuple(int(v) for v in d[:5]) for d in dots):
+        name = json.dumps([b, m, k, n, split])
+        rows = (b, m)[split] if split < 2 else 0
+        devices = everything if rows and rows % len(everything) == 0 else everything[:1]
+        mesh = Mesh(np.array(devices), ("data",))
+        parts = {0: PartitionSpec("data"), 1: PartitionSpec(None, "data")}.get(split, PartitionSpec())
+        lhs_sharding = NamedSharding(mesh, parts)
+        rhs_sharding = NamedSharding(mesh, PartitionSpec("data") if split == 0 else PartitionSpec())
+        lhs = jax.device_put(rng.standard_normal((b, m, k), np.float32), lhs_sharding)
+        rhs = jax.device_put(rng.standard_normal((b, k, n), np.float32) / np.sqrt(k), rhs_sharding)
+        cotangent = jax.device_put(rng.standard_normal((b, m, n), np.float32), lhs_sharding)
+
+        def both(a: Any, w: Any, g: Any) -> Any:
+            y, pullback = jax.vjp(lambda a, w: jax.numpy.einsum("bmk,bkn->bmn", a, w), a, w)
+            return (y, *pullback(g))
+
+        print(f"compiling {name} dot", file=sys.stderr, flush=True)
+        try:
+            shardings = (lhs_sharding, lhs_sharding, rhs_sharding)
+            compiled = jax.jit(both, out_shardings=shardings).lower(lhs, rhs, cotangent).compile()
+            digests[name] = hashlib.sha256((compiled.as_text() or "").encode()).hexdigest()[:16]
+            if same_as is not None and same_as.get(name) == digests[name]:
+                unchanged.append(name)
+                continue
+            jax.block_until_ready(compiled(lhs, rhs, cotangent))  # one untimed call
+        except Exception as e:  # a library route can refuse a program: said, not timed
+            failed.append([name, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"])
+            continue
+        times[name] = _fastest(lambda: compiled(lhs, rhs, cotangent))  # noqa: B023 (called here)
+    return {"times": times, "programs": digests, "unchanged": unchanged, "failed": failed}
+
+
 def main(argv: list[str]) -> int:
-    if argv != ["time"]:
-        print("usage: python -m dew.kernel_probe time < payload.json", file=sys.stderr)
+    if argv not in (["time"], ["dots"]):
+        print("usage: python -m dew.kernel_probe time|dots < payload.json", file=sys.stderr)
         return 2
     payload = json.loads(sys.stdin.read())
-    answer = time_convolutions(
-        int(payload["batch"]), payload["convolutions"], payload.get("forms"), payload.get("same_as")
-    )
+    if argv == ["dots"]:
+        answer = time_dots(payload["dots"], payload.get("same_as"))
+    else:
+        answer = time_convolutions(
+            int(payload["batch"]), payload["convolutions"], payload.get("forms"), payload.get("same_as")
+        )
     print(json.dumps(answer), flush=True)
     return 0
 

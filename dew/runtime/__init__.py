@@ -4,7 +4,8 @@ JAX starts, and nothing that a traced program computes.
 - ``host_devices``: how many XLA CPU devices a CPU host presents (one per core by default);
 - ``cpu_convolutions``: which library XLA:CPU runs convolutions with;
 - ``kernel_choice``: the convolution library and weight gradients, timed on this machine;
-  ``kernel_cache``: its cache files (the workdir's, the machine's), read as hints;
+  ``dot_choice``: where a transformer's dots go (XLA's default or oneDNN), timed the same way;
+  ``kernel_cache``: their cache files (the workdir's, the machine's), read as hints;
 - ``host_memory``: glibc's transparent-huge-page tunable for XLA:CPU's per-step buffers;
 - ``compilation_cache``: JAX's persistent compilation cache (the machine's, by default);
 - ``precompile``: compiling a jitted program from abstract arguments in a background thread;

@@ -11,6 +11,7 @@ no temporary file behind, and says once per file when one cannot be written.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -38,8 +39,21 @@ FORMS = {
 }
 
 
+#: Relative margin within which a default (YNNPACK, XLA's gradients, XLA's dots) is kept over a
+#: faster candidate.
+TIE = 0.02
+#: The cache's parts: the convolution decisions and traced shapes (``kernel_choice``), and the
+#: matrix-product ones (``dot_choice``).
+PARTS = ("decisions", "shapes", "dot_decisions", "dot_shapes")
+
+
 def _empty() -> dict:
-    return {"decisions": {}, "shapes": {}}
+    return {part: {} for part in PARTS}
+
+
+def digest(value: Any) -> str:
+    """A short digest of a JSON value (sorted keys): a cache key."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _classes_of(value: Any, width: int) -> list[tuple[int, ...]]:
@@ -107,9 +121,57 @@ def valid_decision(entry: Any) -> dict:
     return entry
 
 
+def valid_dot_shapes(entry: Any) -> dict:
+    """A traced matrix-products entry (``{"batch": B >= 1, "dots": [[b, m, k, n, split, uses],
+    ...]}``, ``dew.kernel_probe.trainer_dots``) as it is, or ValueError saying what is wrong."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"a dots entry is a {type(entry).__name__}, not an object")
+    batch = entry.get("batch")
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise ValueError(f"a dots entry has batch {batch!r}, not an int >= 1")
+    for row in _classes_of(entry.get("dots"), 6):
+        if row[4] > 2 or row[5] < 1:
+            raise ValueError(f"matrix-product class {list(row)!r} has split {row[4]} or uses {row[5]}")
+    return entry
+
+
+def valid_dot_decision(entry: Any) -> dict:
+    """A measured dots entry (``counts``: class -> uses; ``times``: route (``xla``, ``onednn``) ->
+    class -> s, XLA's present and every counted class timed; optional ``unused``: route -> why)
+    as it is, or ValueError."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"a dots decision is a {type(entry).__name__}, not an object")
+    counts, times = entry.get("counts"), entry.get("times")
+    if not isinstance(counts, dict) or not counts:
+        raise ValueError("a dots decision has no 'counts' object")
+    for name, uses in counts.items():
+        try:
+            _classes_of([json.loads(name)], 5)
+        except ValueError as e:
+            raise ValueError(f"a dots decision counts {name!r}: {e}") from None
+        if not isinstance(uses, int) or isinstance(uses, bool) or uses < 1:
+            raise ValueError(f"a dots decision counts {uses!r} uses of {name}")
+    if not isinstance(times, dict) or "xla" not in times:
+        raise ValueError("a dots decision has no times of XLA's dots")
+    for route, rows in times.items():
+        if route not in ("xla", "onednn") or not isinstance(rows, dict):
+            raise ValueError(f"a dots decision times route {route!r} as {type(rows).__name__}")
+        for name in counts:
+            t = rows.get(name)
+            if not isinstance(t, int | float) or isinstance(t, bool) or t < 0:
+                raise ValueError(f"a dots decision has no time of {route} for class {name}")
+    unused = entry.get("unused", {})
+    if not isinstance(unused, dict) or any(
+        route != "onednn" or not isinstance(why, str) for route, why in unused.items()
+    ):
+        raise ValueError(f"a dots decision's 'unused' is {unused!r}, not an object of routes and reasons")
+    return entry
+
+
 def read_cache(path: str | None, log: Callable[[str], None] | None = None) -> dict:
-    """The cache file at ``path`` as ``{"decisions": {...}, "shapes": {...}}``, keeping only the
-    entries that are well formed (``valid_decision``, ``valid_shapes``). A cache is a hint: a file
+    """The cache file at ``path`` as ``{part: {...}}`` for every part of ``PARTS``, keeping only
+    the entries that are well formed (``valid_decision``, ``valid_shapes``, ``valid_dot_decision``,
+    ``valid_dot_shapes``). A cache is a hint: a file
     that cannot be read, is not such an object or holds malformed entries is never an error; it
     is said in one line naming the file (``log``), and what it lacks is measured again and
     replaced. No file (or no ``path``): empty, silently."""
@@ -129,7 +191,13 @@ def read_cache(path: str | None, log: Callable[[str], None] | None = None) -> di
     if not isinstance(data, dict):
         return set_aside(f"a JSON {type(data).__name__}, not an object")
     out, dropped = _empty(), []
-    for part, check in (("decisions", valid_decision), ("shapes", valid_shapes)):
+    checks = (
+        ("decisions", valid_decision),
+        ("shapes", valid_shapes),
+        ("dot_decisions", valid_dot_decision),
+        ("dot_shapes", valid_dot_shapes),
+    )
+    for part, check in checks:
         entries = data.get(part, {})
         if not isinstance(entries, dict):
             dropped.append(f"its {part!r} is a JSON {type(entries).__name__}, not an object")
@@ -196,7 +264,7 @@ _unwritable: set[str] = set()
 
 
 def _remember(path: str | None, part: str, key: str, value: Any, log: Callable[[str], None] | None) -> None:
-    """Add one entry (``part``: ``"decisions"`` or ``"shapes"``) to the cache file at ``path``,
+    """Add one entry (``part``: one of ``PARTS``) to the cache file at ``path``,
     keeping its well-formed entries (a malformed file is replaced). A file that cannot be written
     only means the next run measures again: said once per file (``log``), never an error."""
     if path is None:
@@ -218,12 +286,17 @@ __all__ = [
     "FORMS",
     "LIBRARIES",
     "MACHINE_CACHE_VARIABLE",
+    "PARTS",
     "ROUTES",
+    "TIE",
     "WEIGHT_GRADIENTS",
     "cache_path",
+    "digest",
     "machine_cache_path",
     "read_cache",
     "valid_decision",
+    "valid_dot_decision",
+    "valid_dot_shapes",
     "valid_shapes",
     "writable",
     "write_cache",

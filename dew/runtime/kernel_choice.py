@@ -41,6 +41,10 @@ same configuration, in the same workdir or a new one, starts no child process. A
 the config overrides the cache; a resumed run uses the choice recorded in its ``run.json``
 (``Decision.record``) for every setting left at ``auto``. Nothing is measured unless the backend
 will be the CPU: with an accelerator the settings change nothing (``cpu_backend_expected``).
+
+A transformer's run (a ``ShapeSource`` that ``measures`` ``"dots"``) has no convolutions worth
+timing: its library and gradients follow the CPU-flag rule, and where its dots go is measured by
+``dew.runtime.dot_choice`` (cached beside these decisions).
 """
 
 from __future__ import annotations
@@ -60,17 +64,20 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dew import kernels
-from dew.runtime import cpu_convolutions
+from dew.runtime import cpu_convolutions, dot_choice
 from dew.runtime.kernel_cache import (
     CACHE_FILE,
     FORMS,
     LIBRARIES,
     MACHINE_CACHE_VARIABLE,
+    TIE,
     _remember,
     cache_path,
+    digest,
     machine_cache_path,
     read_cache,
     valid_decision,
+    valid_dot_shapes,
     valid_shapes,
     writable,
     write_cache,
@@ -83,8 +90,6 @@ WEIGHT_FORM_NAMES = ("xla", "per_tap", "weight_im2col")
 INPUT_FORM_NAMES = ("xla", "input_per_tap", "input_im2col")
 ONEDNN = "+onednn"  # a route's suffix: its dots on oneDNN
 PROBE_MODULE = "dew.kernel_probe"
-#: Relative margin within which the default (YNNPACK, XLA's gradient) is kept over a faster one.
-TIE = 0.02
 
 #: ``runner(mode, payload, environment) -> dict``: one measurement child's answer.
 Runner = Callable[[str, Mapping[str, Any], Mapping[str, str]], dict]
@@ -206,16 +211,12 @@ def cpu_backend_expected(environ: Mapping[str, str] | None = None) -> bool:
     return not any(importlib.util.find_spec(name) is not None for name in plugins)
 
 
-def _digest(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 def decision_key(
     cpu: str, jaxlib: str, devices: int, batch: int, convolutions: Sequence[Sequence[int]]
 ) -> str:
     """The cache key of a measured decision: CPU, jaxlib, device count, batch, shape classes."""
     classes = sorted(list(map(int, c[:6])) for c in convolutions)
-    return _digest({"cpu": cpu, "jaxlib": jaxlib, "devices": devices, "batch": batch, "classes": classes})
+    return digest({"cpu": cpu, "jaxlib": jaxlib, "devices": devices, "batch": batch, "classes": classes})
 
 
 def run_probe(mode: str, payload: Mapping[str, Any], environment: Mapping[str, str]) -> dict:
@@ -325,13 +326,15 @@ class ShapeSource:
     function: str
     args: Mapping[str, Any]
     key: Any
+    measures: str = "convolutions"  # or "dots": a transformer's matrix products (``dot_choice``)
 
     def trace(self) -> dict:
         """Call ``function`` without starting JAX's backend (see ``_without_backend``)."""
         module, _, name = self.function.partition(":")
         traced = getattr(importlib.import_module(module), name)
         with _without_backend():
-            return valid_shapes(traced(**self.args))
+            answer = traced(**self.args)
+        return valid_dot_shapes(answer) if self.measures == "dots" else valid_shapes(answer)
 
 
 #: ``tracer(source) -> {"batch", "convolutions"}``: the run's traced shapes (``ShapeSource.trace``).
@@ -453,6 +456,21 @@ def choose(
         return _rule(libraries, gradients, environ, f"{BY_RULE_VARIABLE}=1 asks for no measurement")
     if shapes is None:  # another model; a reader without a run config (dew.sample)
         return _rule(libraries, gradients, environ, "no convolutions of a measured model to time")
+    if shapes.measures == "dots":  # a transformer: its convolutions by the rule, its dots measured
+        rule = _rule(libraries, gradients, environ, "no convolutions of a measured model to time")
+        dots, how = dot_choice.choose_dots(
+            shapes,
+            cpu=cpu_model(),
+            jaxlib=jaxlib_version(),
+            devices=devices,
+            cache=cache,
+            machine_cache=machine_cache,
+            runner=runner,
+            tracer=tracer,
+            environ=environ,
+            log=log,
+        )
+        return dataclasses.replace(rule, how=f"{rule.how}; {how}", dots=dots)
 
     flags = environ.get("XLA_FLAGS", "")
     routes = list(libraries)
@@ -468,7 +486,7 @@ def choose(
     workdir, machine = read_cache(cache, log), read_cache(machine_cache, log)
     data = {part: {**machine[part], **workdir[part]} for part in ("decisions", "shapes")}
     cpu, jaxlib = cpu_model(), jaxlib_version()
-    shape_key = _digest({"source": shapes.key, "devices": devices, "jaxlib": jaxlib})
+    shape_key = digest({"source": shapes.key, "devices": devices, "jaxlib": jaxlib})
     started = time.perf_counter()
     traced, checked = data["shapes"].get(shape_key), False
 
@@ -598,6 +616,7 @@ __all__ = [
     "BY_RULE_VARIABLE",
     "CACHE_FILE",
     "MACHINE_CACHE_VARIABLE",
+    "TIE",
     "Decision",
     "ShapeSource",
     "applied_record",

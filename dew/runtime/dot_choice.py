@@ -1,0 +1,195 @@
+"""Where a transformer's matrix products go on XLA:CPU, chosen by timing them on the machine at hand.
+
+The EDM U-Nets' kernel choice (``dew.runtime.kernel_choice``) times convolutions. A transformer
+(the DiT family: DiT, SiT, REPA's SiT, iMF's DiT) spends its step in matrix products instead,
+and XLA:CPU can hand those to oneDNN, the library PyTorch runs on CPUs
+(``cpu_convolutions.ONEDNN_DOTS``), or keep them on its default (YNNPACK). Which is faster
+depends on the CPU and the shapes: on a 2-core AMD EPYC (Zen 4, AVX-512) SiT-S/2's train step
+took 1,121 ms with XLA's dots and 808 ms with oneDNN's (``benchmarks/RESULTS.md``). So it is
+measured, never assumed from the CPU's flags:
+
+- the run's products are traced in the run's own process before JAX starts
+  (``dew.kernel_probe.trainer_dots``: every ``dot_general`` of the network's forward pass as a
+  batched product ``[b, m, k] · [b, k, n]``, with how often it occurs);
+- one child per route (``python -m dew.kernel_probe dots``: XLA's dots, then with
+  ``ONEDNN_DOTS``) times each class's forward and both gradients at the run's batch over its
+  devices. A oneDNN program that compiles to XLA's own is not timed again; a route whose child
+  fails (oneDNN can abort the process compiling a program it cannot partition) or that cannot
+  compile a program is dropped and said, as one that changes nothing is said unused;
+- oneDNN is kept only when the products, weighted by use, cost the step at least ``TIE`` less.
+
+The decision is cached beside the convolution decisions (``kernel_cache``: the ``dot_shapes``
+and ``dot_decisions`` parts), keyed by the CPU, jaxlib, device count, batch and classes, so a
+later start in any workdir measures nothing. XLA cannot keep a program with oneDNN's fusions in
+the persistent compilation cache ("ToProto is not implemented for thunk kind: onednn-fusion"),
+so with oneDNN's dots every start compiles the step again; the run's ``kernel choice:`` line says
+so, and ``dew.runtime.platform`` silences XLA's per-program warning about it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from dew.runtime import cpu_convolutions
+from dew.runtime.kernel_cache import TIE, _remember, digest, read_cache, writable
+
+#: The routes a dots decision times, the default first.
+DOT_ROUTES = ("xla", "onednn")
+#: Why a start with oneDNN's dots compiles again, said on the kernel choice's line.
+NOT_CACHED = (
+    "programs with oneDNN's dots are compiled at every start (XLA cannot keep them in the compilation cache)"
+)
+
+
+def route_environment(route: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` with ``XLA_FLAGS`` handing dots to oneDNN for the ``onednn`` route."""
+    env = dict(environ)
+    if route == "onednn":
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {cpu_convolutions.ONEDNN_DOTS}".strip()
+    return env
+
+
+def decide_dots(
+    times: Mapping[str, Mapping[str, float]], counts: Mapping[str, int]
+) -> tuple[str, dict[str, float]]:
+    """From ``times[route][class]`` (seconds of a product's forward and both gradients) and
+    ``counts[class]`` (uses in the network): the route, and each route's weighted total. oneDNN
+    wins only by more than ``TIE``; XLA's default is kept otherwise."""
+    timed = [route for route in DOT_ROUTES if route in times]
+    totals = {route: sum(counts[c] * times[route][c] for c in counts) for route in timed}
+    faster = "onednn" in totals and totals["onednn"] < totals["xla"] * (1 - TIE)
+    return ("onednn" if faster else "xla"), totals
+
+
+def _measure(
+    counts: Mapping[str, int],
+    environ: Mapping[str, str],
+    runner: Callable[[str, Mapping[str, Any], Mapping[str, str]], dict],
+    log: Callable[[str], None] | None,
+) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """Each route's child: ``(times[route][class], unused[route] -> why)``. Raises RuntimeError
+    when XLA's own route cannot be timed (then nothing is decided)."""
+    if log is not None:
+        log(f"timing {len(counts)} matrix-product classes with XLA's dots and oneDNN's (once per machine)")
+    times: dict[str, dict[str, float]] = {}
+    unused: dict[str, str] = {}
+    programs: dict[str, str] = {}
+    for route in DOT_ROUTES:
+        payload: dict[str, Any] = {"dots": [json.loads(c) for c in counts]}
+        if route != "xla":
+            payload["same_as"] = programs
+        try:
+            answer = runner("dots", payload, route_environment(route, environ))
+        except RuntimeError as e:
+            if route == "xla":
+                raise
+            unused[route] = f"its measurement child failed ({e})"
+            continue
+        failed, same = answer.get("failed", []), answer.get("unchanged", [])
+        if failed:
+            name, error = failed[0]
+            why = f"XLA could not compile {len(failed)} of its programs here (first: {name}: {error})"
+            if route == "xla":
+                raise RuntimeError(why)
+            unused[route] = why
+            continue
+        if route != "xla" and len(same) == len(counts):
+            unused[route] = "not used by XLA on this CPU (the same programs as XLA's)"
+            continue
+        rows = {name: float(s) for name, s in answer["times"].items()}
+        for name in same:
+            rows[name] = times["xla"][name]
+        times[route] = rows
+        if route == "xla":
+            programs = dict(answer.get("programs", {}))
+    return times, unused
+
+
+def choose_dots(
+    shapes: Any,
+    *,
+    cpu: str,
+    jaxlib: str,
+    devices: int,
+    cache: str | None,
+    machine_cache: str | None,
+    runner: Callable[[str, Mapping[str, Any], Mapping[str, str]], dict],
+    tracer: Callable[[Any], dict],
+    environ: Mapping[str, str],
+    log: Callable[[str], None] | None = None,
+) -> tuple[str, str]:
+    """Where the run's dots go (``"xla"`` or ``"onednn"``) and how that was decided (a clause of
+    the run's ``kernel choice:`` line), before JAX starts (see the module docstring).
+
+    ``shapes``: the run's ``kernel_choice.ShapeSource`` (its ``key`` keys the traced classes);
+    ``tracer(shapes)``: ``{"batch", "dots"}`` (``dew.kernel_probe.trainer_dots``); ``runner``: the
+    timing children (``kernel_choice.run_probe``); ``cache`` / ``machine_cache``: the workdir's
+    and the machine's kernel caches. ``XLA_FLAGS`` naming oneDNN wins; a jaxlib without the
+    flags keeps XLA's. Nothing is measured for shapes that do not trace (the run then stops
+    where it would anyway) or a workdir whose cache cannot be written; a failed measurement
+    keeps XLA's dots. Every such case is said in the returned clause."""
+    flags = environ.get("XLA_FLAGS", "")
+    if cpu_convolutions.onednn_in_flags(flags):
+        return "xla", "dots as XLA_FLAGS says"
+    if not cpu_convolutions.xla_knows_onednn_dots():
+        return "xla", "dots XLA's: oneDNN is not in this jaxlib's XLA"
+    workdir, machine = read_cache(cache, log), read_cache(machine_cache, log)
+    data = {part: {**machine[part], **workdir[part]} for part in ("dot_shapes", "dot_decisions")}
+    shape_key = digest({"source": shapes.key, "devices": devices, "jaxlib": jaxlib, "of": "dots"})
+    traced = data["dot_shapes"].get(shape_key)
+    started = time.perf_counter()
+    if traced is None:
+        try:
+            traced = tracer(shapes)
+        except Exception as e:  # the run's own checks raise it again, where and as they would
+            return "xla", f"dots XLA's: not measured, the run's shapes did not trace ({e})"
+        if not traced["dots"]:
+            return "xla", "dots XLA's: the network has no matrix products"
+        _remember(cache, "dot_shapes", shape_key, traced, log)
+        _remember(machine_cache, "dot_shapes", shape_key, traced, log)
+    counts = {json.dumps([int(v) for v in row[:5]]): int(row[5]) for row in traced["dots"]}
+    batch = int(traced["batch"])
+    key = digest({"cpu": cpu, "jaxlib": jaxlib, "devices": devices, "batch": batch, "dots": sorted(counts)})
+    entry = data["dot_decisions"].get(key)
+    if entry is not None and set(entry["counts"]) != set(counts):
+        entry = None  # a digest collision or a hand edit: not these shapes
+    if entry is None:
+        if cache is not None and not writable(cache):
+            return "xla", f"dots XLA's: not measured, {cache} cannot be written"
+        try:
+            times, unused = _measure(counts, environ, runner, log)
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            if log is not None:
+                log(f"the matrix-product measurement failed ({e}): keeping XLA's dots")
+            return "xla", "dots XLA's: the measurement failed"
+        entry = {
+            "cpu": cpu,
+            "jaxlib": jaxlib,
+            "devices": devices,
+            "batch": batch,
+            "counts": counts,
+            "times": times,
+            "unused": unused,
+            "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "measure_s": round(time.perf_counter() - started, 2),
+        }
+        _remember(cache, "dot_decisions", key, entry, log)
+        _remember(machine_cache, "dot_decisions", key, entry, log)
+        source = f"measured in {entry['measure_s']:.1f} s"
+    elif key in workdir["dot_decisions"]:
+        source = f"cached from {cache}"
+    else:  # measured on this machine for another workdir: the workdir keeps its own copy too
+        _remember(cache, "dot_decisions", key, entry, log)
+        source = f"cached for this machine in {machine_cache}"
+    dots, totals = decide_dots(entry["times"], entry["counts"])
+    summary = ", ".join(f"{route} {1e3 * total:.0f} ms" for route, total in totals.items())
+    said = "".join(f"; {route}: {why}" for route, why in entry.get("unused", {}).items())
+    how = f"dots {source}: the step's matrix products {summary}{said}"
+    return dots, how + (f"; {NOT_CACHED}" if dots == "onednn" else "")
+
+
+__all__ = ["DOT_ROUTES", "NOT_CACHED", "choose_dots", "decide_dots", "route_environment"]
