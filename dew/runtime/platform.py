@@ -25,7 +25,14 @@ import warnings
 from typing import Any
 
 from dew import kernels
-from dew.runtime import compilation_cache, cpu_convolutions, distributed, host_devices, kernel_choice
+from dew.runtime import (
+    compilation_cache,
+    cpu_convolutions,
+    distributed,
+    host_devices,
+    host_memory,
+    kernel_choice,
+)
 from dew.schema import ConfigError, Key, Section, at_least
 
 CONFIG = Section(
@@ -50,6 +57,12 @@ CONFIG = Section(
             "convolution) or 'auto' (per shape class, the faster one, timed with the library; "
             "dew.runtime.kernel_choice)",
             choices=kernel_choice.WEIGHT_GRADIENT_CHOICES,
+        ),
+        "reuse_freed_memory": Key(
+            True,
+            "glibc keeps the memory a CPU step frees for the next step (one heap for every thread, "
+            "large blocks on it), so XLA:CPU's per-step buffers are not faulted in anew each step; "
+            "the process keeps its peak heap. False: glibc's defaults (dew.runtime.host_memory)",
         ),
         "compilation_cache": Key(
             "",
@@ -89,6 +102,7 @@ class Platform:
     compilation_cache: str | None
     processes: distributed.ProcessGroup | None = None
     decision: kernel_choice.Decision | None = None
+    reuses_freed_memory: bool = False
 
     def kernels_record(self) -> dict | None:
         """The kernel decision this process runs with, as the run's ``run.json`` records it (what
@@ -108,6 +122,8 @@ class Platform:
         if data_parallel and data_parallel > 1:
             out.append(f"each batch is split over {data_parallel} CPU devices (config.runtime.host_devices)")
         out.append(f"XLA:CPU runs convolutions with {self.convolutions} (config.runtime.cpu_convolutions)")
+        if self.reuses_freed_memory:
+            out.append("glibc keeps what a step frees for the next one (config.runtime.reuse_freed_memory)")
         if self.decision is not None:
             out.append(f"kernel choice: {self.decision.line()}")
         else:
@@ -128,6 +144,10 @@ def _batch_sizes(config: Any) -> list[int]:
 #: (``dew.kernels.record_convolutions``), so their kernels can be measured. Other models keep the
 #: CPU-flag rule (``dew.runtime.cpu_convolutions``).
 MEASURED_MODELS = ("songunet", "dhariwalunet")
+#: The transformers (``dew.networks.dit``'s registered names) whose matrix products are measured
+#: instead: where XLA:CPU's dots go (``dew.runtime.dot_choice``).
+DOT_MEASURED_MODELS = ("dit", "sit", "imf_dit")
+DOT_MEASURED_PREFIXES = ("DiT-", "SiT-", "iMF-")
 #: The config sections that shape a run's convolutions (the key of its traced shape classes).
 SHAPING_SECTIONS = ("dataset", "model", "objective", "mesh")
 
@@ -136,16 +156,22 @@ def run_shapes(config: Any, devices: int) -> kernel_choice.ShapeSource | None:
     """Where ``choose`` finds a run's convolution shape classes: traced from its config, in this
     process and before JAX starts, by ``dew.kernel_probe.trainer_convolutions`` (the caller's
     registrations in effect), over the ``devices`` the run will have; None for a model that is not
-    one of ``MEASURED_MODELS`` or no run config."""
-    if config is None or "model" not in config or config.model.get("name") not in MEASURED_MODELS:
+    one of ``MEASURED_MODELS`` or no run config. For a transformer (``DOT_MEASURED_MODELS``, the
+    names starting ``DOT_MEASURED_PREFIXES``) its matrix products instead
+    (``dew.kernel_probe.trainer_dots``, measured by ``dew.runtime.dot_choice``)."""
+    if config is None or "model" not in config:
+        return None
+    name = str(config.model.get("name"))
+    dots = name in DOT_MEASURED_MODELS or name.startswith(DOT_MEASURED_PREFIXES)
+    if name not in MEASURED_MODELS and not dots:
         return None
     as_dict = json.loads(json.dumps(config.to_dict(), default=str))
-    key = {name: as_dict.get(name) for name in SHAPING_SECTIONS}
+    key = {section: as_dict.get(section) for section in SHAPING_SECTIONS}
     key["accumulation"] = as_dict.get("train", {}).get("accumulation")
     key["eval_batch"] = as_dict.get("eval", {}).get("batch_size")
-    return kernel_choice.ShapeSource(
-        "dew.kernel_probe:trainer_convolutions", {"config": config, "devices": devices}, key
-    )
+    function = "dew.kernel_probe:trainer_dots" if dots else "dew.kernel_probe:trainer_convolutions"
+    arguments = {"config": config, "devices": devices}
+    return kernel_choice.ShapeSource(function, arguments, key, "dots" if dots else "convolutions")
 
 
 _started: Platform | None = None
@@ -250,10 +276,13 @@ def start(
     global _started
     directory = compilation_cache.cache_directory(section["compilation_cache"], workdir)
     decision = None
+    reuses = False
     if host_devices.backend_started():  # XLA read its flags already: nothing can change now
         convolutions = cpu_convolutions.route_convolutions(section["cpu_convolutions"])
         choice = cpu_convolutions.weight_gradient_choice()
     else:
+        # Before XLA's threads exist: each takes its malloc arena when it first allocates.
+        reuses = bool(section.get("reuse_freed_memory", True)) and host_memory.reuse_freed_memory()
         devices = host_devices.flagged_count(os.environ.get("XLA_FLAGS", "")) or 1
         import jax  # no backend: whether the user's code joined a process group itself
 
@@ -270,13 +299,17 @@ def start(
             log=lambda line: print(f"dew: {line}", flush=True),
         )
         convolutions = cpu_convolutions.route_convolutions(decision.library)
-        cpu_convolutions.route_dots(decision.dots)
+        if cpu_convolutions.route_dots(decision.dots) == "onednn":
+            # XLA cannot store oneDNN's fusions in the compilation cache; the kernel choice's line
+            # says so once (``dot_choice.NOT_CACHED``) instead of a warning for every program.
+            unstorable = r"Error writing persistent compilation cache entry .*onednn"
+            warnings.filterwarnings("ignore", message=unstorable, category=UserWarning)
         choice = decision.kernel_choice()
     kernels.set_choice(choice)
     kernel_choice.set_applied(decision)
     if directory is not None:
         compilation_cache.enable_compilation_cache(directory)
-    _started = Platform(presented, convolutions, choice, directory, processes=processes, decision=decision)
+    _started = Platform(presented, convolutions, choice, directory, processes, decision, reuses)
     return _started
 
 

@@ -107,3 +107,59 @@ def test_the_kernels_mode_file_is_read(tmp_path):
     (tmp_path / "enabled").write_text("always madvise [never]\n")
     assert not host_memory.transparent_huge_pages_available(str(tmp_path / "enabled"))
     assert not host_memory.transparent_huge_pages_available(str(tmp_path / "absent"))
+
+
+REUSE_PROGRAM = textwrap.dedent(
+    f"""
+    import ctypes, json, resource, sys, threading
+    from ml_collections import ConfigDict
+    from dew.runtime import platform
+    reuse = sys.argv[1] == "on"
+    config = ConfigDict({{"runtime": {{**platform._DEFAULTS, "reuse_freed_memory": reuse}}}})
+    started = platform.start(config, present_devices=False, detect_processes=False)
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    faults = []
+
+    def step():  # what an XLA:CPU execution does with its temporary buffer, on a new thread
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        block = libc.malloc({BLOCK_MIB} << 20)
+        ctypes.memset(block, 1, {BLOCK_MIB} << 20)
+        libc.free(block)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+
+    for _ in range(3):
+        thread = threading.Thread(target=step)
+        thread.start()
+        thread.join()
+    applied, lines = started.reuses_freed_memory, started.lines()
+    page = resource.getpagesize()
+    print(json.dumps({{"faults": faults, "page": page, "applied": applied, "lines": lines}}))
+    """
+)
+
+
+@pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's mallopt"
+)
+def test_freed_memory_is_reused_by_the_next_step_without_a_restart():
+    """``dew.runtime.start`` (as a user's loop reaches it) makes glibc keep a step's freed block:
+    only the first step faults it in; with ``config.runtime.reuse_freed_memory=False`` every step
+    maps it anew. Huge pages off in both, so the faults are 4 KiB pages."""
+    env = {**os.environ, "GLIBC_TUNABLES": f"{TUNABLE}=0", "DEW_KERNELS_BY_RULE": "1"}
+    results = {}
+    for mode in ("on", "off"):
+        done = subprocess.run(
+            [sys.executable, "-c", REUSE_PROGRAM, mode], env=env, capture_output=True, text=True, check=True
+        )
+        results[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+    block_pages = (BLOCK_MIB << 20) // results["on"]["page"]
+    on, off = results["on"], results["off"]
+    assert on["applied"] and not off["applied"]
+    assert any("config.runtime.reuse_freed_memory" in line for line in on["lines"])
+    assert not any("reuse_freed_memory" in line for line in off["lines"])
+    assert all(f >= block_pages for f in off["faults"]), off  # every step maps the block anew
+    # The first step grows the heap by the block (less what its top already held, a few pages).
+    assert on["faults"][0] > block_pages // 2
+    assert all(f < block_pages // 4 for f in on["faults"][1:]), on  # the next ones reuse it
