@@ -13,10 +13,11 @@ float32, and the same cores (``--threads``: ``torch.set_num_threads``; XLA's CPU
 the machine's cores). dew's side runs as ``python -m dew.main`` runs it on a CPU host: the state
 replicated on one XLA device per core and each batch split over them (``--devices``: another
 count; ``--devices=1`` is one device using the cores through its thread pool), with glibc's
-malloc asking for transparent huge pages (``dew.runtime.host_memory``; ``--no_huge_pages``:
-without; ``--reference_huge_pages`` gives the reference's process the same tunable) and XLA:CPU's
-convolution library chosen as ``config.runtime.cpu_convolutions`` chooses it (``--cpu_convolutions``:
-``auto``, ``eigen``, ``ynnpack``; ``dew.runtime.cpu_convolutions``). Rounds
+malloc asking for transparent huge pages (without them, ``--no_huge_pages``, keeping what a step
+frees for the next step instead: ``dew.runtime.host_memory``; ``--no_reuse_freed_memory``: not;
+``--reference_huge_pages`` gives the reference's process the same tunable) and XLA:CPU's
+convolution library chosen as ``config.runtime.cpu_convolutions`` chooses it
+(``--cpu_convolutions``: ``auto``, ``eigen``, ``ynnpack``; ``dew.runtime.cpu_convolutions``). Rounds
 alternate dew, reference, dew, ... after a warm-up; in each round a side first runs ``--settle``
 untimed steps (the first step after the other process's turn is 10-30 % slower on either side),
 then times ``--steps`` steps; the report is the medians and their ratio. The forward pass alone
@@ -283,6 +284,10 @@ def choose_kernels(args):
     cpu_convolutions.route_convolutions(decision.library)
     cpu_convolutions.route_dots(decision.dots)
     kernels.set_choice(decision.kernel_choice())
+    from dew.runtime.host_memory import huge_pages_in_effect, reuse_freed_memory
+
+    if not args.no_reuse_freed_memory and not huge_pages_in_effect():  # as dew.runtime.start does
+        reuse_freed_memory()
     return decision
 
 
@@ -521,6 +526,10 @@ def main() -> int:
     parser.add_argument(
         "--no_huge_pages", action="store_true",
         help="dew's side without glibc.malloc.hugetlb=1 (python -m dew.main sets it by default)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no_reuse_freed_memory", action="store_true",
+        help="dew's side with glibc's malloc defaults (dew.main keeps freed memory for the next step)",
     )  # fmt: skip
     parser.add_argument(
         "--reference_huge_pages", action="store_true",

@@ -62,7 +62,9 @@ CONFIG = Section(
             True,
             "glibc keeps the memory a CPU step frees for the next step (one heap for every thread, "
             "large blocks on it), so XLA:CPU's per-step buffers are not faulted in anew each step; "
-            "the process keeps its peak heap. False: glibc's defaults (dew.runtime.host_memory)",
+            "the process keeps its peak heap. Not where the process started with glibc's huge pages "
+            "(python -m dew.main), which are faster there. False: glibc's defaults "
+            "(dew.runtime.host_memory)",
         ),
         "compilation_cache": Key(
             "",
@@ -282,7 +284,9 @@ def start(
         choice = cpu_convolutions.weight_gradient_choice()
     else:
         # Before XLA's threads exist: each takes its malloc arena when it first allocates.
-        reuses = bool(section.get("reuse_freed_memory", True)) and host_memory.reuse_freed_memory()
+        # Where huge pages are in effect (python -m dew.main restarted with them) they win alone.
+        asked = bool(section.get("reuse_freed_memory", True)) and not host_memory.huge_pages_in_effect()
+        reuses = asked and host_memory.reuse_freed_memory()
         devices = host_devices.flagged_count(os.environ.get("XLA_FLAGS", "")) or 1
         import jax  # no backend: whether the user's code joined a process group itself
 

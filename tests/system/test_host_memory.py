@@ -146,14 +146,21 @@ REUSE_PROGRAM = textwrap.dedent(
 def test_freed_memory_is_reused_by_the_next_step_without_a_restart():
     """``dew.runtime.start`` (as a user's loop reaches it) makes glibc keep a step's freed block:
     only the first step faults it in; with ``config.runtime.reuse_freed_memory=False`` every step
-    maps it anew. Huge pages off in both, so the faults are 4 KiB pages."""
+    maps it anew. Huge pages off in both, so the faults are 4 KiB pages; a process started with
+    them keeps them alone."""
     env = {**os.environ, "GLIBC_TUNABLES": f"{TUNABLE}=0", "DEW_KERNELS_BY_RULE": "1"}
     results = {}
-    for mode in ("on", "off"):
+    for mode, tunable in (("on", "0"), ("off", "0"), ("on", "1")):
         done = subprocess.run(
-            [sys.executable, "-c", REUSE_PROGRAM, mode], env=env, capture_output=True, text=True, check=True
+            [sys.executable, "-c", REUSE_PROGRAM, mode],
+            env={**env, "GLIBC_TUNABLES": f"{TUNABLE}={tunable}"},
+            capture_output=True,
+            text=True,
+            check=True,
         )
-        results[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+        results[mode if tunable == "0" else "huge"] = json.loads(done.stdout.strip().splitlines()[-1])
+    # Started with huge pages (as python -m dew.main restarts itself), they are kept alone.
+    assert not results["huge"]["applied"]
     block_pages = (BLOCK_MIB << 20) // results["on"]["page"]
     on, off = results["on"], results["off"]
     assert on["applied"] and not off["applied"]
