@@ -105,3 +105,16 @@ def weights_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("w") / "inception.npz"
     convert_inception.convert(random_state_dict(), str(path), source_sha256="0" * 64)
     return path
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """For the kernel choice's tests: this jaxlib knows the Eigen route and oneDNN's dots; the CPU
+    and jaxlib are named as the test says (``dew.runtime.kernel_choice``, ``dot_choice``)."""
+    from dew.runtime import cpu_convolutions, kernel_choice
+
+    monkeypatch.setattr(cpu_convolutions, "xla_knows_the_flag", lambda: True)
+    monkeypatch.setattr(cpu_convolutions, "xla_knows_onednn_dots", lambda: True)
+    monkeypatch.setattr(kernel_choice, "cpu_model", lambda: "Test CPU (family 1, model 1, 2 cores)")
+    monkeypatch.setattr(kernel_choice, "jaxlib_version", lambda: "0.10.2")
+    return monkeypatch

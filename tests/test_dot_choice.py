@@ -56,15 +56,6 @@ class Children:
         return answer
 
 
-@pytest.fixture
-def machine(monkeypatch):
-    monkeypatch.setattr(cpu_convolutions, "xla_knows_the_flag", lambda: True)
-    monkeypatch.setattr(cpu_convolutions, "xla_knows_onednn_dots", lambda: True)
-    monkeypatch.setattr(kernel_choice, "cpu_model", lambda: "Test CPU (family 1, model 1, 2 cores)")
-    monkeypatch.setattr(kernel_choice, "jaxlib_version", lambda: "0.10.2")
-    return monkeypatch
-
-
 def choose_with(cache, children, *, machine_cache=None, environ=CPU):
     return choose(
         "auto",

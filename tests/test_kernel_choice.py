@@ -79,16 +79,6 @@ class Children:
         return {"times": times, "programs": programs, "unchanged": unchanged, "failed": failed}
 
 
-@pytest.fixture
-def machine(monkeypatch):
-    """This jaxlib knows the Eigen route; the CPU and jaxlib are named as the test says."""
-    monkeypatch.setattr(cpu_convolutions, "xla_knows_the_flag", lambda: True)
-    monkeypatch.setattr(cpu_convolutions, "xla_knows_onednn_dots", lambda: True)
-    monkeypatch.setattr(kernel_choice, "cpu_model", lambda: "Test CPU (family 1, model 1, 2 cores)")
-    monkeypatch.setattr(kernel_choice, "jaxlib_version", lambda: "0.10.2")
-    return monkeypatch
-
-
 def choose_with(cache, children, library="auto", gradient="auto", *, tracer=None, **kw):
     """``choose`` as these tests call it: ``children`` measure (and trace, unless ``tracer``), the
     run's ``SOURCE`` on 2 CPU devices unless ``shapes``/``devices``/``environ`` say otherwise;

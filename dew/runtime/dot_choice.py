@@ -28,14 +28,13 @@ so, and ``dew.runtime.platform`` silences XLA's per-program warning about it.
 
 from __future__ import annotations
 
-import datetime
 import json
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from dew.runtime import cpu_convolutions
-from dew.runtime.kernel_cache import TIE, _remember, digest, read_cache, writable
+from dew.runtime.kernel_cache import TIE, _remember, digest, kept, read_cache, stamped, writable
 
 #: The routes a dots decision times, the default first.
 DOT_ROUTES = ("xla", "onednn")
@@ -157,6 +156,7 @@ def choose_dots(
     entry = data["dot_decisions"].get(key)
     if entry is not None and set(entry["counts"]) != set(counts):
         entry = None  # a digest collision or a hand edit: not these shapes
+    measured = entry is None
     if entry is None:
         if cache is not None and not writable(cache):
             return "xla", f"dots XLA's: not measured, {cache} cannot be written"
@@ -166,25 +166,28 @@ def choose_dots(
             if log is not None:
                 log(f"the matrix-product measurement failed ({e}): keeping XLA's dots")
             return "xla", "dots XLA's: the measurement failed"
-        entry = {
-            "cpu": cpu,
-            "jaxlib": jaxlib,
-            "devices": devices,
-            "batch": batch,
-            "counts": counts,
-            "times": times,
-            "unused": unused,
-            "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "measure_s": round(time.perf_counter() - started, 2),
-        }
-        _remember(cache, "dot_decisions", key, entry, log)
-        _remember(machine_cache, "dot_decisions", key, entry, log)
-        source = f"measured in {entry['measure_s']:.1f} s"
-    elif key in workdir["dot_decisions"]:
-        source = f"cached from {cache}"
-    else:  # measured on this machine for another workdir: the workdir keeps its own copy too
-        _remember(cache, "dot_decisions", key, entry, log)
-        source = f"cached for this machine in {machine_cache}"
+        entry = stamped(
+            {
+                "cpu": cpu,
+                "jaxlib": jaxlib,
+                "devices": devices,
+                "batch": batch,
+                "counts": counts,
+                "times": times,
+                "unused": unused,
+            },
+            started,
+        )
+    source = kept(
+        "dot_decisions",
+        key,
+        entry,
+        measured=measured,
+        workdir=workdir,
+        cache=cache,
+        machine_cache=machine_cache,
+        log=log,
+    )
     dots, totals = decide_dots(entry["times"], entry["counts"])
     summary = ", ".join(f"{route} {1e3 * total:.0f} ms" for route, total in totals.items())
     said = "".join(f"; {route}: {why}" for route, why in entry.get("unused", {}).items())

@@ -11,10 +11,12 @@ no temporary file behind, and says once per file when one cannot be written.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -259,6 +261,37 @@ def machine_cache_path(environ: Mapping[str, str] | None = None) -> str | None:
     return None if directory is None else os.path.join(directory, CACHE_FILE)
 
 
+def stamped(entry: Mapping[str, Any], started: float) -> dict:
+    """A measured entry with when it was measured and how long it took (since ``started``,
+    ``time.perf_counter()``)."""
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    return {**entry, "measured_at": now, "measure_s": round(time.perf_counter() - started, 2)}
+
+
+def kept(
+    part: str,
+    key: str,
+    entry: Mapping[str, Any],
+    *,
+    measured: bool,
+    workdir: Mapping[str, Any],
+    cache: str | None,
+    machine_cache: str | None,
+    log: Callable[[str], None] | None,
+) -> str:
+    """Keep ``entry`` (``part``, ``key``) where it is missing and say where it came from: just
+    ``measured`` (written to the workdir's and the machine's caches), the workdir's cache
+    (``workdir``: as read), or the machine's (then copied to the workdir's, which keeps its own)."""
+    if measured:
+        _remember(cache, part, key, entry, log)
+        _remember(machine_cache, part, key, entry, log)
+        return f"measured in {entry['measure_s']:.1f} s"
+    if key in workdir[part]:
+        return f"cached from {cache}"
+    _remember(cache, part, key, entry, log)
+    return f"cached for this machine in {machine_cache}"
+
+
 #: Cache files this process could not write and has said so about (once per file).
 _unwritable: set[str] = set()
 
@@ -292,8 +325,10 @@ __all__ = [
     "WEIGHT_GRADIENTS",
     "cache_path",
     "digest",
+    "kept",
     "machine_cache_path",
     "read_cache",
+    "stamped",
     "valid_decision",
     "valid_dot_decision",
     "valid_dot_shapes",

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -74,8 +73,10 @@ from dew.runtime.kernel_cache import (
     _remember,
     cache_path,
     digest,
+    kept,
     machine_cache_path,
     read_cache,
+    stamped,
     valid_decision,
     valid_dot_shapes,
     valid_shapes,
@@ -517,6 +518,7 @@ def choose(
         rows = entry["times"].get(route)
         return rows is not None and all(needed <= set(rows[c]) for c in counts)
 
+    measured = False
     if cached is None or not all(complete(cached, route) for route in routes):
         try:
             if not checked:
@@ -576,26 +578,30 @@ def choose(
             if log is not None:
                 log(f"the kernel measurement failed ({e}): using the CPU-flag rule")
             return _rule(libraries, gradients, environ, "the measurement failed")
-        cached = {
-            "cpu": cpu,
-            "jaxlib": jaxlib,
-            "devices": devices,
-            "batch": int(traced["batch"]),
-            "counts": counts,
-            "times": times,
-            "unused": unused,
-            "programs": programs,
-            "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "measure_s": round(time.perf_counter() - started, 2),
-        }
-        _remember(cache, "decisions", key, cached, log)
-        _remember(machine_cache, "decisions", key, cached, log)
-        source = f"measured in {cached['measure_s']:.1f} s"
-    elif key in workdir["decisions"]:
-        source = f"cached from {cache}"
-    else:  # measured on this machine for another workdir: the workdir keeps its own copy too
-        _remember(cache, "decisions", key, cached, log)
-        source = f"cached for this machine in {machine_cache}"
+        cached = stamped(
+            {
+                "cpu": cpu,
+                "jaxlib": jaxlib,
+                "devices": devices,
+                "batch": int(traced["batch"]),
+                "counts": counts,
+                "times": times,
+                "unused": unused,
+                "programs": programs,
+            },
+            started,
+        )
+        measured = True
+    source = kept(
+        "decisions",
+        key,
+        cached,
+        measured=measured,
+        workdir=workdir,
+        cache=cache,
+        machine_cache=machine_cache,
+        log=log,
+    )
     unused = cached.get("unused", {})
     timed = [route for route in routes if route not in unused]
     route, per_tap, totals, forms = decide(cached["times"], cached["counts"], timed, gradients)

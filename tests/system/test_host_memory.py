@@ -20,28 +20,39 @@ from dew.runtime.host_memory import TUNABLE, huge_page_environment
 
 BLOCK_MIB = 200
 
+#: Three steps, each on a new thread, allocating, writing and freeing the block as an XLA:CPU
+#: execution does with its temporary buffer; ``faults``: the minor faults of each.
+STEPS = textwrap.indent(
+    textwrap.dedent(
+        f"""\
+        libc = ctypes.CDLL(None)
+        libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+        libc.free.argtypes = [ctypes.c_void_p]
+        faults = []
+
+        def step():
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            block = libc.malloc({BLOCK_MIB} << 20)
+            ctypes.memset(block, 1, {BLOCK_MIB} << 20)
+            libc.free(block)
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+
+        for _ in range(3):
+            thread = threading.Thread(target=step)
+            thread.start()
+            thread.join()
+        """
+    ),
+    "    ",
+).strip()
+
 PROGRAM = textwrap.dedent(
     f"""
     import ctypes, json, os, resource, sys, threading
     print(json.dumps({{"started": os.getpid()}}), flush=True)
     from dew.runtime.host_memory import with_huge_pages
     with_huge_pages()
-    libc = ctypes.CDLL(None)
-    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
-    faults = []
-
-    def step():  # what an XLA:CPU execution does with its temporary buffer
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        block = libc.malloc({BLOCK_MIB} << 20)
-        ctypes.memset(block, 1, {BLOCK_MIB} << 20)
-        libc.free(block)
-        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-
-    for _ in range(3):
-        thread = threading.Thread(target=step)
-        thread.start()
-        thread.join()
+    {STEPS}
     print(json.dumps({{"pid": os.getpid(), "argv": sys.argv[1:], "tunables": os.environ.get("GLIBC_TUNABLES"),
                       "faults": faults, "page": resource.getpagesize()}}))
     """
@@ -117,22 +128,7 @@ REUSE_PROGRAM = textwrap.dedent(
     reuse = sys.argv[1] == "on"
     config = ConfigDict({{"runtime": {{**platform._DEFAULTS, "reuse_freed_memory": reuse}}}})
     started = platform.start(config, present_devices=False, detect_processes=False)
-    libc = ctypes.CDLL(None)
-    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
-    faults = []
-
-    def step():  # what an XLA:CPU execution does with its temporary buffer, on a new thread
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        block = libc.malloc({BLOCK_MIB} << 20)
-        ctypes.memset(block, 1, {BLOCK_MIB} << 20)
-        libc.free(block)
-        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-
-    for _ in range(3):
-        thread = threading.Thread(target=step)
-        thread.start()
-        thread.join()
+    {STEPS}
     applied, lines = started.reuses_freed_memory, started.lines()
     page = resource.getpagesize()
     print(json.dumps({{"faults": faults, "page": page, "applied": applied, "lines": lines}}))
