@@ -284,9 +284,9 @@ def choose_kernels(args):
     cpu_convolutions.route_convolutions(decision.library)
     cpu_convolutions.route_dots(decision.dots)
     kernels.set_choice(decision.kernel_choice())
-    from dew.runtime.host_memory import huge_pages_in_effect, reuse_freed_memory
+    from dew.runtime.host_memory import reuse_freed_memory
 
-    if not args.no_reuse_freed_memory and not huge_pages_in_effect():  # as dew.runtime.start does
+    if not args.no_reuse_freed_memory:  # as dew.runtime.start does (not where huge pages are on)
         reuse_freed_memory()
     return decision
 

@@ -26,8 +26,8 @@ kernel time per step became ~370 and 5 ms, and the step 214 ms became 179 ms, ag
 with huge pages alone (``benchmarks/RESULTS.md``). It is not combined with huge pages: the kept
 heap is in 4 KiB pages, and on the 16×16 U-Net's step huge pages alone (351-355 ms) beat both
 together (370-443 ms), while without huge pages keeping the memory wins (424-460 against
-451-528 ms). So ``start`` applies it only where the process did not start with the tunable
-(``huge_pages_in_effect``): a user's script, or a run that opted out of huge pages.
+451-528 ms). So it does nothing where the process started with the tunable
+(``huge_pages_in_effect``): it acts in a user's script, or a run that opted out of huge pages.
 """
 
 from __future__ import annotations
@@ -89,13 +89,10 @@ def huge_pages_in_effect(environ_file: str = "/proc/self/environ") -> bool:
             started_with = f.read().split(b"\0")
     except OSError:
         return False
-    for item in started_with:
-        if item.startswith(b"GLIBC_TUNABLES="):
-            for tunable in item.split(b"=", 1)[1].split(b":"):
-                name, _, value = tunable.partition(b"=")
-                if name.decode(errors="replace") == TUNABLE and value not in (b"", b"0"):
-                    return True
-    return False
+    prefix = b"GLIBC_TUNABLES="
+    lists = [item[len(prefix) :] for item in started_with if item.startswith(prefix)]
+    settings = (tunable.partition(b"=") for tunables in lists for tunable in tunables.split(b":"))
+    return any(name == TUNABLE.encode() and value not in (b"", b"0") for name, _, value in settings)
 
 
 def reuse_freed_memory() -> bool:
@@ -104,9 +101,10 @@ def reuse_freed_memory() -> bool:
     of mappings of their own (``M_MMAP_MAX`` 0), and freed memory kept unless more than
     ``KEEP_FREED`` is free at the heap's top (``M_TRIM_THRESHOLD``). Call it before the threads
     that allocate exist (before JAX starts its backend): a thread's arena is fixed when it first
-    allocates. The price: the process keeps its peak heap. Returns whether it was applied (glibc
-    on Linux only; elsewhere nothing changes)."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    allocates. The price: the process keeps its peak heap. Returns whether it was applied: glibc
+    on Linux only, and not where the process started with huge pages (``huge_pages_in_effect``:
+    they are faster alone, module docstring); elsewhere nothing changes."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or huge_pages_in_effect():
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt

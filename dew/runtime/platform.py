@@ -284,9 +284,7 @@ def start(
         choice = cpu_convolutions.weight_gradient_choice()
     else:
         # Before XLA's threads exist: each takes its malloc arena when it first allocates.
-        # Where huge pages are in effect (python -m dew.main restarted with them) they win alone.
-        asked = bool(section.get("reuse_freed_memory", True)) and not host_memory.huge_pages_in_effect()
-        reuses = asked and host_memory.reuse_freed_memory()
+        reuses = bool(section.get("reuse_freed_memory", True)) and host_memory.reuse_freed_memory()
         devices = host_devices.flagged_count(os.environ.get("XLA_FLAGS", "")) or 1
         import jax  # no backend: whether the user's code joined a process group itself
 

@@ -166,3 +166,17 @@ def test_freed_memory_is_reused_by_the_next_step_without_a_restart():
     # The first step grows the heap by the block (less what its top already held, a few pages).
     assert on["faults"][0] > block_pages // 2
     assert all(f < block_pages // 4 for f in on["faults"][1:]), on  # the next ones reuse it
+
+
+def test_huge_pages_in_effect_reads_the_environment_the_process_started_with(tmp_path):
+    cases = {
+        b"A=1\0GLIBC_TUNABLES=glibc.malloc.check=0:glibc.malloc.hugetlb=1\0": True,
+        b"GLIBC_TUNABLES=glibc.malloc.hugetlb=2\0": True,
+        b"GLIBC_TUNABLES=glibc.malloc.hugetlb=0\0": False,
+        b"GLIBC_TUNABLES=glibc.malloc.check=1\0B=glibc.malloc.hugetlb=1\0": False,
+        b"": False,
+    }
+    for started_with, expected in cases.items():
+        (tmp_path / "environ").write_bytes(started_with)
+        assert host_memory.huge_pages_in_effect(str(tmp_path / "environ")) is expected, started_with
+    assert host_memory.huge_pages_in_effect(str(tmp_path / "absent")) is False
