@@ -157,6 +157,24 @@ def count_dots(jaxpr: Any, whole: int, per_step: int) -> dict[tuple[int, ...], i
     return seen
 
 
+def _compile(fn: Any, out_shardings: Any, args: tuple, label: str) -> tuple[Any, str]:
+    """``fn`` jitted and compiled for ``args``, and a digest of its program. ``compiling <label>``
+    goes to stderr first: what the parent names if XLA kills this process (a library's abort is
+    no exception)."""
+    import hashlib
+
+    import jax
+
+    print(f"compiling {label}", file=sys.stderr, flush=True)
+    compiled = jax.jit(fn, out_shardings=out_shardings).lower(*args).compile()
+    return compiled, hashlib.sha256((compiled.as_text() or "").encode()).hexdigest()[:16]
+
+
+def _said(error: Exception) -> str:
+    """An error as one line: its type and its message's first line."""
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+
+
 def time_convolutions(
     batch: int,
     convolutions: list[list[int]],
@@ -173,8 +191,6 @@ def time_convolutions(
     other child's time. Answer: ``{"times": {class: {form: s}}, "programs": {class: {form:
     digest}}, "unchanged": [[class, form], ...], "failed": [[class, form, error], ...]}`` (a program
     XLA could not compile or run under this process's flags: not timed)."""
-    import hashlib
-
     import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -210,18 +226,15 @@ def time_convolutions(
                 y, pullback = jax.vjp(lambda a, b: conv_forms.convolve(a, b, pad, i, f), x, kernel)
                 return (y, *pullback(g))
 
-            # What the parent names if XLA kills this process (a library's abort is no exception).
-            print(f"compiling {name} {form}", file=sys.stderr, flush=True)
             try:
-                compiled = jax.jit(both, out_shardings=(split, split, whole)).lower(x, kernel, g).compile()
-                digest = hashlib.sha256((compiled.as_text() or "").encode()).hexdigest()[:16]
+                compiled, digest = _compile(both, (split, split, whole), (x, kernel, g), f"{name} {form}")
                 digests[name][form] = digest
                 if same_as is not None and same_as.get(name, {}).get(form) == digest:
                     unchanged.append([name, form])
                     continue
                 jax.block_until_ready(compiled(x, kernel, g))  # one untimed call
             except Exception as e:  # XLA's library routes can refuse a program: said, not timed
-                failed.append([name, form, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"])
+                failed.append([name, form, _said(e)])
                 continue
             programs[form] = compiled
         seconds: dict[str, list[float]] = {form: [] for form in programs}
@@ -268,8 +281,6 @@ def time_dots(dots: list[list[int]], same_as: dict[str, str] | None = None) -> d
     ``same_as``: another child's digests (``{class: digest}``); a program that compiles the same
     is listed in ``unchanged`` instead of being timed again. Answer: ``{"times": {class: s},
     "programs": {class: digest}, "unchanged": [class, ...], "failed": [[class, error], ...]}``."""
-    import hashlib
-
     import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -296,17 +307,15 @@ def time_dots(dots: list[list[int]], same_as: dict[str, str] | None = None) -> d
             y, pullback = jax.vjp(lambda a, w: jax.numpy.einsum("bmk,bkn->bmn", a, w), a, w)
             return (y, *pullback(g))
 
-        print(f"compiling {name} dot", file=sys.stderr, flush=True)
         try:
             shardings = (lhs_sharding, lhs_sharding, rhs_sharding)
-            compiled = jax.jit(both, out_shardings=shardings).lower(lhs, rhs, cotangent).compile()
-            digests[name] = hashlib.sha256((compiled.as_text() or "").encode()).hexdigest()[:16]
+            compiled, digests[name] = _compile(both, shardings, (lhs, rhs, cotangent), f"{name} dot")
             if same_as is not None and same_as.get(name) == digests[name]:
                 unchanged.append(name)
                 continue
             jax.block_until_ready(compiled(lhs, rhs, cotangent))  # one untimed call
         except Exception as e:  # a library route can refuse a program: said, not timed
-            failed.append([name, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"])
+            failed.append([name, _said(e)])
             continue
         times[name] = _fastest(lambda: compiled(lhs, rhs, cotangent))  # noqa: B023 (called here)
     return {"times": times, "programs": digests, "unchanged": unchanged, "failed": failed}

@@ -56,7 +56,7 @@ class Children:
         return answer
 
 
-def choose_with(cache, children, *, machine_cache=None, environ=CPU):
+def choose_with(cache, children, *, machine_cache=None, environ=CPU, log=None):
     return choose(
         "auto",
         "auto",
@@ -67,6 +67,7 @@ def choose_with(cache, children, *, machine_cache=None, environ=CPU):
         runner=children,
         tracer=children.trace,
         environ=environ,
+        log=log,
     )
 
 
@@ -118,10 +119,7 @@ def test_a_onednn_route_that_fails_or_changes_nothing_is_said_and_dropped(machin
 def test_xla_failing_keeps_its_dots_and_says_so(machine, tmp_path):
     lines = []
     children = Children(failing="every")
-    decision = choose(
-        "auto", "auto", shapes=SOURCE, devices=2, cache=str(tmp_path / "k.json"),
-        runner=children, tracer=children.trace, environ=CPU, log=lines.append,
-    )  # fmt: skip
+    decision = choose_with(tmp_path / "k.json", children, log=lines.append)
     assert decision.dots == "xla" and decision.how.endswith("dots XLA's: the measurement failed")
     assert any("the matrix-product measurement failed" in line for line in lines)
     assert children.calls == [("trace", None), ("dots", "xla")]

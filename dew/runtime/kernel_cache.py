@@ -44,9 +44,6 @@ FORMS = {
 #: Relative margin within which a default (YNNPACK, XLA's gradients, XLA's dots) is kept over a
 #: faster candidate.
 TIE = 0.02
-#: The cache's parts: the convolution decisions and traced shapes (``kernel_choice``), and the
-#: matrix-product ones (``dot_choice``).
-PARTS = ("decisions", "shapes", "dot_decisions", "dot_shapes")
 
 
 def _empty() -> dict:
@@ -74,15 +71,43 @@ def _classes_of(value: Any, width: int) -> list[tuple[int, ...]]:
     return out
 
 
+def _batched(entry: Any, what: str) -> dict:
+    """``entry`` when it is an object with a ``batch`` int >= 1, else ValueError naming ``what``."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{what} is a {type(entry).__name__}, not an object")
+    batch = entry.get("batch")
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise ValueError(f"{what} has batch {batch!r}, not an int >= 1")
+    return entry
+
+
+def _counts(entry: Any, what: str, width: int) -> dict:
+    """The ``counts`` of a measured entry (``what``): class (JSON of ``width`` ints) -> uses >= 1,
+    non-empty; else ValueError."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{what} is a {type(entry).__name__}, not an object")
+    counts = entry.get("counts")
+    if not isinstance(counts, dict) or not counts:
+        raise ValueError(f"{what} has no 'counts' object")
+    for name, uses in counts.items():
+        try:
+            _classes_of([json.loads(name)], width)
+        except ValueError as e:
+            raise ValueError(f"{what} counts {name!r}: {e}") from None
+        if not isinstance(uses, int) or isinstance(uses, bool) or uses < 1:
+            raise ValueError(f"{what} counts {uses!r} uses of {name}")
+    return counts
+
+
+def _seconds(value: Any) -> bool:
+    """Whether ``value`` is a time: a number >= 0 (not a bool)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+
+
 def valid_shapes(entry: Any) -> dict:
     """A traced-shapes entry (``{"batch": B >= 1, "convolutions": [[h, w, in, out, k, pad, uses],
     ...]}``) as it is, or ValueError saying what is wrong with it."""
-    if not isinstance(entry, dict):
-        raise ValueError(f"a shapes entry is a {type(entry).__name__}, not an object")
-    batch = entry.get("batch")
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-        raise ValueError(f"a shapes entry has batch {batch!r}, not an int >= 1")
-    _classes_of(entry.get("convolutions"), 7)
+    _classes_of(_batched(entry, "a shapes entry").get("convolutions"), 7)
     return entry
 
 
@@ -90,18 +115,7 @@ def valid_decision(entry: Any) -> dict:
     """A measured-decision entry (``counts``: class -> uses; ``times``: route (``ROUTES``) -> class
     -> {form: s}, every counted class timed with at least ``WEIGHT_GRADIENTS``' forms and only
     ``FORMS``; optional ``unused``: route -> why it was not timed) as it is, or ValueError."""
-    if not isinstance(entry, dict):
-        raise ValueError(f"a decision is a {type(entry).__name__}, not an object")
-    counts, times = entry.get("counts"), entry.get("times")
-    if not isinstance(counts, dict) or not counts:
-        raise ValueError("a decision has no 'counts' object")
-    for name, uses in counts.items():
-        try:
-            _classes_of([json.loads(name)], 6)
-        except ValueError as e:
-            raise ValueError(f"a decision counts {name!r}: {e}") from None
-        if not isinstance(uses, int) or isinstance(uses, bool) or uses < 1:
-            raise ValueError(f"a decision counts {uses!r} uses of {name}")
+    counts, times = _counts(entry, "a decision", 6), entry.get("times")
     if not isinstance(times, dict) or not times:
         raise ValueError("a decision has no 'times' object")
     for library, rows in times.items():
@@ -112,9 +126,7 @@ def valid_decision(entry: Any) -> dict:
             if (
                 not isinstance(row, dict)
                 or not set(WEIGHT_GRADIENTS) <= set(row) <= set(FORMS)
-                or not all(
-                    isinstance(t, int | float) and not isinstance(t, bool) and t >= 0 for t in row.values()
-                )
+                or not all(map(_seconds, row.values()))
             ):
                 raise ValueError(f"a decision has no times of {library} for shape class {name}")
     unused = entry.get("unused", {})
@@ -126,12 +138,7 @@ def valid_decision(entry: Any) -> dict:
 def valid_dot_shapes(entry: Any) -> dict:
     """A traced matrix-products entry (``{"batch": B >= 1, "dots": [[b, m, k, n, split, uses],
     ...]}``, ``dew.kernel_probe.trainer_dots``) as it is, or ValueError saying what is wrong."""
-    if not isinstance(entry, dict):
-        raise ValueError(f"a dots entry is a {type(entry).__name__}, not an object")
-    batch = entry.get("batch")
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-        raise ValueError(f"a dots entry has batch {batch!r}, not an int >= 1")
-    for row in _classes_of(entry.get("dots"), 6):
+    for row in _classes_of(_batched(entry, "a dots entry").get("dots"), 6):
         if row[4] > 2 or row[5] < 1:
             raise ValueError(f"matrix-product class {list(row)!r} has split {row[4]} or uses {row[5]}")
     return entry
@@ -141,26 +148,14 @@ def valid_dot_decision(entry: Any) -> dict:
     """A measured dots entry (``counts``: class -> uses; ``times``: route (``xla``, ``onednn``) ->
     class -> s, XLA's present and every counted class timed; optional ``unused``: route -> why)
     as it is, or ValueError."""
-    if not isinstance(entry, dict):
-        raise ValueError(f"a dots decision is a {type(entry).__name__}, not an object")
-    counts, times = entry.get("counts"), entry.get("times")
-    if not isinstance(counts, dict) or not counts:
-        raise ValueError("a dots decision has no 'counts' object")
-    for name, uses in counts.items():
-        try:
-            _classes_of([json.loads(name)], 5)
-        except ValueError as e:
-            raise ValueError(f"a dots decision counts {name!r}: {e}") from None
-        if not isinstance(uses, int) or isinstance(uses, bool) or uses < 1:
-            raise ValueError(f"a dots decision counts {uses!r} uses of {name}")
+    counts, times = _counts(entry, "a dots decision", 5), entry.get("times")
     if not isinstance(times, dict) or "xla" not in times:
         raise ValueError("a dots decision has no times of XLA's dots")
     for route, rows in times.items():
         if route not in ("xla", "onednn") or not isinstance(rows, dict):
             raise ValueError(f"a dots decision times route {route!r} as {type(rows).__name__}")
         for name in counts:
-            t = rows.get(name)
-            if not isinstance(t, int | float) or isinstance(t, bool) or t < 0:
+            if not _seconds(rows.get(name)):
                 raise ValueError(f"a dots decision has no time of {route} for class {name}")
     unused = entry.get("unused", {})
     if not isinstance(unused, dict) or any(
@@ -170,13 +165,23 @@ def valid_dot_decision(entry: Any) -> dict:
     return entry
 
 
+#: Each part of the cache and the check its entries pass when read: the convolution decisions
+#: and traced shapes (``kernel_choice``), and the matrix-product ones (``dot_choice``).
+_VALIDATORS = {
+    "decisions": valid_decision,
+    "shapes": valid_shapes,
+    "dot_decisions": valid_dot_decision,
+    "dot_shapes": valid_dot_shapes,
+}
+PARTS = tuple(_VALIDATORS)
+
+
 def read_cache(path: str | None, log: Callable[[str], None] | None = None) -> dict:
     """The cache file at ``path`` as ``{part: {...}}`` for every part of ``PARTS``, keeping only
     the entries that are well formed (``valid_decision``, ``valid_shapes``, ``valid_dot_decision``,
-    ``valid_dot_shapes``). A cache is a hint: a file
-    that cannot be read, is not such an object or holds malformed entries is never an error; it
-    is said in one line naming the file (``log``), and what it lacks is measured again and
-    replaced. No file (or no ``path``): empty, silently."""
+    ``valid_dot_shapes``). A cache is a hint: a file that cannot be read, is not such an object or
+    holds malformed entries is never an error; it is said in one line naming the file (``log``),
+    and what it lacks is measured again and replaced. No file (or no ``path``): empty, silently."""
     if path is None or not os.path.lexists(path):
         return _empty()
 
@@ -193,13 +198,7 @@ def read_cache(path: str | None, log: Callable[[str], None] | None = None) -> di
     if not isinstance(data, dict):
         return set_aside(f"a JSON {type(data).__name__}, not an object")
     out, dropped = _empty(), []
-    checks = (
-        ("decisions", valid_decision),
-        ("shapes", valid_shapes),
-        ("dot_decisions", valid_dot_decision),
-        ("dot_shapes", valid_dot_shapes),
-    )
-    for part, check in checks:
+    for part, check in _VALIDATORS.items():
         entries = data.get(part, {})
         if not isinstance(entries, dict):
             dropped.append(f"its {part!r} is a JSON {type(entries).__name__}, not an object")
