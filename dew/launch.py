@@ -110,14 +110,9 @@ class Run:
         return trainer.train()
 
     def platform_lines(self, data_parallel: int) -> list[str]:
-        """What the run says of its platform: every choice on a CPU, on an accelerator only which
-        process of the group this is (nothing for a single process)."""
-        platform = self.platform
-        if platform is None:
-            return []
-        if jax.default_backend() == "cpu":
-            return platform.lines(data_parallel)
-        return platform.lines()[:1] if platform.processes is not None else []
+        """What the run says of its platform (``Platform.lines``): every choice on a CPU; on an
+        accelerator the devices and the compilation cache."""
+        return [] if self.platform is None else self.platform.lines(data_parallel)
 
     def finished(self, state: TrainState) -> str:
         """The line a finished run ends with: its step, where its checkpoints and previews are."""

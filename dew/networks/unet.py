@@ -117,11 +117,14 @@ class UNet(hk.Module):
         is_training: bool = False,
     ) -> jax.Array:
         emb_dim = 4 * self.channels
-        emb = positional_embedding(noise_level, self.channels)
+        # times are embedded in float32, then computed in x's dtype (the precision policy's)
+        emb = positional_embedding(noise_level, self.channels).astype(x.dtype)
         if h is not None:
-            emb = emb + hk.Linear(self.channels, name="map_h")(positional_embedding(h, self.channels))
+            emb = emb + hk.Linear(self.channels, name="map_h")(
+                positional_embedding(h, self.channels).astype(x.dtype)
+            )
         if label is not None:
-            emb = emb + hk.Linear(self.channels, name="map_label")(label)
+            emb = emb + hk.Linear(self.channels, name="map_label")(label.astype(x.dtype))
         emb = jax.nn.silu(hk.Linear(emb_dim, name="map_layer0")(emb))
         emb = jax.nn.silu(hk.Linear(emb_dim, name="map_layer1")(emb))
 

@@ -43,6 +43,7 @@ from dew.objectives.diffusion_sampling import requested_classes
 from dew.objectives.meanflow import sample_field, takes_arguments
 from dew.objectives.whole import BuiltWhole
 from dew.schema import ConfigError, Key, Section, at_least
+from dew.training.precision import compute_dtype_of, compute_in
 
 ModuleFactory = Callable[[], Any]  # a registered network's constructor (a haiku module)
 
@@ -93,9 +94,12 @@ class IDDPM(Objective, metaclass=BuiltWhole):
 
     ``num_classes`` is the label count (None: unconditional, the network gets label 0 and
     sampling is unguided). ``latent``/``image_shape``: the VAE space samples are decoded from.
+    ``compute_dtype`` (``config.precision.compute``): the network computes in it on float32
+    parameters, while t, the process's arithmetic and the loss stay float32
+    (``dew.training.precision.compute_in``).
     """
 
-    precisions = ("float32",)
+    precisions = ("float32", "bfloat16")
 
     def __init__(
         self,
@@ -107,6 +111,7 @@ class IDDPM(Objective, metaclass=BuiltWhole):
         sampling: IDDPMSampling = IDDPMSampling(),
         latent: latent_space.LatentSpace | None = None,
         image_shape: tuple[int, ...] | None = None,
+        compute_dtype: str = "float32",
     ):
         if num_classes is not None and "label" not in input_spec.conditions:
             raise ValueError("IDDPM: num_classes is set but the input spec has no 'label' condition")
@@ -123,6 +128,8 @@ class IDDPM(Objective, metaclass=BuiltWhole):
             return net.forward_with_cfg(x, t, y, cfg_scale, cfg_channels=cfg_channels)
 
         self._net = hk.transform(forward)
+        self.compute_dtype = jnp.dtype(compute_dtype)
+        self._apply = compute_in(self._net.apply, self.compute_dtype)  # the precision policy
         self._jitted: dict[tuple, Callable[..., Any]] = {}
         self._last_preview = {"nonfinite": 0}
 
@@ -151,7 +158,7 @@ class IDDPM(Objective, metaclass=BuiltWhole):
         noise = jax.random.normal(noise_rng, x.shape, x.dtype)
 
         def model(x_t: jax.Array, steps: jax.Array) -> jax.Array:
-            return self._net.apply(params, net_rng, x_t, steps, y, step.is_training)
+            return self._apply(params, net_rng, x_t, steps, y, step.is_training)
 
         terms = self.diffusion.training_losses(model, x, t, noise)
         stats = {k: jnp.mean(v) for k, v in terms.items() if k != "loss"}
@@ -195,10 +202,10 @@ class IDDPM(Objective, metaclass=BuiltWhole):
         ``p_sample_loop``; the caller doubles the noise and keeps the first half."""
         guided = self.num_classes is not None and cfg_scale != 1.0
         if not guided:
-            return (lambda x, t: self._net.apply(params, None, x, t, labels, False)), False
+            return (lambda x, t: self._apply(params, None, x, t, labels, False)), False
         assert self.num_classes is not None  # guided implies classes
         y = jnp.concatenate([labels, jnp.full(labels.shape, self.num_classes, jnp.int32)], axis=0)
-        return (lambda x, t: self._net.apply(params, None, x, t, y, False, cfg_scale, cfg_channels)), True
+        return (lambda x, t: self._apply(params, None, x, t, y, False, cfg_scale, cfg_channels)), True
 
     def draw(self, params: Params, rng: jax.Array, *, per_class: int, **settings: Any) -> jax.Array:
         """``per_class`` samples of every class, class-major (unconditional: ``per_class``)."""
@@ -304,6 +311,7 @@ class IDDPM(Objective, metaclass=BuiltWhole):
             sampling=IDDPMSampling(**o.sampling.to_dict()),
             latent=latent,
             image_shape=image_shape,
+            compute_dtype=compute_dtype_of(config),
         )
 
 

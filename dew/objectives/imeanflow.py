@@ -41,6 +41,7 @@ from dew.objectives.meanflow import (
 from dew.objectives.meanflow_loss import TimeSampling, Weighting
 from dew.sampling.meanflow import check_schedule, sample_mean_flow
 from dew.schema import ConfigError, Key, Section, at_least
+from dew.training.precision import compute_dtype_of
 
 CONDITIONS = ("h", "omega", "t_min", "t_max")
 
@@ -85,6 +86,7 @@ class IMeanFlow(MeanFlow):
         latent: latent_space.LatentSpace | None = None,
         image_shape: tuple[int, ...] | None = None,
         label_input: str = "label",
+        compute_dtype: str = "float32",
     ):
         times = times or TimeSampling(data_proportion=0.5)
         check_label_input(label_input)
@@ -106,6 +108,7 @@ class IMeanFlow(MeanFlow):
             latent=latent,
             image_shape=image_shape,
             label_input=label_input,
+            compute_dtype=compute_dtype,
         )
 
     @staticmethod
@@ -127,7 +130,7 @@ class IMeanFlow(MeanFlow):
         """(z, t, h, ω, t_min, t_max, y) -> (u, v): the network with ``params``."""
 
         def net(z, t, h, omega, t_min, t_max, y):
-            return self._net.apply(params, rng, z, t, h, omega, t_min, t_max, y, is_training)
+            return self._apply(params, rng, z, t, h, omega, t_min, t_max, y, is_training)
 
         return net
 
@@ -199,6 +202,7 @@ class IMeanFlow(MeanFlow):
             latent=latent,
             image_shape=image_shape,
             label_input=label_input(model),
+            compute_dtype=compute_dtype_of(config),
         )
 
 

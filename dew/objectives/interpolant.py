@@ -53,6 +53,7 @@ from dew.sampling.repa_sampler import RepaSampler, path_type
 from dew.sampling.transport_ode import TransportODE
 from dew.sampling.transport_sde import TransportSDE
 from dew.schema import ConfigError, Key, Section, at_least
+from dew.training.precision import compute_dtype_of, compute_in
 
 ModuleFactory = Callable[[], Any]  # a registered network's constructor (a haiku module)
 TransportSampler = TransportODE | TransportSDE | RepaSampler
@@ -133,7 +134,12 @@ class Interpolant(Objective, metaclass=BuiltWhole):
     ``repa``: REPA's alignment (``dew.objectives.repa.Repa``); the network factory is then called
     with ``repa.network_options()`` and must return ``(out, features)`` for ``return_features=True``
     (the DiT / SiT networks do).
+    ``compute_dtype`` (``config.precision.compute``): the network computes in it on float32
+    parameters; t, the path, the loss and REPA's encoder targets stay float32
+    (``dew.training.precision.compute_in``).
     """
+
+    precisions = ("float32", "bfloat16")
 
     def __init__(
         self,
@@ -147,6 +153,7 @@ class Interpolant(Objective, metaclass=BuiltWhole):
         latent: latent_space.LatentSpace | None = None,
         image_shape: tuple[int, ...] | None = None,
         repa: Repa | None = None,
+        compute_dtype: str = "float32",
     ):
         if num_classes is not None and "label" not in input_spec.conditions:
             raise ValueError("Interpolant: num_classes is set but the input spec has no 'label' condition")
@@ -186,6 +193,10 @@ class Interpolant(Objective, metaclass=BuiltWhole):
 
         self._net = hk.transform(forward)
         self._guided = hk.transform(functools.partial(_guided_forward, model, learn_sigma))
+        # the precision policy: the network (and REPA's projector) in compute_dtype, the rest float32
+        self.compute_dtype = jnp.dtype(compute_dtype)
+        self._apply = compute_in(self._net.apply, self.compute_dtype)
+        self._apply_guided = compute_in(self._guided.apply, self.compute_dtype)
         self._jitted: dict[tuple, Callable[..., Any]] = {}
 
     # --- pure pieces ------------------------------------------------------------------------------
@@ -201,7 +212,7 @@ class Interpolant(Objective, metaclass=BuiltWhole):
 
         def model(x: jax.Array, t: jax.Array, guide_time: jax.Array | None = None) -> jax.Array:
             del guide_time
-            return self._net.apply(params, rng, x, t, labels, False, rng is not None)
+            return self._apply(params, rng, x, t, labels, False, rng is not None)
 
         return model
 
@@ -225,7 +236,7 @@ class Interpolant(Objective, metaclass=BuiltWhole):
         zs = (self.repa.targets(batch[self.repa.image_field]),)
 
         def network(x: jax.Array, tt: jax.Array):
-            return self._net.apply(params, key, x, tt, labels, True, key is not None)
+            return self._apply(params, key, x, tt, labels, True, key is not None)
 
         loss, stats = total_loss(self.transport, network, x1, t, x0, zs, self.repa.proj_coeff)
         return loss, (stats, Aux())
@@ -241,13 +252,13 @@ class Interpolant(Objective, metaclass=BuiltWhole):
 
         def model(x: jax.Array, t: jax.Array, guide_time: jax.Array | None = None) -> jax.Array:
             def guided() -> jax.Array:
-                return self._guided.apply(params, None, x, t, y, guidance.cfg_scale, guidance.cfg_channels)
+                return self._apply_guided(params, None, x, t, y, guidance.cfg_scale, guidance.cfg_channels)
 
             if (lo, hi) == (0.0, 1.0):
                 return guided()
             now = jnp.reshape(t if guide_time is None else guide_time, (-1,))[0]
             inside = (now >= lo) & (now <= hi)
-            return jax.lax.cond(inside, guided, lambda: self._net.apply(params, None, x, t, y))
+            return jax.lax.cond(inside, guided, lambda: self._apply(params, None, x, t, y))
 
         return model
 
@@ -410,6 +421,7 @@ class Interpolant(Objective, metaclass=BuiltWhole):
             latent,
             image_shape,
             repa,
+            compute_dtype_of(config),
         )
 
 

@@ -26,6 +26,7 @@ data and read from ``scaling_file``.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import chex
@@ -33,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dew.encoding.stability_vae import RAW_MEAN, RAW_STD
+from dew.encoding.stability_vae import RAW_MEAN, RAW_STD, StabilityVAECodec
 from dew.schema import ConfigError, Key, Section
 
 if TYPE_CHECKING:
@@ -47,7 +48,11 @@ CONFIG = Section(
     "train and sample in a VAE's latent space (the data holds raw latents: mean || std)",
     {
         "encoder": Key(None, "None (pixels) or stability_vae (EDM2's sd-vae-ft-mse codec)", kind=str),
-        "weights": Key("", "the VAE's diffusion_pytorch_model.safetensors ('': its default path)"),
+        "weights": Key(
+            "",
+            "the VAE's diffusion_pytorch_model.safetensors ('': its default path), read only when "
+            "something decodes (previews, sampling, FID): training on pre-encoded latents needs none",
+        ),
         "allow_unpinned": Key(False, "accept VAE weights whose SHA-256 is not pinned"),
         "vae_channels": Key((128, 256, 512, 512), "the VAE's block_out_channels", item=int),
         "vae_layers_per_block": Key(2, "the VAE's layers_per_block"),
@@ -77,15 +82,40 @@ CONFIG = Section(
 class LatentSpace:
     """A codec (``StabilityVAECodec``) seen from a diffusion objective: raw latents in, the
     model's latents for training, decoded images out. ``draw`` is pure (jittable);
-    ``to_images`` runs the jitted decoder on the host's samples."""
+    ``to_images`` runs the jitted decoder on the host's samples.
 
-    def __init__(self, codec: Any):
-        self.codec = codec
-        self._decode = jax.jit(codec.decode)
+    Built from its shape and scaling, it loads the VAE's weights (``load``) only when something
+    decodes (``codec``): training on pre-encoded latents reads no VAE file. ``load`` raises
+    ``ConfigError`` naming the weights setting."""
+
+    def __init__(
+        self,
+        codec: Any = None,
+        *,
+        config: Any = None,
+        scaling: Any = None,
+        load: Callable[[], Any] | None = None,
+    ):
+        if codec is None and (config is None or scaling is None or load is None):
+            raise ValueError("LatentSpace needs a codec, or its config, scaling and a weights loader")
+        self._codec = codec
+        self._load = load
+        self.config = codec.config if codec is not None else config
+        self.scaling = codec.scaling if codec is not None else scaling
+        self._latents = StabilityVAECodec(None, self.config, self.scaling)  # scaling alone: no weights
+        self._decode_fn: Callable[[jax.Array], jax.Array] | None = None
+
+    @property
+    def codec(self) -> Any:
+        """The whole codec, its VAE weights loaded on first use."""
+        if self._codec is None:
+            assert self._load is not None  # checked at construction
+            self._codec = StabilityVAECodec(self._load(), self.config, self.scaling)
+        return self._codec
 
     @property
     def channels(self) -> int:
-        return self.codec.config.latent_channels
+        return self.config.latent_channels
 
     def sample_shape(self, raw_shape: tuple[int, ...]) -> tuple[int, ...]:
         """[h, w, 2C] raw → [h, w, C] model latents; ``ConfigError`` for another channel count."""
@@ -98,8 +128,8 @@ class LatentSpace:
         return (*raw_shape[:-1], self.channels)
 
     def image_shape(self, sample_shape: tuple[int, ...]) -> tuple[int, int, int]:
-        f = self.codec.config.downsampling
-        return (sample_shape[0] * f, sample_shape[1] * f, self.codec.config.out_channels)
+        f = self.config.downsampling
+        return (sample_shape[0] * f, sample_shape[1] * f, self.config.out_channels)
 
     def draw(self, raw: jax.Array, rng: jax.Array) -> jax.Array:
         """Final latents from raw ones, ε from ``fold_in(rng, LATENT_NOISE_STREAM)`` (edm2's
@@ -107,23 +137,26 @@ class LatentSpace:
         chex.assert_rank(raw, 4)
         key = jax.random.fold_in(rng, LATENT_NOISE_STREAM)
         noise = jax.random.normal(key, (*raw.shape[:-1], raw.shape[-1] // 2), jnp.float32)
-        return self.codec.encode_latents(raw, noise)
+        return self._latents.encode_latents(raw, noise)
 
     def mean(self, raw: jax.Array) -> jax.Array:
         """The posterior mean's final latents (ε = 0): the shape ``init`` needs."""
-        return self.codec.encode_latents(raw, jnp.zeros((*raw.shape[:-1], raw.shape[-1] // 2)))
+        return self._latents.encode_latents(raw, jnp.zeros((*raw.shape[:-1], raw.shape[-1] // 2)))
 
     def to_images(self, samples: np.ndarray) -> np.ndarray:
         """Sampled latents [n, h, w, C] → decoded images [n, H, W, 3] in [−1, 1] (float32): edm2's
         uint8 decode, then u / 127.5 − 1."""
         if len(samples) == 0:
             return np.zeros((0, *self.image_shape(samples.shape[1:])), np.float32)
-        pixels = np.asarray(jax.device_get(self._decode(jnp.asarray(samples, jnp.float32))))
+        if self._decode_fn is None:
+            self._decode_fn = jax.jit(self.codec.decode)
+        pixels = np.asarray(jax.device_get(self._decode_fn(jnp.asarray(samples, jnp.float32))))
         return pixels.astype(np.float32) / 127.5 - 1.0
 
 
 def from_config(section: Any) -> LatentSpace | None:
-    """``config.objective.latent`` → a ``LatentSpace`` (its VAE loaded now), or None for pixels."""
+    """``config.objective.latent`` → a ``LatentSpace`` (its VAE weights loaded when something
+    first decodes: ``LatentSpace.codec``), or None for pixels."""
     if section is None or section.encoder is None:
         return None
     if section.encoder not in ENCODERS:
@@ -131,16 +164,19 @@ def from_config(section: Any) -> LatentSpace | None:
             f"config.objective.latent.encoder={section.encoder!r} is invalid: expected None or "
             f"one of {ENCODERS}"
         )
-    from dew.encoding.stability_vae import StabilityVAECodec
     from dew.networks.sd_vae_weights import load_weights
 
     config = vae_config(section, "config.objective.latent")
     scaling = _scaling(section, config.latent_channels)
-    try:
-        params = load_weights(section.weights or None, allow_unpinned=section.allow_unpinned, config=config)
-    except (OSError, KeyError, ValueError) as e:
-        raise ConfigError(f"config.objective.latent.weights={section.weights!r}: {e}") from None
-    return LatentSpace(StabilityVAECodec(params, config, scaling))
+    weights, allow_unpinned = section.weights or None, bool(section.allow_unpinned)
+
+    def load() -> Any:
+        try:
+            return load_weights(weights, allow_unpinned=allow_unpinned, config=config)
+        except (OSError, KeyError, ValueError) as e:
+            raise ConfigError(f"config.objective.latent.weights={section.weights!r}: {e}") from None
+
+    return LatentSpace(config=config, scaling=scaling, load=load)
 
 
 def vae_config(section: Any, where: str) -> VAEConfig:

@@ -55,6 +55,7 @@ from dew.objectives.meanflow_loss import (
 from dew.objectives.whole import BuiltWhole
 from dew.sampling.meanflow import check_schedule, sample_mean_flow
 from dew.schema import ConfigError, Key, Section, at_least
+from dew.training.precision import compute_dtype_of, compute_in
 
 ModuleFactory = Callable[[], Any]  # a registered network's constructor (a haiku module)
 
@@ -167,9 +168,13 @@ def sample_field(config: Any, source: Any) -> tuple[Field, Any, tuple[int, ...] 
 
 
 class MeanFlow(Objective, metaclass=BuiltWhole):
-    """MeanFlow training and one-/few-step sampling (module docstring); built whole here."""
+    """MeanFlow training and one-/few-step sampling (module docstring); built whole here.
 
-    precisions = ("float32",)
+    ``compute_dtype`` (``config.precision.compute``): the network, and so the JVP through it,
+    computes in it on float32 parameters; the times, the target and the loss stay float32
+    (``dew.training.precision.compute_in``), as the JAX references' bf16 runs do."""
+
+    precisions = ("float32", "bfloat16")
 
     def __init__(
         self,
@@ -185,6 +190,7 @@ class MeanFlow(Objective, metaclass=BuiltWhole):
         latent: latent_space.LatentSpace | None = None,
         image_shape: tuple[int, ...] | None = None,
         label_input: str = "label",
+        compute_dtype: str = "float32",
     ):
         times, guidance = times or TimeSampling(), guidance or Guidance()
         check_label_input(label_input)
@@ -209,6 +215,7 @@ class MeanFlow(Objective, metaclass=BuiltWhole):
             latent=latent,
             image_shape=image_shape,
             label_input=label_input,
+            compute_dtype=compute_dtype,
         )
 
     def _hold(
@@ -225,6 +232,7 @@ class MeanFlow(Objective, metaclass=BuiltWhole):
         latent: latent_space.LatentSpace | None,
         image_shape: tuple[int, ...] | None,
         label_input: str,
+        compute_dtype: str = "float32",
     ) -> None:
         """Every attribute, from the arguments a constructor checked and completed with its
         defaults: this one's and its siblings' (``IMeanFlow``, whose guidance and sampling
@@ -238,6 +246,9 @@ class MeanFlow(Objective, metaclass=BuiltWhole):
         # the label the network reads as "no class": the encoder's -1, or DiT's null row
         self.null_label = UNCONDITIONAL if label_input == "label" else int(num_classes or 0)
         self._net = hk.transform(self._forward(model, encoder, label_input))
+        # the precision policy: the network and its JVP in compute_dtype, the targets float32
+        self.compute_dtype = jnp.dtype(compute_dtype)
+        self._apply = compute_in(self._net.apply, self.compute_dtype)
         self._jitted: dict[tuple, Callable[..., Any]] = {}  # jitted draws by their static settings
         self._last_preview = {"nonfinite": 0}
 
@@ -258,7 +269,7 @@ class MeanFlow(Objective, metaclass=BuiltWhole):
         """u(z, t, h, y): the network with ``params`` (t, h [B]; y the int labels [B])."""
 
         def u(z, t, h, y):
-            return self._net.apply(params, rng, z, t, h, y, is_training)
+            return self._apply(params, rng, z, t, h, y, is_training)
 
         return u
 
@@ -401,6 +412,7 @@ class MeanFlow(Objective, metaclass=BuiltWhole):
             latent=latent,
             image_shape=image_shape,
             label_input=label_input(model),
+            compute_dtype=compute_dtype_of(config),
         )
 
 

@@ -6,7 +6,9 @@ order of precedence:
 1. flags of ``python -m dew.main``: ``--coordinator=HOST:PORT --num_processes=N --process_id=I``;
 2. the environment: ``DEW_COORDINATOR``, ``DEW_NUM_PROCESSES``, ``DEW_PROCESS_ID``;
 3. a cluster JAX detects itself (``jax._src.clusters``: SLURM, Open MPI, Cloud TPU pods,
-   Kubernetes), when it reports more than one process.
+   Kubernetes), when it reports more than one process (``dew.runtime.cluster_detection``: a
+   cluster that cannot answer, such as a TPU VM without its metadata server, is one line and the
+   run goes on as one process).
 
 Given explicitly, all three values are needed. Nothing of the sort found: one process, and
 nothing is started. ``start_processes`` then calls ``jax.distributed.initialize`` before JAX
@@ -134,40 +136,26 @@ def _explicit(values: Sequence[Any], names: Sequence[str], origin: str) -> Proce
     return ProcessGroup(coordinator, count_int, index_int, origin)
 
 
-def _tasks_on_this_node(environ: Mapping[str, str]) -> int | None:
-    """How many tasks of the job a cluster scheduler placed on this node (None: not said)."""
-    for key in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"):
-        found = re.match(r"\d+", environ.get(key, ""))
-        if found:
-            return int(found.group())
-    local = environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "")
-    return int(local) if local.isdigit() else None
-
-
 def _detected(initialization_timeout: int) -> ProcessGroup | None:
-    """The group of a cluster JAX detects (its ``ClusterEnv`` classes), or None (none detected,
-    or it runs one process)."""
-    from jax._src import clusters
+    """The group of a cluster JAX detects (``cluster_detection.detect``), or None (none detected,
+    one process, or a cluster that could not answer: then one line says so and the run goes on
+    as one process)."""
+    from dew.runtime import cluster_detection
 
-    for env in clusters.ClusterEnv._cluster_types:
-        if env.opt_in_only_method or not env.is_env_present():
-            continue
-        count = env.get_process_count()
-        if count <= 1:
-            return None
-        port = os.environ.get("JAX_COORDINATOR_PORT")
-        coordinator = os.environ.get("JAX_COORDINATOR_ADDRESS") or env.get_coordinator_address(
-            timeout_secs=initialization_timeout, override_coordinator_port=port
-        )
-        tasks = _tasks_on_this_node(os.environ)
-        return ProcessGroup(
-            coordinator,
-            count,
-            env.get_process_id(),
-            env.name or env.__name__,
-            all_local_devices=tasks is None or tasks == 1,
-        )
-    return None
+    detection = cluster_detection.detect(initialization_timeout)
+    if detection.note is not None:
+        print(f"dew: {detection.note}", flush=True)
+    found = detection.group
+    if found is None or found.coordinator is None:
+        return None
+    tasks = found.tasks_on_node
+    return ProcessGroup(
+        found.coordinator,
+        found.num_processes,
+        found.process_id,
+        found.cluster,
+        all_local_devices=tasks is None or tasks == 1,
+    )
 
 
 def requested(

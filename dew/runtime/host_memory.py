@@ -73,8 +73,10 @@ def with_huge_pages() -> None:
     """Restart this program with ``glibc.malloc.hugetlb=1`` unless ``huge_page_environment`` says
     there is nothing to add; returns only then. Call it before the program does any work: the
     restart runs it again from the start."""
+    from dew.runtime.backend import cpu_backend_expected
+
     environ = huge_page_environment(os.environ)
-    if environ is None:
+    if environ is None or not cpu_backend_expected():  # huge pages serve XLA:CPU's buffers alone
         return
     sys.stdout.flush()
     sys.stderr.flush()

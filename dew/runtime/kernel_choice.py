@@ -53,7 +53,6 @@ import contextlib
 import dataclasses
 import hashlib
 import importlib.metadata
-import importlib.util
 import json
 import os
 import subprocess
@@ -64,6 +63,7 @@ from typing import Any
 
 from dew import kernels
 from dew.runtime import cpu_convolutions, dot_choice
+from dew.runtime.backend import cpu_backend_expected
 from dew.runtime.kernel_cache import (
     CACHE_FILE,
     FORMS,
@@ -199,17 +199,6 @@ def jaxlib_version() -> str:
         return importlib.metadata.version("jaxlib")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
-
-
-def cpu_backend_expected(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether JAX will run on the CPU: ``JAX_PLATFORMS`` (or ``JAX_PLATFORM_NAME``) names cpu
-    first, or neither is set and no accelerator plugin is installed."""
-    environ = os.environ if environ is None else environ
-    named = environ.get("JAX_PLATFORMS") or environ.get("JAX_PLATFORM_NAME") or ""
-    if named.strip():
-        return named.split(",")[0].strip().lower() == "cpu"
-    plugins = ("jax_plugins", "jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "libtpu")
-    return not any(importlib.util.find_spec(name) is not None for name in plugins)
 
 
 def decision_key(

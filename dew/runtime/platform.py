@@ -26,6 +26,7 @@ from typing import Any
 
 from dew import kernels
 from dew.runtime import (
+    backend,
     compilation_cache,
     cpu_convolutions,
     distributed,
@@ -105,6 +106,7 @@ class Platform:
     processes: distributed.ProcessGroup | None = None
     decision: kernel_choice.Decision | None = None
     reuses_freed_memory: bool = False
+    cpu: bool = True
 
     def kernels_record(self) -> dict | None:
         """The kernel decision this process runs with, as the run's ``run.json`` records it (what
@@ -112,8 +114,9 @@ class Platform:
         return kernel_choice.applied_record()
 
     def lines(self, data_parallel: int | None = None) -> list[str]:
-        """One line per choice, for a CPU run's log (``data_parallel``: the devices each batch is
-        split over)."""
+        """One line per choice, for a run's log (``data_parallel``: the devices each batch is
+        split over): on the CPU every CPU choice; on an accelerator the devices and where compiled
+        programs are kept (``backend.describe_devices`` starts the backend)."""
         out = []
         if self.processes is not None:
             group = self.processes
@@ -121,6 +124,9 @@ class Platform:
                 f"process {group.process_id} of {group.num_processes} (coordinator {group.coordinator}, "
                 f"from {group.origin})"
             )
+        if not self.cpu:
+            cache = self.compilation_cache or "off (config.runtime.compilation_cache)"
+            return [*out, backend.describe_devices(), f"compiled programs are kept in {cache}"]
         if data_parallel and data_parallel > 1:
             out.append(f"each batch is split over {data_parallel} CPU devices (config.runtime.host_devices)")
         out.append(f"XLA:CPU runs convolutions with {self.convolutions} (config.runtime.cpu_convolutions)")
@@ -227,7 +233,7 @@ def start_for(
         raise
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if say and kernel_choice.cpu_backend_expected():
+    if say and platform.cpu:
         for line in platform.lines():
             print(f"dew: {line}", flush=True)
     return platform
@@ -261,6 +267,7 @@ def start(
     ``ConfigError`` for ``config.mesh.devices`` that the process count does not divide, before any
     peer is waited for."""
     section = config.runtime if config is not None and "runtime" in config else _DEFAULTS
+    on_cpu = backend.cpu_backend_expected()
     if processes is None and detect_processes:
         processes = distributed.requested(initialization_timeout=section["coordinator_timeout"])
     if processes is not None and processes.num_processes > 1:
@@ -270,7 +277,7 @@ def start(
     else:
         processes = None
     presented = None
-    if present_devices:
+    if present_devices and on_cpu:
         count_of = processes.num_processes if processes is not None else 1
         local = [size // count_of for size in _batch_sizes(config or {}) if size % count_of == 0]
         count = host_devices.host_device_count(section["host_devices"], local)
@@ -279,7 +286,10 @@ def start(
     directory = compilation_cache.cache_directory(section["compilation_cache"], workdir)
     decision = None
     reuses = False
-    if host_devices.backend_started():  # XLA read its flags already: nothing can change now
+    if not on_cpu:  # an accelerator: none of the CPU's kernel choices, memory tuning or devices
+        convolutions = "the accelerator's own (no CPU kernel choice)"
+        choice = kernels.KernelChoice(reason="the accelerator's kernels (no CPU kernel choice)")
+    elif host_devices.backend_started():  # XLA read its flags already: nothing can change now
         convolutions = cpu_convolutions.route_convolutions(section["cpu_convolutions"])
         choice = cpu_convolutions.weight_gradient_choice()
     else:
@@ -311,7 +321,7 @@ def start(
     kernel_choice.set_applied(decision)
     if directory is not None:
         compilation_cache.enable_compilation_cache(directory)
-    _started = Platform(presented, convolutions, choice, directory, processes, decision, reuses)
+    _started = Platform(presented, convolutions, choice, directory, processes, decision, reuses, on_cpu)
     return _started
 
 

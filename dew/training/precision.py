@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -156,4 +157,38 @@ def cast_floats(tree: Any, dtype: jnp.dtype) -> Any:
     return jax.tree.map(cast, tree)
 
 
-__all__ = ["COMPUTE_DTYPES", "CONFIG", "LOSS_SCALES", "Precision", "cast_floats", "from_config"]
+def compute_in(apply: Callable[..., Any], dtype: Any) -> Callable[..., Any]:
+    """A transformed network's ``apply(params, rng, x, *rest, **options)`` under the precision
+    policy: with ``dtype`` float32 ``apply`` itself (the step is unchanged, bit for bit);
+    otherwise the network computes in ``dtype`` on the float32 parameters cast at use, with its
+    input ``x`` cast, and every floating leaf of its result returns to float32, so the loss, its
+    targets and the sampler's arithmetic stay float32. ``rest`` (times, labels, guidance
+    settings) is passed as given: a network embeds its times in float32 and casts the
+    embedding (e.g. ``dew.networks.dit_layers.TimestepEmbedder``), so t = 999 stays exact. Under
+    ``jax.jvp`` the tangent follows the same casts: the JVP runs in ``dtype`` (MeanFlow's)."""
+    dtype = jnp.dtype(dtype)
+    if dtype == jnp.float32:
+        return apply
+
+    def mixed(params: Any, rng: Any, x: jax.Array, *rest: Any, **options: Any) -> Any:
+        out = apply(cast_floats(params, dtype), rng, x.astype(dtype), *rest, **options)
+        return cast_floats(out, jnp.dtype(jnp.float32))
+
+    return mixed
+
+
+def compute_dtype_of(config: Any) -> str:
+    """``config.precision.compute`` of a run config ("float32" when it has no precision section)."""
+    return str(config.precision.compute) if "precision" in config else "float32"
+
+
+__all__ = [
+    "COMPUTE_DTYPES",
+    "CONFIG",
+    "LOSS_SCALES",
+    "Precision",
+    "cast_floats",
+    "compute_dtype_of",
+    "compute_in",
+    "from_config",
+]

@@ -1,0 +1,33 @@
+"""Training on pre-encoded latents reads no VAE weights: the latent draw needs only the scaling,
+and the weights are read (and their errors named) when something first decodes."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from dew.objectives import latent_space
+from dew.schema import ConfigError
+
+
+def section(weights: str) -> ml_collections.ConfigDict:
+    """``config.objective.latent`` at its defaults, the stability VAE, ``weights``."""
+    config = ml_collections.ConfigDict({name: key.default for name, key in latent_space.CONFIG.keys.items()})
+    config.encoder = "stability_vae"
+    config.weights = weights
+    return config
+
+
+def test_the_latent_draw_needs_no_weights_file_and_decoding_names_it(tmp_path):
+    missing = str(tmp_path / "no-such-vae.safetensors")
+    space = latent_space.from_config(section(missing))
+    raw = jnp.ones((2, 4, 4, 8), jnp.float32)
+    drawn = space.draw(raw, jax.random.key(0))
+    assert drawn.shape == (2, 4, 4, 4) and bool(jnp.all(jnp.isfinite(drawn)))
+    np.testing.assert_array_equal(space.mean(raw), space.mean(raw))
+    assert space.image_shape((4, 4, 4)) == (32, 32, 3)
+    with pytest.raises(ConfigError, match=r"config\.objective\.latent\.weights=.*no-such-vae"):
+        space.to_images(np.zeros((1, 4, 4, 4), np.float32))
