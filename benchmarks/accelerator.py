@@ -1,0 +1,201 @@
+"""Training speed on an accelerator, against its limit: the papers' networks as ``Trainer`` runs
+them, one command sized for ≤ 8 minutes on one TPU v5e chip.
+
+    python benchmarks/accelerator.py --out=accelerator.jsonl [--peak_tflops=197] [--runs=SiT-B/2,...]
+
+Each run is an experiment file's config as a user gets it (``experiments/sit.py:SiT-XL/2`` ...)
+on an in-memory source of the same shapes (``bench_arrays``: raw latents [32, 32, 8] with 1,000
+classes for the latent transformers, [32, 32, 3] pixels with 10 classes for CIFAR-10's DDPM++,
+[64, 64, 8] latents for EDM2's img512), no evaluation, preview or checkpoint, at the batch,
+precision and remat policy of its row (``RUNS``). For each it reports, as one JSON line:
+
+* ``step_ms`` and ``images_per_s``: the median of ``--rounds`` windows of ``--steps`` steps of
+  the compiled step (the ``Trainer``'s own program, state donated, the batch on the device);
+* ``tflops``: XLA's cost analysis of that compiled step (``compiled.cost_analysis()``) over the
+  step time, and ``mfu``: its fraction of ``--peak_tflops`` (197: the v5e's dense bf16 peak);
+* ``memory_gb``: ``compiled.memory_analysis()`` (arguments + outputs + temporaries − aliased);
+* ``first_step_s``: from building the ``Trainer`` to the first step's result, in this process
+  (``cold``: an empty compilation cache; ``--warm`` re-runs the first row in a child process
+  with the cache this run filled).
+
+A run that does not fit says so (``error``) and the next one runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.append(ROOT)
+
+# name: (experiment, batch, precision, remat, source shape (side, channels), classes)
+RUNS = {
+    "SiT-B/2 f32": ("sit.py:SiT-B/2", 64, "float32", "none", (32, 8), 1000),
+    "SiT-B/2 bf16": ("sit.py:SiT-B/2", 64, "bfloat16", "none", (32, 8), 1000),
+    "DiT-B/2 bf16": ("dit.py:DiT-B/2", 64, "bfloat16", "none", (32, 8), 1000),
+    "SiT-L/2 bf16": ("sit.py:SiT-L/2", 32, "bfloat16", "none", (32, 8), 1000),
+    "SiT-XL/2 f32 remat": ("sit.py:SiT-XL/2", 32, "float32", "blocks_save_dots", (32, 8), 1000),
+    "SiT-XL/2 bf16": ("sit.py:SiT-XL/2", 32, "bfloat16", "blocks_save_dots", (32, 8), 1000),
+    "SiT-XL/2 bf16 b64": ("sit.py:SiT-XL/2", 64, "bfloat16", "blocks", (32, 8), 1000),
+    "MF-B/2 bf16": ("meanflow.py:MF-B/2", 64, "bfloat16", "none", (32, 8), 1000),
+    "DDPM++ bf16": ("edm_paper.py:cifar10-cond-ddpmpp", 64, "bfloat16", None, (32, 3), 10),
+    "EDM2-S f32": ("edm2.py:img512-s", 32, "float32", None, (64, 8), 1000),
+}
+
+
+def bench_arrays(
+    split: str = "train", *, side: int = 32, channels: int = 8, classes: int = 1000, rows: int = 512
+):
+    """Seeded arrays of a run's shapes: ``image`` [rows, side, side, channels] float32 (raw
+    latents mean ‖ std when ``channels`` is 8: the std half positive; pixels in [−1, 1]
+    otherwise) and ``label`` int32 in [0, classes)."""
+    import numpy as np
+
+    from dew.data.dataset import Source
+
+    rng = np.random.default_rng(0 if split == "train" else 1)
+    if channels == 8:
+        mean = rng.standard_normal((rows, side, side, 4)).astype(np.float32)
+        image = np.concatenate([mean, np.full_like(mean, 0.1)], axis=-1)
+    else:
+        image = rng.uniform(-1, 1, (rows, side, side, channels)).astype(np.float32)
+    label = rng.integers(0, classes, rows).astype(np.int32)
+    return Source(name=f"bench/{split}", fields={"image": image, "label": label}, num_classes=classes)
+
+
+def config_for(name: str):
+    from dew import registry
+    from dew.config import load_config
+
+    if "bench_arrays" not in registry.datasets.names():
+        registry.datasets.register("bench_arrays", bench_arrays)
+    spec, batch, precision, remat, (side, channels), classes = RUNS[name]
+    config = load_config(os.path.join(ROOT, "experiments", spec))
+    config.dataset = {
+        "name": "bench_arrays",
+        "batch_size": batch,
+        "side": side,
+        "channels": channels,
+        "classes": classes,
+    }
+    for section, key, value in (
+        ("eval", "every", 0),
+        ("preview", "every", 0),
+        ("checkpoint", "every", 0),
+        ("train", "log_every", 10**9),
+        ("precision", "compute", precision),
+    ):
+        if section not in config:
+            config[section] = {}
+        config[section][key] = value
+    if remat is not None:
+        config.model.remat = remat
+    objective = config.objective
+    if "latent" in objective and objective.latent.get("encoder") is not None:
+        objective.latent.weights = "/nonexistent/vae.safetensors"  # trains without the VAE file
+    return config
+
+
+def measure(name: str, steps: int, rounds: int, peak_tflops: float) -> dict:
+    import jax
+    import numpy as np
+
+    from dew.training.trainer import Trainer
+
+    began = time.perf_counter()
+    config = config_for(name)
+    with tempfile.TemporaryDirectory() as workdir:
+        trainer = Trainer(config, workdir)
+        state = trainer.fresh_state()
+        source = trainer.train_source
+        batch = {k: np.asarray(v[: config.dataset.batch_size]) for k, v in source.fields.items()}
+        placed = trainer.programs.place(batch)
+        compiled = trainer.programs.step.lower(state, placed).compile()
+        state, stats = compiled(state, placed)
+        jax.block_until_ready(stats)
+        first = time.perf_counter() - began
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        flops = float(cost.get("flops", 0.0))
+        memory = compiled.memory_analysis()
+        used = None
+        if memory is not None:
+            used = (
+                memory.argument_size_in_bytes
+                + memory.output_size_in_bytes
+                + memory.temp_size_in_bytes
+                - memory.alias_size_in_bytes
+            ) / 1e9
+        times = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for _ in range(steps):
+                state, stats = compiled(state, placed)
+            jax.block_until_ready(stats)
+            times.append((time.perf_counter() - start) / steps)
+        step = statistics.median(times)
+        loss = float(np.asarray(stats["loss"]))
+    batch_size = RUNS[name][1]
+    return {
+        "run": name,
+        "batch": batch_size,
+        "precision": RUNS[name][2],
+        "remat": RUNS[name][3],
+        "step_ms": round(step * 1e3, 2),
+        "images_per_s": round(batch_size / step, 1),
+        "tflop_per_step": round(flops / 1e12, 3),
+        "tflops": round(flops / step / 1e12, 1),
+        "mfu": round(flops / step / 1e12 / peak_tflops, 3),
+        "memory_gb": None if used is None else round(used, 2),
+        "first_step_s": round(first, 1),
+        "loss": loss,
+        "device": jax.devices()[0].device_kind,
+        "jax": jax.__version__,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="accelerator.jsonl")
+    parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated names of RUNS")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--peak_tflops", type=float, default=197.0)
+    parser.add_argument("--warm", action="store_true", help="re-run the first row in a child (warm cache)")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # a child's single run
+    args = parser.parse_args(argv)
+    names = [args.one] if args.one else [n.strip() for n in args.runs.split(",") if n.strip()]
+    for name in names:
+        if name not in RUNS:
+            parser.error(f"--runs: {name!r} is unknown; expected some of {', '.join(RUNS)}")
+    from dew.runtime import start
+
+    start()  # the platform, the compilation cache (the machine's)
+    with open(args.out, "a") as out:
+        for name in names:
+            try:
+                row = measure(name, args.steps, args.rounds, args.peak_tflops)
+            except Exception as e:  # a run that does not fit or fails: said, and the next one runs
+                row = {"run": name, "error": " ".join(f"{type(e).__name__}: {e}".split())[:600]}
+            if args.one:
+                row["cache"] = "warm"
+            print(json.dumps(row), flush=True)
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+    if args.warm and not args.one:
+        cmd = [sys.executable, os.path.abspath(__file__), f"--out={args.out}", f"--one={names[0]}"]
+        cmd += [f"--steps={args.steps}", "--rounds=1", f"--peak_tflops={args.peak_tflops}"]
+        subprocess.run(cmd, check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
