@@ -87,6 +87,16 @@ def main() -> None:
 
         # The same decode in float64: how far float32 roundoff moves the decoder's output.
         out["decoded64"] = vae64.decode(samples.double() / 0.18215).sample.numpy()
+
+        # REPA's preprocessing/encoders.py encode_pixels (edm2's, with pixels / 127.5 - 1): raw
+        # latents (mean || std) of uint8 images, the data set DiT/SiT/REPA latents come from.
+        images = torch.from_numpy(rng.integers(0, 256, (2, 3, 32, 32), dtype=np.uint8))
+        out["encode/images"] = images.numpy()
+        x = images.to(torch.float32) / 127.5 - 1
+        d = vae.encode(x)["latent_dist"]
+        out["encode/raw"] = torch.cat([d.mean, d.std], dim=1).numpy()
+        d = vae64.encode(images.to(torch.float64) / 127.5 - 1)["latent_dist"]
+        out["encode/raw64"] = torch.cat([d.mean, d.std], dim=1).numpy()
     np.savez_compressed(str(out_dir / "decode_goldens.npz"), **out)
     d = out["decoded"]
     print(
