@@ -31,7 +31,8 @@ an independent check measured ~0.3 % on another field and, on a stiff field run 
 140 against 146 evaluations, as torchdiffeq itself diverges from its own run when only its
 stage-sum order changes. So the accept/reject sequence is the reference's unless an error
 ratio falls within that (amplified) roundoff of 1; the goldens check the evaluation count,
-hence the sequence, exactly on their fields, not on every field.
+hence the sequence, exactly on their fields, not on every field, and the step sizes on that
+field (``tests/test_interpolants_dopri5.py``, ``third_party/sit/dopri5_steps.npz``).
 """
 
 from __future__ import annotations

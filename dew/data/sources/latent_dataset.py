@@ -211,7 +211,8 @@ def encode_dataset(
         with open(manifest_path) as fh:
             existing = json.load(fh)
         if existing != json.loads(json.dumps(manifest)):
-            differ = sorted(k for k in manifest if existing.get(k) != json.loads(json.dumps(manifest[k])))
+            keys = set(manifest) | set(existing)  # a key on one side only (pixels) differs too
+            differ = sorted(k for k in keys if existing.get(k) != json.loads(json.dumps(manifest.get(k))))
             raise LatentDatasetError(
                 f"--dest={dest!r} holds an encoding of something else ({', '.join(differ)} differ from "
                 f"{MANIFEST}); choose another --dest or delete it"
