@@ -29,7 +29,9 @@ and ``python -m dew.convert_dit`` refuses a run whose convention is not its chec
 - ``dit`` (facebookresearch/DiT and willisma/SiT, whose VAE latents are of [−1, 1] images:
   ``train.py``'s ``Normalize(0.5, 0.5)``): the VAE encodes pixels / 127.5 − 1 and y is read as
   [−1, 1]: uint8 = ``trunc(clamp(127.5·y + 128, 0, 255))`` (``sample_ddp.py``; ``sample.py``'s
-  ``save_image(normalize=True, value_range=(-1, 1))`` is the same rounding, half up).
+  ``save_image(normalize=True, value_range=(-1, 1))`` also rounds half up, in other float steps
+  that the goldens do not check). dew encodes REPA's u / 127.5 − 1, where DiT's ``ToTensor`` then
+  ``Normalize`` compute (u / 255 − 0.5) / 0.5: the same float32 value for all 256 levels.
 - ``repa`` (sihyun-yu/REPA: ``preprocessing/encoders.py`` encodes pixels / 127.5 − 1): y read
   as [−1, 1], uint8 = ``trunc(clamp(255·((y + 1)/2), 0, 255))`` (``generate.py``: truncated,
   so one level below DiT's rule wherever the fraction of 127.5·y + 127.5 is ≥ ½: about half
