@@ -31,6 +31,11 @@ it as a training run leaves it (its ``converted`` record names the file). Sample
 ``python -m dew.fid --workdir=<workdir>``, fine-tune it with ``python -m dew.main
 --config=... --workdir=<workdir>`` (it resumes from ``--step``).
 
+A latent run must follow the checkpoints' latent convention (``check_latent_convention``:
+0.18215, bias 0, ``config.objective.latent.pixels`` ``dit`` or ``repa``, as the experiments set
+it), so ``dew.pipeline`` and ``python -m dew.sample`` decode as ``sample_ddp.py`` /
+``generate.py`` do.
+
 Exit status 2, with one line on stderr and nothing written, on a bad argument, an unreadable
 file, a checkpoint of another network (a key, a shape or the ``pos_embed`` grid that the
 configured network does not have: the key named), or a patch size that does not divide the
@@ -93,6 +98,32 @@ def with_time_direction(config, state_dict: Mapping[str, np.ndarray], reference:
     return config
 
 
+def check_latent_convention(objective, reference: str | None) -> None:
+    """Refuse a latent run whose convention is not the published checkpoints' (``ConversionError``,
+    one line): DiT-XL/2, SiT-XL/2 and REPA sample final latents = 0.18215 · the SD-VAE latent of a
+    [−1, 1] image, so ``config.objective.latent`` must have scale 0.18215 and bias 0 on every
+    channel and ``pixels`` ``dit`` or ``repa`` (``dew.encoding.stability_vae``: the rule encode,
+    decode, the FID protocol and this converter share). A pixel-space run is not checked."""
+    from dew.encoding.stability_vae import SD_SCALING
+
+    latent = getattr(objective, "latent", None)
+    if latent is None:
+        return
+    codec = latent.codec
+    if not codec.pixels.signed:
+        want = "repa" if reference == "repa" else "dit"
+        raise ConversionError(
+            f"config.objective.latent.pixels={codec.pixels.name!r}: the {reference or 'dit'} checkpoint's "
+            f"latents are of [-1, 1] images; expected --config.objective.latent.pixels={want}"
+        )
+    scale, bias = np.asarray(codec.scaling.scale), np.asarray(codec.scaling.bias)
+    if scale.shape != SD_SCALING.scale.shape or np.any(scale != SD_SCALING.scale) or np.any(bias != 0):
+        raise ConversionError(
+            f"config.objective.latent: scale {scale.tolist()}, bias {bias.tolist()}; the published "
+            "checkpoints' latents are 0.18215 * the VAE's, bias 0 (raw_mean 0, raw_std 0.5 / 0.18215)"
+        )
+
+
 def convert(
     state_dict: Mapping[str, np.ndarray],
     config,
@@ -113,6 +144,7 @@ def convert(
     config = with_time_direction(config, state_dict, reference)
     name = config.model.name
     run = converted_run.target(config, workdir)
+    check_latent_convention(run.trainer.objective, reference)
     template = run.template
     sample = run.trainer.objective.input_spec.sample.shape
     options = {k: v for k, v in config.model.items() if k != "name"}

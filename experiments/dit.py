@@ -28,8 +28,10 @@ produced: ``third_party/dit/make_configs.py``):
 * the latents: SD-VAE posterior samples × 0.18215 (``vae.encode(x).latent_dist.sample()
   .mul_(0.18215)``), drawn per step from the pre-encoded mean ‖ std (``latent_dataset``, made by
   ``python -m dew.data.sources.latent_dataset --transform=center-crop-dhariwal
-  --resolution=256x256``: ADM's center crop, as ``center_crop_arr``), i.e. raw mean 0 and raw std
-  0.5 / 0.18215 in ``config.objective.latent``. The reference encodes with ``sd-vae-ft-ema``
+  --resolution=256x256 --pixels=dit``: ADM's center crop, as ``center_crop_arr``), i.e. raw mean
+  0 and raw std 0.5 / 0.18215 in ``config.objective.latent``, whose ``pixels="dit"`` says the
+  VAE sees [−1, 1] images (``Normalize(0.5, 0.5)``) and decodes to uint8 as ``sample_ddp.py``
+  (``vae.decode(x / 0.18215)``, then ``clamp(127.5·y + 128)``). The reference encodes with ``sd-vae-ft-ema``
   (``--vae ema``); its encoder is sd-vae-ft-mse's (the two differ only in the fine-tuned
   decoder), so training is the same with dew's pinned sd-vae-ft-mse file (``weights=""``); to
   decode with ft-ema's decoder as the published FID did, set
@@ -57,6 +59,7 @@ LATENT = {
     "weights": "",
     "raw_mean": (0.0, 0.0, 0.0, 0.0),
     "raw_std": (0.5 / SD_SCALE,) * 4,  # edm2's scale = 0.5 / raw_std = 0.18215, bias 0
+    "pixels": "dit",  # latents of [-1, 1] images; decoded by sample_ddp.py's clamp(127.5x + 128)
 }
 SIZES = tuple(f"{size}/{patch}" for size in ("S", "B", "L", "XL") for patch in (2, 4, 8))
 BATCH, EPOCHS = 256, 1400  # --global-batch-size, --epochs

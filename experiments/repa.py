@@ -35,12 +35,14 @@ the SD-VAE posterior (``sd-vae-ft-mse``; ``train.py``'s ``sample_posterior`` dra
 ×0.18215 each step). The ImageNet presets read both from one ``latent_dataset`` source: the
 latents (``config.dataset.path``: REPA's ``vae-sd/``, edm2's ``encode`` layout) as the sample,
 drawn and scaled by ``config.objective.latent`` (sd-vae-ft-mse, 0.18215, as
-``experiments/sit.py``), and the ADM-center-cropped 256² images (``config.dataset.images``:
-REPA's ``images/``) as the field ``pixels`` the encoder sees
+``experiments/sit.py``; ``pixels="repa"``: REPA's encoder sees pixels / 127.5 − 1 and
+``generate.py`` writes ``clamp(255·(y + 1)/2)`` truncated), and the ADM-center-cropped 256²
+images (``config.dataset.images``: REPA's ``images/``) as the field ``pixels`` the encoder sees
 (``config.objective.repa.image_field="pixels"``). dew's own encoder writes both:
 
     python -m dew.data.sources.latent_dataset --source=<ImageNet train> --dest=datasets/in256/vae-sd \
-        --transform=center-crop-dhariwal --resolution=256x256 --images_dest=datasets/in256/images
+        --transform=center-crop-dhariwal --resolution=256x256 --images_dest=datasets/in256/images \
+        --pixels=repa
     python -m dew.main --config=experiments/repa.py:SiT-XL/2 --workdir=runs/repa-xl2 \
         --config.dataset.path=datasets/in256/vae-sd --config.dataset.images=datasets/in256/images
 
@@ -56,7 +58,14 @@ from ml_collections import ConfigDict
 
 IMAGENET_SIZES = ("SiT-B/2", "SiT-L/2", "SiT-XL/2")
 # train.py: sd-vae-ft-mse latents (edm2's stability_vae codec), latents_scale 0.18215, bias 0
-LATENT = {"encoder": "stability_vae", "weights": "", "raw_mean": (0.0,) * 4, "raw_std": (0.5 / 0.18215,) * 4}
+# preprocessing/encoders.py encodes pixels / 127.5 - 1; generate.py's uint8 is clamp(255 (x + 1) / 2)
+LATENT = {
+    "encoder": "stability_vae",
+    "weights": "",
+    "raw_mean": (0.0,) * 4,
+    "raw_std": (0.5 / 0.18215,) * 4,
+    "pixels": "repa",
+}
 # README's generate.py command (the 1.42 FID): REPA's samplers.euler_maruyama_sampler
 REPA_SAMPLING = {"mode": "sde", "num_steps": 250, "cfg_scale": 1.8, "guidance_low": 0.0, "guidance_high": 0.7}
 

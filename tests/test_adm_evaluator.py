@@ -174,6 +174,59 @@ def test_on_the_evaluators_distances_and_radii_precision_and_recall_are_exactly_
     np.testing.assert_array_equal(radii[:, 0], [3, 2, 2, 2, 2, 2, 2, 2, 3])
 
 
+@pytest.fixture(scope="module")
+def float32_golden():
+    with np.load(HERE / "pr_float32_goldens.npz", allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+def _flip_share(distances: np.ndarray, radii: np.ndarray, tol: float, axis: int) -> float:
+    """The share of points (along the other ``axis``) with a comparison d ≤ r within a relative
+    ``tol`` of flipping (|d − r| ≤ tol·(d + r))."""
+    return float((np.abs(distances - radii) <= tol * (distances + radii)).any(axis).mean())
+
+
+def test_float32_arithmetic_is_the_evaluators_float32_branch(float32_golden):
+    """``arithmetic="float32"`` against the evaluator's own code with every block on its float32
+    branch (``make_float32_goldens.py``), on features it would otherwise take in float16.
+
+    Distances: within ``_distance_bound``'s float32 case (γ₂₀₅₁ per side: TF-CPU's Eigen matmul
+    and NumPy's BLAS sum in different orders). That a-priori bound is ~100 times the measured
+    difference (5.5e-6 relative, 1.6e-3 on values ~270), and on 2048-d features distances
+    concentrate near the radii, so as a precision/recall allowance it would excuse 30-80 % of the
+    points. The allowance is therefore the platform difference as measured: ``TOL`` = 4 × the
+    largest relative distance difference on the stored matrix (checked on every distance, and on
+    the radii); precision and recall may differ by the share of points with a comparison within
+    ``TOL`` of flipping (0.3 % / 1.3 % here, 2.0 % / 1.5 % on the larger sets). Measured: equal,
+    0.83 / 0.8375, and 0.748 / 0.7607 on 1,500 / 1,500 overlapping points. The float16 default
+    gives other numbers on the same points (0.8333 / 0.8575; 0.7667 / 0.7827)."""
+    g = float32_golden
+    ref, sample = make.features("pr/ref", 400, 2048), make.features("pr/sample", 300, 2048)
+    got, want = adm.pairwise_distances(ref, sample, arithmetic="float32"), g["f32/distances"]
+    bound = _distance_bound(ref, sample, f16=False)
+    assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want) - bound)
+    tol = 4 * float((np.abs(got - want) / want).max())
+    assert tol < 1e-4  # float32 roundoff, not another arithmetic (float16 would be ~1e-3)
+    estimator = adm.ManifoldEstimator(arithmetic="float32")
+    for features, key in ((ref, "f32/radii_ref"), (sample, "f32/radii_sample")):
+        np.testing.assert_allclose(estimator.manifold_radii(features), g[key], rtol=tol)
+    precision, recall = adm.precision_recall(ref, sample, arithmetic="float32")
+    assert abs(precision - g["f32/precision"][0]) <= _flip_share(want, g["f32/radii_ref"], tol, 0)
+    assert abs(recall - g["f32/recall"][0]) <= _flip_share(want, g["f32/radii_sample"][:, 0][None, :], tol, 1)
+    assert (precision, recall) != adm.precision_recall(ref, sample)  # the float16 default differs here
+
+    big_ref, big_sample = make.features("pr32/ref", 1500, 2048), make.features("pr32/sample", 1500, 2048)
+    precision, recall = adm.precision_recall(big_ref, big_sample, arithmetic="float32")
+    d = adm.pairwise_distances(big_ref, big_sample, arithmetic="float32")
+    radii_ref, radii_sample = estimator.manifold_radii(big_ref), estimator.manifold_radii(big_sample)
+    np.testing.assert_allclose(radii_ref, g["f32_large/radii_ref"], rtol=tol)
+    np.testing.assert_allclose(radii_sample, g["f32_large/radii_sample"], rtol=tol)
+    assert abs(precision - g["f32_large/precision"][0]) <= _flip_share(d, radii_ref, tol, 0)
+    assert abs(recall - g["f32_large/recall"][0]) <= _flip_share(d, radii_sample.T, tol, 1)
+    with pytest.raises(ValueError, match="arithmetic='float64'"):
+        adm.precision_recall(ref, sample, arithmetic="float64")
+
+
 def test_the_evaluators_blocks_give_its_numbers(golden):
     """Rows and columns in blocks of 128 × 96 (the evaluator's loops, a block's float16/float32
     choice its own) give what the whole matrix gives, as in the evaluator."""

@@ -176,6 +176,17 @@ def test_help_config_prints_the_resolved_schema_and_writes_nothing(tmp_path, cap
     assert os.listdir(tmp_path) == []
 
 
+def test_the_docs_help_config_excerpt_is_what_help_config_prints(capsys):
+    """docs/configs.md's ``--help-config`` excerpt: each line is a line the command prints."""
+    text = (ROOT / "docs" / "configs.md").read_text()
+    command = "$ python -m dew.main --config=experiments/edm.py --help-config\n"
+    assert command in text
+    excerpt = [line for line in text.split(command, 1)[1].split("```", 1)[0].splitlines() if line != "..."]
+    assert main([f"--config={EDM}", "--help-config"]) == 0
+    printed = set(capsys.readouterr().out.splitlines())
+    assert len(excerpt) > 10 and [line for line in excerpt if line not in printed] == []
+
+
 def test_a_none_default_takes_the_kind_its_annotation_names():
     # songunet's label_dim: int | None = None: an int is accepted (it was refused as "a str").
     config = apply_overrides(load_config(EDM), ["config.model.label_dim=10"])

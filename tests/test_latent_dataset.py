@@ -130,6 +130,25 @@ def test_refuses_a_dest_made_from_something_else(tmp_path, codec):
         latent_dataset.encode_dataset(str(tmp_path / "src"), str(other), codec, progress=lambda _: None)
 
 
+def test_a_signed_convention_encodes_minus_one_to_one_and_records_it(tmp_path, codec):
+    """``--pixels=dit`` / ``repa``: the encoder sees u / 127.5 − 1 (DiT's, SiT's and REPA's
+    training images), ``encode.json`` names the convention, and a rerun with edm2's [0, 1] into
+    the same ``--dest`` is refused (its latents would be of other images)."""
+    images = _make_images(tmp_path / "src", count=2)
+    signed = StabilityVAECodec(codec.params, TINY, pixels="repa")
+    dest = tmp_path / "latents"
+    latent_dataset.encode_dataset(str(tmp_path / "src"), str(dest), signed, progress=lambda _: None)
+    stored = np.load(dest / latent_dataset.latent_name(0)).transpose(1, 2, 0)
+    want = np.asarray(jax.jit(signed.encode_pixels)(images[:1]))[0]
+    np.testing.assert_array_equal(stored, want)
+    unit = np.asarray(jax.jit(codec.encode_pixels)(images[:1]))[0]
+    assert np.abs(stored - unit).max() > 1e-2  # another input range, other latents
+    with open(dest / latent_dataset.MANIFEST) as f:
+        assert json.load(f)["pixels"] == "repa"
+    with pytest.raises(latent_dataset.LatentDatasetError, match="pixels"):
+        latent_dataset.encode_dataset(str(tmp_path / "src"), str(dest), codec, progress=lambda _: None)
+
+
 def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
     _make_images(tmp_path / "src")
     dest = tmp_path / "latents"

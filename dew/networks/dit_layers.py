@@ -220,7 +220,8 @@ class PatchEmbed(hk.Module):
 
 def get_2d_sincos_pos_embed(embed_dim: int, grid_size: int) -> np.ndarray:
     """MAE's fixed 2-D sin-cos position embedding [grid², D] (float64, as the reference computes it):
-    the first D/2 channels encode the row, the last D/2 the column, each as [sin(pos·ω), cos(pos·ω)]
+    token m = row·grid + column; the first D/2 channels encode the column, the last D/2 the row
+    (``meshgrid(grid_w, grid_h)`` puts the column index first), each as [sin(pos·ω), cos(pos·ω)]
     with ω_i = 1 / 10000^(i / (D/4))."""
     grid_h = np.arange(grid_size, dtype=np.float32)
     grid_w = np.arange(grid_size, dtype=np.float32)

@@ -11,12 +11,20 @@ read by the ``latent_dataset`` source): the VAE posterior's mean ‖ std, [N, h,
   it is a function of the step's key, so a resumed run draws the same ε as one never
   interrupted); the model learns [h, w, C];
 - **previews, ``dew.pipeline`` and ``python -m dew.sample``** decode the sampled latents through
-  the VAE decoder exactly as edm2's ``generate_images.py`` (``encoder.decode``: unscale, decode,
-  ``clamp(0, 1)·255`` truncated to uint8) and hand on those images mapped to [−1, 1]
-  (u / 127.5 − 1), so metrics (FID, FD_DINOv2) and ``dew.fid --workdir`` score decoded images.
+  the VAE decoder to uint8 exactly as the reference of ``pixels`` does (unscale, decode, its
+  uint8 rule: edm2's ``generate_images.py`` ``encoder.decode``, ``clamp(0, 1)·255`` truncated;
+  DiT's/SiT's ``sample_ddp.py`` ``clamp(127.5·y + 128)``; REPA's ``generate.py``) and hand on
+  those images mapped to [−1, 1] (u / 127.5 − 1, which the artifact's PNG maps back to the same
+  bytes), so metrics (FID, FD_DINOv2) and ``dew.fid --workdir`` score decoded images.
 
-The VAE is built when the objective is (``from_config``): its weights are the published
-sd-vae-ft-mse safetensors file (``dew.networks.sd_vae_weights.load_weights``, digest-checked;
+``pixels`` is the latent convention (``dew.encoding.stability_vae``'s module docstring: one rule
+for encode, decode, the FID protocol's ``to_uint8`` and the converters): ``edm2`` (the VAE sees
+[0, 1] images, dew's default), ``dit`` (DiT and SiT: [−1, 1]) or ``repa`` ([−1, 1], REPA's
+truncating uint8 rule). A data set encoded with one convention trains a model of that one
+(``python -m dew.data.sources.latent_dataset --pixels``).
+
+The VAE's weights are read when something first decodes (``LatentSpace.codec``): they are the
+published sd-vae-ft-mse safetensors file (``dew.networks.sd_vae_weights.load_weights``, digest-checked;
 ``weights`` empty means its default path) and its shape the ``vae_*`` keys (sd-vae-ft-mse's by
 default; a smaller VAE for tests and CPU runs). Its latent scaling is edm2's ``raw_mean`` /
 ``raw_std`` (sd-vae-ft-mse's by default) or, for a VAE of one's own, the values measured on its
@@ -54,6 +62,12 @@ CONFIG = Section(
             "something decodes (previews, sampling, FID): training on pre-encoded latents needs none",
         ),
         "allow_unpinned": Key(False, "accept VAE weights whose SHA-256 is not pinned"),
+        "pixels": Key(
+            "edm2",
+            "the latent convention: the VAE's pixel range and uint8 rule: edm2 ([0, 1]), dit "
+            "(DiT/SiT: [-1, 1], clamp(127.5y + 128)) or repa ([-1, 1], clamp(255(y + 1)/2))",
+            choices=("edm2", "dit", "repa"),
+        ),
         "vae_channels": Key((128, 256, 512, 512), "the VAE's block_out_channels", item=int),
         "vae_layers_per_block": Key(2, "the VAE's layers_per_block"),
         "vae_groups": Key(32, "the VAE's norm_num_groups"),
@@ -86,7 +100,8 @@ class LatentSpace:
 
     Built from its shape and scaling, it loads the VAE's weights (``load``) only when something
     decodes (``codec``): training on pre-encoded latents reads no VAE file. ``load`` raises
-    ``ConfigError`` naming the weights setting."""
+    ``ConfigError`` naming the weights setting. ``pixels``: the latent convention
+    (``dew.encoding.stability_vae``)."""
 
     def __init__(
         self,
@@ -95,6 +110,7 @@ class LatentSpace:
         config: Any = None,
         scaling: Any = None,
         load: Callable[[], Any] | None = None,
+        pixels: str = "edm2",
     ):
         if codec is None and (config is None or scaling is None or load is None):
             raise ValueError("LatentSpace needs a codec, or its config, scaling and a weights loader")
@@ -102,7 +118,9 @@ class LatentSpace:
         self._load = load
         self.config = codec.config if codec is not None else config
         self.scaling = codec.scaling if codec is not None else scaling
-        self._latents = StabilityVAECodec(None, self.config, self.scaling)  # scaling alone: no weights
+        self.pixels = codec.pixels.name if codec is not None else pixels
+        # the latent draw needs the scaling alone: a codec without weights
+        self._latents = StabilityVAECodec(None, self.config, self.scaling, self.pixels)
         self._decode_fn: Callable[[jax.Array], jax.Array] | None = None
 
     @property
@@ -110,7 +128,7 @@ class LatentSpace:
         """The whole codec, its VAE weights loaded on first use."""
         if self._codec is None:
             assert self._load is not None  # checked at construction
-            self._codec = StabilityVAECodec(self._load(), self.config, self.scaling)
+            self._codec = StabilityVAECodec(self._load(), self.config, self.scaling, self.pixels)
         return self._codec
 
     @property
@@ -144,8 +162,8 @@ class LatentSpace:
         return self._latents.encode_latents(raw, jnp.zeros((*raw.shape[:-1], raw.shape[-1] // 2)))
 
     def to_images(self, samples: np.ndarray) -> np.ndarray:
-        """Sampled latents [n, h, w, C] → decoded images [n, H, W, 3] in [−1, 1] (float32): edm2's
-        uint8 decode, then u / 127.5 − 1."""
+        """Sampled latents [n, h, w, C] → decoded images [n, H, W, 3] in [−1, 1] (float32): the
+        codec's uint8 decode (its pixel convention's rule), then u / 127.5 − 1."""
         if len(samples) == 0:
             return np.zeros((0, *self.image_shape(samples.shape[1:])), np.float32)
         if self._decode_fn is None:
@@ -176,7 +194,7 @@ def from_config(section: Any) -> LatentSpace | None:
         except (OSError, KeyError, ValueError) as e:
             raise ConfigError(f"config.objective.latent.weights={section.weights!r}: {e}") from None
 
-    return LatentSpace(config=config, scaling=scaling, load=load)
+    return LatentSpace(config=config, scaling=scaling, load=load, pixels=section.pixels)
 
 
 def vae_config(section: Any, where: str) -> VAEConfig:

@@ -26,7 +26,10 @@ resuming give the same images.
 ``sample_ddp.py`` ``clamp(127.5·x + 128, 0, 255)`` truncated (``half_up``; the EDM presets' rule
 for pixels), REPA's ``generate.py`` ``clamp(255·(x + 1)/2, 0, 255)`` truncated (``truncate``;
 edm2's rule, which the EDM presets use for latents). A latent run's samples are decoded by its
-VAE first (``config.objective.latent``'s codec, as the EDM presets' latent path).
+VAE first (``config.objective.latent``'s codec, as the EDM presets' latent path) and its output
+turned to uint8 by the preset's rounding in the run's pixel convention
+(``dew.encoding.stability_vae.PixelConvention.to_uint8``: with DiT's/SiT's/REPA's
+``pixels``, operation for operation the reference's ``vae.decode(latents / 0.18215)`` and rule).
 
 ``resolve(name, objective)`` finds a preset of either kind and refuses (``FidInputError``, one
 line naming both) a preset whose objective is not the run's: ``--preset=dit`` on an
@@ -82,14 +85,11 @@ class ObjectivePreset:
         import jax.numpy as jnp
 
         latent = getattr(objective, "latent", None)
+        if latent is not None:  # the decoder's output by this rounding in the run's pixel convention
+            return latent.codec.decode(samples, self.rounding)
         if self.rounding == "truncate":  # REPA: clamp(255 * (x + 1) / 2, 0, 255).to(uint8)
-            if latent is not None:  # the same rule as edm2's decode: clamp(0, 1) * 255 truncated
-                return latent.codec.decode(samples)
             return jnp.clip((samples + 1.0) / 2.0 * 255.0, 0.0, 255.0).astype(jnp.uint8)
-        if latent is None:  # DiT, SiT: clamp(127.5 * x + 128, 0, 255).to(uint8)
-            return fp.quantize(samples)
-        unit = latent.codec.decode_to_unit(samples)  # (x + 1) / 2 clamped to [0, 1]
-        return jnp.clip(unit * 255.0 + 0.5, 0.0, 255.0).astype(jnp.uint8)
+        return fp.quantize(samples)  # DiT, SiT: clamp(127.5 * x + 128, 0, 255).to(uint8)
 
     def draw_samples(self, objective: Any, params: Any, seeds: Any) -> Any:
         """Samples [n, *sample shape] (latents for a latent run) for int32 ``seeds`` [n], each

@@ -20,9 +20,19 @@ What is reproduced from torchdiffeq (``_impl/rk_common.py``, ``misc.py``, ``inte
 
 torchdiffeq keeps time-like values in float64 beside a float32 state (and SiT, passing its
 tolerances as one-element lists, makes the error norms float64 too); here every value is the
-state's dtype (JAX without x64), so step sizes agree to float32 roundoff, and the accept/reject
-sequence is the reference's unless an error ratio falls within that roundoff of 1 (the goldens
-check the evaluation count, hence the sequence, exactly).
+state's dtype (JAX without x64). The step sizes therefore agree closely, **not** to float32
+roundoff: the error estimate Σ k_j·(e_j·dt) is a difference of stage sums that nearly cancel,
+so float32 roundoff and the order of the stage sums (here one reduction over the stages,
+torchdiffeq's ``matmul``) move the error ratio r by far more than an ulp, and the next step
+h·r^(−1/5) by a fifth of that, compounding over the run. Measured against torchdiffeq 0.2.5
+(PyTorch 2.13 CPU, Intel Xeon): on a 4×64 nonlinear field over [0, 1] (rtol 1e-3, atol 1e-6)
+the step sizes differ by 5e-6 (median) to 2e-4 (max) relative, with the same 146 evaluations;
+an independent check measured ~0.3 % on another field and, on a stiff field run backwards,
+140 against 146 evaluations, as torchdiffeq itself diverges from its own run when only its
+stage-sum order changes. So the accept/reject sequence is the reference's unless an error
+ratio falls within that (amplified) roundoff of 1; the goldens check the evaluation count,
+hence the sequence, exactly on their fields, not on every field, and the step sizes on that
+field (``tests/test_interpolants_dopri5.py``, ``third_party/sit/dopri5_steps.npz``).
 """
 
 from __future__ import annotations

@@ -83,8 +83,12 @@ def fixed_grid(
 
 @dataclasses.dataclass(frozen=True)
 class TransportODE:
-    """``sample_ode``'s settings; ``sample`` draws. The defaults are the reference's
-    (``sample_ode`` and ``sample.py``: dopri5, atol 1e-6, rtol 1e-3, 50 points)."""
+    """``sample_ode``'s settings; ``sample`` draws. The defaults are willisma/SiT
+    ``transport.Sampler.sample_ode``'s own signature defaults: dopri5, atol 1e-6, rtol 1e-3,
+    ``num_steps=50`` (for dopri5 the points the solution is read at, by interpolation; Euler and
+    Heun take that many steps). SiT's ``sample.py`` / ``sample_ddp.py ODE`` share the method
+    and tolerances (``train_utils.parse_ode_args``) but pass ``--num-sampling-steps``, default
+    250: set ``num_steps=250`` to run their command line."""
 
     method: str = "dopri5"
     num_steps: int = 50

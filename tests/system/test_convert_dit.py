@@ -138,6 +138,8 @@ def test_the_model_weights_are_taken_only_when_asked(data, tmp_path):
         ({"model.hidden_size": 128}, "x_embedder.proj.weight has shape"),  # a state dict of another size
         ({"model.depth": 3}, "blocks.2."),
         ({"model.patch_size": 3}, "patch_size=3 does not divide"),
+        ({"objective.latent.pixels": "edm2"}, "latents are of [-1, 1] images"),  # the wrong convention
+        ({"objective.latent.raw_std": (2.5,) * 4}, "0.18215"),  # another scale
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(data, tmp_path, settings, message, capsys):
@@ -147,6 +149,28 @@ def test_bad_input_is_one_line_exit_2_nothing_written(data, tmp_path, settings, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
     assert not workdir.exists()
+
+
+@pytest.mark.default_compiler
+def test_a_converted_dit_run_decodes_the_references_bytes(data, tmp_path):
+    """The converted DiT run with the decode goldens' VAE (third_party/sd_vae/decode_goldens):
+    the latents ``dew.pipeline`` hands its objective's decoder come out as ``sample_ddp.py``'s
+    uint8 images (tests/test_decode_goldens.py: the tolerance and the other paths)."""
+    import test_decode_goldens as goldens
+
+    golden = {k: v for k, v in np.load(goldens.HERE / "decode_goldens.npz", allow_pickle=False).items()}
+    vae = json.loads(str(golden["config"]))
+    settings = {
+        "objective.latent.weights": str(goldens.HERE / "tiny_vae.safetensors"),
+        "objective.latent.vae_channels": tuple(vae["block_out_channels"]),
+        "objective.latent.vae_layers_per_block": vae["layers_per_block"],
+        "objective.latent.vae_groups": vae["norm_num_groups"],
+    }
+    workdir = tmp_path / "run"
+    assert run(data, workdir, DIT / "dit_tiny_state_dict.npz", **settings) == 0
+    task = pipeline(str(workdir))
+    got = goldens.pipeline_bytes(task.objective.latent, goldens.nhwc(golden["latents"]))
+    goldens.assert_bytes(got, golden["dit/uint8"], goldens.exact(golden, "dit"), goldens.delta(golden))
 
 
 @pytest.mark.parametrize("experiment", ["dit.py:DiT-S/2", "sit.py:SiT-S/2"])

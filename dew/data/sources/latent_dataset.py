@@ -3,7 +3,7 @@
     python -m dew.data.sources.latent_dataset --source=<images: directory or .zip> --dest=<directory> \
         [--weights=<diffusion_pytorch_model.safetensors>] [--allow_unpinned_weights] \
         [--batch_size=8] [--max_images=N] [--transform=center-crop-dhariwal] [--resolution=512x512] \
-        [--images_dest=<directory>]
+        [--images_dest=<directory>] [--pixels=edm2|dit|repa]
 
 The source is an NVlabs/edm / edm2 image data set (``dew.data.sources.image_folder``: same-size
 8-bit RGB files, optional ``dataset.json`` labels). ``--transform`` / ``--resolution`` first crop
@@ -12,7 +12,10 @@ and resize each image exactly as edm2's ``dataset_tool.py convert`` does
 --transform=center-crop-dhariwal``), so one command does edm2's ``convert`` then ``encode``, and
 the source may then hold images of any size and mode (read as ``convert('RGB')``). Each image
 is encoded by the VAE exactly as edm2's ``StabilityVAEEncoder.encode_pixels`` does
-(``dew.encoding.stability_vae``: pixels / 255, the posterior's mean and std concatenated), and
+(``dew.encoding.stability_vae``: pixels / 255, the posterior's mean and std concatenated; with
+``--pixels=dit`` or ``--pixels=repa`` pixels / 127.5 − 1, the [−1, 1] images DiT, SiT and REPA
+trained on, as REPA's ``preprocessing/encoders.py``: the run then sets
+``config.objective.latent.pixels`` alike), and
 stored as edm2's ``dataset_tool.py encode`` stores it, so edm2 and dew read the result alike:
 
 - ``<dest>/<first 5 digits>/img-mean-std-<8-digit index>.npy``: float32 [8, H/8, W/8] (CHW:
@@ -201,12 +204,15 @@ def encode_dataset(
         "transform": None if spec is None else list(spec),
         "format": "edm2 dataset_tool.py encode: float32 [2*latent, H/f, W/f] mean||std per image",
     }
+    if codec.pixels.signed:  # edm2's [0, 1] is the unnamed default (earlier manifests hold no key)
+        manifest["pixels"] = codec.pixels.name
     manifest_path = os.path.join(dest, MANIFEST)
     if os.path.isfile(manifest_path):
         with open(manifest_path) as fh:
             existing = json.load(fh)
         if existing != json.loads(json.dumps(manifest)):
-            differ = sorted(k for k in manifest if existing.get(k) != json.loads(json.dumps(manifest[k])))
+            keys = set(manifest) | set(existing)  # a key on one side only (pixels) differs too
+            differ = sorted(k for k in keys if existing.get(k) != json.loads(json.dumps(manifest.get(k))))
             raise LatentDatasetError(
                 f"--dest={dest!r} holds an encoding of something else ({', '.join(differ)} differ from "
                 f"{MANIFEST}); choose another --dest or delete it"
@@ -414,6 +420,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="also write the encoded images there (convert's layout; latent_dataset's images)",
     )
+    parser.add_argument(
+        "--pixels",
+        default="edm2",
+        choices=("edm2", "dit", "repa"),
+        help="the latent convention: edm2 encodes pixels / 255; dit and repa pixels / 127.5 - 1",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     from dew.encoding.stability_vae import StabilityVAECodec
     from dew.networks.sd_vae_weights import load_weights
@@ -428,7 +440,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         resolution = parse_resolution(args.resolution) if args.resolution else None
         make_transform(args.transform, *(resolution or (None, None)))  # bad flags stop here
         ImageFiles(args.source)  # a bad --source stops before the weights are read
-        codec = StabilityVAECodec(load_weights(args.weights, allow_unpinned=args.allow_unpinned_weights))
+        params = load_weights(args.weights, allow_unpinned=args.allow_unpinned_weights)
+        codec = StabilityVAECodec(params, pixels=args.pixels)
         report = encode_dataset(
             args.source,
             args.dest,
