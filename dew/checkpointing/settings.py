@@ -164,7 +164,42 @@ def checkpoint_settings(section: ml_collections.ConfigDict | dict) -> Checkpoint
             f"step_to_restore={s.step_to_restore!r}, restore_dir={s.restore_dir!r}): "
             "set restore_checkpoint_if_exists=False and leave step_to_restore and restore_dir unset"
         )
+    if s.restore_dir is not None:
+        _check_restore_dir(s.restore_dir)
     return s
+
+
+def _check_restore_dir(value: str) -> None:
+    """A local ``restore_dir`` must be a directory holding at least one checkpoint step (else a
+    run would silently train from its random initialisation); a remote one is read at the restore."""
+    path = paths.directory(value, "config.checkpoint.restore_dir")
+    if not paths.is_local(path):
+        return
+    if not os.path.exists(path):
+        found = "does not exist"
+    elif not os.path.isdir(path):
+        found = "is not a directory"
+    else:
+        try:
+            found = None if stored_steps(os.fspath(path)) else "holds no checkpoint step"
+        except OSError as e:
+            found = f"cannot be listed ({e.strerror})"
+    if found is not None:
+        raise _fail(
+            "restore_dir",
+            value,
+            f"a directory holding checkpoints (e.g. a previous run's <workdir>/checkpoints); {path} {found}",
+        )
+
+
+def stored_steps(directory: str) -> list[int]:
+    """The steps a local checkpoint directory holds, read from their directories' names alone
+    (no orbax manager, no JAX backend): [] when it does not exist."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(
+        int(n) for n in os.listdir(directory) if n.isdigit() and os.path.isdir(os.path.join(directory, n))
+    )
 
 
 # --- the config.checkpoint section of the schema (an adapter over CheckpointSettings) --------------

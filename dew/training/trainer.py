@@ -66,7 +66,7 @@ class Trainer:
     ):
         self.config = c = config if resolved else resolve_config(config)
         if platform is None:  # built in a user's own code: dew.runtime.start as dew.main makes it
-            workdir = check_workdir(workdir)
+            workdir = check_workdir(workdir, c)  # and the config's checks before the platform's
             start_for("Trainer", c, workdir, recorded=recorded_kernels(workdir))  # warns the caller
             platform = started()
         self.workdir, self.platform = workdir, platform
