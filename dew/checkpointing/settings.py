@@ -192,13 +192,24 @@ def _check_restore_dir(value: str) -> None:
         )
 
 
-def stored_steps(directory: str) -> list[int]:
-    """The steps a local checkpoint directory holds, read from their directories' names alone
-    (no orbax manager, no JAX backend): [] when it does not exist."""
-    if not os.path.isdir(directory):
-        return []
+def stored_steps(directory: str, local_directory: str | None = None) -> list[int] | None:
+    """The steps a checkpoint directory (a path or URI) holds and, given, a local tier's process
+    directories, read from their directories' names alone (no orbax manager, no JAX backend):
+    [] where none exists, None for a remote directory (listed at the restore instead)."""
+    path = paths.directory(directory)
+    if not paths.is_local(path):
+        return None
+    roots = [os.fspath(path)]
+    if local_directory is not None and os.path.isdir(local_directory):
+        roots += [os.path.join(local_directory, n) for n in os.listdir(local_directory)]
     return sorted(
-        int(n) for n in os.listdir(directory) if n.isdigit() and os.path.isdir(os.path.join(directory, n))
+        {
+            int(n)
+            for root in roots
+            if os.path.isdir(root)
+            for n in os.listdir(root)
+            if n.isdigit() and os.path.isdir(os.path.join(root, n))
+        }
     )
 
 

@@ -254,10 +254,10 @@ def _check_step_to_restore(s: checkpoint_config.CheckpointSettings, workdir: str
     if not s.enabled or s.step_to_restore is None:
         return
     where = s.checkpoint_directory(workdir)
-    steps = _stored_steps(where, s.local_directory)
+    steps = checkpoint_config.stored_steps(where, s.local_directory)
     if steps == [] and s.restore_dir is not None:
         where = s.restore_dir
-        steps = _stored_steps(where, None)
+        steps = checkpoint_config.stored_steps(where)
     if steps is None or s.step_to_restore in steps:
         return
     held = f"its steps are {steps}" if steps else "it holds none"
@@ -265,21 +265,6 @@ def _check_step_to_restore(s: checkpoint_config.CheckpointSettings, workdir: str
         f"config.checkpoint.step_to_restore={s.step_to_restore} is invalid: {where} holds no "
         f"checkpoint for step {s.step_to_restore} ({held}); expected a stored step, or None for the latest"
     )
-
-
-def _stored_steps(directory: str, local_directory: str | None) -> list[int] | None:
-    """The steps stored in a checkpoint directory and, given, a local tier's process
-    directories, read from their names alone; None for a remote directory."""
-    from dew.checkpointing import layout
-
-    path = layout.directory(directory)
-    if not layout.is_local(path):
-        return None
-    steps = set(checkpoint_config.stored_steps(os.fspath(path)))
-    if local_directory is not None and os.path.isdir(local_directory):
-        for name in os.listdir(local_directory):
-            steps.update(checkpoint_config.stored_steps(os.path.join(local_directory, name)))
-    return sorted(steps)
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
