@@ -172,3 +172,16 @@ def test_the_cli_checks_them_before_it_starts_the_platform(tmp_path, monkeypatch
     assert main(["--config", EDM, "--workdir", str(workdir), "--config.checkpoint.step_to_restore=7"]) == 2
     assert capsys.readouterr().err.startswith("error: config.checkpoint.step_to_restore=7 is invalid")
     assert not workdir.exists()
+
+
+def test_a_step_to_restore_that_is_not_stored_is_one_line_from_the_cli(tmp_path, capsys):
+    """Once: exit 1 with a traceback file, leaving ``logs/`` and ``run.lock`` behind. (Until
+    ``dew.launch`` passes the config to ``check_workdir`` it is found after the platform starts,
+    by the Trainer.)"""
+    workdir = tmp_path / "run"
+    assert main(["--config", EDM, "--workdir", str(workdir), "--config.checkpoint.step_to_restore=7"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: config.checkpoint.step_to_restore=7 is invalid: {workdir}/checkpoints holds no checkpoint "
+        "for step 7 (it holds none); expected a stored step, or None for the latest\n"
+    )
+    assert not (workdir / "logs").exists() and not (workdir / "run.lock").exists()

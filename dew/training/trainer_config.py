@@ -234,7 +234,7 @@ def check_before_start(config: ml_collections.ConfigDict, workdir: str) -> None:
       Trainer checks each process's share again, and the batch sizes against the mesh and the
       splits).
     """
-    _check_step_to_restore(checkpoint_config.checkpoint_settings(config.checkpoint), workdir)
+    check_step_to_restore(config, workdir)
     if config.eval.every:
         from dew.data.dataset import Dataset
         from dew.training.build import open_split
@@ -250,7 +250,10 @@ def check_before_start(config: ml_collections.ConfigDict, workdir: str) -> None:
             raise ConfigError(f"config.eval.num_batches={config.eval.num_batches} is invalid: {e}") from None
 
 
-def _check_step_to_restore(s: checkpoint_config.CheckpointSettings, workdir: str) -> None:
+def check_step_to_restore(config: ml_collections.ConfigDict, workdir: str) -> None:
+    """``checkpoint.step_to_restore`` names a stored step (``check_before_start``), or a
+    ``ConfigError`` says which steps there are; reads the directories' names alone."""
+    s = checkpoint_config.checkpoint_settings(config.checkpoint)
     if not s.enabled or s.step_to_restore is None:
         return
     where = s.checkpoint_directory(workdir)
