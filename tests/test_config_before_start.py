@@ -185,3 +185,19 @@ def test_a_step_to_restore_that_is_not_stored_is_one_line_from_the_cli(tmp_path,
         "for step 7 (it holds none); expected a stored step, or None for the latest\n"
     )
     assert not (workdir / "logs").exists() and not (workdir / "run.lock").exists()
+
+
+def test_the_validation_split_the_check_opens_is_the_one_the_trainer_reads(tmp_path, monkeypatch):
+    """Opened once: an image folder decodes every image when it opens."""
+    from dew.training import build
+
+    opened = []
+    real = build._open
+    monkeypatch.setattr(build, "_open", lambda section, split: opened.append(split) or real(section, split))
+    config = tiny_config()
+    check_before_start(config, str(tmp_path / "run"))
+    assert opened == ["validation"]
+    kept = build.open_split(config.dataset, "validation")  # what the Trainer asks for next
+    assert opened == ["validation"]
+    assert build.open_split(config.dataset, "validation") is not kept and opened == ["validation"] * 2
+    assert build.open_split(config.dataset, "train") is not None and opened[-1] == "train"

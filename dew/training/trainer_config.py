@@ -239,7 +239,7 @@ def check_before_start(config: ml_collections.ConfigDict, workdir: str) -> None:
         from dew.data.dataset import Dataset
         from dew.training.build import open_split
 
-        source = open_split(config.dataset, "validation")
+        source = open_split(config.dataset, "validation", keep=True)  # the Trainer's, opened once
         try:
             validation = Dataset(source, config.eval.batch_size or config.dataset.batch_size, shuffle=False)
         except ValueError:
