@@ -26,6 +26,7 @@ over by a number that is not one.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -47,10 +48,16 @@ def save_run_metadata(run_dir: str, metadata: Mapping[str, Any]) -> None:
     """
     os.makedirs(run_dir, exist_ok=True)
     text = json.dumps(metadata, indent=2, sort_keys=True)
+    path = os.path.join(run_dir, RUN_METADATA)
     fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".run.", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, os.path.join(run_dir, RUN_METADATA))
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:  # a full disk, say: name the file, and leave no temporary file behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise OSError(e.errno, f"cannot write {path}: {e.strerror or e}") from e
 
 
 class RunMetadataError(ValueError):

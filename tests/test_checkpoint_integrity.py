@@ -123,3 +123,43 @@ def test_a_damaged_local_shard_is_named_and_set_aside_not_deleted(saved):
     checkpoints.wait()
     assert checkpoints.latest == 6
     assert (aside / "leaf0.shard0.npy").read_bytes() == damaged  # but keeps the damaged one aside
+
+
+@pytest.mark.parametrize(
+    "record, found",
+    [
+        ('{"files": []}', "found files list"),
+        ("[]", "found list"),
+        ('{"algorithm": "sha256"}', "found files null"),
+        ('{"files": {"a": {"size": "12", "sha256": "00"}}}', "file 'a': expected"),
+        ('{"files": {"../../x": {"size": 1, "sha256": "' + "0" * 64 + '"}}}', "is not a path inside"),
+        ("[" * 100000, "maximum recursion depth"),
+    ],
+)
+def test_checksums_of_another_shape_are_damage_not_a_crash(saved, record, found):
+    """A checksums record that is JSON of another shape (or no JSON a reader could hold) makes
+    the step damaged, like a flipped bit, so a restart sets it aside instead of stopping."""
+    checkpoints, root = saved
+    path = root / "checkpoints" / "4" / "params" / CHECKSUMS
+    path.write_text(record)
+    with pytest.raises(CheckpointDamagedError) as caught:
+        checkpoints.verify(4)
+    assert str(caught.value).startswith(
+        f"checkpoint step 4 is damaged: item 'params': its checksums {path} are unreadable ("
+    )
+    assert found in str(caught.value) and "\n" not in str(caught.value)
+    assert (caught.value.step, caught.value.item, caught.value.path) == (4, "params", str(path))
+
+
+def test_a_local_step_whose_placement_names_another_step_is_damaged_and_set_aside(saved):
+    _, root = saved
+    (step5,) = (root / "local").rglob("5")
+    step5.rename(step5.parent / "7")  # a directory renamed by hand, or a copy under another name
+    reopened = Checkpoints(
+        str(root / "checkpoints"), keep=None, local_directory=str(root / "local"), local_every=1
+    )
+    assert reopened.latest == 7
+    with pytest.raises(CheckpointDamagedError, match=r"local checkpoint step 7 in .* is damaged"):
+        reopened.restore(None, 7)
+    aside = pathlib.Path(reopened.set_aside_damaged(7))
+    assert aside.name.startswith("damaged-7-") and reopened.latest == 4

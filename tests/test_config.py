@@ -86,7 +86,10 @@ def test_bad_overrides_name_the_key(override, message):
             ["--config.dataset.batch_size=256", "--config.eval.batch_size=200"],
             r"config.eval.batch_size=200 is invalid: .*must be in \[1, 180\]",
         ),
-        (["--config.eval.batch_size=100"], "config.eval.batch_size.* not divisible by the data-parallel"),
+        (  # one batch of 100 fits the 180 validation digits: only the mesh's check fails
+            ["--config.eval.batch_size=100", "--config.eval.num_batches=1"],
+            "config.eval.batch_size.* not divisible by the data-parallel",
+        ),
         (["--config.eval.batch_size=0"], r"config.eval.batch_size=0 is invalid: expected an int >= 1"),
         (["--config.dataset.name=oxford_flowers102"], "tfds data set 'oxford_flowers102' is not prepared"),
         (["--config.dataset.name=gaussian_mixture"], "cannot build parameters for 'gaussian_mixture/train'"),

@@ -660,3 +660,19 @@ def test_a_route_xla_cannot_compile_is_no_candidate_and_the_rest_stand(machine, 
         said = "XLA could not compile 2 of its programs"
     assert f"ynnpack+onednn: {said}" in decision.how and f"eigen+onednn: {said}" in decision.how
     assert ("time", "eigen+onednn") not in children.calls
+
+
+def test_two_gains_larger_than_the_program_never_cost_it_below_nothing():
+    """Timed apart, the per-tap weight gradient and the im2col input gradient each saved more than
+    half of XLA's program: their sum once costed the step at a negative time ("ynnpack -6 ms").
+    The faster of the two measured programs stands for the pair instead."""
+    counts = {json.dumps(BIG): 2}
+    row = {"xla": 1.0, "per_tap": 0.3, "weight_im2col": 0.9, "input_per_tap": 1.2, "input_im2col": 0.4}
+    times = {"ynnpack": {json.dumps(BIG): row}, "eigen": {json.dumps(BIG): dict(row, xla=1.0, per_tap=0.6)}}
+    route, _, totals, forms = kernel_choice.decide(
+        times, counts, ("ynnpack", "eigen"), kernel_choice.WEIGHT_FORM_NAMES
+    )
+    assert totals["ynnpack"] == pytest.approx(2 * 0.3)  # not 2 · (0.3 + 0.4 − 1.0) = −0.6
+    assert totals["eigen"] == pytest.approx(2 * 0.4)
+    assert route == "ynnpack" and forms == frozenset({(tuple(BIG), "im2col", "per_tap")})
+    assert all(total > 0 for total in totals.values())

@@ -326,3 +326,98 @@ def test_images_that_do_not_pair_with_the_latents_are_one_line(tmp_path, codec):
     entries = [[latent_dataset.image_name(i), 1 if i == 3 else (2 * i) % 3] for i in range(5)]
     (relabelled / "dataset.json").write_text(json.dumps({"labels": entries}))
     refused(relabelled, r"'00000/img00000003.png' is labelled 1 but latent row 3 0")
+
+
+# --- --dest and --images_dest as untrusted places: refused before anything is written --------------
+
+
+def encode(tmp_path, codec, source="src", dest="vae-sd", images="images"):
+    return latent_dataset.encode_dataset(
+        str(tmp_path / source),
+        str(tmp_path / dest),
+        codec,
+        batch_size=2,
+        transform="center-crop-dhariwal",
+        resolution=(16, 16),
+        images_dest=str(tmp_path / images),
+        progress=lambda _: None,
+    )
+
+
+def test_an_images_dest_that_cannot_be_written_is_one_line_before_dest_is_written(
+    tmp_path, codec, capsys, monkeypatch
+):
+    """Once: NotADirectoryError / PermissionError tracebacks, with encode.json already in --dest."""
+    _make_wide_images(tmp_path / "src")
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(latent_dataset.LatentDatasetError) as refused:
+        encode(tmp_path, codec, images="notes.txt")
+    assert str(refused.value) == (
+        f"--images_dest={str(tmp_path / 'notes.txt')!r} is a file; expected a directory (new, or this "
+        "command's own)"
+    )
+    with pytest.raises(latent_dataset.LatentDatasetError, match=r"lies under '.*notes.txt', which is a file"):
+        encode(tmp_path, codec, images="notes.txt/images")
+    (tmp_path / "locked").mkdir()
+    access = os.access  # the tests run as root, which writes anywhere: the check is what is tested
+    monkeypatch.setattr(os, "access", lambda p, mode: access(p, mode) and not str(p).endswith("locked"))
+    with pytest.raises(latent_dataset.LatentDatasetError, match=r"'.*locked' is not writable"):
+        encode(tmp_path, codec, images="locked/images")
+    assert not (tmp_path / "vae-sd").exists() and (tmp_path / "notes.txt").read_text() == "mine"
+    assert sorted(os.listdir(tmp_path)) == ["locked", "notes.txt", "src"]
+
+
+def test_an_images_dest_of_another_source_is_refused_and_the_latents_never_pair_with_its_images(
+    tmp_path, codec
+):
+    """Once: reused for a second source, --images_dest kept the first source's images beside the
+    second's latents, and ``latent_dataset(path=D2, images=I2)`` paired them silently."""
+    from dew.data.sources.latent_source import latent_dataset as source_of
+    from dew.schema import ConfigError
+
+    _make_wide_images(tmp_path / "src")
+    encode(tmp_path, codec)
+    (tmp_path / "other").mkdir()
+    for i, name in enumerate(sorted(os.listdir(tmp_path / "src"))):  # the same count, other pixels
+        if name.endswith(".png"):
+            PIL.Image.fromarray(np.full((24, 20, 3), 40 * i, np.uint8)).save(tmp_path / "other" / name)
+    (tmp_path / "other" / "dataset.json").write_bytes((tmp_path / "src" / "dataset.json").read_bytes())
+    images = tmp_path / "images"
+    before = {p: p.read_bytes() for p in images.rglob("*") if p.is_file()}
+    with pytest.raises(latent_dataset.LatentDatasetError) as refused:
+        encode(tmp_path, codec, source="other", dest="vae-sd-2")
+    assert str(refused.value) == (
+        f"--images_dest={str(images)!r} holds the images of something else (source differ from its "
+        "encode.json); choose another --images_dest or delete it"
+    )
+    assert not (tmp_path / "vae-sd-2").exists()  # nothing written to --dest first
+    assert {p: p.read_bytes() for p in images.rglob("*") if p.is_file()} == before
+    encode(tmp_path, codec, source="other", dest="vae-sd-2", images="images-2")
+    # Each latent set reads with its own images, and never with the other's.
+    source_of(path=str(tmp_path / "vae-sd-2"), images=str(tmp_path / "images-2"))
+    with pytest.raises(ConfigError) as unpaired:
+        source_of(path=str(tmp_path / "vae-sd-2"), images=str(images))
+    assert str(unpaired.value) == (
+        f"config.dataset.images={str(images)!r} holds the images of another encoding than "
+        f"config.dataset.path={str(tmp_path / 'vae-sd-2')!r} (source differ between their encode.json); "
+        "expected the --images_dest written with those latents"
+    )
+
+
+def test_a_killed_runs_partial_images_are_removed_and_a_damaged_record_is_named(tmp_path, codec):
+    _make_wide_images(tmp_path / "src")
+    encode(tmp_path, codec)
+    images = tmp_path / "images"
+    partial = images / "00000" / "img00000002.png.tmp-4242"  # a kill mid-write of an image
+    partial.write_bytes(b"\x89PNG half")
+    os.remove(images / latent_dataset.image_name(2))
+    encode(tmp_path, codec)
+    assert not partial.exists() and (images / latent_dataset.image_name(2)).is_file()
+    assert not [p for p in images.rglob("*") if ".tmp-" in p.name]
+    (images / "encode.json").write_text('{"source": ')
+    with pytest.raises(latent_dataset.LatentDatasetError) as refused:
+        encode(tmp_path, codec)
+    assert str(refused.value).startswith(
+        f"--images_dest: {images / 'encode.json'} cannot be read (JSONDecodeError"
+    )
+    assert "\n" not in str(refused.value)

@@ -86,3 +86,53 @@ def test_without_a_checkpointer_a_signal_stops_the_run_saying_nothing_was_saved(
     with pytest.raises(Preempted, match="nothing was saved: checkpointing is off") as stopped:
         fit(state, step, iter(data), 12, [SignalAt(3, signal.SIGTERM), PreemptionStage(None, data)])
     assert stopped.value.path is None and stopped.value.step == 3
+
+
+class Killed(BaseException):
+    """A SIGKILL, as far as the loop can tell: nothing after it runs."""
+
+
+class ScriptedEvalLoss(Stage):
+    """What the evaluation stage reports, scripted: a loss that falls every step."""
+
+    every = 1
+
+    def run(self, ctx: StepContext) -> None:
+        ctx.reports["eval_loss"] = 1.0 / ctx.step
+
+
+@pytest.mark.parametrize("kill", ["just after step 4 landed", "just before step 4 was written"])
+def test_a_kill_at_a_best_checkpoint_leaves_its_best_model_row_only_with_the_step(
+    tmp_path, monkeypatch, kill
+):
+    """A kill right after a best checkpoint's rename once lost its ``best_model`` row for good
+    (the resume starts at that step, and no later step beats it); the row is now written first,
+    and a kill before the step lands leaves a row the restart's cleanup removes."""
+    from dew.tracking.base import LoggingCategory
+    from dew.tracking.local import LocalTracker, read_rows
+
+    data, state, step = run_parts()
+    checkpoints = Checkpoints(str(tmp_path / "c"), keep=2, asynchronous=False)
+    tracker = LocalTracker(str(tmp_path / "tracking"))
+    save = checkpoints.save
+
+    def killed_at_4(at, *args, **kwargs):
+        if at == 4 and kill.endswith("written"):
+            raise Killed
+        save(at, *args, **kwargs)
+        checkpoints.wait()
+        if at == 4:
+            raise Killed
+
+    monkeypatch.setattr(checkpoints, "save", killed_at_4)
+    with pytest.raises(Killed):
+        fit(state, step, iter(data), 12, [ScriptedEvalLoss(), CheckpointStage(checkpoints, data, 2, tracker)])
+    tracker.close()
+    resumed_from = checkpoints.latest
+    assert resumed_from == (4 if kill.endswith("landed") else 2)
+    restarted = LocalTracker(str(tmp_path / "tracking"))  # what the restart's trackers do first
+    restarted.log(LoggingCategory.CLEANUP_AFTER_CKPT_RESTORATION, {}, resumed_from)
+    rows, _ = read_rows(restarted.scalars_path)
+    best = [row["step"] for _, row in rows if row["category"] == "best_model"]
+    assert best == [2, 4] if kill.endswith("landed") else best == [2]
+    assert checkpoints.best_step() == best[-1]

@@ -116,3 +116,34 @@ def test_a_malformed_step_metadata_record_is_refused_naming_the_file(tmp_path, k
         with pytest.raises(CheckpointDamagedError, match=problem) as caught:
             read()
         assert "\n" not in str(caught.value) and str(path) in str(caught.value)
+
+
+def test_a_full_disk_at_run_json_names_the_file_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """Once: ``[Errno 28] No space left on device`` naming no file, and an empty ``.run.*.json``
+    left behind at every restart."""
+    import errno
+    import io
+    import os
+
+    from dew.failures import report
+
+    record_start(str(tmp_path), {"seed": 0}, 0)
+    before = (tmp_path / "run.json").read_text()
+    fdopen = os.fdopen
+
+    class Full(io.TextIOWrapper):
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode: Full(fdopen(fd, mode + "b")))
+    with pytest.raises(OSError) as caught:
+        record_start(str(tmp_path), {"seed": 0}, 4)
+    path = tmp_path / "run.json"
+    assert str(caught.value) == f"[Errno 28] cannot write {path}: No space left on device"
+    assert caught.value.errno == errno.ENOSPC
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]  # no .run.*.json
+    assert path.read_text() == before  # the history written before is intact
+    stream = io.StringIO()
+    monkeypatch.undo()
+    report(caught.value, str(tmp_path / "elsewhere"), stream=stream)
+    assert stream.getvalue().startswith(f"error: [Errno 28] cannot write {path}: No space left on device\n")

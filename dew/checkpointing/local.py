@@ -103,8 +103,11 @@ def read_meta(root: str, step: int) -> dict[str, Any]:
             f"{FORMAT!r}: delete {os.path.join(root, str(step))} (the persistent checkpoints are unaffected)"
         )
     if not isinstance(meta, dict) or meta.get("step") != step or "placement" not in meta:
-        raise CheckpointRestorationError(
-            f"local checkpoint step {step} in {root} is damaged: its placement file records {str(meta)[:200]}"
+        raise CheckpointDamagedError(
+            f"local checkpoint step {step} in {root} is damaged: its placement file records "
+            f"{str(meta)[:200]}",
+            step=step,
+            item="local",
         )
     return meta
 
@@ -194,8 +197,10 @@ def restore(
     state = layout.state_from_items(items_from_names(values, template))
     count = int(np.asarray(state.step))
     if count != step:
-        raise CheckpointRestorationError(
-            f"local checkpoint step {step} in {root}: the restored state is at step {count}"
+        raise CheckpointDamagedError(
+            f"local checkpoint step {step} in {root} is damaged: the restored state is at step {count}",
+            step=step,
+            item="local",
         )
     position = None
     if share is not None and data is not None:

@@ -164,7 +164,53 @@ def checkpoint_settings(section: ml_collections.ConfigDict | dict) -> Checkpoint
             f"step_to_restore={s.step_to_restore!r}, restore_dir={s.restore_dir!r}): "
             "set restore_checkpoint_if_exists=False and leave step_to_restore and restore_dir unset"
         )
+    if s.restore_dir is not None:
+        _check_restore_dir(s.restore_dir)
     return s
+
+
+def _check_restore_dir(value: str) -> None:
+    """A local ``restore_dir`` must be a directory holding at least one checkpoint step (else a
+    run would silently train from its random initialisation); a remote one is read at the restore."""
+    path = paths.directory(value, "config.checkpoint.restore_dir")
+    if not paths.is_local(path):
+        return
+    if not os.path.exists(path):
+        found = "does not exist"
+    elif not os.path.isdir(path):
+        found = "is not a directory"
+    else:
+        try:
+            found = None if stored_steps(os.fspath(path)) else "holds no checkpoint step"
+        except OSError as e:
+            found = f"cannot be listed ({e.strerror})"
+    if found is not None:
+        raise _fail(
+            "restore_dir",
+            value,
+            f"a directory holding checkpoints (e.g. a previous run's <workdir>/checkpoints); {path} {found}",
+        )
+
+
+def stored_steps(directory: str, local_directory: str | None = None) -> list[int] | None:
+    """The steps a checkpoint directory (a path or URI) holds and, given, a local tier's process
+    directories, read from their directories' names alone (no orbax manager, no JAX backend):
+    [] where none exists, None for a remote directory (listed at the restore instead)."""
+    path = paths.directory(directory)
+    if not paths.is_local(path):
+        return None
+    roots = [os.fspath(path)]
+    if local_directory is not None and os.path.isdir(local_directory):
+        roots += [os.path.join(local_directory, n) for n in os.listdir(local_directory)]
+    return sorted(
+        {
+            int(n)
+            for root in roots
+            if os.path.isdir(root)
+            for n in os.listdir(root)
+            if n.isdigit() and os.path.isdir(os.path.join(root, n))
+        }
+    )
 
 
 # --- the config.checkpoint section of the schema (an adapter over CheckpointSettings) --------------

@@ -45,7 +45,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from dew.checkpointing import layout
-from dew.checkpointing.errors import CheckpointDamagedError, CheckpointRestorationError, first_line
+from dew.checkpointing.errors import CheckpointDamagedError, first_line
 
 STEP_METADATA = "_CHECKPOINT_METADATA"  # orbax's per-step JSON file
 _ITEMS = (*layout.STATE_ITEMS, layout.DATA_ITEM, layout.DATASET_ITEM)
@@ -125,7 +125,9 @@ class StepFiles:
     def check_step(self, count: int) -> None:
         """The restored step count must agree with the one the checkpoint's metadata records:
         ``num_steps`` when the save recorded it (a stix save keyed by a step number of its own),
-        else the step it was saved under; and the metadata's key must be this step's."""
+        else the step it was saved under; and the metadata's key must be this step's (the
+        directory's name). Otherwise the step is damaged (``CheckpointDamagedError``), so a
+        resume from the latest step sets it aside like other damage."""
         custom = self.custom()
         key, recorded = custom.get("step"), custom.get("num_steps", custom.get("step"))
         try:
@@ -134,10 +136,14 @@ class StepFiles:
             )
         except (TypeError, ValueError):
             agrees = False
-        if not agrees:
-            raise CheckpointRestorationError(
-                f"checkpoint step {self.step} in {self.directory}: the restored state is at step {count}, "
-                f"its metadata records step {recorded}" + ("" if key == recorded else f" under key {key}")
+        if not agrees:  # damage (a step directory renamed or copied, its metadata edited): set aside
+            raise CheckpointDamagedError(
+                f"checkpoint step {self.step} in {self.directory} is damaged: the restored state is at "
+                f"step {count}, its metadata records step {recorded}"
+                + ("" if key == recorded else f" under key {key}")
+                + ("" if key == self.step else f", in a directory named {self.step}"),
+                step=self.step,
+                path=str(self.path / STEP_METADATA),
             )
 
     def metadata(self, items: list[str] | None = None) -> dict[str, Any]:
@@ -274,6 +280,35 @@ def write_checksums(item_dir: epath.Path) -> dict[str, Any]:
     return record
 
 
+def _read_checksums(text: str) -> dict[str, dict[str, Any]]:
+    """The ``files`` of a checksums record, checked against the shape ``write_checksums`` gives
+    (``{"files": {relative path: {"size": int >= 0, "sha256": 64 hex digits}}}``); anything else
+    raises ``ValueError`` saying what was found."""
+    record = json.loads(text)
+    if not isinstance(record, dict) or not isinstance(record.get("files"), dict):
+        found = f"files {_shape(record.get('files'))}" if isinstance(record, dict) else _shape(record)
+        raise ValueError(f'expected {{"files": {{path: {{"size": int, "sha256": hex}}}}}}, found {found}')
+    for name, entry in record["files"].items():
+        parts = name.replace("\\", "/").split("/")
+        if not name or name.startswith("/") or ".." in parts:
+            raise ValueError(f"file name {name!r} is not a path inside the item")
+        if (
+            not isinstance(entry, dict)
+            or not _is_int(entry.get("size"))
+            or entry["size"] < 0
+            or not isinstance(entry.get("sha256"), str)
+            or len(entry["sha256"]) != 64
+            or any(c not in "0123456789abcdef" for c in entry["sha256"])
+        ):
+            expected = '{"size": int >= 0, "sha256": 64 hex digits}'
+            raise ValueError(f"file {name!r}: expected {expected}, found {entry!r:.200}")
+    return record["files"]
+
+
+def _shape(value: object) -> str:
+    return "null" if value is None else type(value).__name__
+
+
 def verify_item(step: int, item: str, item_dir: epath.Path) -> None:
     """Check every file ``dew_checksums.json`` lists under ``item_dir``; raise
     ``CheckpointDamagedError`` naming ``step``, ``item`` and the file at the first mismatch."""
@@ -292,8 +327,8 @@ def verify_item(step: int, item: str, item_dir: epath.Path) -> None:
             path=str(record_path),
         )
     try:
-        files = json.loads(record_path.read_text())["files"]
-    except (ValueError, KeyError, TypeError) as e:
+        files = _read_checksums(record_path.read_text())
+    except (ValueError, RecursionError) as e:
         raise CheckpointDamagedError(
             f"{where}: its checksums {record_path} are unreadable ({e})",
             step=step,

@@ -225,12 +225,17 @@ class Dataset:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def first(self, num_batches: int) -> list[dict[str, np.ndarray]]:
-        """The first ``num_batches`` batches in source order, for a fixed evaluation prefix."""
+    def check_first(self, num_batches: int) -> None:
+        """Raise ``ValueError`` unless ``first(num_batches)`` fits the source (reads nothing)."""
         share, size = self.share, self.batch_size
         fit = (len(self.source) - share.index + share.count - 1) // share.count // size
         if num_batches > fit:
             raise ValueError(f"Dataset {self.source.name!r}: asked for {num_batches} batches, only {fit} fit")
+
+    def first(self, num_batches: int) -> list[dict[str, np.ndarray]]:
+        """The first ``num_batches`` batches in source order, for a fixed evaluation prefix."""
+        self.check_first(num_batches)
+        share, size = self.share, self.batch_size
         return [
             {
                 k: v[np.arange(i * size, (i + 1) * size) * share.count + share.index]

@@ -478,7 +478,11 @@ CONFIG = Section(
                 ),
                 "cfg_channels": Key(3, "output channels guidance applies to (SiT: the first 3)"),
                 "guidance_interval": Key(
-                    (0.0, 1.0), "guide only for t in [t_lo, t_hi] (SiT time: 0 noise, 1 data)", item=float
+                    (0.0, 1.0),
+                    "guide only for t in [t_lo, t_hi] (SiT time: 0 noise, 1 data)",
+                    item=float,
+                    check=lambda v: len(v) == 2 and 0.0 <= v[0] <= v[1] <= 1.0,
+                    accepted="(t_lo, t_hi) with 0 <= t_lo <= t_hi <= 1",
                 ),
             },
         ),

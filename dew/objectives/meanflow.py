@@ -439,7 +439,14 @@ TIME_KEYS = {
     "class_dropout_prob": Key(
         0.1, "probability behind the count of rows trained without their class (CFG's ∅)", **UNIT
     ),
-    "norm_p": Key(1.0, "adaptive weight: L = ‖Δ‖² / sg(‖Δ‖² + norm_eps)^norm_p (0: plain L2)"),
+    "norm_p": Key(
+        1.0,
+        "adaptive weight: L = ‖Δ‖² / sg(‖Δ‖² + norm_eps)^norm_p (0: plain L2)",
+        # p = 1 − γ of the reference's robust loss ‖Δ‖^(2γ); the paper's ablation runs p in [0, 2].
+        # p < 0 weights the largest errors up (a loss in the thousands), never an adaptive weight.
+        check=lambda v: 0.0 <= v < float("inf"),
+        accepted="a finite float >= 0 (0: plain L2; the papers use 0.5 and 1.0)",
+    ),
     "norm_eps": Key(0.01, "adaptive weight's ε", **at_least(0, "a float >= 0")),
     "condition": Key(
         "auto",

@@ -275,7 +275,10 @@ def decide(
 
     def best(row: Mapping[str, float]) -> tuple[str, str, float]:
         weight, inputs = pick(row, gradients), pick(row, INPUT_FORM_NAMES)
-        return weight, inputs, row[weight] + row[inputs] - row["xla"]
+        cost = row[weight] + row[inputs] - row["xla"]
+        # Two gains larger than the whole program (timing noise, or changes that do not add up)
+        # would cost it below nothing: the faster of the two measured programs stands for it.
+        return weight, inputs, cost if cost > 0 else min(row[weight], row[inputs])
 
     totals = {lib: sum(counts[c] * best(times[lib][c])[2] for c in counts) for lib in libraries}
     library = libraries[0]

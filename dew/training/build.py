@@ -4,6 +4,7 @@ per-process batches, the objective. Each turns a problem the user can fix into a
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import jax
@@ -30,9 +31,27 @@ def mesh_and_layout(config: ml_collections.ConfigDict) -> tuple[Mesh, Layout]:
         raise ConfigError(f"config.mesh / config.dataset.batch_size: {e}") from e
 
 
-def open_split(section: ml_collections.ConfigDict, split: str) -> Any:
+#: A split opened ahead (``open_split(..., keep=True)``: the checks before the platform starts),
+#: handed to the next ``open_split`` of the same data set and split, the Trainer's: a data set
+#: is read once (an image folder decodes every image when it opens).
+_KEPT: dict[str, Any] = {}
+
+
+def open_split(section: ml_collections.ConfigDict, split: str, *, keep: bool = False) -> Any:
     """The ``split`` of the registered source ``config.dataset`` names, with its options; a
-    source that cannot be opened is a ``ConfigError`` naming the data set."""
+    source that cannot be opened is a ``ConfigError`` naming the data set. ``keep``: also hand
+    it to the next call for the same section and split (one at a time)."""
+    key = json.dumps([section.to_dict(), split], sort_keys=True, default=repr)
+    if key in _KEPT:
+        return _KEPT.pop(key)
+    source = _open(section, split)
+    if keep:
+        _KEPT.clear()
+        _KEPT[key] = source
+    return source
+
+
+def _open(section: ml_collections.ConfigDict, split: str) -> Any:
     options = {k: v for k, v in section.items() if k not in ("name", "batch_size")}
     try:
         return registry.datasets[section.name](split, **options)

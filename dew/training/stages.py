@@ -224,10 +224,13 @@ class CheckpointStage(Stage):
             # "loss"); the checkpoints rank by the metric they were configured with, and a save
             # without it is never the best.
             metrics = dict(self._latest) or None
-            self.checkpoints.save(ctx.step, ctx.state, position, metrics, share=share)
             metric = self.checkpoints.best_metric
             if metrics is not None and metric in metrics and self.tracker is not None:
+                # Reported before the save: a kill just after the step lands keeps its row, and
+                # one before leaves a row past the step a restart resumes from, which the
+                # restart's cleanup (CLEANUP_AFTER_CKPT_RESTORATION) drops with the rest.
                 self._report_if_best(ctx.step, metrics[metric])
+            self.checkpoints.save(ctx.step, ctx.state, position, metrics, share=share)
         else:
             self.checkpoints.save_local(ctx.step, ctx.state, position, share=share)
 

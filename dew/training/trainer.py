@@ -35,7 +35,13 @@ from dew.training.preemption import PreemptionStage
 from dew.training.profile import ProfileWindow
 from dew.training.programs import Programs, debiased_ema
 from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage, SnapshotStage
-from dew.training.trainer_config import check_workdir, config_schema, make_optimizer, resolve_config
+from dew.training.trainer_config import (
+    check_step_to_restore,
+    check_workdir,
+    config_schema,
+    make_optimizer,
+    resolve_config,
+)
 
 
 class Trainer:
@@ -66,9 +72,11 @@ class Trainer:
     ):
         self.config = c = config if resolved else resolve_config(config)
         if platform is None:  # built in a user's own code: dew.runtime.start as dew.main makes it
-            workdir = check_workdir(workdir)
+            workdir = check_workdir(workdir, c)  # and the config's checks before the platform's
             start_for("Trainer", c, workdir, recorded=recorded_kernels(workdir))  # warns the caller
             platform = started()
+        else:  # a caller that started the platform: the step to restore is checked (again) here
+            check_step_to_restore(c, workdir)
         self.workdir, self.platform = workdir, platform
         self.mesh, self.layout = mesh_and_layout(c)  # bad input fails before any work
         self.train_source, self.val_source = (

@@ -198,9 +198,11 @@ def resolve_config(
     return resolved
 
 
-def check_workdir(workdir: str) -> str:
+def check_workdir(workdir: str, config: ml_collections.ConfigDict | None = None) -> str:
     """The run's directory must be named (an empty ``--workdir=`` would train in the current
-    directory) and be a directory (or not exist yet); nothing is created here."""
+    directory) and be a directory (or not exist yet); nothing is created here. Given the resolved
+    ``config``, its checks against the workdir and the data run too (``check_before_start``).
+    Returns the absolute path."""
     if not str(workdir).strip():
         raise ConfigError(
             f"--workdir={workdir!r} is empty; name the run's directory (new or a previous run's), e.g. "
@@ -214,7 +216,58 @@ def check_workdir(workdir: str) -> str:
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
         raise ConfigError(f"--workdir={workdir!r} lies under {parent!r}, which is a file")
+    if config is not None:
+        check_before_start(config, path)
     return path
+
+
+def check_before_start(config: ml_collections.ConfigDict, workdir: str) -> None:
+    """The checks of a resolved ``config`` that need the workdir or the data but no measurement
+    and no JAX backend: run before the platform starts (the kernel measurement, the caches) and
+    before anything is created, so such bad input is one line and exit 2 with nothing written.
+
+    - ``checkpoint.step_to_restore`` must name a step stored where the restore reads it: this
+      run's checkpoints, or ``checkpoint.restore_dir``'s while this run has none (a remote
+      directory is listed at the restore instead);
+    - with evaluation on, ``eval.num_batches`` batches of ``eval.batch_size`` (None:
+      ``dataset.batch_size``) must fit the validation split, as one process reads it (the
+      Trainer checks each process's share again, and the batch sizes against the mesh and the
+      splits).
+    """
+    check_step_to_restore(config, workdir)
+    if config.eval.every:
+        from dew.data.dataset import Dataset
+        from dew.training.build import open_split
+
+        source = open_split(config.dataset, "validation", keep=True)  # the Trainer's, opened once
+        try:
+            validation = Dataset(source, config.eval.batch_size or config.dataset.batch_size, shuffle=False)
+        except ValueError:
+            return  # a batch the split cannot hold: the Trainer names the key, after the mesh's checks
+        try:
+            validation.check_first(config.eval.num_batches)
+        except ValueError as e:
+            raise ConfigError(f"config.eval.num_batches={config.eval.num_batches} is invalid: {e}") from None
+
+
+def check_step_to_restore(config: ml_collections.ConfigDict, workdir: str) -> None:
+    """``checkpoint.step_to_restore`` names a stored step (``check_before_start``), or a
+    ``ConfigError`` says which steps there are; reads the directories' names alone."""
+    s = checkpoint_config.checkpoint_settings(config.checkpoint)
+    if not s.enabled or s.step_to_restore is None:
+        return
+    where = s.checkpoint_directory(workdir)
+    steps = checkpoint_config.stored_steps(where, s.local_directory)
+    if steps == [] and s.restore_dir is not None:
+        where = s.restore_dir
+        steps = checkpoint_config.stored_steps(where)
+    if steps is None or s.step_to_restore in steps:
+        return
+    held = f"its steps are {steps}" if steps else "it holds none"
+    raise ConfigError(
+        f"config.checkpoint.step_to_restore={s.step_to_restore} is invalid: {where} holds no "
+        f"checkpoint for step {s.step_to_restore} ({held}); expected a stored step, or None for the latest"
+    )
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:

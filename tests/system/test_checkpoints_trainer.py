@@ -121,11 +121,12 @@ def test_restore_flags_a_restore_directory_and_a_specific_step(tmp_path):
     assert equal(state.opt_state, fresh.opt_state) and equal(state.rng, fresh.rng)
     assert other.train_data.save_position() == POSITION
 
-    missing = Trainer(tiny_config(**{"checkpoint.step_to_restore": 5}), str(tmp_path / "a"))
+    # A step that is not stored is refused when the Trainer is built, before the platform starts.
     with pytest.raises(
-        CheckpointRestorationError, match=r"no checkpoint for step 5 .* stored steps are \[2\]"
+        ConfigError,
+        match=r"step_to_restore=5 is invalid: .* no checkpoint for step 5 \(its steps are \[2\]\)",
     ):
-        missing.initial_state()
+        Trainer(tiny_config(**{"checkpoint.step_to_restore": 5}), str(tmp_path / "a"))
 
 
 def test_a_run_that_does_not_restore_refuses_old_checkpoints_unless_it_clears_them(tmp_path):

@@ -200,20 +200,13 @@ def test_a_checkpoint_whose_data_item_is_gone_is_set_aside_and_the_run_falls_bac
     workdir = copy_of(straight, tmp_path)
     shutil.rmtree(workdir / "checkpoints" / "8" / "data")
     damaged = snapshot(workdir / "checkpoints" / "8")
-    result = cli(workdir, **{"train.num_steps": 12})
-    assert result.returncode == 0, result.stderr
-    (line,) = [line for line in result.stdout.splitlines() if "is damaged or incomplete" in line]
-    (aside,) = workdir.glob("checkpoints.damaged-*")
-    assert line.startswith(
-        f"checkpoint step 8 is damaged or incomplete, kept aside in {aside}/8; resuming from step 4 "
+    line, aside = resume_past_damage(workdir)
+    assert line.endswith(
+        f"resuming from step 4 "
         f"(checkpoint step 8 in {workdir / 'checkpoints'} is damaged: items ['data'] are missing)"
     )
-    assert snapshot(aside / "8") == damaged
-    ours, straight_ones = final_state(workdir), final_state(straight / "12")
-    assert ours[1] == straight_ones[1]
-    for a, b in zip(ours[0], straight_ones[0], strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert comparable(rows(workdir)) == comparable(rows(straight / "12"))
+    assert snapshot(aside) == damaged
+    assert_like_a_straight_run(workdir, straight)
 
 
 def jax_leaves(tree):
@@ -239,6 +232,28 @@ def final_state(workdir):
     return jax_leaves(state), position
 
 
+def resume_past_damage(workdir, step: str = "8"):
+    """Resume to step 12 past a damaged latest ``step``: the run succeeds, says once that the
+    step was kept aside and it resumed from step 4; returns that line and the step's new place."""
+    result = cli(workdir, **{"train.num_steps": 12})
+    assert result.returncode == 0, result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if "is damaged or incomplete" in line]
+    (aside,) = workdir.glob("checkpoints.damaged-*")
+    assert line.startswith(
+        f"checkpoint step {step} is damaged or incomplete, kept aside in {aside}/{step}; resuming from step 4"
+    ), line
+    return line, aside / step
+
+
+def assert_like_a_straight_run(workdir, straight):
+    """The same state, data position and history as a run never interrupted."""
+    ours, straight_ones = final_state(workdir), final_state(straight / "12")
+    assert ours[1] == straight_ones[1]
+    for a, b in zip(ours[0], straight_ones[0], strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert comparable(rows(workdir)) == comparable(rows(straight / "12"))
+
+
 @pytest.mark.parametrize("damage", ["flip 16 bytes", "truncate"])
 def test_a_damaged_latest_checkpoint_is_set_aside_and_the_run_falls_back_to_the_intact_one(
     straight, tmp_path, damage
@@ -253,26 +268,15 @@ def test_a_damaged_latest_checkpoint_is_set_aside_and_the_run_falls_back_to_the_
         data[100:116] = bytes(b ^ 0xFF for b in data[100:116])
     victim.write_bytes(bytes(data))
     damaged = snapshot(workdir / "checkpoints" / "8")
-    result = cli(workdir, **{"train.num_steps": 12})
-    assert result.returncode == 0, result.stderr
-    (line,) = [line for line in result.stdout.splitlines() if "is damaged or incomplete" in line]
-    (aside,) = workdir.glob("checkpoints.damaged-*")
-    assert line.startswith(
-        f"checkpoint step 8 is damaged or incomplete, kept aside in {aside}/8; resuming from step 4"
-    )
+    line, aside = resume_past_damage(workdir)
     reason = (
         "does not match its checksum"
         if damage != "truncate"
         else f"holds {len(data)} bytes, {written} were written"
     )
     assert f"item 'params', file {victim}" in line and reason in line
-    assert snapshot(aside / "8") == damaged  # kept as it was found, for a person to look at
-    # Resumed from step 4: the same state and history as a run never interrupted.
-    ours, straight_ones = final_state(workdir), final_state(straight / "12")
-    assert ours[1] == straight_ones[1]
-    for a, b in zip(ours[0], straight_ones[0], strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert comparable(rows(workdir)) == comparable(rows(straight / "12"))
+    assert snapshot(aside) == damaged  # kept as it was found, for a person to look at
+    assert_like_a_straight_run(workdir, straight)  # resumed from step 4
 
 
 def test_one_flipped_bit_in_a_step_asked_for_by_number_is_an_error_naming_step_item_and_file(
@@ -292,3 +296,47 @@ def test_one_flipped_bit_in_a_step_asked_for_by_number_is_an_error_naming_step_i
     )
     assert snapshot(workdir / "checkpoints") == before  # an explicit choice is not replaced or moved
     assert not list(workdir.glob("checkpoints.damaged-*"))
+
+
+def _edit_metadata(step_dir, **custom):
+    path = step_dir / "_CHECKPOINT_METADATA"
+    meta = json.loads(path.read_text())
+    meta["custom_metadata"].update(custom)
+    path.write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        ("checksums of another shape", "its checksums {step}/params/dew_checksums.json are unreadable"),
+        (
+            "metadata records another step count",
+            "the restored state is at step 8, its metadata records step 9",
+        ),
+        ("metadata keyed by another step", "its metadata records step 8 under key 9"),
+        (
+            "directory renamed",
+            "the restored state is at step 8, its metadata records step 8, in a directory named 10",
+        ),
+    ],
+)
+def test_a_latest_step_whose_records_disagree_with_it_is_set_aside_like_other_damage(
+    straight, tmp_path, damage, reason
+):
+    """Damage dew's own files could show after a crash or a hand's edit never stops every
+    restart: the step is set aside and the run resumes from the intact one before it."""
+    workdir = copy_of(straight, tmp_path)
+    step_dir = workdir / "checkpoints" / "8"
+    if damage == "checksums of another shape":
+        (step_dir / "params" / "dew_checksums.json").write_text('{"files": []}')
+    elif damage == "metadata records another step count":
+        _edit_metadata(step_dir, num_steps=9)
+    elif damage == "metadata keyed by another step":
+        _edit_metadata(step_dir, step=9)
+    else:
+        step_dir = step_dir.rename(workdir / "checkpoints" / "10")
+    damaged = snapshot(step_dir)
+    line, aside = resume_past_damage(workdir, step_dir.name)
+    assert reason.format(step=step_dir) in line, line
+    assert snapshot(aside) == damaged
+    assert_like_a_straight_run(workdir, straight)

@@ -143,6 +143,19 @@ def test_mixed_resolutions_name_the_odd_image(tmp_path):
         _open(RGB_ZIP, resolution=32)
 
 
+def test_an_image_past_pils_decompression_bomb_limit_is_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(PIL.Image, "MAX_IMAGE_PIXELS", 100)  # 16x16 is past twice the limit
+    _write_png(tmp_path / "set" / "a.png", (8, 8, 3))
+    _write_png(tmp_path / "set" / "b" / "bomb.png", (16, 16, 3))
+    for cache in (True, False):  # decoded when caching, from the headers otherwise
+        with pytest.raises(ImageFolderError) as failure:
+            _open(tmp_path / "set", cache=cache)
+        assert str(failure.value) == (
+            f"image_folder: {str(tmp_path / 'set')!r}: 'b/bomb.png' is 256 pixels, past PIL's limit of 200 "
+            "(PIL.Image.MAX_IMAGE_PIXELS guards against decompression bombs); remove it or resize it"
+        )
+
+
 def test_paths_that_are_not_data_sets(tmp_path):
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "readme.txt").write_text("no images here")
@@ -174,9 +187,15 @@ def test_paths_that_are_not_data_sets(tmp_path):
         (["--config.dataset.path={gray}", "--config.dataset.use_labels=True"], "has no labels"),
         (["--config.dataset.path={mixed}"], r"'b.png' is 16x16x1 \(HxWxC\) but 'a.png' is 8x8x1"),
         (["--config.dataset.path={gray}", "--config.dataset.max_size=0"], "max_size=0 is invalid"),
+        (  # once exit 1 and a traceback file, the image unnamed (PIL's limit lowered to 100 here)
+            ["--config.dataset.path={bomb}"],
+            r"/bomb': 'bomb.png' is 256 pixels, past PIL's limit of 200 \(PIL.Image.MAX_IMAGE_PIXELS guards",
+        ),
     ],
 )
-def test_bad_data_sets_stop_the_cli_before_anything_is_written(tmp_path, capsys, options, message):
+def test_bad_data_sets_stop_the_cli_before_anything_is_written(
+    tmp_path, capsys, monkeypatch, options, message
+):
     import re
 
     from dew.main import main
@@ -184,7 +203,16 @@ def test_bad_data_sets_stop_the_cli_before_anything_is_written(tmp_path, capsys,
     (tmp_path / "empty").mkdir()
     _write_png(tmp_path / "mixed" / "a.png", (8, 8))
     _write_png(tmp_path / "mixed" / "b.png", (16, 16))
-    paths = {"empty": tmp_path / "empty", "gray": GRAY_ZIP, "mixed": tmp_path / "mixed"}
+    _write_png(tmp_path / "bomb" / "a.png", (8, 8))
+    _write_png(tmp_path / "bomb" / "bomb.png", (16, 16))
+    if "bomb" in options[0]:
+        monkeypatch.setattr(PIL.Image, "MAX_IMAGE_PIXELS", 100)
+    paths = {
+        "empty": tmp_path / "empty",
+        "gray": GRAY_ZIP,
+        "mixed": tmp_path / "mixed",
+        "bomb": tmp_path / "bomb",
+    }
     workdir = tmp_path / "run"
     args = ["--config", EDM, "--workdir", str(workdir), "--config.dataset.name=image_folder"]
     code = main([*args, *(o.format(**paths) for o in options)])

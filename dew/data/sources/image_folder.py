@@ -28,12 +28,14 @@ accepted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import threading
 import weakref
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
 import numpy as np
@@ -50,6 +52,7 @@ ACCEPTED = (
 LABELS_FILE = "dataset.json"
 #: PIL modes whose pixels ``np.array`` returns as uint8 (what the reference accepts).
 EIGHT_BIT_MODES = frozenset({"L", "P", "LA", "PA", "RGB", "RGBA", "CMYK", "YCbCr", "LAB", "HSV"})
+_BOMB = re.compile(r"Image size \((\d+) pixels\) exceeds limit of (\d+) pixels")
 
 
 class ImageFolderError(ConfigError):
@@ -117,7 +120,7 @@ class ImageFiles:
         """One image as uint8 [H, W, C], as the reference decodes it (PIL)."""
         import PIL.Image
 
-        with self.open(name) as f:
+        with self.open(name) as f, self.refusing_bombs(name):
             image = np.array(PIL.Image.open(f))
         if image.ndim == 2:
             image = image[:, :, np.newaxis]
@@ -128,11 +131,27 @@ class ImageFiles:
             )
         return image
 
+    @contextlib.contextmanager
+    def refusing_bombs(self, name: str) -> Iterator[None]:
+        """PIL's refusal of an image past its decompression-bomb limit
+        (``PIL.Image.MAX_IMAGE_PIXELS``) as one ``ImageFolderError`` line naming the image."""
+        import PIL.Image
+
+        try:
+            yield
+        except PIL.Image.DecompressionBombError as e:
+            found = _BOMB.search(str(e))
+            size = f"{int(found[1]):,} pixels, past PIL's limit of {int(found[2]):,}" if found else str(e)
+            raise ImageFolderError(
+                f"image_folder: {self.path!r}: {name!r} is {size} (PIL.Image.MAX_IMAGE_PIXELS guards "
+                "against decompression bombs); remove it or resize it"
+            ) from None
+
     def header_shape(self, name: str) -> tuple[int, int, int]:
         """An image's [H, W, C] from its header alone (nothing decoded)."""
         import PIL.Image
 
-        with self.open(name) as f, PIL.Image.open(f) as image:
+        with self.open(name) as f, self.refusing_bombs(name), PIL.Image.open(f) as image:
             if image.mode not in EIGHT_BIT_MODES:
                 raise ImageFolderError(
                     f"image_folder: {self.path!r}: {name!r} has PIL mode {image.mode!r}; expected 8-bit "

@@ -28,16 +28,21 @@ stored as edm2's ``dataset_tool.py encode`` stores it, so edm2 and dew read the 
 digits>.png``, PNG at compress level 0, and its ``dataset.json``), the layout of REPA's
 ``images/`` beside its ``vae-sd/``: ``latent_dataset``'s ``images`` reads it back as the
 ``pixels`` field beside each latent (what REPA's encoder sees). Resumed like the latents: a
-rerun writes only the files that are missing.
+rerun writes only the files that are missing. Its own ``encode.json`` records whose images it
+holds (``IMAGE_KEYS``: the source, the count, the shape, the transform): a rerun for another
+source stops with one line instead of keeping the old images beside the new latents, and
+``latent_dataset`` refuses images whose record differs from the latents'.
 
 Training then draws final latents from the stored mean and std (``LatentScaling.encode_latents``)
 without running the encoder. Batches are sharded over all local devices (the batch is rounded up
 to a multiple of the device count; the last one is padded and the padding dropped).
 
 **Resumable**: every file is written to a temporary name and renamed into place, so a file that
-exists is complete; ``encode.json`` (written first) records the source, its image count and
-shape, and the VAE's shape, and a rerun with the same arguments encodes only the files that are
-missing. A rerun against a ``--dest`` made from something else stops with one line. Progress
+exists is complete, and a killed run's temporary files are removed by the next; ``encode.json``
+(written first) records the source, its image count and shape, and the VAE's shape, and a rerun
+with the same arguments encodes only the files that are missing. A ``--dest`` or
+``--images_dest`` that is a file, cannot be written, or was made from something else stops with
+one line before anything is written. Progress
 goes to stderr every ``PROGRESS_SECONDS`` and at the end.
 
 Reading (``open_latent_dataset``) takes edm2's own ``encode`` output too, a directory or a
@@ -61,6 +66,10 @@ import numpy as np
 from dew.data.sources.image_folder import ImageFiles, ImageFolderError, read_labels
 
 MANIFEST = "encode.json"
+#: What an ``--images_dest``'s own ``encode.json`` records: the keys of ``--dest``'s that decide
+#: its images, so a rerun or a reader can tell whose images it holds.
+IMAGE_KEYS = ("source", "num_images", "image_shape", "transform")
+IMAGES_FORMAT = "edm2 dataset_tool.py convert: the encoded images, PNG"
 LABELS_FILE = "dataset.json"
 PROGRESS_SECONDS = 10.0
 
@@ -206,30 +215,22 @@ def encode_dataset(
     }
     if codec.pixels.signed:  # edm2's [0, 1] is the unnamed default (earlier manifests hold no key)
         manifest["pixels"] = codec.pixels.name
-    manifest_path = os.path.join(dest, MANIFEST)
-    if os.path.isfile(manifest_path):
-        with open(manifest_path) as fh:
-            existing = json.load(fh)
-        if existing != json.loads(json.dumps(manifest)):
-            keys = set(manifest) | set(existing)  # a key on one side only (pixels) differs too
-            differ = sorted(k for k in keys if existing.get(k) != json.loads(json.dumps(manifest.get(k))))
-            raise LatentDatasetError(
-                f"--dest={dest!r} holds an encoding of something else ({', '.join(differ)} differ from "
-                f"{MANIFEST}); choose another --dest or delete it"
-            )
-    elif os.path.exists(dest) and os.listdir(dest):
-        raise LatentDatasetError(
-            f"--dest={dest!r} exists, is not empty and holds no {MANIFEST}; choose another"
-        )
-    else:
-        _write_atomic(manifest_path, json.dumps(manifest, indent=1).encode())
-
-    for root, _dirs, found in os.walk(dest):  # a killed run's partial files: never renamed into place
-        for name in found:
-            if ".tmp-" in name:
-                os.remove(os.path.join(root, name))
+    # Every check before anything is written: --dest and --images_dest each new, or holding what
+    # this command wrote there for the same source (its images: the keys IMAGE_KEYS of the record).
     if images_dest is not None and os.path.abspath(images_dest) == os.path.abspath(dest):
         raise LatentDatasetError(f"--images_dest={images_dest!r} is --dest; expected a directory of its own")
+    outputs = [("--dest", dest, manifest)]
+    if images_dest is not None:
+        pictured = {k: manifest[k] for k in IMAGE_KEYS} | {"format": IMAGES_FORMAT}
+        outputs.append(("--images_dest", images_dest, pictured))
+    fresh = [_check_output(flag, path, record) for flag, path, record in outputs]
+    for (_, path, record), new in zip(outputs, fresh, strict=True):
+        if new:
+            _write_atomic(os.path.join(path, MANIFEST), json.dumps(record, indent=1).encode())
+        for root, _dirs, found in os.walk(path):  # a killed run's partial files: never renamed into place
+            for name in found:
+                if ".tmp-" in name:
+                    os.remove(os.path.join(root, name))
     todo = [i for i in range(len(names)) if not os.path.isfile(os.path.join(dest, latent_name(i)))]
     pictures = set()
     if images_dest is not None:
@@ -267,6 +268,73 @@ def encode_dataset(
         _write_atomic(os.path.join(images_dest, LABELS_FILE), json.dumps({"labels": pictured}).encode())
     _write_atomic(os.path.join(dest, LABELS_FILE), json.dumps({"labels": entries}).encode())
     return EncodeReport(total=len(names), encoded=len(todo), skipped=len(names) - len(todo))
+
+
+def _check_output(flag: str, path: str, record: dict) -> bool:
+    """``path`` (``flag``'s directory) must be one this command can write: new (returns True:
+    its record is to be written), or holding the record ``record`` of this same encoding
+    (False). A file, a directory it cannot write, one holding another encoding's record or
+    other files without one: ``LatentDatasetError`` naming the flag, before anything is written."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise LatentDatasetError(
+            f"{flag}={path!r} is a file; expected a directory (new, or this command's own)"
+        )
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise LatentDatasetError(
+            f"{flag}={path!r} lies under {existing!r}, which is a file; expected a directory"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise LatentDatasetError(
+            f"{flag}={path!r}: {existing!r} is not writable; expected a directory you can write"
+        )
+    record_path = os.path.join(path, MANIFEST)
+    if os.path.isfile(record_path):
+        found = read_record(record_path, flag)
+        wanted = json.loads(json.dumps(record))
+        if found != wanted:
+            keys = set(wanted) | set(found)  # a key on one side only (pixels) differs too
+            differ = sorted(k for k in keys if found.get(k) != wanted.get(k))
+            raise LatentDatasetError(
+                f"{flag}={path!r} holds the {'images' if flag == '--images_dest' else 'encoding'} of "
+                f"something else ({', '.join(differ)} differ from its {MANIFEST}); choose another {flag} "
+                "or delete it"
+            )
+        return False
+    if os.path.isdir(path) and os.listdir(path):
+        raise LatentDatasetError(
+            f"{flag}={path!r} exists, is not empty and holds no {MANIFEST}; choose another"
+        )
+    return True
+
+
+def read_record(path: str, where: str) -> dict:
+    """An ``encode.json`` as the JSON object this command writes; one ``LatentDatasetError`` line
+    naming ``where`` and the file otherwise."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            record = json.load(fh)
+    except (OSError, ValueError) as e:
+        raise LatentDatasetError(f"{where}: {path} cannot be read ({type(e).__name__}: {e})") from None
+    if not isinstance(record, dict):
+        raise LatentDatasetError(f"{where}: {path} holds a JSON {type(record).__name__}, not an object")
+    return record
+
+
+def unpaired(latents: str, images: str) -> list[str]:
+    """The ``IMAGE_KEYS`` whose values differ between the ``encode.json`` of a latent data set
+    directory and that of an image directory this command wrote beside it (``--images_dest``):
+    non-empty when the images are another source's. [] when either holds no record (edm2's own
+    output, REPA's ``images/``): nothing to compare."""
+    records = [os.path.join(p, MANIFEST) for p in (latents, images)]
+    if not all(
+        os.path.isdir(p) and os.path.isfile(r) for p, r in zip((latents, images), records, strict=True)
+    ):
+        return []
+    mine, theirs = (read_record(r, where) for r, where in zip(records, ("latents", "images"), strict=True))
+    return [k for k in IMAGE_KEYS if mine.get(k) != theirs.get(k)]
 
 
 def kept_images(files, names: Sequence[str], spec: tuple | None) -> list[str]:

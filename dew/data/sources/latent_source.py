@@ -37,7 +37,7 @@ def latent_dataset(
     """The finished latent data set at ``path`` as a ``Source`` (module docstring); ``cache``
     False reads each batch's files when it is drawn (``LatentRows``) instead of all up front;
     ``images``: the image data set whose rows become the ``pixels`` field."""
-    from dew.data.sources.latent_dataset import LatentDatasetError, open_latent_dataset
+    from dew.data.sources.latent_dataset import LatentDatasetError, open_latent_dataset, unpaired
 
     if split not in ("train", "validation"):
         raise ValueError(f"latent_dataset: split must be 'train' or 'validation', got {split!r}")
@@ -62,6 +62,16 @@ def latent_dataset(
         fields["label"] = labels.astype(np.int32)
         num_classes = int(labels.max()) + 1
     if images:
+        try:
+            differ = unpaired(path, images)
+        except LatentDatasetError as e:
+            raise ConfigError(f"config.dataset.images={images!r}: {e}") from None
+        if differ:
+            raise ConfigError(
+                f"config.dataset.images={images!r} holds the images of another encoding than "
+                f"config.dataset.path={path!r} ({', '.join(differ)} differ between their encode.json); "
+                "expected the --images_dest written with those latents"
+            )
         fields["pixels"] = pixel_rows(images, tuple(rows.shape), labels, cache)
     name = path.rstrip("/").rsplit("/", 1)[-1]
     return Source(name=f"{name}/{split}", fields=fields, num_classes=num_classes, prefetch=0 if cache else 2)
