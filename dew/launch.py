@@ -1,6 +1,7 @@
 """``Run``: one training run as ``python -m dew.main`` makes it, each check in one place, once.
 
-In order: ``Run(name, config, workdir)`` checks the workdir (``check_workdir``); ``start`` reads
+In order: ``Run(name, config, workdir)`` checks the workdir and the config checks that need no
+measurement (``check_workdir``: a missing ``restore_dir``, a ``step_to_restore`` not stored); ``start`` reads
 its ``run.json`` (a damaged one stops here, named), sets up the process and its platform before
 JAX starts (``start_platform``: one call, one ``Platform`` value) and builds the ``Trainer`` with
 that value (it validates everything and writes nothing); ``train`` takes the workdir lock
@@ -78,7 +79,7 @@ class Run:
 
     def __init__(self, name: str, config: ml_collections.ConfigDict, workdir: str):
         self.name, self.config = name, config
-        self.workdir = check_workdir(workdir)
+        self.workdir = check_workdir(workdir, config)
         self.platform: Platform | None = None
         self.trainer: Trainer | None = None
         self.lock: WorkdirLock | None = None

@@ -159,11 +159,6 @@ def test_a_trainer_built_in_user_code_checks_them_before_it_starts_the_platform(
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dew.launch.Run.__init__ calls check_workdir(workdir) without the config: the line "
-    "`self.workdir = check_workdir(workdir, config)` makes the CLI check before start_platform",
-)
 def test_the_cli_checks_them_before_it_starts_the_platform(tmp_path, monkeypatch, capsys):
     import dew.launch
 

@@ -16,7 +16,8 @@ U-Net, the loss may differ by twice that, and the gradient (reverse mode rounds 
 cotangents again: n = 2 n_f) by 2·√(2 n_f/3)·u, norm-wise. Dots accumulate in float32 on the CPU
 (XLA), as on the TPU's MXU. What the bound excludes is a policy that loses more than rounding
 (a cast that drops a dtype's range, a JVP tangent dropped to zero); that times reach the
-network in float32 (t = 999 is 1000 in bfloat16) is ``test_times_and_labels_reach_the_network_as_given``. The network must also really compute in
+network in float32 (t = 999 is 1000 in bfloat16) is
+``test_times_and_labels_reach_the_network_as_given``. The network must also really compute in
 bfloat16: the error exceeds float32's, and the program holds bf16 values. Measured on the
 digits configs (n_f 199 to 4,750): errors 30 to 10⁶ times inside the bound; with the policy
 removed (the network in float32) the last check fails.
