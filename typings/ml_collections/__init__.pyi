@@ -5,15 +5,8 @@ from collections.abc import Iterator
 from typing import Any
 
 class ConfigDict:
-    def __init__(
-        self,
-        initial_dictionary: Any = ...,
-        type_safe: bool = ...,
-        convert_dict: bool = ...,
-        *,
-        allow_dotted_keys: bool = ...,
-        sort_keys: bool = ...,
-    ) -> None: ...
+    def __init__(self, initial_dictionary: Any = ..., type_safe: bool = ..., convert_dict: bool = ..., *,
+                 allow_dotted_keys: bool = ..., sort_keys: bool = ...) -> None: ...
     def __getattr__(self, name: str) -> Any: ...
     def __setattr__(self, name: str, value: Any) -> None: ...
     def __getitem__(self, key: str) -> Any: ...
