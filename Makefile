@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dew-installed
 
-.PHONY: train test test-fast test-system lint format lock clean docs
+.PHONY: train test test-fast test-system test-accelerator lint format lock clean docs
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,10 +41,16 @@ test: test-fast test-system
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pyright --pythonpath $(BIN)/python
-	$(call run_tier,tests $(addprefix --ignore=,$(SYSTEM_DIRS)))
+	$(call run_tier,tests $(addprefix --ignore=,$(SYSTEM_DIRS) tests/accelerator))
 
 test-system: $(STAMP)
 	$(call run_tier,$(wildcard $(SYSTEM_DIRS)))
+
+# What only an accelerator shows (tests/accelerator: the TPU's kernels, its platform start), in this
+# process, without tests/conftest.py's CPU set-up; skipped where the backend is not a TPU. CI has
+# no accelerator: run it on the chip (README "Accelerators").
+test-accelerator: $(STAMP)
+	$(BIN)/python -m pytest --noconftest -p no:cacheprovider tests/accelerator -q
 
 # The documentation site under .cache/site, warnings as errors (tests/system/test_docs.py builds it too).
 docs: $(STAMP)

@@ -12,7 +12,11 @@ precision and remat policy of its row (``RUNS``). For each it reports, as one JS
 * ``step_ms`` and ``images_per_s``: the median of ``--rounds`` windows of ``--steps`` steps of
   the compiled step (the ``Trainer``'s own program, state donated, the batch on the device);
 * ``tflops``: XLA's cost analysis of that compiled step (``compiled.cost_analysis()``) over the
-  step time, and ``mfu``: its fraction of ``--peak_tflops`` (197: the v5e's dense bf16 peak);
+  step time; ``mfu``: the model's FLOPs per second (the compiled step's, less the recomputed
+  forward of a rematerialised run: ``_model_flops``) as a fraction of ``--peak_tflops`` (197:
+  the v5e's dense bf16 peak), ``hfu`` the compiled program's (recomputation included);
+* ``attention``: the kernel the run traced with (``dew.kernels.attention``: ``tpu_flash`` by
+  default on a TPU; the ``xla-attention`` row forces XLA's);
 * ``memory_gb``: ``compiled.memory_analysis()`` (arguments + outputs + temporaries − aliased);
 * ``first_step_s``: from building the ``Trainer`` to the first step's result, in this process
   (``cold``: an empty compilation cache; ``--warm`` re-runs the first row in a child process
@@ -24,6 +28,7 @@ A run that does not fit says so (``error``) and the next one runs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -36,18 +41,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.append(ROOT)
 
-# name: (experiment, batch, precision, remat, source shape (side, channels), classes)
+# name: (experiment, batch, precision, remat, source shape (side, channels), classes, attention)
 RUNS = {
-    "SiT-B/2 f32": ("sit.py:SiT-B/2", 64, "float32", "none", (32, 8), 1000),
-    "SiT-B/2 bf16": ("sit.py:SiT-B/2", 64, "bfloat16", "none", (32, 8), 1000),
-    "DiT-B/2 bf16": ("dit.py:DiT-B/2", 64, "bfloat16", "none", (32, 8), 1000),
-    "SiT-L/2 bf16": ("sit.py:SiT-L/2", 32, "bfloat16", "none", (32, 8), 1000),
-    "SiT-XL/2 f32 remat": ("sit.py:SiT-XL/2", 32, "float32", "blocks_save_dots", (32, 8), 1000),
-    "SiT-XL/2 bf16": ("sit.py:SiT-XL/2", 32, "bfloat16", "blocks_save_dots", (32, 8), 1000),
-    "SiT-XL/2 bf16 b64": ("sit.py:SiT-XL/2", 64, "bfloat16", "blocks", (32, 8), 1000),
-    "MF-B/2 bf16": ("meanflow.py:MF-B/2", 64, "bfloat16", "none", (32, 8), 1000),
-    "DDPM++ bf16": ("edm_paper.py:cifar10-cond-ddpmpp", 64, "bfloat16", None, (32, 3), 10),
-    "EDM2-S f32": ("edm2.py:img512-s", 32, "float32", None, (64, 8), 1000),
+    "SiT-B/2 f32": ("sit.py:SiT-B/2", 64, "float32", "none", (32, 8), 1000, None),
+    "SiT-B/2 bf16 xla-attention": ("sit.py:SiT-B/2", 64, "bfloat16", "none", (32, 8), 1000, "xla"),
+    "SiT-B/2 bf16": ("sit.py:SiT-B/2", 64, "bfloat16", "none", (32, 8), 1000, None),
+    "DiT-B/2 bf16": ("dit.py:DiT-B/2", 64, "bfloat16", "none", (32, 8), 1000, None),
+    "SiT-L/2 bf16": ("sit.py:SiT-L/2", 32, "bfloat16", "none", (32, 8), 1000, None),
+    "SiT-XL/2 bf16": ("sit.py:SiT-XL/2", 32, "bfloat16", "blocks", (32, 8), 1000, None),
+    "MF-B/2 bf16": ("meanflow.py:MF-B/2", 64, "bfloat16", "none", (32, 8), 1000, None),
+    "DDPM++ bf16": ("edm_paper.py:cifar10-cond-ddpmpp", 64, "bfloat16", None, (32, 3), 10, None),
+    "EDM2-S f32": ("edm2.py:img512-s", 32, "float32", None, (64, 8), 1000, None),
 }
 
 
@@ -77,7 +81,7 @@ def config_for(name: str):
 
     if "bench_arrays" not in registry.datasets.names():
         registry.datasets.register("bench_arrays", bench_arrays)
-    spec, batch, precision, remat, (side, channels), classes = RUNS[name]
+    spec, batch, precision, remat, (side, channels), classes, _ = RUNS[name]
     config = load_config(os.path.join(ROOT, "experiments", spec))
     config.dataset = {
         "name": "bench_arrays",
@@ -105,9 +109,31 @@ def config_for(name: str):
 
 
 def measure(name: str, steps: int, rounds: int, peak_tflops: float) -> dict:
+    """One run's row (module docstring), traced with the run's attention kernel when it names one."""
+    from dew import kernels
+
+    attention = RUNS[name][6]
+    choice = kernels.current()
+    if attention is not None:
+        choice = dataclasses.replace(choice, attention=attention)
+    with kernels.using(choice):
+        return _measure(name, steps, rounds, peak_tflops)
+
+
+def _model_flops(name: str, flops: float) -> float:
+    """The step's model FLOPs (what MFU counts) from the compiled program's ``flops``: the same
+    for a run without rematerialisation; with ``remat='blocks'`` the compiled step holds each
+    block's forward once more (forward F, backward 2F, the recomputed forward F: 4F where the
+    model's work is 3F), so three quarters of it (the embedders and final layer, which are not
+    recomputed, are under 1 % of a DiT's FLOPs)."""
+    return flops * 3 / 4 if RUNS[name][3] == "blocks" else flops
+
+
+def _measure(name: str, steps: int, rounds: int, peak_tflops: float) -> dict:
     import jax
     import numpy as np
 
+    from dew import kernels
     from dew.training.trainer import Trainer
 
     began = time.perf_counter()
@@ -144,6 +170,7 @@ def measure(name: str, steps: int, rounds: int, peak_tflops: float) -> dict:
         step = statistics.median(times)
         loss = float(np.asarray(stats["loss"]))
     batch_size = RUNS[name][1]
+    model = _model_flops(name, flops)
     return {
         "run": name,
         "batch": batch_size,
@@ -152,8 +179,11 @@ def measure(name: str, steps: int, rounds: int, peak_tflops: float) -> dict:
         "step_ms": round(step * 1e3, 2),
         "images_per_s": round(batch_size / step, 1),
         "tflop_per_step": round(flops / 1e12, 3),
+        "model_tflop_per_step": round(model / 1e12, 3),
         "tflops": round(flops / step / 1e12, 1),
-        "mfu": round(flops / step / 1e12 / peak_tflops, 3),
+        "mfu": round(model / step / 1e12 / peak_tflops, 3),
+        "hfu": round(flops / step / 1e12 / peak_tflops, 3),
+        "attention": kernels.current().attention,
         "memory_gb": None if used is None else round(used, 2),
         "first_step_s": round(first, 1),
         "loss": loss,

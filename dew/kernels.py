@@ -34,10 +34,15 @@ class KernelChoice:
     ``(class, input form, weight form)`` triples; it supersedes the two fields above for those
     classes (a measured choice).
     ``reason``: one line saying why, for the run's log.
+    ``attention``: how ``attention`` computes softmax(q kᵀ/√h) v: ``xla``
+    (``jax.nn.dot_product_attention``'s XLA path, the logits materialised) or ``tpu_flash`` (the
+    TPU's Pallas flash-attention kernel, blockwise, the logits never in memory) where the sequence
+    tiles into its 128-token blocks.
     """
 
     per_tap_weight_gradient_from: int | None = None
     reason: str = "XLA's kernels (no platform choice made)"
+    attention: str = "xla"
     per_tap_convolutions: frozenset[Convolution] | None = None
     convolution_forms: frozenset[tuple[Convolution, str, str]] | None = None
 
@@ -114,12 +119,52 @@ def convolution_forms(positions: int, convolution: Convolution) -> tuple[str, st
     return named if jax.default_backend() == "cpu" else ("xla", "xla")
 
 
+@contextlib.contextmanager
+def using(choice: KernelChoice) -> Iterator[KernelChoice]:
+    """``with using(choice):`` traces with ``choice`` and restores the previous one after."""
+    global _current
+    previous = _current
+    set_choice(choice)
+    try:
+        yield choice
+    finally:
+        _current = previous
+
+
+#: ``KernelChoice.attention``'s values.
+ATTENTIONS = ("xla", "tpu_flash")
+#: The flash kernel's block of tokens: a sequence it cannot tile into whole blocks stays on XLA's.
+FLASH_BLOCK = 128
+
+
+def attention(q, k, v):
+    """softmax(q kᵀ / √h) v over [B, T, N, H] queries, keys and values (the result [B, T, N, H]),
+    by the platform's choice (``KernelChoice.attention``). The flash kernel's result equals XLA's
+    to the compute dtype's roundoff (it sums the softmax blockwise with float32 statistics)."""
+    import math
+
+    import jax
+
+    tokens = q.shape[1]
+    if _current.attention == "tpu_flash" and tokens % FLASH_BLOCK == 0 and k.shape[1] % FLASH_BLOCK == 0:
+        from jax.experimental.pallas.ops.tpu import flash_attention as flash
+
+        heads_first = [a.transpose(0, 2, 1, 3) for a in (q, k, v)]
+        out = flash.flash_attention(*heads_first, sm_scale=1.0 / math.sqrt(q.shape[-1]))
+        return out.transpose(0, 2, 1, 3)
+    return jax.nn.dot_product_attention(q, k, v)
+
+
 __all__ = [
+    "ATTENTIONS",
+    "FLASH_BLOCK",
     "Convolution",
     "KernelChoice",
+    "attention",
     "convolution_forms",
     "current",
     "per_tap_weight_gradient",
     "record_convolutions",
     "set_choice",
+    "using",
 ]

@@ -34,6 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 from haiku import experimental as hk_experimental
 
+from dew import kernels
+
 # --- initialisers ---------------------------------------------------------------------------------
 
 
@@ -276,8 +278,9 @@ def apply_rotary(x: jax.Array, cos: np.ndarray, sin: np.ndarray) -> jax.Array:
 
 class Attention(hk.Module):
     """timm ``Attention(dim, num_heads, qkv_bias=True)``: softmax(q kᵀ / √h) v per head through
-    ``jax.nn.dot_product_attention`` (an accelerator's fused kernel), then ``proj``. ``qk_norm``:
-    None, "layernorm" or "rmsnorm" on each head's q and k; ``rotary``: (cos, sin) tables.
+    ``dew.kernels.attention`` (XLA's, or the TPU's flash kernel: the platform's choice), then
+    ``proj``. ``qk_norm``: None, "layernorm" or "rmsnorm" on each head's q and k; ``rotary``:
+    (cos, sin) tables.
     ``fused_qkv=False``: iMF's ``RoPEAttention`` layout, ``q_proj``/``k_proj``/``v_proj`` then
     ``out_proj``; ``bias``: the projections' biases; ``w_init``: their weights' initialiser."""
 
@@ -315,7 +318,7 @@ class Attention(hk.Module):
             q, k = RMSNorm(name="q_norm")(q), RMSNorm(name="k_norm")(k)
         if self.rotary is not None:
             q, k = apply_rotary(q, *self.rotary), apply_rotary(k, *self.rotary)
-        out = jax.nn.dot_product_attention(q, k, v).reshape(b, n, c)
+        out = kernels.attention(q, k, v).reshape(b, n, c)  # XLA's, or the TPU's flash kernel
         name = "proj" if self.fused_qkv else "out_proj"
         return Linear(c, bias=self.bias, w_init=self.w_init, name=name)(out)
 

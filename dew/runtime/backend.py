@@ -27,6 +27,20 @@ def cpu_backend_expected(environ: Mapping[str, str] | None = None) -> bool:
     return not any(importlib.util.find_spec(name) is not None for name in ACCELERATOR_PLUGINS)
 
 
+def expected_platform(environ: Mapping[str, str] | None = None) -> str:
+    """The platform JAX will start: the first of ``JAX_PLATFORMS`` (or ``JAX_PLATFORM_NAME``)
+    when set, else ``tpu`` where libtpu is installed, ``gpu`` where a CUDA or ROCm plugin is,
+    else ``cpu``."""
+    environ = os.environ if environ is None else environ
+    named = environ.get("JAX_PLATFORMS") or environ.get("JAX_PLATFORM_NAME") or ""
+    if named.strip():
+        first = named.split(",")[0].strip().lower()
+        return "gpu" if first in ("cuda", "rocm") else first
+    if importlib.util.find_spec("libtpu") is not None:
+        return "tpu"
+    return "cpu" if cpu_backend_expected(environ) else "gpu"
+
+
 def describe_devices(devices: list[Any] | None = None) -> str:
     """``platform: 1 × TPU v5 lite (tpu), jax 0.10.2``: the devices this process drives, by kind,
     and the JAX version (starts the backend when it has not started)."""
@@ -41,4 +55,4 @@ def describe_devices(devices: list[Any] | None = None) -> str:
     return f"platform: {shown} ({platform}), jax {jax.__version__}"
 
 
-__all__ = ["ACCELERATOR_PLUGINS", "cpu_backend_expected", "describe_devices"]
+__all__ = ["ACCELERATOR_PLUGINS", "cpu_backend_expected", "describe_devices", "expected_platform"]

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from dew import kernels
@@ -66,6 +67,13 @@ CONFIG = Section(
             "the process keeps its peak heap. Not where the process started with glibc's huge pages "
             "(python -m dew.main), which are faster there. False: glibc's defaults "
             "(dew.runtime.host_memory)",
+        ),
+        "attention": Key(
+            "auto",
+            "how transformers compute attention: 'xla' (jax.nn.dot_product_attention's XLA path), "
+            "'flash' (the TPU's Pallas flash kernel, sequences of whole 128-token blocks; a TPU "
+            "only) or 'auto' (flash on a TPU, XLA elsewhere; dew.kernels.attention)",
+            choices=("auto", "xla", "flash"),
         ),
         "compilation_cache": Key(
             "",
@@ -182,6 +190,19 @@ def run_shapes(config: Any, devices: int) -> kernel_choice.ShapeSource | None:
     return kernel_choice.ShapeSource(function, arguments, key, "dots" if dots else "convolutions")
 
 
+def attention_choice(setting: str, environ: Mapping[str, str] | None = None) -> str:
+    """``KernelChoice.attention`` for ``config.runtime.attention``: the TPU's flash kernel where
+    the backend will be a TPU (``auto``, ``flash``), XLA's elsewhere; ``flash`` where no TPU is
+    expected is a ValueError naming the key."""
+    tpu = backend.expected_platform(environ) == "tpu"
+    if setting == "flash" and not tpu:
+        raise ValueError(
+            "config.runtime.attention='flash' is invalid here: the flash kernel runs on a TPU and "
+            f"this process's backend will be {backend.expected_platform(environ)!r}; expected 'auto' or 'xla'"
+        )
+    return "tpu_flash" if tpu and setting in ("auto", "flash") else "xla"
+
+
 _started: Platform | None = None
 
 
@@ -286,9 +307,12 @@ def start(
     directory = compilation_cache.cache_directory(section["compilation_cache"], workdir)
     decision = None
     reuses = False
+    attention = attention_choice(str(section.get("attention", "auto")))
     if not on_cpu:  # an accelerator: none of the CPU's kernel choices, memory tuning or devices
         convolutions = "the accelerator's own (no CPU kernel choice)"
-        choice = kernels.KernelChoice(reason="the accelerator's kernels (no CPU kernel choice)")
+        choice = kernels.KernelChoice(
+            reason="the accelerator's kernels (no CPU kernel choice)", attention=attention
+        )
     elif host_devices.backend_started():  # XLA read its flags already: nothing can change now
         convolutions = cpu_convolutions.route_convolutions(section["cpu_convolutions"])
         choice = cpu_convolutions.weight_gradient_choice()

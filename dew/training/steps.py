@@ -72,6 +72,19 @@ def make_init(
     return init
 
 
+#: Where a skipped (non-finite) update is a per-leaf select rather than a conditional: None
+#: decides by the backend the step is traced for (a select on accelerators, the conditional on
+#: the CPU; ``make_step``); True or False forces it (a compile for another platform's devices).
+SKIP_BY_SELECT: bool | None = None
+
+
+def skip_by_select() -> bool:
+    """Whether ``make_step``'s skip of a non-finite update is a per-leaf select (``SKIP_BY_SELECT``)."""
+    if SKIP_BY_SELECT is not None:
+        return SKIP_BY_SELECT
+    return jax.default_backend() != "cpu"
+
+
 def make_step(
     objective: Objective,
     optimizer: optax.GradientTransformation,
@@ -126,10 +139,19 @@ def make_step(
             return optax.apply_updates(current, updates), opt_state
 
         if k == 1:
-            # One branch on the one flag: the common (finite) path updates the donated buffers in
-            # place; a per-leaf select of new vs old would read every old buffer twice and make
-            # XLA copy all of them on every step.
-            params, opt_state = jax.lax.cond(finite, apply, lambda _: (current, state.opt_state), grads)
+            if skip_by_select():
+                # An accelerator: a per-leaf select fuses into the update, which writes the
+                # donated buffers in place; a conditional there makes XLA keep a copy of the whole
+                # state (SiT-XL/2 on a TPU v5e: 17.45 GB of temporaries with the conditional,
+                # 5.52 GB with the select, at batch 8).
+                new_params, new_opt_state = apply(grads)
+                params = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new_params, current)
+                opt_state = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new_opt_state, state.opt_state)
+            else:
+                # The CPU: one branch on the one flag: the common (finite) path updates the donated
+                # buffers in place; a per-leaf select of new vs old would read every old buffer
+                # twice and make XLA:CPU copy all of them on every step.
+                params, opt_state = jax.lax.cond(finite, apply, lambda _: (current, state.opt_state), grads)
             averaged = averages.update(state, params, index + 1)
             pending = state.pending
         else:

@@ -1,0 +1,73 @@
+"""The two forms of a skipped (non-finite) update in ``make_step``: the conditional the CPU runs
+and the per-leaf select accelerators run (``skip_by_select``: a conditional makes a TPU keep a
+copy of the whole state). Both give the same state, bit for bit: a finite batch updates, a
+non-finite one leaves the parameters and the optimizer state as they were and is flagged."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from dew.averaging.ema import EMASpec
+from dew.training import steps
+
+
+class Quadratic:
+    """loss = mean((w·x − y)²) over a [n, 3] batch; params {"w": [3]}."""
+
+    def init(self, rng, batch):
+        return {"w": jax.random.normal(rng, (3,))}
+
+    def project(self, params):
+        return params
+
+    def loss(self, params, rng, batch, step):
+        residual = batch["x"] @ params["w"] - batch["y"]
+        return jnp.mean(residual**2), ({}, None)
+
+
+def run(select: bool, batches):
+    steps.SKIP_BY_SELECT = select
+    try:
+        objective, optimizer, ema = Quadratic(), optax.adam(1e-2), EMASpec(0.9)
+        state = steps.make_init(objective, optimizer, ema)(jax.random.key(0), batches[0])
+        step = jax.jit(steps.make_step(objective, optimizer, ema))
+        history = []
+        for batch in batches:
+            state, stats = step(state, batch)
+            history.append((jax.device_get(state), int(stats["skipped_updates"])))
+        return history
+    finally:
+        steps.SKIP_BY_SELECT = None
+
+
+@pytest.fixture
+def batches():
+    rng = np.random.default_rng(0)
+    make = lambda: {"x": rng.normal(size=(8, 3)).astype(np.float32), "y": rng.normal(size=8).astype(np.float32)}  # noqa: E731
+    out = [make(), make(), make()]
+    out[1]["y"][2] = np.nan  # the second batch's loss is not finite
+    return out
+
+
+def test_select_and_conditional_give_the_same_states_and_skip_the_same_update(batches):
+    by_select, by_conditional = run(True, batches), run(False, batches)
+    assert [flag for _, flag in by_select] == [0, 1, 0] == [flag for _, flag in by_conditional]
+    for (a, _), (b, _) in zip(by_select, by_conditional, strict=True):
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    # the skipped step left the parameters and Adam's moments as the first step made them
+    first, skipped = by_select[0][0], by_select[1][0]
+    np.testing.assert_array_equal(first.params["w"], skipped.params["w"])
+    for x, y in zip(jax.tree.leaves(first.opt_state), jax.tree.leaves(skipped.opt_state), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert not np.array_equal(by_select[2][0].params["w"], skipped.params["w"])
+
+
+def test_the_form_follows_the_backend_unless_forced(monkeypatch):
+    assert steps.skip_by_select() is (jax.default_backend() != "cpu")
+    monkeypatch.setattr(steps, "SKIP_BY_SELECT", True)
+    assert steps.skip_by_select() is True
