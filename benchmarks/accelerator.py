@@ -15,8 +15,8 @@ precision and remat policy of its row (``RUNS``). For each it reports, as one JS
   step time; ``mfu``: the model's FLOPs per second (the compiled step's, less the recomputed
   forward of a rematerialised run: ``_model_flops``) as a fraction of ``--peak_tflops`` (197:
   the v5e's dense bf16 peak), ``hfu`` the compiled program's (recomputation included);
-* ``attention``: the kernel the run traced with (``dew.kernels.attention``: ``tpu_flash`` by
-  default on a TPU; the ``xla-attention`` row forces XLA's);
+* ``attention``: the kernel the run traced with (``dew.kernels.attention``: XLA's by default;
+  the ``flash-attention`` row forces the TPU's Pallas flash kernel);
 * ``memory_gb``: ``compiled.memory_analysis()`` (arguments + outputs + temporaries − aliased);
 * ``first_step_s``: from building the ``Trainer`` to the first step's result, in this process
   (``cold``: an empty compilation cache; ``--warm`` re-runs the first row in a child process
@@ -44,7 +44,7 @@ if ROOT not in sys.path:
 # name: (experiment, batch, precision, remat, source shape (side, channels), classes, attention)
 RUNS = {
     "SiT-B/2 f32": ("sit.py:SiT-B/2", 64, "float32", "none", (32, 8), 1000, None),
-    "SiT-B/2 bf16 xla-attention": ("sit.py:SiT-B/2", 64, "bfloat16", "none", (32, 8), 1000, "xla"),
+    "SiT-B/2 bf16 flash-attention": ("sit.py:SiT-B/2", 64, "bfloat16", "none", (32, 8), 1000, "tpu_flash"),
     "SiT-B/2 bf16": ("sit.py:SiT-B/2", 64, "bfloat16", "none", (32, 8), 1000, None),
     "DiT-B/2 bf16": ("dit.py:DiT-B/2", 64, "bfloat16", "none", (32, 8), 1000, None),
     "SiT-L/2 bf16": ("sit.py:SiT-L/2", 32, "bfloat16", "none", (32, 8), 1000, None),

@@ -47,7 +47,10 @@ def run(select: bool, batches):
 @pytest.fixture
 def batches():
     rng = np.random.default_rng(0)
-    make = lambda: {"x": rng.normal(size=(8, 3)).astype(np.float32), "y": rng.normal(size=8).astype(np.float32)}  # noqa: E731
+
+    def make() -> dict:
+        return {"x": rng.normal(size=(8, 3)).astype(np.float32), "y": rng.normal(size=8).astype(np.float32)}
+
     out = [make(), make(), make()]
     out[1]["y"][2] = np.nan  # the second batch's loss is not finite
     return out
