@@ -3,7 +3,12 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.dew-installed
+# On an accelerator machine: `make ACCELERATOR=tpu train` (or cuda12, cuda13) adds JAX's plugin for
+# the locked jax (pyproject.toml's extras of those names); empty on a CPU.
+ACCELERATOR ?=
+comma := ,
+EXTRAS := test,tracking,docs$(if $(ACCELERATOR),$(comma)$(ACCELERATOR))
+STAMP := $(VENV)/.dew-installed$(if $(ACCELERATOR),-$(ACCELERATOR))
 
 .PHONY: train test test-fast test-system test-accelerator lint format lock clean docs
 
@@ -12,7 +17,7 @@ $(STAMP): pyproject.toml requirements.lock
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@# setuptools prints a banner at every editable install ("Editable installation ... be careful
 	@# with folders ... named like your package"): a note for src-less layouts, not a problem here.
-	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet -c requirements.lock -e ".[test,tracking,docs]"
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet -c requirements.lock -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
 # Class-conditional EDM on the embedded digits; run again to resume from the last checkpoint.

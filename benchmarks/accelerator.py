@@ -55,6 +55,11 @@ RUNS = {
 }
 
 
+#: The default rows: one command within ~8 minutes on one v5e chip, where a row's first step
+#: (its compile, cold) took 48-111 s.
+DEFAULT_RUNS = ("SiT-B/2 f32", "SiT-B/2 bf16", "DiT-B/2 bf16", "SiT-XL/2 bf16", "MF-B/2 bf16")
+
+
 def bench_arrays(
     split: str = "train", *, side: int = 32, channels: int = 8, classes: int = 1000, rows: int = 512
 ):
@@ -195,7 +200,7 @@ def _measure(name: str, steps: int, rounds: int, peak_tflops: float) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="accelerator.jsonl")
-    parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated names of RUNS")
+    parser.add_argument("--runs", default=",".join(DEFAULT_RUNS), help=f"comma-separated: {', '.join(RUNS)}")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--peak_tflops", type=float, default=197.0)

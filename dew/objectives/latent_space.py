@@ -120,7 +120,7 @@ class LatentSpace:
         self.scaling = codec.scaling if codec is not None else scaling
         self.pixels = codec.pixels.name if codec is not None else pixels
         # the latent draw needs the scaling alone: a codec without weights
-        self._latents = StabilityVAECodec(None, self.config, self.scaling, self.pixels)
+        self._latents = StabilityVAECodec({}, self.config, self.scaling, self.pixels)
         self._decode_fn: Callable[[jax.Array], jax.Array] | None = None
 
     @property
