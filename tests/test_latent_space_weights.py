@@ -1,5 +1,6 @@
 """Training on pre-encoded latents reads no VAE weights: the latent draw needs only the scaling,
-and the weights are read (and their errors named) when something first decodes."""
+and the weights are read (and their errors named) when something first decodes, or at once for
+a run that decodes while it trains (previews)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ def section(weights: str) -> ml_collections.ConfigDict:
 
 def test_the_latent_draw_needs_no_weights_file_and_decoding_names_it(tmp_path):
     missing = str(tmp_path / "no-such-vae.safetensors")
-    space = latent_space.from_config(section(missing))
+    with pytest.raises(ConfigError, match=r"config\.objective\.latent\.weights=.*no-such-vae"):
+        latent_space.from_config(section(missing))  # a run that previews: read at once
+    space = latent_space.from_config(section(missing), decodes=False)
     raw = jnp.ones((2, 4, 4, 8), jnp.float32)
     drawn = space.draw(raw, jax.random.key(0))
     assert drawn.shape == (2, 4, 4, 4) and bool(jnp.all(jnp.isfinite(drawn)))
@@ -31,3 +34,10 @@ def test_the_latent_draw_needs_no_weights_file_and_decoding_names_it(tmp_path):
     assert space.image_shape((4, 4, 4)) == (32, 32, 3)
     with pytest.raises(ConfigError, match=r"config\.objective\.latent\.weights=.*no-such-vae"):
         space.to_images(np.zeros((1, 4, 4, 4), np.float32))
+
+
+def test_a_run_decodes_while_training_when_it_previews():
+    config = ml_collections.ConfigDict({"preview": {"every": 0}})
+    assert latent_space.decodes_while_training(config) is False
+    config.preview.every = 500
+    assert latent_space.decodes_while_training(config) is True

@@ -133,7 +133,7 @@ def arguments(config: Any, source: Any) -> dict[str, Any]:
             f"{registry.models.names()}"
         )
     column = source.fields[source.sample_field]
-    latent = latent_space.from_config(o.get("latent"))
+    latent = latent_space.from_config(o.get("latent"), latent_space.decodes_while_training(config))
     shape = tuple(column.shape[1:])
     sample_field = Field(source.sample_field, shape if latent is None else latent.sample_shape(shape))
     if latent is not None and o.augment.p > 0:

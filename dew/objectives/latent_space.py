@@ -172,9 +172,11 @@ class LatentSpace:
         return pixels.astype(np.float32) / 127.5 - 1.0
 
 
-def from_config(section: Any) -> LatentSpace | None:
-    """``config.objective.latent`` → a ``LatentSpace`` (its VAE weights loaded when something
-    first decodes: ``LatentSpace.codec``), or None for pixels."""
+def from_config(section: Any, decodes: bool = True) -> LatentSpace | None:
+    """``config.objective.latent`` → a ``LatentSpace``, or None for pixels. ``decodes``: the run
+    decodes while it trains (previews), so its VAE weights are read now and a missing or wrong
+    file stops it before anything is written; otherwise they are read when something first
+    decodes (``LatentSpace.codec``: a pipeline, sampling, FID), and training needs no VAE file."""
     if section is None or section.encoder is None:
         return None
     if section.encoder not in ENCODERS:
@@ -194,7 +196,15 @@ def from_config(section: Any) -> LatentSpace | None:
         except (OSError, KeyError, ValueError) as e:
             raise ConfigError(f"config.objective.latent.weights={section.weights!r}: {e}") from None
 
-    return LatentSpace(config=config, scaling=scaling, load=load, pixels=section.pixels)
+    space = LatentSpace(config=config, scaling=scaling, load=load, pixels=section.pixels)
+    if decodes:
+        space.codec  # noqa: B018 - read the weights now: their errors before any work
+    return space
+
+
+def decodes_while_training(config: Any) -> bool:
+    """Whether a run of ``config`` decodes samples while it trains (previews: ``preview.every``)."""
+    return bool(config.preview.every) if "preview" in config and "every" in config.preview else True
 
 
 def vae_config(section: Any, where: str) -> VAEConfig:
@@ -246,4 +256,11 @@ def _scaling(section: Any, channels: int) -> LatentScaling:
     return LatentScaling(**values)
 
 
-__all__ = ["CONFIG", "LATENT_NOISE_STREAM", "LatentSpace", "from_config", "vae_config"]
+__all__ = [
+    "CONFIG",
+    "LATENT_NOISE_STREAM",
+    "LatentSpace",
+    "decodes_while_training",
+    "from_config",
+    "vae_config",
+]

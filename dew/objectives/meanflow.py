@@ -159,7 +159,9 @@ def class_conditions(config: Any, source: Any, needs_classes: bool, objective: s
 def sample_field(config: Any, source: Any) -> tuple[Field, Any, tuple[int, ...] | None]:
     """(the model's sample field, the latent space or None, the decoded image shape or None)."""
     column = source.fields[source.sample_field]
-    latent = latent_space.from_config(config.objective.get("latent"))
+    latent = latent_space.from_config(
+        config.objective.get("latent"), latent_space.decodes_while_training(config)
+    )
     shape = tuple(column.shape[1:])
     if latent is None:
         return Field(source.sample_field, shape), None, None
