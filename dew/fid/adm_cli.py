@@ -92,7 +92,7 @@ def reference_batch(ref: str, metrics: tuple[str, ...], resolution: tuple[int, i
         ref_resolution = _file_resolution(files[0])
         out: dict[str, Any] = {"files": files, "resolution": ref_resolution}
     else:
-        from dew.scoring.adm_evaluator import ReferenceBatchError, read_reference_batch
+        from dew.scoring.adm_evaluator import NHOOD_SIZES, ReferenceBatchError, read_reference_batch
 
         try:
             out = read_reference_batch(ref)
@@ -102,6 +102,11 @@ def reference_batch(ref: str, metrics: tuple[str, ...], resolution: tuple[int, i
         has_stats = all(k in out for k in ("mu", "sigma", "mu_s", "sigma_s"))
         if needs_rows and "images" not in out and "pool" not in out:
             raise FidError(f"--ref={ref!r} holds statistics only; precision and recall need its arr_0 images")
+        if needs_rows and out["num_images"] < max(NHOOD_SIZES) + 1:  # each point and its k nearest
+            raise FidError(
+                f"--ref={ref!r} holds {out['num_images']} images; precision and recall need at least "
+                f"{max(NHOOD_SIZES) + 1} (each image's {max(NHOOD_SIZES)} nearest neighbours)"
+            )
         if not has_stats and "images" not in out and "pool" not in out:
             raise FidError(f"--ref={ref!r} holds neither statistics nor images")
         if not has_stats and "images" not in out and {"fid", "sfid"} & set(metrics):

@@ -72,12 +72,12 @@ DAMAGE = [
     ("total", "nan", True, "its sums are not finite"),
     ("outer", "inf", True, "its sums are not finite"),
     ("total", "nan", False, "do not match the digest"),
-    ("total", "short", True, r"'total' is float64 \(5,\), expected kind 'f' of shape \(6,\)"),
-    ("outer", "flat", True, r"'outer' is float64 \(36,\)"),
+    ("total", "short", True, r"member 'total' has shape \(5,\); expected float \[6\]"),
+    ("outer", "flat", True, r"member 'outer' has shape \(36,\); expected float \[6, 6\]"),
     ("settings", "not json {", True, "its settings are not a JSON object"),
     ("settings", "[1, 2]", True, "its settings are not a JSON object"),
-    ("settings", 7, True, r"'settings' is int64 \(\), expected kind 'U'"),
-    ("count", "object", False, "an array cannot be read"),
+    ("settings", 7, True, r"member 'settings' is int64; expected text \[\]"),
+    ("count", "object", False, r"member 'count' is object; expected int \[\]"),
     ("digest", None, False, r"lacking \['digest'\]"),  # a file of an older dew, or torn
     ("extra", 1, False, r"with unknown \['extra'\]"),
 ]
