@@ -15,8 +15,9 @@ float64 array is allocated (298 GiB) before a byte of it is read, a flipped byte
   end so its CRC-32 is checked. ``lazy`` members are checked but not read (``NpyHeader``;
   ``open_member`` streams them).
 - ``read_npy(data, where, member)`` is the same for a plain ``.npy`` held in memory.
-- ``open_npz(path, what)`` is the unchecked ``numpy.load`` of an archive (with ``allow_pickle``
-  off) for files dew converted itself and checks by digest (weights).
+- ``open_npz(path, what)`` is ``numpy.load`` of an archive of any layout (``allow_pickle`` off)
+  for files checked afterwards by digest (weights): every member's header checked against its
+  entry first, so nothing allocated exceeds what the file holds.
 
 Every failure is ``NotAnNpzError`` (an ``UnreadableFileError``, a ``ValueError``): one line naming
 ``what``, the file, the member, and what was expected. Nothing is ever unpickled.
@@ -96,7 +97,7 @@ def _check(
     """Why ``dtype`` ``shape`` is not ``member`` (None when it is), binding named lengths."""
     if dtype.hasobject or dtype.fields is not None or dtype.kind not in member.kinds:
         return f"is {dtype}"
-    if dtype.kind != "U" and dtype.itemsize > 8:
+    if dtype.kind in "fiub" and dtype.itemsize > 8:
         return f"is {dtype} ({dtype.itemsize}-byte elements)"
     if member.shape is not None:
         if len(shape) != len(member.shape):
@@ -146,10 +147,7 @@ def read_npz(
     and the member otherwise (``FileNotFoundError`` passes)."""
     where = f"{what}: {os.fspath(path)}"
     dims = dict(dims or {})
-    try:
-        archive = open_archive(path, what, EXPECTED)
-    except UnreadableFileError as e:
-        raise NotAnNpzError(str(e)) from None
+    archive = _open(path, what)
     bound: dict[str, int] = {}
     out: dict[str, np.ndarray | NpyHeader] = {}
     with archive:
@@ -256,28 +254,65 @@ def read_npy(data: bytes, where: str, member: Member, dims: Mapping[str, int] | 
         ) from None
 
 
-def open_npz(path: str | os.PathLike, what: str) -> np.lib.npyio.NpzFile:
-    """``np.load(path, allow_pickle=False)`` when ``path`` is an ``.npz`` archive, for use in a
-    ``with`` block; ``NotAnNpzError`` naming ``what`` (e.g. ``"--state_dict"``) and the file when
-    it is not (``FileNotFoundError`` passes through for a file that does not exist). Unbounded:
-    for files checked by digest afterwards; ``read_npz`` for anything else."""
+def _open(path: str | os.PathLike, what: str) -> zipfile.ZipFile:
+    """The archive at ``path``; ``NotAnNpzError`` saying what the file is instead (empty, a
+    single ``.npy``, neither a zip nor a ``.npy``, a torn zip). ``FileNotFoundError`` passes."""
     try:
-        loaded = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise
-    except (*ZIP_ERRORS, EOFError) as e:
-        raise NotAnNpzError(f"{what}: {os.fspath(path)} is not {EXPECTED} ({_reason(e)})") from None
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise NotAnNpzError(f"{what}: {os.fspath(path)} holds a single .npy array, not {EXPECTED}")
-    return loaded
+        return open_archive(path, what, EXPECTED)
+    except UnreadableFileError as e:
+        try:
+            with open(path, "rb") as f:
+                start = f.read(6)
+        except OSError:
+            raise NotAnNpzError(str(e)) from None
+        if not start:
+            why = "it is empty"
+        elif start == b"\x93NUMPY":
+            raise NotAnNpzError(
+                f"{what}: {os.fspath(path)} holds a single .npy array, not {EXPECTED}"
+            ) from None
+        elif not start.startswith(b"PK"):
+            why = "it is neither a zip archive nor a .npy array"
+        else:
+            why = str(e).rsplit(" (", 1)[-1].rstrip(")")
+        raise NotAnNpzError(f"{what}: {os.fspath(path)} is not {EXPECTED} ({why})") from None
 
 
-def _reason(error: BaseException) -> str:
-    if isinstance(error, ValueError) and "pickle" in str(error):  # numpy fell through to pickle
-        return "it is neither a zip archive nor a .npy array"
-    if isinstance(error, EOFError):
-        return "it is empty"
-    return reason(error)
+class _CheckedNpz(np.lib.npyio.NpzFile):
+    """``numpy``'s ``NpzFile`` whose members' damage (a bad CRC-32, a torn entry) is one
+    ``NotAnNpzError`` line naming the file and the member."""
+
+    def __init__(self, path: str | os.PathLike, what: str):
+        self.where = f"{what}: {os.fspath(path)}"
+        super().__init__(open(path, "rb"), own_fid=True, allow_pickle=False)  # noqa: SIM115  (closed by close())
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        try:
+            return super().__getitem__(key)
+        except ZIP_ERRORS as e:
+            raise NotAnNpzError(f"{self.where}: member {key!r} cannot be read ({reason(e)})") from None
+
+
+def open_npz(path: str | os.PathLike, what: str) -> np.lib.npyio.NpzFile:
+    """``np.load(path, allow_pickle=False)`` of the ``.npz`` at ``path``, for use in a ``with``
+    block, for files of any layout checked afterwards (weights, by digest): every member's
+    ``.npy`` header is first checked against its zip entry (never an object array, never more
+    bytes than the entry holds, and an entry never more than its compressed bytes can inflate
+    to), so nothing allocated is larger than the file can hold; a member's damage found as it
+    is read is ``NotAnNpzError`` too. ``NotAnNpzError`` naming ``what`` (e.g.
+    ``"--state_dict"``) and the file otherwise; ``FileNotFoundError`` passes through. Where
+    the layout is known, ``read_npz`` also bounds each member by it."""
+    where = f"{what}: {os.fspath(path)}"
+    with _open(path, what) as archive:
+        try:
+            infos = archive.infolist()
+        except ZIP_ERRORS as e:
+            raise NotAnNpzError(f"{where} is not {EXPECTED} ({reason(e)})") from None
+        for info in infos:
+            if info.filename.endswith(".npy"):
+                key = info.filename.removesuffix(".npy")
+                _member(archive, info.filename, key, Member("fiubcUS"), {}, {}, True, where)
+    return _CheckedNpz(path, what)
 
 
 __all__ = [

@@ -246,3 +246,29 @@ def test_a_pt_whose_byteorder_entry_inflates_is_refused_within_a_few_bytes(tmp_p
     finally:
         tracemalloc.stop()
     assert peak < os.path.getsize(out) + (2 << 20), peak  # not the 64 MiB it inflates to
+
+
+# ---------------------------------------------------------------- weights (checked by digest)
+
+
+def test_weights_opened_for_their_digest_are_bounded_by_the_file_and_damage_is_one_line(tmp_path):
+    """``open_npz`` (weights of any layout, checked by digest afterwards) checks every member's
+    header against its entry before numpy allocates, and turns a bad CRC-32 into one line."""
+    from dew.npz import NotAnNpzError, open_npz
+
+    path = tmp_path / "weights.npz"
+    np.savez(path, w=np.arange(4096.0), b=np.zeros(3))
+    replace_member(path, "w.npy", npy_with_header((200_000, 200_000)))
+    with pytest.raises(
+        NotAnNpzError, match=r"--weights: \S+: member 'w' declares float64 \(200000, 200000\)"
+    ):
+        open_npz(path, "--weights")
+    np.savez(path, w=np.arange(4096.0), b=np.zeros(3))
+    start, size = data_offset(path, "w.npy")
+    data = bytearray(path.read_bytes())
+    data[start + size - 1] ^= 0x01
+    path.write_bytes(bytes(data))
+    crc = r"member 'w' cannot be read \(BadZipFile: Bad CRC-32"
+    with pytest.raises(NotAnNpzError, match=crc) as refused, open_npz(path, "--weights") as loaded:
+        loaded["w"]  # read: the CRC-32 is checked at the entry's end
+    assert "\n" not in str(refused.value) and str(path) in str(refused.value)
