@@ -109,7 +109,7 @@ def _check(
                 if want in bound and bound[want] != n:
                     return f"has shape {shape} ({want}={bound[want]} elsewhere)"
                 if n > dims.get(want, n):
-                    return f"has shape {shape} ({want} at most {dims[want]})"
+                    return f"has shape {shape}"  # the bound follows, with what was expected
     nbytes = math.prod(shape) * dtype.itemsize
     if member.max_bytes is not None and nbytes > member.max_bytes:
         return f"is {dtype} {shape}, {nbytes} bytes"

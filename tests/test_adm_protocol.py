@@ -239,7 +239,13 @@ def _damages():
         a.flat[7] = np.nan
         return a
 
+    def torn_progress(outdir):  # a byte of the progress file's last member: its CRC-32 fails
+        data = bytearray((outdir / ap.PROGRESS_FILE).read_bytes())
+        data[data.index(b"PK\x01\x02") - 1] ^= 1
+        (outdir / ap.PROGRESS_FILE).write_bytes(bytes(data))
+
     return [
+        (torn_progress, r"member '\w+' cannot be read \(BadZipFile: Bad CRC-32"),
         (lambda o: _flip_a_byte(o / c1), rf"its chunk file \S*{c1} does not match the digest recorded"),
         (lambda o: os.remove(o / c1), rf"its chunk file \S*{c1} cannot be read \(FileNotFoundError\)"),
         (lambda o: (o / c1).write_bytes(_npy(np.ones((4, 2048), np.float32))), "does not match the digest"),

@@ -109,7 +109,9 @@ def test_a_reference_mu_declaring_gigabytes_is_one_line(tmp_path):
     with pytest.raises(FidInputError, match=r"member 'mu' declares float64 \(4000000000,\)") as refused:
         load_reference(str(path))
     assert "\n" not in str(refused.value) and str(path) in str(refused.value)
-    with pytest.raises(FidInputError, match=r"member 'mu' has shape \(4000000000,\) \(D at most 2048\)"):
+    with pytest.raises(
+        FidInputError, match=r"member 'mu' has shape \(4000000000,\); expected float \[D\] \(D at most 2048\)"
+    ):
         load_reference(str(path), dim=2048)
 
 

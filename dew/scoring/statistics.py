@@ -183,7 +183,7 @@ def load_statistics(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
     Raises naming the file when it is missing, is not such an ``.npz`` (``dew.npz.read_npz``:
     sizes checked before anything is allocated), lacks ``mu``/``sigma`` of matching shapes, or
-    holds values that are not finite.
+    holds values that are not finite or records (``num_images``) fewer than 2 images.
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(
@@ -194,12 +194,18 @@ def load_statistics(path: str | os.PathLike) -> dict[str, np.ndarray]:
         "mu": Member("f", ("D",)),
         "sigma": Member("f", ("D", "D")),
         "features": Member("f", (None, "D"), required=False),
+        "num_images": Member("iu", (), required=False),  # dew's references record it
     }
     try:  # each member's size checked before it is read; other members are not read
         data = read_npz(path, "reference statistics", schema, others="ignore")
     except NotAnNpzError as e:
         raise ValueError(str(e)) from None
-    out = {k: np.asarray(v) for k, v in data.items()}
+    out = {k: np.asarray(v) for k, v in data.items() if k != "num_images"}
+    if "num_images" in data and int(np.asarray(data["num_images"])) < 2:
+        raise ValueError(
+            f"reference statistics {str(path)!r} record {int(np.asarray(data['num_images']))} images; "
+            "a covariance needs at least 2"
+        )
     out["mu"], out["sigma"] = out["mu"].astype(np.float64), out["sigma"].astype(np.float64)
     _check_stats(out["mu"], out["sigma"], str(path))
     for key, value in out.items():
