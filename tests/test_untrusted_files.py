@@ -83,6 +83,15 @@ def test_a_flipped_byte_in_any_progress_member_is_set_aside_and_redrawn(tmp_path
     assert tally.resume(str(tmp_path), SETTINGS) == 0  # nothing left to stop the next draw
 
 
+def test_each_damaged_progress_file_set_aside_is_kept(tmp_path, capsys):
+    """Two set aside within one second (the name's resolution) are both kept."""
+    for _ in range(2):
+        progress_file(tmp_path).write_bytes(b"torn")
+        assert fid_progress.FidTally(DIM).resume(str(tmp_path), SETTINGS) == 0
+    assert len([n for n in os.listdir(tmp_path) if ".damaged-" in n]) == 2
+    assert capsys.readouterr().err.count("set it aside as") == 2
+
+
 def test_a_progress_member_declaring_298_gib_is_refused_before_it_is_allocated(tmp_path):
     """Found: numpy's ``_ArrayMemoryError: Unable to allocate 298 GiB``."""
     path = progress_file(tmp_path)

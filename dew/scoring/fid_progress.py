@@ -119,13 +119,16 @@ class ProgressDamaged(FidInputError):
 
 
 def set_aside(damaged: ProgressDamaged) -> str:
-    """Rename the damaged progress file to ``<name>.damaged-<UTC time>`` and say so on stderr in
+    """Rename the damaged progress file to ``<name>.damaged-<UTC time>[-<n>]`` and say so on stderr in
     one line; returns the new name (the old one when another process set it aside first)."""
     import datetime
     import sys
 
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
-    aside = f"{damaged.path}.damaged-{stamp}"
+    aside, n = f"{damaged.path}.damaged-{stamp}", 0
+    while os.path.exists(aside):  # one set aside earlier this second is kept too
+        n += 1
+        aside = f"{damaged.path}.damaged-{stamp}-{n}"
     try:
         os.replace(damaged.path, aside)
     except FileNotFoundError:  # another process of the draw set it aside already
