@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import tokenize
 import zipfile
 from collections.abc import Mapping
 from typing import IO, Literal
@@ -81,13 +82,18 @@ class NpyHeader:
 
 
 def _header(f: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, Fortran order, dtype) of the ``.npy`` stream ``f``, left at its data; a header
+    numpy's parser cannot read (its ``SyntaxError``, ``TokenError``) is a ``ValueError``."""
     version = np.lib.format.read_magic(f)
-    if version == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f, max_header_size=HEADER_BYTES)
-    elif version in ((2, 0), (3, 0)):
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f, max_header_size=HEADER_BYTES)
-    else:
-        raise ValueError(f"unknown .npy format version {version}")
+    try:
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f, max_header_size=HEADER_BYTES)
+        elif version in ((2, 0), (3, 0)):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f, max_header_size=HEADER_BYTES)
+        else:
+            raise ValueError(f"unknown .npy format version {version}")
+    except (SyntaxError, tokenize.TokenError, TypeError) as e:
+        raise ValueError(f"its .npy header cannot be parsed ({type(e).__name__})") from None
     return tuple(int(n) for n in shape), bool(fortran), np.dtype(dtype)
 
 
@@ -170,10 +176,21 @@ def read_npz(
         wanted = [*(k for k in schema if k in members), *(k for k in members if k not in schema)]
         for key in wanted:
             member = schema.get(key, default)
+            name = names[members.index(key)]
             if member is not None:
-                name = names[members.index(key)]
                 out[key] = _member(archive, name, key, member, bound, dims, key in lazy, where)
+            else:  # not read, but an entry the directory misnames is damage all the same
+                _local_header(archive, name, where)
     return out
+
+
+def _local_header(archive: zipfile.ZipFile, name: str, where: str) -> None:
+    """Refuse an entry whose local header disagrees with the directory (``zipfile`` compares
+    them when the entry is opened); nothing of it is read."""
+    try:
+        archive.open(name).close()
+    except ZIP_ERRORS as e:
+        raise NotAnNpzError(f"{where}: entry {name!r} cannot be read ({reason(e)})") from None
 
 
 def _member(

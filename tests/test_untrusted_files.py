@@ -124,6 +124,30 @@ def test_a_reference_mu_declaring_gigabytes_is_one_line(tmp_path):
         load_reference(str(path), dim=2048)
 
 
+def test_what_the_fuzz_tier_found_is_one_line(tmp_path):
+    """A ``.npy`` header numpy's parser stops on (its ``SyntaxError``, not a ``ValueError``), and
+    a member the reader does not read whose name the zip's directory garbles (a flipped byte):
+    both once escaped a longer run of tests/test_fuzz_readers.py."""
+    path = tmp_path / "ref.npz"
+    save_reference(str(path), np.zeros(4), np.eye(4), resolution=(8, 8), num_images=5, detector="d")
+    header = b"{'descr': '<f8', 'fortran_order': False, 'shape': (4,   \n"
+    replace_member(
+        path, "mu.npy", b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + bytes(32)
+    )
+    with pytest.raises(
+        FidInputError, match=r"member 'mu' cannot be read \(ValueError: its .npy header cannot"
+    ):
+        load_reference(str(path))
+    save_reference(str(path), np.zeros(4), np.eye(4), resolution=(8, 8), num_images=5, detector="d")
+    np.savez(path, **dict(np.load(path)), features=np.zeros((3, 4)))  # a member load_reference ignores
+    data = bytearray(path.read_bytes())
+    name = data.index(b"features.npy", data.index(b"PK\x01\x02"))  # in the central directory
+    data[name] ^= 0x01  # the directory now names "geatures.npy"; its local header still "features"
+    path.write_bytes(bytes(data))
+    with pytest.raises(FidInputError, match=r"entry 'geatures.npy' cannot be read \(BadZipFile"):
+        load_reference(str(path))
+
+
 @pytest.mark.parametrize(
     "edit,message",
     [
