@@ -141,6 +141,10 @@ def convert(
 
     if not isinstance(step, int) or step < 1:
         raise ConversionError(f"--step={step!r} is invalid: expected an int >= 1 (the EMA's update count)")
+    try:
+        dit_checkpoint.check_layout(state_dict)  # before the run's target is built
+    except dit_checkpoint.CheckpointError as e:
+        raise ConversionError(f"--checkpoint={source}: {str(e).removeprefix('checkpoint: ')}") from None
     config = with_time_direction(config, state_dict, reference)
     name = config.model.name
     run = converted_run.target(config, workdir)
@@ -198,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             state = read_checkpoint(args.checkpoint, args.which)  # a bad file fails before anything is built
         except CheckpointError as e:
-            raise ConversionError(f"--checkpoint: {e}") from None
+            raise ConversionError(f"--checkpoint: {str(e).removeprefix('checkpoint: ')}") from None
         directory = convert(state, config, workdir, args.step, os.path.abspath(args.checkpoint), args.source)
         return f"converted {args.checkpoint} ({config.model.name}) -> {directory} (step {args.step})"
 

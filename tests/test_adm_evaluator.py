@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import pathlib
+import zipfile
 
 import numpy as np
 import pytest
@@ -270,14 +271,45 @@ def test_the_evaluators_reference_batch_reads_here(golden, tmp_path):
 @pytest.mark.parametrize(
     "arrays,message",
     [
-        ({"mu": np.zeros(3)}, "an ADM reference batch holds arr_0"),
-        ({"arr_0": np.zeros((2, 4, 4), np.uint8)}, r"arr_0 is uint8 \(2, 4, 4\); expected uint8 images"),
-        ({"arr_0": np.zeros((2, 4, 4, 3), np.float32)}, "arr_0 is float32"),
+        ({"mu": np.zeros(3)}, r"member 'mu' has shape \(3,\); expected float \[2048\]"),
+        ({"resolution": np.array([4, 4])}, "an ADM reference batch holds arr_0"),
+        (
+            {"arr_0": np.zeros((2, 4, 4), np.uint8)},
+            r"member 'arr_0' has shape \(2, 4, 4\); expected uint \[N, H, W, 3\]",
+        ),
+        ({"arr_0": np.zeros((2, 4, 4, 3), np.float32)}, "member 'arr_0' is float32"),
+        ({"arr_0": np.zeros((2, 4, 4, 3), np.uint16)}, "arr_0 is uint16"),
         (
             {"arr_0": np.zeros((2, 4, 4, 3), np.uint8), "mu": np.zeros(5), "sigma": np.eye(5)},
-            r"mu \(5,\) and sigma \(5, 5\); expected \[2048\]",
+            r"member 'mu' has shape \(5,\); expected float \[2048\]",
         ),
-        ({"pool": np.zeros((3, 7), np.float32)}, r"pool is \(3, 7\); expected \[N, 2048\]"),
+        (
+            {"pool": np.zeros((3, 7), np.float32)},
+            r"member 'pool' has shape \(3, 7\); expected float \[N, 2048\]",
+        ),
+        # what an attack round found: each was a traceback, or a score from garbage
+        ({"mu": np.zeros(2048)}, "holds mu without sigma; expected both or neither"),
+        ({"sigma_s": np.eye(2023)}, "holds sigma_s without mu_s"),
+        (
+            {"arr_0": np.zeros((2, 4, 4, 3), np.uint8), "num_images": np.array([2, 2])},
+            r"member 'num_images' has shape \(2,\); expected int/uint \[\]",
+        ),
+        (
+            {"arr_0": np.zeros((2, 16, 16, 3), np.uint8), "resolution": np.array([8, 8])},
+            "records resolution 8x8, its arr_0 holds 16x16 images",
+        ),
+        ({"pool": np.full((5, 2048), np.nan, np.float32)}, "pool holds feature rows that are not finite"),
+        (
+            {"arr_0": np.zeros((4, 4, 4, 3), np.uint8), "mu": np.full(2048, np.inf), "sigma": np.eye(2048)},
+            "mu holds values that are not finite",
+        ),
+        ({"arr_0": np.zeros((1, 4, 4, 3), np.uint8)}, "holds 1 images; statistics need at least 2"),
+        ({"arr_0": np.zeros((0, 4, 4, 3), np.uint8)}, "holds 0 images; statistics need at least 2"),
+        ({"pool": np.zeros((1, 2048), np.float32)}, "holds 1 images; statistics need at least 2"),
+        (
+            {"arr_0": np.zeros((3, 4, 4, 3), np.uint8), "pool": np.zeros((2, 2048), np.float32)},
+            r"member 'pool' has shape \(2, 2048\) \(N=3 elsewhere\)",
+        ),
     ],
 )
 def test_a_malformed_reference_batch_is_one_line(tmp_path, arrays, message):
@@ -286,3 +318,22 @@ def test_a_malformed_reference_batch_is_one_line(tmp_path, arrays, message):
     with pytest.raises(adm.ReferenceBatchError, match=message) as refused:
         adm.read_reference_batch(str(path))
     assert "\n" not in str(refused.value) and str(path) in str(refused.value)
+
+
+def test_a_garbage_or_damaged_arr_0_is_one_line(tmp_path):
+    """A member that is not a .npy array, and a flipped byte in the images (found by their
+    CRC-32 as they are streamed), are one line naming the member."""
+    path = tmp_path / "garbage.npz"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("arr_0.npy", b"this is not an array" * 10)
+    with pytest.raises(
+        adm.ReferenceBatchError, match=r"member 'arr_0' cannot be read \(ValueError: the magic"
+    ):
+        adm.read_reference_batch(str(path))
+    path = tmp_path / "flipped.npz"
+    np.savez(path, arr_0=np.arange(4 * 8 * 8 * 3, dtype=np.uint8).reshape(4, 8, 8, 3))
+    data = bytearray(path.read_bytes())
+    data[data.index(b"\x00\x01\x02\x03") + 100] ^= 0xFF  # inside the images, past the header
+    path.write_bytes(bytes(data))
+    with pytest.raises(adm.ReferenceBatchError, match=r"arr_0'? cannot be read \(BadZipFile: Bad CRC-32"):
+        list(adm.read_reference_batch(str(path))["images"].batches(3))  # a small entry: at its header

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from dew.pinned_weights import content_sha256
 from dew.scoring import adm_evaluator as adm
 from dew.scoring import adm_progress as ap
 from dew.scoring.adm_protocol import adm_report, adm_scores, write_adm_results
+from dew.scoring.fid_progress import ProgressDamaged
 from dew.scoring.fid_reference import FidInputError, MomentSums
 
 NUM, CHUNK = 11, 4  # three chunks, the last one short (3 images)
@@ -237,15 +239,21 @@ def _damages():
         a.flat[7] = np.nan
         return a
 
+    def torn_progress(outdir):  # a byte of the progress file's last member: its CRC-32 fails
+        data = bytearray((outdir / ap.PROGRESS_FILE).read_bytes())
+        data[data.index(b"PK\x01\x02") - 1] ^= 1
+        (outdir / ap.PROGRESS_FILE).write_bytes(bytes(data))
+
     return [
+        (torn_progress, r"member '\w+' cannot be read \(BadZipFile: Bad CRC-32"),
         (lambda o: _flip_a_byte(o / c1), rf"its chunk file \S*{c1} does not match the digest recorded"),
         (lambda o: os.remove(o / c1), rf"its chunk file \S*{c1} cannot be read \(FileNotFoundError\)"),
         (lambda o: (o / c1).write_bytes(_npy(np.ones((4, 2048), np.float32))), "does not match the digest"),
-        (replace_recorded(short), r"is float32 \(3, 2048\), expected float32 \(4, 2048\)"),
-        (replace_recorded(wide), r"is float32 \(4, 2023\), expected float32 \(4, 2048\)"),
-        (replace_recorded(f64), r"is float64 \(4, 2048\), expected float32"),
+        (replace_recorded(short), r"has shape \(3, 2048\); expected float \[4, 2048\]"),
+        (replace_recorded(wide), r"has shape \(4, 2023\); expected float \[4, 2048\]"),
+        (replace_recorded(f64), r"holds more bytes than float32 \(4, 2048\) rows"),
         (replace_recorded(nan), "holds values that are not finite"),
-        (replace_recorded(pickled), r"is not a .npy array \(Object arrays cannot be loaded"),
+        (replace_recorded(pickled), r"adm-pool-00001.npy is object; expected float \[4, 2048\]"),
         (replace_recorded(b"not an npy"), r"is not a .npy array"),
         (
             progress_edit("pool_sha256", lambda a: a[:1]),
@@ -258,9 +266,9 @@ def _damages():
         ),
         (progress_edit("total_s", nan_at), "its spatial sums are not finite"),
         (progress_edit("outer_s", nan_at, redigest=False), "its arrays do not match the digest"),
-        (progress_edit("outer_s", lambda a: a[:-1]), r"'outer_s' is float64 \(2022, 2023\), expected kind"),
-        (progress_edit("total_s", lambda a: a.astype(np.float32)[:5]), r"'total_s' is float32 \(5,\)"),
-        (progress_edit("pool_sha256", lambda a: np.asarray(3)), r"'pool_sha256' is int64"),
+        (progress_edit("outer_s", lambda a: a[:-1]), r"member 'outer_s' has shape \(2022, 2023\)"),
+        (progress_edit("total_s", lambda a: a.astype(np.float32)[:5]), r"member 'total_s' has shape \(5,\)"),
+        (progress_edit("pool_sha256", lambda a: np.asarray(3)), r"member 'pool_sha256' is int64"),
         (progress_edit("chunks_done", lambda a: np.asarray(3, np.int64)), "count=8 images after 3 chunks"),
     ]
 
@@ -269,12 +277,28 @@ def _damages():
 def test_a_damaged_progress_or_chunk_file_is_refused_in_one_line(tmp_path, damage, message):
     _draw(tmp_path, range(2))
     damage(tmp_path)
-    with pytest.raises(FidInputError, match=message) as refused:
-        ap.AdmTally(NUM, CHUNK).resume(str(tmp_path), SETTINGS)
+    with pytest.raises(ProgressDamaged, match=message) as refused:
+        ap.AdmTally(NUM, CHUNK).read(str(tmp_path), SETTINGS)
     line = str(refused.value)
     assert "\n" not in line and str(tmp_path / ap.PROGRESS_FILE) in line, line
     assert line.startswith(f"--outdir={str(tmp_path)!r}: the ADM progress file")
     assert line.endswith("delete it to start over")
+
+
+@pytest.mark.parametrize("damage,message", _damages()[:3])
+def test_a_draw_sets_a_damaged_progress_aside_and_starts_over(tmp_path, capsys, damage, message):
+    """Damage dew's own files could suffer is not a stuck run: the draw's ``resume`` renames the
+    progress file aside, says so in one line, and the draw starts from chunk 0."""
+    _draw(tmp_path, range(2))
+    damage(tmp_path)
+    tally = ap.AdmTally(NUM, CHUNK)
+    assert tally.resume(str(tmp_path), SETTINGS) == 0 and tally.count == 0 and tally.digests == []
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and re.search(message, line) and "set it aside as" in line, line
+    assert not (tmp_path / ap.PROGRESS_FILE).exists()
+    assert [n for n in os.listdir(tmp_path) if n.startswith(f"{ap.PROGRESS_FILE}.damaged-")]
+    redrawn = _draw(tmp_path, range(3))  # chunk 0 onward, its files rewritten
+    assert _same_statistics(redrawn, _draw(tmp_path / "whole", range(3)))
 
 
 def test_a_chunk_file_damaged_after_the_draw_stops_the_report(tmp_path):

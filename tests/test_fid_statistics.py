@@ -211,7 +211,13 @@ def test_reference_statistics_npz_round_trip_and_errors(tmp_path):
         load_statistics(tmp_path / "missing.npz")
     save_path = tmp_path / "bad.npz"
     np.savez(save_path, mu=mu)
-    with pytest.raises(ValueError, match=r"lack \['sigma'\]"):
+    with pytest.raises(ValueError, match=r"lacking \['sigma'\]"):
+        load_statistics(save_path)
+    np.savez(save_path, mu=mu, sigma=np.where(np.eye(5) > 0, np.nan, sigma))  # never a Fréchet distance
+    with pytest.raises(ValueError, match="sigma holds values that are not finite"):
+        load_statistics(save_path)
+    np.savez(save_path, mu=mu, sigma=sigma, num_images=np.int64(1))  # dew's references record it
+    with pytest.raises(ValueError, match="record 1 images; a covariance needs at least 2"):
         load_statistics(save_path)
     with pytest.raises(ValueError, match="D=3, earlier batches had D=5"):
         stats.update(np.zeros((2, 3)))

@@ -85,12 +85,14 @@ def reference_batch(ref: str, metrics: tuple[str, ...], resolution: tuple[int, i
     """``--ref``: an ADM reference batch (``read_reference_batch``) or a folder of images, read
     (not yet embedded), holding what ``metrics`` need and checked against the samples'
     ``resolution``; ``FidError`` in one line otherwise."""
+    from dew.scoring.adm_evaluator import NHOOD_SIZES
+
     if os.path.isdir(ref):
         from dew.fid.inputs import list_images
 
         files = list_images(ref, "--ref")
         ref_resolution = _file_resolution(files[0])
-        out: dict[str, Any] = {"files": files, "resolution": ref_resolution}
+        out: dict[str, Any] = {"files": files, "resolution": ref_resolution, "num_images": len(files)}
     else:
         from dew.scoring.adm_evaluator import ReferenceBatchError, read_reference_batch
 
@@ -109,6 +111,13 @@ def reference_batch(ref: str, metrics: tuple[str, ...], resolution: tuple[int, i
                 f"--ref={ref!r} holds pool rows only; fid and sfid need its mu, sigma, mu_s, sigma_s "
                 "or its arr_0 images"
             )
+    needs_rows = {"precision", "recall"} & set(metrics)
+    rows = out.get("num_images") if ("images" in out or "pool" in out or "files" in out) else None
+    if needs_rows and rows is not None and rows < max(NHOOD_SIZES) + 1:  # each point, k neighbours
+        raise FidError(
+            f"--ref={ref!r} holds {rows} images; precision and recall need at least "
+            f"{max(NHOOD_SIZES) + 1} (each image's {max(NHOOD_SIZES)} nearest neighbours)"
+        )
     recorded = out.get("resolution")
     if recorded is not None and tuple(recorded) != tuple(resolution):
         raise FidError(

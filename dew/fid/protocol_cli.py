@@ -82,6 +82,7 @@ def protocol_main(argv: Sequence[str]) -> int:
     from dew.objectives.protocol_presets import preset_named, resolve
     from dew.scoring import fid_protocol as fp
     from dew.scoring.fid_reference import FidInputError, check_reference, file_digest, load_reference
+    from dew.scoring.inception import FEATURE_DIM
 
     try:
         args = _protocol_args(argv)
@@ -91,7 +92,7 @@ def protocol_main(argv: Sequence[str]) -> int:
 
             return adm_protocol_main(args, metrics)
         preset_named(args.preset)  # an unknown name before the run loads
-        ref = load_reference(args.ref)
+        ref = load_reference(args.ref, dim=FEATURE_DIM)  # before the run loads
         if args.distributed:
             import jax
 
@@ -109,7 +110,7 @@ def protocol_main(argv: Sequence[str]) -> int:
         identity = {"workdir": os.path.abspath(args.workdir), "step": task.step, "raw": bool(args.raw)}
         draw = fp.Draw(task.objective, task.params, sampler, detector, identity=identity, **flags)
         if os.path.isdir(args.outdir):
-            fp.read_progress(args.outdir, draw.settings(), detector.dim)  # refuse a bad or other progress now
+            fp.FidTally(detector.dim).resume(args.outdir, draw.settings())  # another draw's: refused now
     except (FidError, FidInputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

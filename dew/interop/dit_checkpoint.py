@@ -25,7 +25,7 @@ import numpy as np
 
 from dew.interop import torch_zip
 from dew.interop.pickle_bounds import PickleRefused
-from dew.npz import open_npz
+from dew.npz import Member, NotAnNpzError, read_npz
 from dew.schema import ConfigError
 
 Params = dict[str, dict[str, np.ndarray]]
@@ -47,8 +47,11 @@ def read_checkpoint(path: str | os.PathLike, which: str = "ema") -> dict[str, np
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint: no file at {path!r}")
     if path.endswith(".npz"):
-        with open_npz(path, "checkpoint") as data:
-            arrays = {k: np.asarray(data[k]) for k in data.files}
+        try:  # numbers of any shape; each member's size checked before it is read
+            read = read_npz(path, "checkpoint", {}, default=Member("fiu"))
+        except NotAnNpzError as e:
+            raise CheckpointError(str(e)) from None
+        arrays = {k: v for k, v in read.items() if isinstance(v, np.ndarray)}
         prefixed = {k.split("/", 1)[0] for k in arrays if "/" in k}
         if prefixed & set(WHICH):
             if which not in prefixed:
@@ -85,6 +88,27 @@ def module_path(top: str, key: str) -> tuple[str, str]:
         else:
             merged.append(part)
     return "/".join([top, *merged]), parts[-1]
+
+
+def check_layout(state: Mapping[str, np.ndarray]) -> None:
+    """Refuse, with ``CheckpointError`` naming the key, a state dict whose patch convolution
+    ``x_embedder.proj.weight`` is not [D, C, p, p] with p >= 1 and D, C >= 1, or whose
+    ``pos_embed`` is not [1, T, D] with T >= 1: what ``latent_size`` and ``convert`` read, checked
+    before anything is built from them."""
+    proj = state.get("x_embedder.proj.weight")
+    if proj is None:
+        raise CheckpointError("checkpoint: no 'x_embedder.proj.weight': not a DiT/SiT state dict")
+    shape = tuple(np.shape(proj))
+    if len(shape) != 4 or shape[2] != shape[3] or min(shape) < 1:
+        raise CheckpointError(
+            f"checkpoint: x_embedder.proj.weight has shape {shape}; expected the patch convolution "
+            "[hidden, channels, p, p] with p >= 1"
+        )
+    pos = state.get("pos_embed")
+    if pos is not None and (np.ndim(pos) != 3 or np.shape(pos)[0] != 1 or np.shape(pos)[1] < 1):
+        raise CheckpointError(
+            f"checkpoint: pos_embed has shape {np.shape(pos)}; expected [1, tokens, hidden]"
+        )
 
 
 def latent_size(state: Mapping[str, np.ndarray]) -> int | None:
@@ -156,8 +180,7 @@ def convert(
     """
     from dew.networks.dit_layers import get_2d_sincos_pos_embed
 
-    if "x_embedder.proj.weight" not in state:
-        raise CheckpointError("checkpoint: no 'x_embedder.proj.weight': not a DiT/SiT state dict")
+    check_layout(state)
     proj = state["x_embedder.proj.weight"]
     hidden, in_channels, patch = int(proj.shape[0]), int(proj.shape[1]), int(proj.shape[-1])
     size = input_size if input_size is not None else latent_size(state)

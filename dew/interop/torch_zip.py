@@ -15,7 +15,10 @@ rebuilds and storage types, as ``dew.interop.edm_pickle`` reads them, ``collecti
 and ``argparse.Namespace``, whose record is data), builds numpy arrays in place of tensors, and
 bounds what it builds by the file's size (``dew.interop.pickle_bounds``: the opcodes are read
 first, each storage is checked against its entry's length before it is allocated, and the loaded
-graph is walked once). Anything else is ``PickleRefused`` naming it, one line.
+graph is walked once). Every entry is read through ``dew.bounded_zip``: at most what it should
+hold (the byte-order entry a few bytes, ``data.pkl`` the bounds' array bytes, a storage its
+elements), to its end so its CRC-32 is checked; an encrypted entry is refused. Anything else is
+``PickleRefused`` naming it, one line.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from dew.bounded_zip import ZIP_ERRORS, UnreadableFileError, entry_info, read_entry, read_exactly, reason
 from dew.interop.edm_pickle import (
     STORAGE_DTYPES,
     _rebuild_parameter,
@@ -37,6 +41,8 @@ from dew.interop.edm_pickle import (
     _StorageType,
 )
 from dew.interop.pickle_bounds import Bounds, PickleRefused, active, charge, check_graph, check_opcodes
+
+BYTEORDER_BYTES = 16  # "little" or "big", perhaps with a newline
 
 ALLOWED = {
     ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
@@ -90,7 +96,8 @@ class _ZipUnpickler(pickle.Unpickler):
                     f"tensor storage {key}: {info.file_size} bytes for {numel} {storage_type.name} elements"
                 )
             charge(nbytes, f"tensor storage {key} ({numel} elements)")
-            array = np.frombuffer(self.archive.read(entry), storage_type.dtype).copy()
+            array = np.empty(numel, storage_type.dtype)
+            _read_into(self.archive, entry, array)
             if storage_type.name == "BFloat16Storage":  # the top half of a float32
                 charge(4 * array.size, f"a bfloat16 storage of {array.size} elements as float32")
                 array = (array.astype(np.uint32) << 16).view(np.float32)
@@ -104,7 +111,9 @@ def read(path: str) -> Any:
     tensors, containers and plain values."""
     try:
         archive = zipfile.ZipFile(path)
-    except zipfile.BadZipFile:
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
         raise PickleRefused(
             f"{path} is not a zip-format torch.save file (PyTorch >= 1.6 writes that by default; re-save "
             "it with torch.save, or export the state dict to .npz)"
@@ -115,17 +124,25 @@ def read(path: str) -> Any:
             raise PickleRefused(f"{path}: expected one <prefix>/data.pkl entry, found {len(pickles)}")
         prefix = pickles[0].split("/", 1)[0]
         byteorder = f"{prefix}/byteorder"
-        if byteorder in archive.namelist() and archive.read(byteorder).strip() != b"little":
-            raise PickleRefused(f"{path}: saved big-endian ({byteorder}); expected a little-endian file")
         bounds = Bounds(os.path.getsize(path))
-        if archive.getinfo(pickles[0]).file_size > bounds.array_bytes:
-            raise PickleRefused(f"{path}: data.pkl expands past {bounds.array_bytes} bytes")
-        data = archive.read(pickles[0])
+        try:
+            order = (
+                read_entry(archive, byteorder, BYTEORDER_BYTES, path)
+                if byteorder in archive.namelist()
+                else None
+            )
+            if order is not None and order.strip() != b"little":  # "little" or "big": a few bytes
+                raise PickleRefused(f"{path}: saved big-endian ({byteorder}); expected a little-endian file")
+            data = read_entry(archive, pickles[0], bounds.array_bytes, path)
+        except UnreadableFileError as e:
+            raise PickleRefused(str(e)) from None
         try:
             check_opcodes(io.BytesIO(data), f"{path} (data.pkl)")
             with active(bounds):
                 top = _ZipUnpickler(data, archive, prefix).load()
             check_graph(top, bounds, name=path, expand=_namespace_items)
+        except UnreadableFileError as e:  # a storage entry: torn, encrypted, a bad CRC-32
+            raise PickleRefused(f"{path}: {str(e).removeprefix(f'{path}: ')}") from None
         except PickleRefused as e:
             raise PickleRefused(f"{path}: {str(e).removeprefix(f'{path}: ')}") from None
         except Exception as e:  # a truncated or corrupt record: whatever the unpickler stopped on
@@ -133,6 +150,22 @@ def read(path: str) -> Any:
                 f"{path} is not a readable checkpoint ({type(e).__name__}: {str(e)[:200]})"
             ) from None
     return top
+
+
+def _read_into(archive: zipfile.ZipFile, entry: str, array: np.ndarray) -> None:
+    """Fill ``array`` with ``entry``'s bytes (exactly its size, read to the end: the CRC-32 is
+    checked); ``UnreadableFileError`` naming the entry otherwise."""
+    where = f"entry {entry!r}"
+    info = entry_info(archive, entry, array.nbytes, where)
+    try:
+        with archive.open(info) as f:
+            read_exactly(f, array, where)
+            if f.read(1):
+                raise UnreadableFileError(f"{where} holds more than {array.nbytes} bytes")
+    except UnreadableFileError:
+        raise
+    except ZIP_ERRORS as e:
+        raise UnreadableFileError(f"{where} cannot be read ({reason(e)})") from None
 
 
 def _namespace_items(value: Any) -> list | None:

@@ -59,7 +59,8 @@ from typing import Any
 
 import numpy as np
 
-from dew.npz import NotAnNpzError, open_npz
+from dew.bounded_zip import ZIP_ERRORS, UnreadableFileError, read_exactly, reason
+from dew.npz import Member, NotAnNpzError, NpyHeader, open_npy_member, read_npz
 
 SPLIT_SIZE = 5000  # compute_inception_score's split_size
 ROW_BATCH_SIZE = COL_BATCH_SIZE = 10_000  # ManifoldEstimator's defaults
@@ -192,6 +193,9 @@ def precision_recall(
     evaluator's graph, or ``float32``, its float32 branch for every block (module docstring)."""
     estimator = estimator or ManifoldEstimator(arithmetic=arithmetic)
     reference, samples = np.asarray(reference, np.float32), np.asarray(samples, np.float32)
+    for name, rows in (("reference", reference), ("sample", samples)):
+        if not np.isfinite(rows).all():  # a NaN is in no ball: precision and recall 0, silently
+            raise ValueError(f"precision_recall: the {name} features hold values that are not finite")
     radii_1 = estimator.manifold_radii(reference)
     radii_2 = estimator.manifold_radii(samples)
     precision, recall = estimator.evaluate_pr(reference, radii_1, samples, radii_2)
@@ -229,100 +233,130 @@ def write_reference_batch(
     os.replace(tmp, path)
 
 
+STATISTICS = (("mu", "sigma", POOL_DIM), ("mu_s", "sigma_s", SPATIAL_DIM))
+MIN_ROWS = 2  # a covariance needs two rows
+
+
+def _batch_schema() -> dict[str, Member]:
+    schema = {
+        "arr_0": Member("u", ("N", "H", "W", 3), required=False),
+        "pool": Member("f", ("N", POOL_DIM), required=False),
+        "resolution": Member("iu", (2,), required=False),
+        "num_images": Member("iu", (), required=False),
+        "detector": Member("U", (), max_bytes=4 * 4096, required=False),
+    }
+    for mu, sigma, dim in STATISTICS:
+        schema[mu], schema[sigma] = (
+            Member("f", (dim,), required=False),
+            Member("f", (dim, dim), required=False),
+        )
+    return schema
+
+
 def read_reference_batch(path: str, flag: str = "--ref") -> dict[str, Any]:
     """An ADM reference batch: ``mu``, ``sigma``, ``mu_s``, ``sigma_s`` (float64) when stored,
     ``images`` (a lazy reader of ``arr_0``, uint8 [N, H, W, 3]) when stored, ``pool`` when dew
     stored it, ``resolution`` ([H, W]: recorded, else ``arr_0``'s), ``num_images``, ``detector``.
-    ``ReferenceBatchError`` naming ``flag`` and the file when it is not such a batch."""
+
+    Checked before anything is drawn or embedded (``dew.npz.read_npz``: every member's dtype and
+    shape against the layout above, its size before it is allocated): ``ReferenceBatchError``,
+    one line naming ``flag``, the file and the member, for a file that is not such a batch, a
+    ``mu`` without its ``sigma`` (or the reverse), fewer than 2 images or pool rows, statistics or
+    pool rows that are not finite, a ``num_images`` other than the rows stored, or a recorded
+    ``resolution`` other than ``arr_0``'s."""
     if not os.path.isfile(path):
         raise ReferenceBatchError(f"{flag}={path!r} does not exist; expected an ADM reference batch .npz")
     try:
-        with open_npz(path, flag) as data:
-            names = set(data.files)
-            out: dict[str, Any] = {}
-            for key in ("mu", "sigma", "mu_s", "sigma_s"):
-                if key in names:
-                    out[key] = np.asarray(data[key], np.float64)
-            if "pool" in names:
-                out["pool"] = np.asarray(data["pool"], np.float32)
-            if "detector" in names:
-                out["detector"] = str(data["detector"])
-            if "resolution" in names:
-                out["resolution"] = tuple(int(v) for v in np.asarray(data["resolution"]).reshape(-1))
-            if "num_images" in names:
-                out["num_images"] = int(data["num_images"])
+        data = read_npz(path, flag, _batch_schema(), others="ignore", lazy=frozenset({"arr_0"}))
     except NotAnNpzError as e:
         raise ReferenceBatchError(str(e)) from None
-    except ValueError as e:
-        raise ReferenceBatchError(
-            f"{flag}={path!r}: an array cannot be read ({str(e).splitlines()[0]})"
-        ) from None
-    if "arr_0" in names:
-        shape, dtype = _member_header(path, "arr_0")
-        if len(shape) != 4 or shape[-1] != 3 or dtype != np.uint8:
+    where = f"{flag}={path!r}"
+    out: dict[str, Any] = {}
+    for mu, sigma, _ in STATISTICS:
+        if (mu in data) != (sigma in data):
+            have, lack = (mu, sigma) if mu in data else (sigma, mu)
+            raise ReferenceBatchError(f"{where} holds {have} without {lack}; expected both or neither")
+        for key in (mu, sigma) if mu in data else ():
+            out[key] = np.asarray(data[key], np.float64)
+            if not np.isfinite(out[key]).all():
+                raise ReferenceBatchError(f"{where}: {key} holds values that are not finite")
+    if "pool" in data:
+        out["pool"] = np.asarray(data["pool"], np.float32)
+        if not np.isfinite(out["pool"]).all():
+            raise ReferenceBatchError(f"{where}: pool holds feature rows that are not finite")
+    if "detector" in data:
+        out["detector"] = str(np.asarray(data["detector"]))
+    rows = None
+    header = data.get("arr_0")
+    if isinstance(header, NpyHeader):
+        if header.dtype != np.uint8 or header.fortran:
             raise ReferenceBatchError(
-                f"{flag}={path!r}: arr_0 is {dtype} {shape}; expected uint8 images [N, H, W, 3]"
+                f"{where}: arr_0 is {header.dtype} {header.shape}"
+                f"{' in Fortran order' if header.fortran else ''}; expected uint8 images [N, H, W, 3]"
             )
-        out["images"] = ImageBatches(path, shape)
-        out.setdefault("resolution", tuple(shape[1:3]))
-        out["num_images"] = shape[0]
+        out["images"] = ImageBatches(path, header.shape, flag)
+        rows = header.shape[0]
     elif "pool" in out:
-        out["num_images"] = len(out["pool"])
+        rows = len(out["pool"])
+    if "resolution" in data:
+        recorded = tuple(int(v) for v in np.asarray(data["resolution"]))
+        if "images" in out and recorded != tuple(out["images"].shape[1:3]):
+            h, w = out["images"].shape[1:3]
+            raise ReferenceBatchError(
+                f"{where} records resolution {recorded[0]}x{recorded[1]}, its arr_0 holds {h}x{w} images; "
+                "expected one resolution"
+            )
+        out["resolution"] = recorded
+    elif "images" in out:
+        out["resolution"] = tuple(out["images"].shape[1:3])
+    if "num_images" in data:
+        out["num_images"] = int(np.asarray(data["num_images"]))
+        if rows is not None and out["num_images"] != rows:
+            raise ReferenceBatchError(
+                f"{where} records num_images={out['num_images']}, it stores {rows} rows"
+            )
+    if rows is not None:
+        out["num_images"] = rows
+        if rows < MIN_ROWS:
+            raise ReferenceBatchError(f"{where} holds {rows} images; statistics need at least {MIN_ROWS}")
     have = [k for k in ("mu", "sigma", "mu_s", "sigma_s") if k in out]
     if "images" not in out and "pool" not in out and len(have) < 4:
         raise ReferenceBatchError(
-            f"{flag}={path!r} holds {sorted(names)}; an ADM reference batch holds arr_0 (images) and/or "
+            f"{where} holds {sorted(data)}; an ADM reference batch holds arr_0 (images) and/or "
             "mu, sigma, mu_s, sigma_s"
         )
-    for mu, sigma, dim in (("mu", "sigma", POOL_DIM), ("mu_s", "sigma_s", SPATIAL_DIM)):
-        if mu in out and (out[mu].shape != (dim,) or out[sigma].shape != (dim, dim)):
-            raise ReferenceBatchError(
-                f"{flag}={path!r}: {mu} {out[mu].shape} and {sigma} {out[sigma].shape}; expected [{dim}] "
-                f"and [{dim}, {dim}]"
-            )
-    if "pool" in out and (out["pool"].ndim != 2 or out["pool"].shape[1] != POOL_DIM):
-        raise ReferenceBatchError(f"{flag}={path!r}: pool is {out['pool'].shape}; expected [N, {POOL_DIM}]")
     return out
-
-
-def _member_header(path: str, name: str) -> tuple[tuple[int, ...], np.dtype | None]:
-    import zipfile
-
-    with zipfile.ZipFile(path) as archive, archive.open(f"{name}.npy") as f:
-        return _header(f)
-
-
-def _header(f) -> tuple[tuple[int, ...], np.dtype | None]:
-    """(shape, dtype) of the ``.npy`` stream ``f`` (left at its data); a Fortran-ordered array
-    reads as dtype None (refused by the caller)."""
-    version = np.lib.format.read_magic(f)
-    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-    shape, fortran, dtype = read(f)
-    return tuple(shape), (None if fortran else dtype)
 
 
 class ImageBatches:
     """``arr_0`` of a reference batch read ``batch`` images at a time (never all at once),
-    as the evaluator's ``StreamingNpzArrayReader``; ``len`` is the image count."""
+    as the evaluator's ``StreamingNpzArrayReader``; ``len`` is the image count. Damage found
+    while reading (a truncated entry, a bad CRC-32) is ``ReferenceBatchError``."""
 
-    def __init__(self, path: str, shape: tuple[int, ...]):
-        self.path, self.shape = path, shape
+    def __init__(self, path: str, shape: tuple[int, ...], flag: str = "--ref"):
+        self.path, self.shape, self.flag = path, shape, flag
 
     def __len__(self) -> int:
         return self.shape[0]
 
     def batches(self, batch: int) -> Iterator[np.ndarray]:
-        import zipfile
-
-        per_image = int(np.prod(self.shape[1:]))
-        with zipfile.ZipFile(self.path) as archive, archive.open("arr_0.npy") as f:
-            _header(f)
-            for start in range(0, self.shape[0], batch):
-                n = min(batch, self.shape[0] - start)
-                data = f.read(n * per_image)
-                if len(data) != n * per_image:
-                    raise ReferenceBatchError(f"{self.path}: arr_0 ends after {start} images (truncated)")
-                yield np.frombuffer(data, np.uint8).reshape(n, *self.shape[1:])
+        header = NpyHeader(self.shape, np.dtype(np.uint8), False)
+        where = f"{self.flag}={self.path!r}: arr_0"
+        try:
+            with open_npy_member(self.path, "arr_0", header, self.flag) as f:
+                for start in range(0, self.shape[0], batch):
+                    n = min(batch, self.shape[0] - start)
+                    out = np.empty((n, *self.shape[1:]), np.uint8)
+                    read_exactly(f, out, f"{where} (images {start}..{start + n})")
+                    yield out
+                if f.read(1):  # to the entry's end: its CRC-32 is checked there
+                    raise ReferenceBatchError(f"{where} holds bytes after its {len(self)} images")
+        except ReferenceBatchError:
+            raise
+        except UnreadableFileError as e:
+            raise ReferenceBatchError(str(e)) from None
+        except ZIP_ERRORS as e:
+            raise ReferenceBatchError(f"{where} cannot be read ({reason(e)})") from None
 
 
 __all__ = [

@@ -18,11 +18,13 @@ plus ``total_s``, ``outer_s`` (the spatial sums) and ``pool_sha256`` (the SHA-25
 file's bytes, one per chunk done), all under its digest. A progress file therefore never vouches
 for a chunk file not yet on disk; one left beyond ``chunks_done`` by a killed draw is rewritten.
 
-``resume`` refuses, in one line naming the file and ending "delete it to start over", a progress
+``read`` refuses, in one line naming the file and ending "delete it to start over", a progress
 file damaged or inconsistent as ``fid_progress`` defines it, spatial sums of another width or not
 finite, a digest list whose length is not ``chunks_done``, and a chunk file that is missing,
 whose bytes do not hash to the recorded digest, or that is not float32 [rows of that chunk,
-2048] of finite values. ``pool_rows`` reads the rows again at the report, checking each file's
+2048] of finite values (``ProgressDamaged``); ``resume`` (what a draw calls) sets such a file
+aside, saying so in one line, and the draw starts over: a damaged file dew wrote never stops a
+run. ``pool_rows`` reads the rows again at the report, checking each file's
 bytes against the same digests: the numbers reported come only from files the progress vouches
 for, so an interrupted and rerun draw reports exactly what an uninterrupted one does.
 """
@@ -37,8 +39,9 @@ from typing import Any
 
 import numpy as np
 
+from dew.npz import HEADER_BYTES, Member, NotAnNpzError, read_npy
 from dew.scoring.adm_evaluator import POOL_DIM, SPATIAL_DIM
-from dew.scoring.fid_progress import read_progress_arrays, write_progress
+from dew.scoring.fid_progress import ProgressDamaged, read_progress_arrays, set_aside, write_progress
 from dew.scoring.fid_reference import Detector, FidInputError, MomentSums
 
 PROGRESS_FILE = "adm-progress.npz"
@@ -133,8 +136,25 @@ class AdmTally:
         write_progress(outdir, settings, chunks_done, self.pool_sums, extra=extra, name=PROGRESS_FILE)
 
     def resume(self, outdir: str, settings: dict[str, Any]) -> int:
-        """The state of ``outdir/adm-progress.npz``, every chunk file checked against its
-        digest (module docstring); ``FidInputError`` in one line otherwise."""
+        """``read``, a damaged progress file set aside (``fid_progress.set_aside``) and the draw
+        started over; another draw's is ``FidInputError`` in one line."""
+        try:
+            return self.read(outdir, settings)
+        except ProgressDamaged as e:
+            set_aside(e)
+            self.pool_sums, self.spatial_sums, self.digests, self._pending = (
+                MomentSums(),
+                MomentSums(),
+                [],
+                None,
+            )
+            return 0
+
+    def read(self, outdir: str, settings: dict[str, Any]) -> int:
+        """Take the state of ``outdir/adm-progress.npz``, every chunk file checked against its
+        digest (module docstring); the chunks done. ``ProgressDamaged`` (a ``FidInputError``) in
+        one line when it is damaged, ``FidInputError`` when it is another draw's."""
+        num_chunks = math.ceil(self.num / self.chunk)
         chunks, pool_sums, extra = read_progress_arrays(
             outdir,
             settings,
@@ -142,9 +162,9 @@ class AdmTally:
             name=PROGRESS_FILE,
             what="ADM",
             extra={
-                "total_s": ("f", (SPATIAL_DIM,)),
-                "outer_s": ("f", (SPATIAL_DIM, SPATIAL_DIM)),
-                "pool_sha256": ("U", None),
+                "total_s": Member("f", (SPATIAL_DIM,)),
+                "outer_s": Member("f", (SPATIAL_DIM, SPATIAL_DIM)),
+                "pool_sha256": Member("U", (None,), max_bytes=num_chunks * 4 * 64),  # a digest a chunk
             },
             check=lambda done, arrays: self._check(outdir, done, arrays),
         )
@@ -178,21 +198,24 @@ class AdmTally:
         (a reason, without the file's context) when they are not what the progress recorded."""
         path = os.path.join(outdir, chunk_file(index))
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            with open(path, "rb") as f:  # float32 rows of the chunk and a .npy header, no more
+                data = f.read(4 * self.rows_in(index) * POOL_DIM + HEADER_BYTES + 1)
         except OSError as e:
             raise FidInputError(f"its chunk file {path} cannot be read ({type(e).__name__})") from None
+        if len(data) > 4 * self.rows_in(index) * POOL_DIM + HEADER_BYTES:
+            raise FidInputError(
+                f"its chunk file {path} holds more bytes than float32 {(self.rows_in(index), POOL_DIM)} rows"
+            )
         if hashlib.sha256(data).hexdigest() != digest:
             raise FidInputError(f"its chunk file {path} does not match the digest recorded for it (damaged)")
-        try:
-            rows = np.load(io.BytesIO(data), allow_pickle=False)
-        except (ValueError, OSError, EOFError) as e:
-            raise FidInputError(f"its chunk file {path} is not a .npy array ({str(e)[:80]})") from None
         want = (self.rows_in(index), POOL_DIM)
-        if not isinstance(rows, np.ndarray) or rows.dtype != np.float32 or rows.shape != want:
+        try:
+            rows = read_npy(data, f"its chunk file {path}", Member("f", want))
+        except NotAnNpzError as e:
+            raise FidInputError(str(e)) from None
+        if rows.dtype != np.float32:
             raise FidInputError(
-                f"its chunk file {path} is {getattr(rows, 'dtype', '?')} "
-                f"{getattr(rows, 'shape', '?')}, expected float32 {want}"
+                f"its chunk file {path} is {rows.dtype} {rows.shape}, expected float32 {want}"
             )
         if not np.isfinite(rows).all():
             raise FidInputError(f"its chunk file {path} holds values that are not finite")

@@ -14,7 +14,12 @@ do not match the digest, counts that disagree with each other or with the settin
 another feature width than the detector's, or sums that are not finite. A file whose digest holds
 but whose settings are another draw's is refused naming the settings that differ. So a resumed
 draw either continues exactly where the file says, or does not start: the published FID is
-never computed from sums the file does not vouch for.
+never computed from sums the file does not vouch for. Damage (everything but another draw's
+settings) is ``ProgressDamaged``; a draw's ``FidTally.resume`` sets such a file aside
+(``set_aside``: renamed ``<name>.damaged-<UTC time>``, one line on stderr) and starts over, so a
+damaged file dew wrote never stops a run. Every array is read through ``dew.npz.read_npz``: its
+dtype and shape checked against the layout, its size bounded by the draw's settings and the
+detector's width before it is allocated, its CRC-32 checked.
 
 Progress is written to ``fid-progress.npz.tmp-<pid>`` and renamed over the old file; a process
 killed between the two leaves the temporary file behind, and ``remove_stale_temporaries``
@@ -38,7 +43,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from dew.npz import NotAnNpzError, open_npz
+from dew.npz import Member, NotAnNpzError, read_npz
 from dew.pinned_weights import content_sha256
 from dew.scoring.fid_reference import FidInputError, MomentSums
 
@@ -89,38 +94,57 @@ def write_progress(
     os.replace(tmp, path)
 
 
-def _expected_kinds(dim: int | None) -> dict[str, tuple[str, tuple[int, ...] | None]]:
-    """name -> (dtype kind, shape; None: checked against the others)."""
+def _expected(dim: int | None, settings: dict[str, Any]) -> dict[str, Member]:
+    """The progress file's own arrays; their bytes bounded by what a draw can write: settings'
+    JSON as long as these (4 bytes a character) but for values such as a path (another draw's
+    are refused naming them: ``PATH_MAX`` more characters), one SHA-256 digest, sums of the
+    detector's width."""
     return {
-        "settings": ("U", ()),
-        "chunks_done": ("i", ()),
-        "count": ("i", ()),
-        "total": ("f", None if dim is None else (dim,)),
-        "outer": ("f", None if dim is None else (dim, dim)),
-        _DIGEST: ("U", ()),
+        "settings": Member("U", (), max_bytes=4 * (len(fingerprint(settings)) + 4096)),
+        "chunks_done": Member("i", ()),
+        "count": Member("i", ()),
+        "total": Member("f", ("D",) if dim is None else (dim,)),
+        "outer": Member("f", ("D", "D") if dim is None else (dim, dim)),
+        _DIGEST: Member("U", (), max_bytes=4 * 64),
     }
 
 
-def _read_arrays(path: str, refuse, wanted: set[str], what: str) -> dict[str, np.ndarray]:
+class ProgressDamaged(FidInputError):
+    """The progress file is damaged or inconsistent (not another draw's): ``set_aside`` moves it
+    out of the way and the draw starts over. ``path`` is the file."""
+
+    def __init__(self, message: str, path: str):
+        super().__init__(message)
+        self.path = path
+
+
+def set_aside(damaged: ProgressDamaged) -> str:
+    """Rename the damaged progress file to ``<name>.damaged-<UTC time>[-<n>]`` and say so on stderr in
+    one line; returns the new name (the old one when another process set it aside first)."""
+    import datetime
+    import sys
+
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
+    aside, n = f"{damaged.path}.damaged-{stamp}", 0
+    while os.path.exists(aside):  # one set aside earlier this second is kept too
+        n += 1
+        aside = f"{damaged.path}.damaged-{stamp}-{n}"
     try:
-        with open_npz(path, f"the {what} progress file") as data:
-            names = set(data.files)
-            if names != wanted:
-                missing, extra = sorted(wanted - names), sorted(names - wanted)
-                raise refuse(
-                    f"it holds {sorted(names)}"
-                    + (f", lacking {missing}" if missing else "")
-                    + (f", with unknown {extra}" if extra else "")
-                )
-            return {k: data[k] for k in sorted(wanted)}
+        os.replace(damaged.path, aside)
+    except FileNotFoundError:  # another process of the draw set it aside already
+        return damaged.path
+    reason = str(damaged).removesuffix("; delete it to start over")
+    print(f"fid: {reason}; set it aside as {aside} and drawing from the start", file=sys.stderr, flush=True)
+    return aside
+
+
+def _read_arrays(path: str, refuse, schema: dict[str, Member], what: str) -> dict[str, np.ndarray]:
+    try:
+        arrays = read_npz(path, f"the {what} progress file", schema)
     except NotAnNpzError as e:
-        raise refuse(f"it is not an .npz archive ({str(e).split(' (', 1)[-1].rstrip(')')})") from None
-    except (ValueError, OSError, EOFError) as e:  # an object array (pickle refused), a torn member
-        if isinstance(e, FidInputError):
-            raise
-        raise refuse(
-            f"an array cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
-        ) from None
+        reason = str(e).split(f"{path}", 1)[-1].lstrip(": ")
+        raise refuse(reason if reason.startswith("member") else f"it {reason}") from None
+    return {k: v for k, v in arrays.items() if isinstance(v, np.ndarray)}
 
 
 def read_progress(outdir: str, settings: dict[str, Any], dim: int | None = None) -> tuple[int, MomentSums]:
@@ -143,31 +167,29 @@ def read_progress_arrays(
     *,
     name: str = PROGRESS_FILE,
     what: str = "FID",
-    extra: dict[str, tuple[str, tuple[int, ...] | None]] | None = None,
+    extra: dict[str, Member] | None = None,
     check: Check | None = None,
 ) -> tuple[int, MomentSums, dict[str, np.ndarray]]:
     """``read_progress`` of ``<outdir>/<name>`` holding also the ``extra`` arrays (name ->
-    (dtype kind, shape; None: any)): (chunks done, their sums, the extra arrays); (0, empty,
-    {}) without the file. After the file's own checks, ``check(chunks_done, extra arrays)``
-    gives a reason to refuse it (or None). Refusals name the ``what`` progress file."""
+    ``dew.npz.Member``: dtype kinds, shape, bytes): (chunks done, their sums, the extra arrays);
+    (0, empty, {}) without the file. After the file's own checks, ``check(chunks_done, extra
+    arrays)`` gives a reason to refuse it (or None). Refusals name the ``what`` progress file;
+    damage (everything but another draw's settings) is ``ProgressDamaged``."""
     path = os.path.join(outdir, name)
     if not os.path.exists(path):
         return 0, MomentSums(), {}
 
-    def refuse(reason: str) -> FidInputError:
-        return FidInputError(
+    def refuse(reason: str) -> ProgressDamaged:
+        return ProgressDamaged(
             f"--outdir={outdir!r}: the {what} progress file {path} is unusable: {reason}; "
-            "delete it to start over"
+            "delete it to start over",
+            path,
         )
 
     extra = dict(extra or {})
-    kinds = {**_expected_kinds(dim), **extra}
-    data = _read_arrays(path, refuse, set(kinds), what)
-    for key, (kind, shape) in kinds.items():
-        a = data[key]
-        if a.dtype.kind != kind or (shape is not None and a.shape != shape):
-            raise refuse(f"{key!r} is {a.dtype} {a.shape}, expected kind {kind!r} of shape {shape}")
-    arrays = {k: data[k] for k in kinds if k != _DIGEST}
+    schema = {**_expected(dim, settings), **extra}
+    data = _read_arrays(path, refuse, schema, what)
+    arrays = {k: data[k] for k in schema if k != _DIGEST}
     if content_sha256(arrays) != str(data[_DIGEST]):
         raise refuse("its arrays do not match the digest it records (damaged or edited)")
     stored = str(data["settings"])
@@ -222,8 +244,8 @@ class Tally(Protocol):
         ...
 
     def resume(self, outdir: str, settings: dict[str, Any]) -> int:
-        """Take the state of ``outdir``'s progress (none: empty), refusing a damaged or other
-        draw's with ``FidInputError``; the chunks done."""
+        """Take the state of ``outdir``'s progress (none: empty; a damaged one is set aside:
+        ``set_aside``), refusing another draw's with ``FidInputError``; the chunks done."""
         ...
 
     def add(self, index: int, features: np.ndarray) -> None:
@@ -249,7 +271,11 @@ class FidTally:
         return (PROGRESS_FILE, STATS_FILE)
 
     def resume(self, outdir: str, settings: dict[str, Any]) -> int:
-        done, self.sums = read_progress(outdir, settings, self.dim)
+        try:
+            done, self.sums = read_progress(outdir, settings, self.dim)
+        except ProgressDamaged as e:
+            set_aside(e)
+            done, self.sums = 0, MomentSums()
         return done
 
     def add(self, index: int, features: np.ndarray) -> None:
@@ -296,10 +322,12 @@ __all__ = [
     "PROGRESS_FILE",
     "STATS_FILE",
     "FidTally",
+    "ProgressDamaged",
     "Tally",
     "fingerprint",
     "read_progress",
     "read_progress_arrays",
     "remove_stale_temporaries",
+    "set_aside",
     "write_progress",
 ]

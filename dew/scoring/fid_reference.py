@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from dew.npz import NotAnNpzError, open_npz
+from dew.npz import Member, NotAnNpzError, open_npz, read_npz
 
 T = TypeVar("T")  # what a decode callable gives back (pixels, or a size)
 
@@ -163,30 +163,50 @@ def save_reference(path: str, mu: np.ndarray, sigma: np.ndarray, *, resolution, 
     os.replace(tmp, path)
 
 
-def load_reference(path: str, flag: str = "--ref") -> dict[str, Any]:
+def _reference_schema() -> dict[str, Member]:
+    return {
+        "mu": Member("f", ("D",)),
+        "sigma": Member("f", ("D", "D")),
+        "resolution": Member("iu", (2,), required=False),
+        "num_images": Member("iu", (), required=False),
+        "detector": Member("U", (), max_bytes=4 * TEXT_CHARS, required=False),
+    }
+
+
+TEXT_CHARS = 4096  # a detector description: a name, its image handling and a digest
+
+
+def load_reference(path: str, flag: str = "--ref", dim: int | None = None) -> dict[str, Any]:
     """``{"mu", "sigma"}`` and, when the file records them, ``"resolution"`` ([H, W]),
-    ``"num_images"``, ``"detector"``; ``FidInputError`` naming ``flag`` when unusable."""
+    ``"num_images"``, ``"detector"``; ``FidInputError`` naming ``flag``, the file and the member
+    when unusable: not such an ``.npz`` (``dew.npz.read_npz``: sizes checked before anything is
+    allocated, ``dim``, when given, the feature width), statistics that are not finite, fewer
+    than 2 images recorded (a covariance needs 2), or a resolution that is not [H, W] >= 1. Other
+    members (``features``) are not read."""
     if not os.path.isfile(path):
         raise FidInputError(f"{flag}={path!r} does not exist; expected an .npz with mu [D] and sigma [D, D]")
     try:
-        with open_npz(path, flag) as data:
-            missing = [k for k in ("mu", "sigma") if k not in data.files]
-            if missing:
-                raise FidInputError(f"{flag}={path!r} lacks {missing}; it holds {data.files}")
-            out: dict[str, Any] = {k: np.asarray(data[k], np.float64) for k in ("mu", "sigma")}
-            if "resolution" in data.files:
-                out["resolution"] = tuple(int(v) for v in np.asarray(data["resolution"]).reshape(-1))
-            if "num_images" in data.files:
-                out["num_images"] = int(data["num_images"])
-            if "detector" in data.files:
-                out["detector"] = str(data["detector"])
+        data = read_npz(path, flag, _reference_schema(), dims={"D": dim} if dim else None, others="ignore")
     except NotAnNpzError as e:
         raise FidInputError(str(e)) from None
-    mu, sigma = out["mu"], out["sigma"]
-    if mu.ndim != 1 or sigma.shape != (mu.shape[0],) * 2:
-        raise FidInputError(
-            f"{flag}={path!r}: expected mu [D] and sigma [D, D], got {mu.shape} and {sigma.shape}"
-        )
+    out: dict[str, Any] = {k: np.asarray(data[k], np.float64) for k in ("mu", "sigma")}
+    for key in ("mu", "sigma"):
+        if not np.isfinite(out[key]).all():
+            raise FidInputError(
+                f"{flag}={path!r}: {key} holds values that are not finite; expected statistics"
+            )
+    if "resolution" in data:
+        out["resolution"] = tuple(int(v) for v in np.asarray(data["resolution"]))
+        if min(out["resolution"]) < 1:
+            raise FidInputError(f"{flag}={path!r}: resolution {out['resolution']}; expected [H, W] >= 1")
+    if "num_images" in data:
+        out["num_images"] = int(np.asarray(data["num_images"]))
+        if out["num_images"] < 2:
+            raise FidInputError(
+                f"{flag}={path!r} records statistics of {out['num_images']} images; a covariance needs 2"
+            )
+    if "detector" in data:
+        out["detector"] = str(np.asarray(data["detector"]))
     return out
 
 

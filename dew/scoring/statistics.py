@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from dew.npz import open_npz
+from dew.npz import Member, NotAnNpzError, read_npz
 
 
 @functools.cache
@@ -181,20 +181,36 @@ def save_statistics(
 def load_statistics(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Read an ``.npz`` of reference statistics: ``{"mu", "sigma"}`` and ``"features"`` if stored.
 
-    Raises naming the file when it is missing or lacks ``mu``/``sigma`` of matching shapes.
+    Raises naming the file when it is missing, is not such an ``.npz`` (``dew.npz.read_npz``:
+    sizes checked before anything is allocated), lacks ``mu``/``sigma`` of matching shapes, or
+    holds values that are not finite or records (``num_images``) fewer than 2 images.
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"reference statistics {str(path)!r} not found: expected an .npz with 'mu' [D] and "
             "'sigma' [D, D] (write one with `python -m dew.fid --save_stats=...` on a folder of real images)"
         )
-    with open_npz(path, "reference statistics") as data:
-        missing = [k for k in ("mu", "sigma") if k not in data.files]
-        if missing:
-            raise ValueError(f"reference statistics {str(path)!r} lack {missing}; it holds {data.files}")
-        out = {k: np.asarray(data[k]) for k in data.files if k in ("mu", "sigma", "features")}
+    schema = {
+        "mu": Member("f", ("D",)),
+        "sigma": Member("f", ("D", "D")),
+        "features": Member("f", (None, "D"), required=False),
+        "num_images": Member("iu", (), required=False),  # dew's references record it
+    }
+    try:  # each member's size checked before it is read; other members are not read
+        data = read_npz(path, "reference statistics", schema, others="ignore")
+    except NotAnNpzError as e:
+        raise ValueError(str(e)) from None
+    out = {k: np.asarray(v) for k, v in data.items() if k != "num_images"}
+    if "num_images" in data and int(np.asarray(data["num_images"])) < 2:
+        raise ValueError(
+            f"reference statistics {str(path)!r} record {int(np.asarray(data['num_images']))} images; "
+            "a covariance needs at least 2"
+        )
     out["mu"], out["sigma"] = out["mu"].astype(np.float64), out["sigma"].astype(np.float64)
     _check_stats(out["mu"], out["sigma"], str(path))
+    for key, value in out.items():
+        if not np.isfinite(value).all():  # the Fréchet distance of NaN statistics is no number
+            raise ValueError(f"reference statistics {str(path)!r}: {key} holds values that are not finite")
     return out
 
 

@@ -4,6 +4,8 @@ it); end to end on folders, a reference batch it writes is read back to the same
 
 from __future__ import annotations
 
+import zipfile
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -38,7 +40,38 @@ def test_bad_input_is_one_line_exit_2_writing_nothing(weights_file, tmp_path, ca
     np.savez(stats_only, mu=np.zeros(2048), sigma=np.eye(2048), mu_s=np.zeros(2023), sigma_s=np.eye(2023))
     out = tmp_path / "out.npz"
     common = [f"--images={images}", f"--weights={weights_file}", "--allow_unpinned_weights"]
+    hostile = {  # what an attack round found: tracebacks, or precision and recall 0.0 with exit 0
+        "mu_only": (
+            {"arr_0": np.zeros((4, 8, 8, 3), np.uint8), "mu": np.zeros(2048)},
+            "holds mu without sigma; expected both or neither",
+        ),
+        "garbage": (None, "member 'arr_0' cannot be read (ValueError: the magic string is not correct"),
+        "num_array": (
+            {"arr_0": np.zeros((4, 8, 8, 3), np.uint8), "num_images": np.array([4, 4])},
+            "member 'num_images' has shape (2,); expected int/uint []",
+        ),
+        "one_image": (
+            {"arr_0": np.zeros((1, 8, 8, 3), np.uint8)},
+            "holds 1 images; statistics need at least 2",
+        ),
+        "three": ({"arr_0": np.zeros((3, 8, 8, 3), np.uint8)}, "precision and recall need at least 4"),
+        "nan_pool": (
+            {"arr_0": np.zeros((4, 8, 8, 3), np.uint8), "pool": np.full((4, 2048), np.nan, np.float32)},
+            "pool holds feature rows that are not finite",
+        ),
+        "says_8": (
+            {"arr_0": np.zeros((4, 16, 16, 3), np.uint8), "resolution": np.array([8, 8])},
+            "records resolution 8x8, its arr_0 holds 16x16 images",
+        ),
+    }
+    for name, (arrays, _) in hostile.items():
+        if arrays is None:
+            with zipfile.ZipFile(tmp_path / f"{name}.npz", "w") as archive:
+                archive.writestr("arr_0.npy", b"not an array" * 20)
+        else:
+            np.savez(tmp_path / f"{name}.npz", **arrays)
     cases = [
+        *(([ALL, f"--ref={tmp_path / name}.npz"], message) for name, (_, message) in hostile.items()),
         ([ALL, f"--ref={batch16}"], "is a reference batch at 16x16, the samples are 8x8"),
         ([ALL, f"--ref={stats_only}"], "holds statistics only; precision and recall need its arr_0"),
         (["--metrics=fid,sfid,fd_dinov2", f"--ref={batch16}"], "ADM's suite is a comma-separated subset"),

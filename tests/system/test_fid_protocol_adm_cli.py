@@ -106,15 +106,16 @@ def _settings(run, argv) -> dict:  # noqa: F811
     ).settings()
 
 
-def test_a_damaged_progress_or_chunk_file_is_one_line_exit_2_before_any_drawing(
+def test_a_damaged_progress_or_chunk_file_is_set_aside_in_one_line_and_redrawn(
     run,  # noqa: F811
     weights_file,
     tmp_path,
     capsys,
 ):
     """A progress file of the command's own settings after one chunk (written by ``AdmTally``
-    from stand-in features, so no network runs), then: its chunk file changed, or the progress's
-    digest broken: the command stops with one line naming the file; the directory stays as it was."""
+    from stand-in features), then: its chunk file changed, or the progress's digest broken: damage
+    dew's own files could suffer, so the command sets the progress aside with one line naming it
+    and draws the first chunk again (``--max_chunks=1``); it never stops the run."""
     from dew.fid import main
     from dew.pinned_weights import content_sha256
 
@@ -140,12 +141,12 @@ def test_a_damaged_progress_or_chunk_file_is_one_line_exit_2_before_any_drawing(
         "adm-pool-00000.npy does not match the digest recorded for it",
         "do not match the digest",
     ):
-        before = _tree(out)
-        assert main(argv) == 2
-        line = _one_line(capsys)
-        assert message in line and str(progress) in line and line.endswith("delete it to start over"), line
-        assert _tree(out) == before
-        chunk.write_bytes(good_chunk)  # the second round: the chunk is fine, the progress is not
+        assert main([*argv, "--max_chunks=1"]) == 0
+        lines = [line for line in capsys.readouterr().err.splitlines() if "set it aside" in line]
+        assert len(lines) == 1 and message in lines[0] and str(progress) in lines[0], lines
+        aside = lines[0].split("set it aside as ", 1)[1].split(" and drawing", 1)[0]
+        assert os.path.isfile(aside) and ap.AdmTally(8, 4).read(str(out), settings) == 1  # drawn again
+        os.remove(aside)
         arrays["count"] = np.asarray(5, np.int64)
         with open(progress, "wb") as f:
             np.savez(f, **arrays)

@@ -136,10 +136,11 @@ def test_the_protocol_command_interrupted_and_rerun_reports_the_uninterrupted_fi
         assert all(np.array_equal(a[k], b[k]) for k in a.files)
 
 
-def test_a_damaged_progress_file_is_one_line_exit_2_before_any_drawing(run, tmp_path, capsys):
+def test_a_damaged_progress_file_is_set_aside_in_one_line_and_redrawn(run, tmp_path, capsys):
     """A progress file whose counts disagree (here chunks_done one past its count, re-digested
-    as dew's own writer would) or whose bytes do not match their digest stops the command with
-    one line naming it; the directory is left as it was."""
+    as dew's own writer would), whose bytes do not match their digest, or that is torn (a bad
+    CRC-32) is damage dew's own file could suffer: the command sets it aside, says so in one line
+    naming it, and draws from the first chunk; it never stops the run."""
     from helpers_fid import random_state_dict
 
     from dew.fid import main
@@ -176,9 +177,11 @@ def test_a_damaged_progress_file_is_one_line_exit_2_before_any_drawing(run, tmp_
     path = out / fid_progress.PROGRESS_FILE
     with np.load(path) as data:
         arrays = {k: data[k] for k in data.files}
+    original = path.read_bytes()
     for edit, message in (
         ({"chunks_done": np.asarray(2, np.int64)}, "count=4 images after 2 chunks of 4, expected 8"),
         ({"count": np.asarray(3, np.int64)}, "do not match the digest"),
+        ({}, "cannot be read (BadZipFile: Bad CRC-32"),
     ):
         changed = {**arrays, **edit}
         if "chunks_done" in edit:
@@ -187,10 +190,15 @@ def test_a_damaged_progress_file_is_one_line_exit_2_before_any_drawing(run, tmp_
             )
         with open(path, "wb") as f:
             np.savez(f, **changed)
-        before = _tree(out)
-        assert main(argv) == 2
-        captured = capsys.readouterr()
-        lines = captured.err.strip().splitlines()
+        if not edit:  # a byte of the last member flipped: its CRC-32 no longer holds
+            torn = bytearray(original)
+            torn[torn.index(b"PK\x01\x02") - 1] ^= 1
+            path.write_bytes(bytes(torn))
+        damaged = path.read_bytes()
+        assert main([*argv, "--max_chunks=1"]) == 0
+        lines = [line for line in capsys.readouterr().err.splitlines() if "set it aside" in line]
         assert len(lines) == 1 and message in lines[0] and str(path) in lines[0], lines
-        assert lines[0].endswith("delete it to start over") and captured.out == ""
-        assert _tree(out) == before
+        aside = lines[0].split("set it aside as ", 1)[1].split(" and drawing", 1)[0]
+        assert pathlib.Path(aside).read_bytes() == damaged
+        os.remove(aside)
+        assert fid_progress.read_progress(str(out), draw.settings(), 2048)[0] == 1  # drawn again
