@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import math
 
-import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers_common import ROOT
+from test_repa import encoder_file  # noqa: F401 - REPA's frozen encoder: random weights, as a fixture
 
 from dew.config import load_config
 from dew.training.build import build_objective, open_split
@@ -51,19 +51,6 @@ RUNS = {
     "meanflow": ("meanflow.py:digits", {"dataset.batch_size": 8}),
     "imeanflow (iMF DiT)": ("meanflow.py:iMF-digits", {"dataset.batch_size": 8}),
 }
-
-
-@pytest.fixture(scope="module")
-def encoder_file(tmp_path_factory):
-    """REPA's frozen encoder: random ``image_encoder`` weights in the exported layout."""
-    from dew.objectives import repa_encoders
-    from dew.objectives.contrastive import ImageEncoder
-
-    net = hk.without_apply_rng(hk.transform(lambda x: ImageEncoder(features=16, width=8)(x)))
-    params = net.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
-    path = str(tmp_path_factory.mktemp("enc") / "encoder.npz")
-    repa_encoders.export_image_encoder(params, path)
-    return path
 
 
 def objective_for(run: str, compute: str, encoder: str = ""):
@@ -131,9 +118,10 @@ def bf16_roundings(objective, params, batch) -> int:
 
 
 @pytest.mark.parametrize("run", list(RUNS))
-def test_bfloat16_loss_and_gradients_agree_with_float32_within_the_roundoff_bound(run, encoder_file):
-    reference, c32 = objective_for(run, "float32", encoder_file)
-    low, _ = objective_for(run, "bfloat16", encoder_file)
+def test_bfloat16_loss_and_gradients_agree_with_float32_within_the_roundoff_bound(run, request):
+    encoder = request.getfixturevalue("encoder_file")  # test_repa's: REPA's frozen encoder
+    reference, c32 = objective_for(run, "float32", encoder)
+    low, _ = objective_for(run, "bfloat16", encoder)
     assert "bfloat16" in type(low).precisions
     batch = batch_for(reference, c32)
     params = perturbed(reference.init(jax.random.PRNGKey(0), batch))
