@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import re
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -256,9 +255,6 @@ def dataset_files(path: str, flag: str = "--data") -> Any:
     return files
 
 
-_BOMB = re.compile(r"Image size \((\d+) pixels\) exceeds limit of (\d+) pixels")
-
-
 def decode_image(decode: Callable[[], T], where: str) -> T:
     """``decode()`` (a PIL decode of the image ``where`` names), with what PIL refuses as one
     ``FidInputError`` line naming the image: past PIL's decompression-bomb limit (its size in
@@ -268,12 +264,9 @@ def decode_image(decode: Callable[[], T], where: str) -> T:
     try:
         return decode()
     except PIL.Image.DecompressionBombError as e:
-        found = _BOMB.search(str(e))
-        size = f"{int(found[1]):,} pixels, past PIL's limit of {int(found[2]):,}" if found else str(e)
-        raise FidInputError(
-            f"{where} is {size} (PIL.Image.MAX_IMAGE_PIXELS guards against decompression bombs); "
-            "remove it or resize it"
-        ) from None
+        from dew.data.sources.image_folder import bomb_refusal
+
+        raise FidInputError(bomb_refusal(where, e)) from None
     except (PIL.UnidentifiedImageError, OSError, SyntaxError) as e:
         raise FidInputError(
             f"{where} cannot be decoded as an image ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
@@ -284,14 +277,19 @@ def dataset_batches(files: Any, batch: int, flag: str = "--data") -> Iterator[np
     """uint8 [n, H, W, 3] batches in the files' sorted order; a greyscale image's channel is
     repeated to three (``calculate_inception_stats``'s ``images.repeat([1, 3, 1, 1])``). Every
     image must have the first one's shape, with 1 or 3 channels."""
+    from dew.data.sources.image_folder import ImageBomb, bomb_refusal
+
     shape = None
     for start in range(0, len(files.images), batch):
         rows = []
         for name in files.images[start : start + batch]:
+            where = f"{flag}={files.path!r}: {name}"
             try:
-                image = decode_image(functools.partial(files.decode, name), f"{flag}={files.path!r}: {name}")
+                image = decode_image(functools.partial(files.decode, name), where)
             except FidInputError:
                 raise
+            except ImageBomb as e:
+                raise FidInputError(bomb_refusal(where, e.pil_error)) from None
             except ValueError as e:  # ImageFolderError: not an 8-bit image
                 raise FidInputError(str(e)) from None
             if shape is None:

@@ -55,8 +55,28 @@ EIGHT_BIT_MODES = frozenset({"L", "P", "LA", "PA", "RGB", "RGBA", "CMYK", "YCbCr
 _BOMB = re.compile(r"Image size \((\d+) pixels\) exceeds limit of (\d+) pixels")
 
 
+def bomb_refusal(where: str, error: Exception) -> str:
+    """What PIL's ``DecompressionBombError`` for the image ``where`` names says to a person: its
+    size in pixels, PIL's limit (``PIL.Image.MAX_IMAGE_PIXELS``) and what to do."""
+    found = _BOMB.search(str(error))
+    size = f"{int(found[1]):,} pixels, past PIL's limit of {int(found[2]):,}" if found else str(error)
+    return (
+        f"{where} is {size} (PIL.Image.MAX_IMAGE_PIXELS guards against decompression bombs); "
+        "remove it or resize it"
+    )
+
+
 class ImageFolderError(ConfigError):
     """The path is not an NVlabs/edm data set, or not one that fits the options (one line)."""
+
+
+class ImageBomb(ImageFolderError):
+    """An image past PIL's decompression-bomb limit; ``pil_error`` is PIL's own error, for a
+    caller that names the image its own way (``bomb_refusal``)."""
+
+    def __init__(self, message: str, pil_error: Exception):
+        super().__init__(message)
+        self.pil_error = pil_error
 
 
 class ImageFiles:
@@ -140,12 +160,8 @@ class ImageFiles:
         try:
             yield
         except PIL.Image.DecompressionBombError as e:
-            found = _BOMB.search(str(e))
-            size = f"{int(found[1]):,} pixels, past PIL's limit of {int(found[2]):,}" if found else str(e)
-            raise ImageFolderError(
-                f"image_folder: {self.path!r}: {name!r} is {size} (PIL.Image.MAX_IMAGE_PIXELS guards "
-                "against decompression bombs); remove it or resize it"
-            ) from None
+            where = os.path.join(self.path, name)
+            raise ImageBomb(f"image_folder: {bomb_refusal(where, e)}", e) from None
 
     def header_shape(self, name: str) -> tuple[int, int, int]:
         """An image's [H, W, C] from its header alone (nothing decoded)."""
