@@ -104,8 +104,6 @@ def bf16_roundings(objective, params, batch) -> int:
         total = 0
         for eqn in jaxpr.eqns:
             total += sum(getattr(v.aval, "dtype", None) == jnp.bfloat16 for v in eqn.outvars)
-            for sub in jax.core.subjaxprs(eqn) if hasattr(jax.core, "subjaxprs") else ():
-                total += count(sub)
             for value in eqn.params.values():
                 inner = getattr(value, "jaxpr", None)
                 if inner is not None and hasattr(inner, "eqns"):

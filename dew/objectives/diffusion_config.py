@@ -18,6 +18,7 @@ from dew.objectives import diffusion_augment, latent_space, scatter
 from dew.objectives.latent_space import CONFIG as LATENT
 from dew.sampling.solvers import Solver
 from dew.schema import ConfigError, Key, Section, at_least
+from dew.training.precision import compute_dtype_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +175,7 @@ def arguments(config: Any, source: Any) -> dict[str, Any]:
         "sampling": Sampling(**o.sampling.to_dict()),
         "augment": augment,
         "augment_labels": augment_labels,
-        "compute_dtype": config.precision.compute if "precision" in config else "float32",
+        "compute_dtype": compute_dtype_of(config),
         "num_classes": source.num_classes if conditions else None,
         "class_prompts": class_prompts,
         "latent": latent,

@@ -39,14 +39,14 @@ TPU_SLICES_VARIABLE = "MEGASCALE_NUM_SLICES"
 
 @dataclasses.dataclass(frozen=True)
 class Detected:
-    """What a cluster class said: its name, the process count and this process's index, the
-    coordinator address (None: one process), and how many tasks the scheduler placed on this node
-    (None: not said)."""
+    """What a cluster class said of a job of several processes: its name, the process count and
+    this process's index, the coordinator address, and how many tasks the scheduler placed on
+    this node (None: not said)."""
 
     cluster: str
     num_processes: int
     process_id: int
-    coordinator: str | None
+    coordinator: str
     tasks_on_node: int | None
 
 

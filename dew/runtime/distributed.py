@@ -146,7 +146,7 @@ def _detected(initialization_timeout: int) -> ProcessGroup | None:
     if detection.note is not None:
         print(f"dew: {detection.note}", flush=True)
     found = detection.group
-    if found is None or found.coordinator is None:
+    if found is None:
         return None
     tasks = found.tasks_on_node
     return ProcessGroup(
