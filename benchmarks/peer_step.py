@@ -1,14 +1,10 @@
 """dew's SiT training step against a JAX peer's own, the same network, batch and precision, timed
 in one process: willisma/diffuse_nnx (flax NNX), its ``trainers/dit_imagenet.py:train_step``.
 
-The peer needs one wheel beyond dew's locked set: ``flax==0.10.2`` (``flax-0.10.2-py3-none-any``,
-pure Python; its requirements msgpack, optax, orbax-checkpoint, tensorstore, rich,
-typing_extensions and PyYAML are all in ``requirements.lock``). It is the peer's own pin, and it
-runs the peer's code on jax 0.10.2 where the later ones tried do not: flax 0.10.7 and 0.11.2
-import ``jax._src.core.mutable_array``, which jax 0.10.2 no longer has, and flax 0.12.8 refuses
-the plain list of blocks in the peer's ``DiT`` (and its ``nnx.Optimizer`` wants ``wrt=``).
-It goes beside dew's environment, never into it. On one TPU v5e chip, with dew's set installed
-as for ``accelerator.py``::
+The one wheel the peer needs beyond dew's locked set: ``flax==0.10.2`` (pure Python; its
+requirements are all in ``requirements.lock``), the peer's own pin, beside dew's environment,
+never in it. Later ones fail on jax 0.10.2: 0.10.7 and 0.11.2 import ``jax._src.core.mutable_array``
+(gone), 0.12.8 refuses the peer's plain list of blocks. On one TPU v5e chip, dew's set installed::
 
     PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated --only-binary=:all: --no-deps \\
         --index-url file:///opt/pypi/simple --target /tmp/peer_site flax==0.10.2
@@ -16,42 +12,46 @@ as for ``accelerator.py``::
         --peer=diffuse_nnx:third_party/peers/diffuse_nnx --size=B --batch=64 \\
         --precision=float32 --out=peer_step.jsonl --peak-tflops=197
 
-(``--size=XL --batch=32 --precision=bfloat16`` for XL/2; on the CPU, ``--depth=2 --batch=2
---steps=2 --rounds=2`` checks the plumbing.)
+(XL/2: ``--size=XL --precision=bfloat16 --batch=8 --sides=dew``, then ``--sides=diffuse_nnx``;
+on the CPU ``--depth=2 --batch=2 --steps=2 --rounds=2`` checks the plumbing.)
 
-The peer (its README, ``requirements.txt``: jax 0.5.1, flax 0.10.2) is loaded from the checkout
-``--peer`` names, its modules imported by file from there: its config (``configs/dit_imagenet.py``
-``get_config('imagenet_256-<size>_2')``: SiT interface, uniform t, AdamW 1e-4 β (0.9, 0.999)
-ε 1e-8 without weight decay at a constant rate, EMA 0.9999, replicated sharding), its builders
-(``utils/initialize.py``: ``instantiate_network``/``_model``/``_optimizer``/``_ema``, as its
-``build_models`` calls them), its ``utils/sharding_utils.py`` (the mesh and state shardings), and
-its ``train_step``, jitted as its ``train_and_evaluate`` does (``out_shardings``,
-``static_argnums=(3, 4)``, ``donate_argnums=(0, 1)``) and fed a batch as its ``parse_batch``
-leaves it: ``latents`` [batch, 32, 32, 4] float32 and ``labels`` int32, sharded over the data
-axis. Its ``config.dtype`` is the precision (its code takes ``float32`` and ``bfloat16``: the
-layers' computation dtype, parameters float32). Modules its step never runs are stubbed
-(``STUBBED``, each with why); calling anything of theirs raises.
+The peer (``requirements.txt``: jax 0.5.1, flax 0.10.2) is imported by file from the checkout
+``--peer`` names: its config (``configs/dit_imagenet.py``, ``imagenet_256-<size>_2``: SiT
+interface, uniform t, AdamW 1e-4 β (0.9, 0.999) ε 1e-8 without weight decay at a constant rate,
+EMA 0.9999, replicated sharding), its builders (``utils/initialize.py``'s ``instantiate_*`` as
+``build_models`` calls them), ``utils/sharding_utils.py`` (mesh, state shardings), and its
+``train_step``, jitted as ``train_and_evaluate`` does (``out_shardings``, ``static_argnums=(3,
+4)``, ``donate_argnums=(0, 1)``), fed a batch as ``parse_batch`` leaves it: ``latents`` [batch,
+32, 32, 4] float32 and ``labels`` int32, sharded over the data axis. Its ``config.dtype`` is the
+precision (``float32`` or ``bfloat16``: the layers' computation dtype, parameters float32).
+Modules its step never runs are stubbed (``STUBBED``, each with why); a call into one raises.
 
 dew's step is ``benchmarks/accelerator.py``'s row for the size (``config_for``: the experiment
 file's config on ``bench_arrays``, no evaluation, preview or checkpoint), at this batch and
-precision, without rematerialisation unless ``--dew-remat`` asks; its input is the raw latents
-[batch, 32, 32, 8] (mean ‖ std) that its objective samples and scales inside the step, the
-peer's encoder having done that before its step.
+precision, without rematerialisation unless ``--dew-remat`` asks; it samples and scales the raw
+latents [batch, 32, 32, 8] (mean ‖ std) in the step, which the peer's encoder does before.
 
 After compiling both and ``--warmup`` steps each, ``--rounds`` windows of ``--steps`` steps
-alternate between the sides (the first side alternating too). One JSON line per side, flushed,
+alternate between the sides (which goes first alternating too). One JSON line per side, flushed,
 appended to ``--out``: ``images_per_s`` and ``step_ms`` (median window), ``tflop_per_step``
 (``compiled.cost_analysis()``), ``mfu`` (model FLOPs per second over ``--peak-tflops``; the
 compiled FLOPs, three quarters of them under ``remat='blocks'`` as ``accelerator._model_flops``
 says), ``memory_gb`` (``compiled.memory_analysis()``: arguments + outputs + temporaries −
-aliased), ``compile_s`` (lower and compile), ``first_step_s`` (building to the first result),
-``params`` (trainable parameters), ``loss``; a side that fails has ``error`` instead and the
-other still runs. The dew line also has ``speedup`` (its images/s over the peer's).
+aliased), ``compile_s`` (lower and compile: warm where the compilation cache ``start`` sets up
+holds the program), ``first_step_s`` (building to the first result), ``params`` (trainable),
+``loss``; a side that fails has ``error`` instead, the other still runs. dew's line also has
+``speedup`` (its images/s over the peer's).
 
 The parameter counts differ by one thing: dew's SiT is built as SiT's reference builds it,
 ``learn_sigma=True``, its final linear layer 2 × p² × 4 outputs wide of which the step uses the
 first 4 channels; the peer's ``DiT`` outputs p² × 4. For B/2 that is (768 + 1) × 16 = 12,304 of
-~130.3 M (``param_gap``, checked to be exactly that).
+~130.3 M (``param_gap``; ``param_gap_is_learn_sigma`` checks it is exactly that).
+
+Both sides' states stay on the chip (a step's temporaries only while it runs). B/2: 2.1 GB each
+(float32 parameters, Adam's moments, the EMA): both fit beside one step (dew's B/2 float32 batch
+64: 10.9 GB in all). XL/2: 10.8 GB each, so one side per process (``--sides``, not interleaved
+then) at a batch that fits without rematerialisation, which the peer does not have (dew's XL/2
+row: ``remat='blocks'`` at 32, ``--dew-remat=blocks``).
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ import sys
 import tempfile
 import time
 import types
+from collections.abc import Callable
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,32 +75,24 @@ if ROOT not in sys.path:
 #: The peer's modules its train step never runs, imported by the modules it does run: replaced
 #: by stubs while those are imported (module -> why).
 STUBBED = {
-    "interfaces.discrete": "DDPM interfaces; the SiT step uses interfaces/continuous.py",
-    "interfaces.repa": "the REPA wrapper; the step has no REPA loss",
-    "networks.transformers.lightning_dit_nnx": "LightningDiT, another network",
-    "networks.transformers.lightning_ddt_nnx": "LightningDDT, another network",
-    "networks.encoders": "the encoders (torch, transformers): latents come encoded",
-    "networks.encoders.dino": "REPA's DINOv2 detector (transformers)",
-    "networks.encoders.rae": "the RAE encoder (torch)",
-    "networks.encoders.sd_vae": "the SD-VAE: its encode runs in parse_batch, before the step",
-    "networks.encoders.rgb": "the pixel encoder",
-    "samplers": "sampling",
-    "samplers.samplers": "sampling",
-    "clu": "metric writers and progress hooks (logging)",
-    "clu.metric_writers": "logging",
-    "clu.periodic_actions": "logging and profiling hooks",
-    "data": "the torch ImageNet loader",
-    "data.local_imagenet_dataset": "the torch ImageNet loader",
-    "data.utils": "parse_batch (torch tensors to arrays)",
-    "eval": "FID evaluation",
-    "eval.fid": "FID evaluation",
-    "utils.checkpoint": "orbax checkpoints",
-    "utils.logging_utils": "FID schedule",
-    "utils.wandb_utils": "wandb logging",
-    "utils.visualize": "sample grids",
-}
-#: The peer's own packages (folders without or with an empty ``__init__.py``), bound to the
-#: checkout so that no other top-level package of these names can shadow them.
+    name: why
+    for names, why in (
+        (("interfaces.discrete",), "DDPM interfaces; the SiT step uses interfaces/continuous.py"),
+        (("interfaces.repa",), "the REPA wrapper; the step has no REPA loss"),
+        (("networks.transformers.lightning_dit_nnx", "networks.transformers.lightning_ddt_nnx"), "networks"),
+        (("networks.encoders", "networks.encoders.dino", "networks.encoders.rae", "networks.encoders.rgb"),
+         "encoders (torch, transformers): the step takes encoded latents"),
+        (("networks.encoders.sd_vae",), "the SD-VAE: its encode runs in parse_batch, before the step"),
+        (("samplers", "samplers.samplers"), "sampling"),
+        (("clu", "clu.metric_writers", "clu.periodic_actions"), "logging and profiling hooks"),
+        (("data", "data.local_imagenet_dataset", "data.utils"), "the torch ImageNet loader, parse_batch"),
+        (("eval", "eval.fid"), "FID evaluation"),
+        (("utils.checkpoint", "utils.logging_utils", "utils.wandb_utils", "utils.visualize"),
+         "checkpoints, logging, sample grids"),
+    )
+    for name in names
+}  # fmt: skip
+#: The peer's packages, bound to the checkout: no other top-level package of a name shadows it.
 PEER_PACKAGES = ("configs", "interfaces", "networks", "networks.transformers", "trainers", "utils")
 SIZES = {"B": "SiT-B/2", "XL": "SiT-XL/2"}
 
@@ -132,11 +125,9 @@ def _stubs_installed():
     try:
         yield
     finally:
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
+        for name in STUBBED:
+            sys.modules.pop(name, None)
+        sys.modules.update({name: module for name, module in saved.items() if module is not None})
 
 
 def load_peer(checkout: str) -> types.SimpleNamespace:
@@ -189,6 +180,8 @@ class Side:
         import jax
         import numpy as np
 
+        if not steps:
+            return 0.0
         start = time.perf_counter()
         out: dict = {}
         for _ in range(steps):
@@ -265,6 +258,7 @@ def build_peer(checkout: str, size: str, batch: int, precision: str, depth: int 
         "flax": flax.__version__,
         "config": f"configs/dit_imagenet.py:imagenet_256-{size}_2",
         "params": params,
+        "hidden_size": config.network.hidden_size,
         "flops": flops,
         "remat": "none",
         "memory_gb": None if memory is None else round(memory, 2),
@@ -312,7 +306,7 @@ def build_dew(size: str, batch: int, precision: str, depth: int | None, remat: s
     result.run(1)
     flops, memory = _cost(compiled)
     result.info = {
-        "config": f"benchmarks/accelerator.py:{name}",
+        "config": f"benchmarks/accelerator.py:{name} (batch, precision, remat as here)",
         "params": params,
         "flops": flops,
         "remat": remat,
@@ -324,8 +318,13 @@ def build_dew(size: str, batch: int, precision: str, depth: int | None, remat: s
     return result
 
 
-def _error(e: BaseException) -> str:
-    return " ".join(f"{type(e).__name__}: {e}".split())[:800]
+def _attempt(rows: dict[str, dict], name: str, work: Callable[..., Any], *args: Any) -> Any:
+    """``work(*args)``, or None with its error as side ``name``'s line (the other side still runs)."""
+    try:
+        return work(*args)
+    except Exception as e:
+        rows[name] = {"side": name, "error": " ".join(f"{type(e).__name__}: {e}".split())[:800]}
+        return None
 
 
 def row(side: Side, batch: int, precision: str, peak_tflops: float) -> dict:
@@ -365,10 +364,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--peak-tflops", type=float, default=197.0)
     parser.add_argument("--out", default="peer_step.jsonl")
+    parser.add_argument("--sides", default="diffuse_nnx,dew", help="the sides to build (one: XL/2)")
     args = parser.parse_args(argv)
     peer_name, _, checkout = args.peer.partition(":")
     if peer_name != "diffuse_nnx" or not checkout:
         parser.error(f"--peer={args.peer!r}: expected diffuse_nnx:/path/to/checkout")
+    if min(args.steps, args.rounds, args.batch) < 1 or args.warmup < 0:
+        parser.error("--steps, --rounds and --batch must be at least 1, --warmup at least 0")
+    labels = [label.strip() for label in args.sides.split(",") if label.strip()]
+    if not labels or not set(labels) <= {"diffuse_nnx", "dew"}:
+        parser.error(f"--sides={args.sides!r}: expected diffuse_nnx, dew or both")
 
     from dew.runtime import start
 
@@ -377,38 +382,32 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as workdir:
         shape = (args.size, args.batch, args.precision, args.depth)
-        for label in ("diffuse_nnx", "dew"):
-            try:
-                if label == "diffuse_nnx":
-                    side = build_peer(checkout, *shape)
-                else:
-                    side = build_dew(*shape, args.dew_remat, workdir)
-                side.run(args.warmup)
+        for label in labels:
+            if label == "diffuse_nnx":
+                side = _attempt(rows, label, build_peer, checkout, *shape)
+            else:
+                side = _attempt(rows, label, build_dew, *shape, args.dew_remat, workdir)
+            if side is not None and _attempt(rows, label, side.run, args.warmup) is not None:
                 sides.append(side)
-            except Exception as e:  # said in the side's line; the other side still runs
-                rows[label] = {"side": label, "error": _error(e)}
             print(f"built {label}", file=sys.stderr, flush=True)
         for round_ in range(args.rounds):
             for side in sides if round_ % 2 == 0 else sides[::-1]:
-                if side.name in rows:
-                    continue
-                try:
-                    side.times.append(side.run(args.steps))
-                except Exception as e:
-                    rows[side.name] = {"side": side.name, "error": _error(e)}
+                seconds = None if side.name in rows else _attempt(rows, side.name, side.run, args.steps)
+                if seconds is not None:
+                    side.times.append(seconds)
         for side in sides:
             if side.name not in rows:
-                try:
-                    rows[side.name] = row(side, args.batch, args.precision, args.peak_tflops)
-                except Exception as e:
-                    rows[side.name] = {"side": side.name, "error": _error(e)}
+                line = _attempt(rows, side.name, row, side, args.batch, args.precision, args.peak_tflops)
+                rows[side.name] = line or rows[side.name]
     peer, dew = rows.get("diffuse_nnx", {}), rows.get("dew", {})
-    if "images_per_s" in peer and "images_per_s" in dew:
-        dew["speedup"] = round(dew["images_per_s"] / peer["images_per_s"], 3)
+    if "step_ms" in peer and "step_ms" in dew:  # the same batch: images/s over images/s
+        dew["speedup"] = round(peer["step_ms"] / dew["step_ms"], 3)
     if "params" in peer and "params" in dew:
         dew["param_gap"] = dew["params"] - peer["params"]
+        # learn_sigma's extra p² × 4 outputs of the final linear layer, weights and biases
+        dew["param_gap_is_learn_sigma"] = dew["param_gap"] == (peer["hidden_size"] + 1) * 2 * 2 * 4
     with open(args.out, "a") as out:
-        for label in ("diffuse_nnx", "dew"):
+        for label in labels:
             line = json.dumps(rows.get(label, {"side": label, "error": "not built"}))
             print(line, flush=True)
             out.write(line + "\n")
