@@ -46,6 +46,12 @@ tokens are REPA's at its t); only for continuous t, ``time_inputs=("t",)``, adaL
 without variance channels (``dew.convert_dit --source=repa`` sets it).
 ``remat`` (``dew.networks.songunet.REMAT_POLICIES``: ``none``, ``blocks``, ``blocks_save_dots``)
 recomputes each block's activations in the backward pass: less memory, the same function.
+``scan_blocks=True`` runs the blocks as one ``lax.scan`` over their stacked parameters
+(``dew.networks.block_stack``): the same parameters under the same names and the same function,
+compiled once instead of once per block. Off by default: on a TPU v5e the scan keeps every
+block's residuals (SiT-B/2 bf16 at batch 64 without remat needed 17.9 GB of temporaries against
+8.3 GB unrolled); with ``remat='blocks'`` it fits and shortened SiT-XL/2's first step from 171 s
+to 133 s at the same step time (340 against 333 ms).
 
 **In-context conditioning** (``conditioning="in_context"``): improved MeanFlow's network
 (Lyy-iiis/imeanflow ``models/imfDiT.py``: ``imfDiT``), registered as ``iMF-B/2``, ``iMF-M/2``,
@@ -84,6 +90,7 @@ import numpy as np
 
 from dew import registry
 from dew.networks import dit_layers as L
+from dew.networks.block_stack import run_blocks
 from dew.networks.songunet import REMAT_POLICIES
 from dew.schema import ConfigError
 
@@ -227,6 +234,7 @@ class DiT(hk.Module):
         embedding_init_constant: float = 1.0,
         weight_init_constant: float = 0.32,
         time_direction: str = "sit",
+        scan_blocks: bool = False,
         name: str | None = "dit",
     ):
         check_options(
@@ -268,6 +276,7 @@ class DiT(hk.Module):
         self.tokens.update({"t_max": interval_tokens, "time": time_tokens})
         self.init_constants = (token_init_constant, embedding_init_constant, weight_init_constant)
         self.time_direction = time_direction
+        self.scan_blocks = bool(scan_blocks)
 
     def _grid(self, x: jax.Array) -> int:
         _, height, width, _ = x.shape
@@ -329,23 +338,24 @@ class DiT(hk.Module):
         c = c + embedder(jnp.asarray(y, jnp.int32), is_training, force_drop_ids, dtype)
 
         rotary = L.rotary_tables(self.hidden_size // self.num_heads, grid) if self.rotary else None
-        features: tuple[jax.Array, ...] = ()
-        for i in range(self.depth):
-            block = L.DiTBlock(
+
+        def block(name: str) -> L.DiTBlock:
+            return L.DiTBlock(
                 self.num_heads,
                 self.mlp_ratio,
                 norm=self.norm,
                 mlp=self.mlp,
                 qk_norm=self.qk_norm,
                 rotary=rotary,
-                name=f"blocks_{i}",
+                name=name,
             )
-            if self.remat == "none":
-                tokens = block(tokens, c)
-            else:
-                policy = REMAT_POLICIES[self.remat]
-                tokens = hk.remat(lambda x_, c_, b=block: b(x_, c_), policy=policy)(tokens, c)
-            if i + 1 == self.encoder_depth:
+
+        features: tuple[jax.Array, ...] = ()
+        split = self.encoder_depth or self.depth
+        for first, last in ((0, split), (split, self.depth)):
+            names = [f"blocks_{i}" for i in range(first, last)]
+            tokens = run_blocks(block, names, tokens, c, remat=self.remat, scan=self.scan_blocks)
+            if last == self.encoder_depth and first == 0:
                 features = tuple(
                     L.projector(tokens, self.projector_hidden, z, j)
                     for j, z in enumerate(self.projector_dims)
@@ -404,15 +414,11 @@ class DiT(hk.Module):
         n_prefix = seq.shape[1] - patches.shape[1]
         rotary = L.rotary_1d(d // self.num_heads, seq.shape[1])
 
+        def block(name: str) -> L.InContextBlock:
+            return L.InContextBlock(self.num_heads, self.mlp_ratio, rotary, weight_init, name=name)
+
         def run(tokens, names):
-            for name in names:
-                block = L.InContextBlock(self.num_heads, self.mlp_ratio, rotary, weight_init, name=name)
-                if self.remat == "none":
-                    tokens = block(tokens)
-                else:
-                    policy = REMAT_POLICIES[self.remat]
-                    tokens = hk.remat(lambda x_, b=block: b(x_), policy=policy)(tokens)
-            return tokens
+            return run_blocks(block, names, tokens, remat=self.remat, scan=self.scan_blocks)
 
         shared = self.depth - self.head_depth
         seq = run(seq, [f"shared_blocks_{i}" for i in range(shared)])
