@@ -46,6 +46,17 @@ RUNS = {
     "SiT-B/2 f32": ("sit.py:SiT-B/2", 64, "float32", "none", (32, 8), 1000, None),
     "SiT-B/2 bf16 flash-attention": ("sit.py:SiT-B/2", 64, "bfloat16", "none", (32, 8), 1000, "tpu_flash"),
     "SiT-B/2 bf16": ("sit.py:SiT-B/2", 64, "bfloat16", "none", (32, 8), 1000, None),
+    "SiT-B/2 bf16 b256": ("sit.py:SiT-B/2", 256, "bfloat16", "none", (32, 8), 1000, None),
+    "SiT-B/2 bf16 float32 logits": (
+        "sit.py:SiT-B/2",
+        64,
+        "bfloat16",
+        "none",
+        (32, 8),
+        1000,
+        "xla_float32_logits",
+    ),
+    "SiT-XL/2 bf16 scanned": ("sit.py:SiT-XL/2", 32, "bfloat16", "blocks", (32, 8), 1000, None),
     "DiT-B/2 bf16": ("dit.py:DiT-B/2", 64, "bfloat16", "none", (32, 8), 1000, None),
     "SiT-L/2 bf16": ("sit.py:SiT-L/2", 32, "bfloat16", "none", (32, 8), 1000, None),
     "SiT-XL/2 bf16": ("sit.py:SiT-XL/2", 32, "bfloat16", "blocks", (32, 8), 1000, None),
@@ -107,13 +118,15 @@ def config_for(name: str):
         config[section][key] = value
     if remat is not None:
         config.model.remat = remat
+    if name.endswith(" scanned"):  # the blocks as one scan (dew.networks.block_stack)
+        config.model.scan_blocks = True
     objective = config.objective
     if "latent" in objective and objective.latent.get("encoder") is not None:
         objective.latent.weights = "/nonexistent/vae.safetensors"  # trains without the VAE file
     return config
 
 
-def measure(name: str, steps: int, rounds: int, peak_tflops: float) -> dict:
+def measure(name: str, steps: int, rounds: int, peak_tflops: float, trace: str | None = None) -> dict:
     """One run's row (module docstring), traced with the run's attention kernel when it names one."""
     from dew import kernels
 
@@ -122,7 +135,7 @@ def measure(name: str, steps: int, rounds: int, peak_tflops: float) -> dict:
     if attention is not None:
         choice = dataclasses.replace(choice, attention=attention)
     with kernels.using(choice):
-        return _measure(name, steps, rounds, peak_tflops)
+        return _measure(name, steps, rounds, peak_tflops, trace)
 
 
 def _model_flops(name: str, flops: float) -> float:
@@ -134,7 +147,7 @@ def _model_flops(name: str, flops: float) -> float:
     return flops * 3 / 4 if RUNS[name][3] == "blocks" else flops
 
 
-def _measure(name: str, steps: int, rounds: int, peak_tflops: float) -> dict:
+def _measure(name: str, steps: int, rounds: int, peak_tflops: float, trace: str | None) -> dict:
     import jax
     import numpy as np
 
@@ -174,6 +187,8 @@ def _measure(name: str, steps: int, rounds: int, peak_tflops: float) -> dict:
             times.append((time.perf_counter() - start) / steps)
         step = statistics.median(times)
         loss = float(np.asarray(stats["loss"]))
+        if trace:
+            state = _trace(compiled, state, placed, name, trace)
     batch_size = RUNS[name][1]
     model = _model_flops(name, flops)
     return {
@@ -197,6 +212,28 @@ def _measure(name: str, steps: int, rounds: int, peak_tflops: float) -> dict:
     }
 
 
+def _trace(compiled, state, placed, name: str, folder: str):
+    """Three steps under ``jax.profiler``; the trace lands as ``<folder>/<run>.xplane.pb`` (one
+    file, for xprof / TensorBoard's profile plugin)."""
+    import glob
+    import shutil
+
+    import jax
+
+    with tempfile.TemporaryDirectory() as logdir:
+        jax.profiler.start_trace(logdir)
+        for _ in range(3):
+            state, stats = compiled(state, placed)
+        jax.block_until_ready(stats)
+        jax.profiler.stop_trace()
+        found = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+        if found:
+            os.makedirs(folder, exist_ok=True)
+            slug = "".join(c if c.isalnum() else "_" for c in name)
+            shutil.copy(found[0], os.path.join(folder, f"{slug}.xplane.pb"))
+    return state
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="accelerator.jsonl")
@@ -205,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--peak_tflops", type=float, default=197.0)
     parser.add_argument("--warm", action="store_true", help="re-run the first row in a child (warm cache)")
+    parser.add_argument("--trace", help="also write a 3-step profiler trace of each run into this folder")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child's single run
     args = parser.parse_args(argv)
     names = [args.one] if args.one else [n.strip() for n in args.runs.split(",") if n.strip()]
@@ -217,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.out, "a") as out:
         for name in names:
             try:
-                row = measure(name, args.steps, args.rounds, args.peak_tflops)
+                row = measure(name, args.steps, args.rounds, args.peak_tflops, args.trace)
             except Exception as e:  # a run that does not fit or fails: said, and the next one runs
                 row = {"run": name, "error": " ".join(f"{type(e).__name__}: {e}".split())[:600]}
             if args.one:
