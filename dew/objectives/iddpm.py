@@ -35,6 +35,7 @@ import numpy as np
 from dew import registry
 from dew.artifacts import ImageGrid
 from dew.contracts.objective import Aux, Batch, Objective, Params, Stats, Step
+from dew.contracts.precision import compute_dtype_of, compute_in
 from dew.diffusion.iddpm import SCHEDULES, GaussianDiffusion
 from dew.inputs import Condition, Field, InputSpec
 from dew.objectives import latent_space
@@ -43,7 +44,6 @@ from dew.objectives.diffusion_sampling import requested_classes
 from dew.objectives.meanflow import sample_field, takes_arguments
 from dew.objectives.whole import BuiltWhole
 from dew.schema import ConfigError, Key, Section, at_least
-from dew.training.precision import compute_dtype_of, compute_in
 
 ModuleFactory = Callable[[], Any]  # a registered network's constructor (a haiku module)
 
@@ -96,7 +96,7 @@ class IDDPM(Objective, metaclass=BuiltWhole):
     sampling is unguided). ``latent``/``image_shape``: the VAE space samples are decoded from.
     ``compute_dtype`` (``config.precision.compute``): the network computes in it on float32
     parameters, while t, the process's arithmetic and the loss stay float32
-    (``dew.training.precision.compute_in``).
+    (``dew.contracts.precision.compute_in``).
     """
 
     precisions = ("float32", "bfloat16")

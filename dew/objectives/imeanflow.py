@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from dew import registry
 from dew.contracts.objective import Aux, Batch, Params, Stats, Step
+from dew.contracts.precision import compute_dtype_of
 from dew.inputs import InputSpec
 from dew.objectives import latent_space
 from dew.objectives.imeanflow_loss import IMFGuidance, draw_imf, imf_loss
@@ -41,7 +42,6 @@ from dew.objectives.meanflow import (
 from dew.objectives.meanflow_loss import TimeSampling, Weighting
 from dew.sampling.meanflow import check_schedule, sample_mean_flow
 from dew.schema import ConfigError, Key, Section, at_least
-from dew.training.precision import compute_dtype_of
 
 CONDITIONS = ("h", "omega", "t_min", "t_max")
 

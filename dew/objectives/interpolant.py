@@ -38,6 +38,7 @@ import numpy as np
 from dew import registry
 from dew.artifacts import ImageGrid
 from dew.contracts.objective import Aux, Batch, Objective, Params, Stats, Step
+from dew.contracts.precision import compute_dtype_of, compute_in
 from dew.diffusion.interpolants import LOSS_WEIGHTS, PATHS, PREDICTIONS
 from dew.diffusion.transport import Transport
 from dew.inputs import Condition, Field, InputSpec
@@ -53,7 +54,6 @@ from dew.sampling.repa_sampler import RepaSampler, path_type
 from dew.sampling.transport_ode import TransportODE
 from dew.sampling.transport_sde import TransportSDE
 from dew.schema import ConfigError, Key, Section, at_least
-from dew.training.precision import compute_dtype_of, compute_in
 
 ModuleFactory = Callable[[], Any]  # a registered network's constructor (a haiku module)
 TransportSampler = TransportODE | TransportSDE | RepaSampler
@@ -136,7 +136,7 @@ class Interpolant(Objective, metaclass=BuiltWhole):
     (the DiT / SiT networks do).
     ``compute_dtype`` (``config.precision.compute``): the network computes in it on float32
     parameters; t, the path, the loss and REPA's encoder targets stay float32
-    (``dew.training.precision.compute_in``).
+    (``dew.contracts.precision.compute_in``).
     """
 
     precisions = ("float32", "bfloat16")

@@ -40,6 +40,7 @@ import numpy as np
 from dew import registry
 from dew.artifacts import ImageGrid
 from dew.contracts.objective import Aux, Batch, Objective, Params, Stats, Step
+from dew.contracts.precision import compute_dtype_of, compute_in
 from dew.encoding.class_label import UNCONDITIONAL
 from dew.inputs import Condition, Field, InputSpec
 from dew.objectives import latent_space
@@ -55,7 +56,6 @@ from dew.objectives.meanflow_loss import (
 from dew.objectives.whole import BuiltWhole
 from dew.sampling.meanflow import check_schedule, sample_mean_flow
 from dew.schema import ConfigError, Key, Section, at_least
-from dew.training.precision import compute_dtype_of, compute_in
 
 ModuleFactory = Callable[[], Any]  # a registered network's constructor (a haiku module)
 
@@ -174,7 +174,7 @@ class MeanFlow(Objective, metaclass=BuiltWhole):
 
     ``compute_dtype`` (``config.precision.compute``): the network, and so the JVP through it,
     computes in it on float32 parameters; the times, the target and the loss stay float32
-    (``dew.training.precision.compute_in``), as the JAX references' bf16 runs do."""
+    (``dew.contracts.precision.compute_in``), as the JAX references' bf16 runs do."""
 
     precisions = ("float32", "bfloat16")
 
