@@ -41,7 +41,7 @@ from dew.inputs import Condition, Field, InputSpec
 from dew.objectives import latent_space
 from dew.objectives.diffusion_preview import jitted_once
 from dew.objectives.diffusion_sampling import requested_classes
-from dew.objectives.meanflow import sample_field, takes_arguments
+from dew.objectives.model_inputs import sample_field, takes_arguments
 from dew.objectives.whole import BuiltWhole
 from dew.schema import ConfigError, Key, Section, at_least
 
