@@ -132,7 +132,7 @@ def run_time_nodes(tree: ast.AST):
     while stack:
         node = stack.pop()
         yield node
-        if is_type_checking_block(node):
+        if isinstance(node, ast.If) and is_type_checking_block(node):
             stack.extend([node.test, *node.orelse])
         else:
             stack.extend(ast.iter_child_nodes(node))

@@ -43,6 +43,7 @@ from dew.objectives.diffusion_preview import jitted_once
 from dew.objectives.diffusion_sampling import requested_classes
 from dew.objectives.model_inputs import sample_field, takes_arguments
 from dew.objectives.whole import BuiltWhole
+from dew.sampling.interface import DDPMLoop
 from dew.schema import ConfigError, Key, Section, at_least
 
 ModuleFactory = Callable[[], Any]  # a registered network's constructor (a haiku module)
@@ -188,9 +189,7 @@ class IDDPM(Objective, metaclass=BuiltWhole):
         model, guided = self.sampling_model(params, y, cfg_scale, cfg_channels)
         if guided:
             z = jnp.concatenate([z, z], axis=0)
-        out = diffusion.sample_loop(
-            model, z, rng=step_rng, clip_denoised=False, method=method, trajectory=False
-        )
+        out = DDPMLoop(method=method, clip_denoised=False)(model, z, diffusion, step_rng)
         return out[:n]
 
     def sampling_model(

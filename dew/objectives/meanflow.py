@@ -61,7 +61,8 @@ from dew.objectives.model_inputs import (
     sample_field,
 )
 from dew.objectives.whole import BuiltWhole
-from dew.sampling.meanflow import check_schedule, sample_mean_flow
+from dew.sampling.interface import MeanFlowLoop
+from dew.sampling.meanflow import check_schedule
 from dew.schema import ConfigError, Section
 
 
@@ -230,7 +231,7 @@ class MeanFlow(Objective, metaclass=BuiltWhole):
         y = labels if labels is not None else jnp.zeros((n,), jnp.int32)
         noise = jax.random.normal(rng, (n, *self.input_spec.sample.shape), jnp.float32)
         u = self.average_velocity(params, None, False)
-        return sample_mean_flow(lambda z, t, h: u(z, t, h, y), noise, schedule)
+        return MeanFlowLoop()(lambda z, t, h: u(z, t, h, y), noise, schedule)
 
     def draw(self, params: Params, rng: jax.Array, *, per_class: int, **settings: Any) -> jax.Array:
         """``per_class`` samples of every class, class-major (unconditional: ``per_class``)."""
