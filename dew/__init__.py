@@ -8,11 +8,11 @@ backend and no optional dependency. Naming any exported name fills the registrie
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dew import registry as _registry
-
-__version__ = "0.1.0"
+from dew.lazy_exports import lazy_exports as _lazy_exports
+from dew.version import __version__ as __version__
 
 # name -> module that defines it. Registry names map to dew.registry.
 _EXPORTS: dict[str, str] = {
@@ -137,18 +137,7 @@ def _fill_registries() -> None:
 _registry.set_filler(_fill_registries)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dew' has no attribute {name!r}")
-    _registry._ensure_filled()
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = _lazy_exports(globals(), _EXPORTS, before=_registry._ensure_filled)
 
 
 # A literal list (type checkers read it); tests/test_types.py checks it names exactly _EXPORTS.

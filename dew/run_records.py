@@ -35,6 +35,8 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
+from dew.version import __version__
+
 RUN_METADATA = "run.json"
 #: What a run writes besides checkpoints: set aside together by ``set_aside_records``.
 RECORD_DIRS = ("tracking", "previews")
@@ -85,12 +87,6 @@ def read_run_metadata(run_dir: str) -> dict[str, Any] | None:
         f"{path} is damaged ({reason}); it holds the run's config and start history. Restore it "
         f"from a copy, or move it aside to go on with a new history (the checkpoints stay usable)"
     )
-
-
-def _version() -> str:
-    import dew
-
-    return getattr(dew, "__version__", "unknown")
 
 
 def _int(value: Any, low: int) -> bool:
@@ -186,7 +182,7 @@ def record_start(
         "resumed_from": int(resumed_from),
         "config": dict(config),
         "processes": int(processes),
-        "dew_version": _version(),
+        "dew_version": __version__,
     }
     history.append(entry)
     lost = []

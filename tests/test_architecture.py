@@ -2,8 +2,10 @@
 checks): every ``import`` in ``dew/``, function-level ones included (those under
 ``if TYPE_CHECKING:`` never run and are left out), is parsed; each module
 belongs to the unit of ``UNITS`` with the longest matching name; an import may only go down the
-layers, stay inside its unit, or take one of the sideways edges the page names. No module-level
-and no unit-level import circle."""
+layers, stay inside its unit, or take one of the sideways edges the page names; no modality
+imports the trainer core. No module-level and no unit-level import circle. No module is over
+``MAX_LINES`` lines (but the shrinking allowlist ``OVERSIZED``), and every module that registers is
+named in the registry fill ``dew._REGISTERING_MODULES``."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import ast
 import pathlib
 
 import pytest
+from helpers_registering import listed_registering_modules, registering_modules, registry_fill_gaps
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "dew"
@@ -67,6 +70,23 @@ SIDEWAYS = {
     ("dew.checkpointing", "dew.tracking"),  # the stix TrainingIOHandler logs as well as saves
 }
 
+# What a modality shares with the trainer core lives below both (dew.contracts.precision,
+# dew.data.splits): a modality importing the trainer would make every objective a trainer client.
+FORBIDDEN_BELOW = {MODALITIES: {"dew.training"}}
+
+# One idea per module: no file of dew/ is longer than this.
+MAX_LINES = 420
+
+# Today's exceptions, each owned by an engineer splitting it now. A shrinking allowlist: remove an
+# entry when its module is split; never add one.
+OVERSIZED = {
+    "dew/networks/dit.py",
+    "dew/networks/dit_layers.py",
+    "dew/runtime/kernel_choice.py",
+    "dew/runtime/distributed.py",
+    "dew/scoring/dinov2.py",
+}
+
 # What the trainer core may use of the services: their public modules, never a backend.
 TRAINER_MAY_USE = {
     "dew.checkpointing": {
@@ -112,7 +132,7 @@ def run_time_nodes(tree: ast.AST):
     while stack:
         node = stack.pop()
         yield node
-        if is_type_checking_block(node):
+        if isinstance(node, ast.If) and is_type_checking_block(node):
             stack.extend([node.test, *node.orelse])
         else:
             stack.extend(ast.iter_child_nodes(node))
@@ -152,6 +172,9 @@ def violations(edges: dict[str, set[str]]) -> list[str]:
         for target in sorted(targets):
             b = unit_of(target)
             if a == b or (a, b) in SIDEWAYS:
+                continue
+            if b in FORBIDDEN_BELOW.get(UNITS[a], ()):
+                found.append(f"{module} ({a}, a modality) imports {target}: the trainer core")
                 continue
             if UNITS[b] > UNITS[a] or (UNITS[b] == UNITS[a] and UNITS[a] in INDEPENDENT):
                 found.append(f"{module} ({a}, layer {UNITS[a]}) imports {target} ({b}, layer {UNITS[b]})")
@@ -209,6 +232,18 @@ def without_package_init(edges: dict[str, set[str]]) -> dict[str, set[str]]:
     return {m: {t for t in ts if t != "dew"} for m, ts in edges.items()}
 
 
+def oversized(root: pathlib.Path, allowed: set[str]) -> list[str]:
+    """``path: N lines`` for each ``.py`` under ``root/dew`` longer than ``MAX_LINES`` and not in
+    ``allowed`` (paths relative to ``root``)."""
+    found = []
+    for path in sorted((root / "dew").rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_LINES and relative not in allowed:
+            found.append(f"{relative}: {lines} lines (over {MAX_LINES}: split it by idea)")
+    return found
+
+
 def test_every_import_follows_the_layers():
     assert violations(without_package_init(graph())) == []
 
@@ -227,6 +262,40 @@ def test_the_checkpointing_package_names_every_module_it_holds():
     doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
     modules = sorted(p.stem for p in package.glob("*.py") if p.stem != "__init__")
     assert [m for m in modules if f"``{m}``" not in doc] == []
+
+
+def test_no_module_is_over_the_line_limit():
+    assert oversized(ROOT, OVERSIZED) == []
+
+
+def test_the_line_limit_catches_a_long_module(tmp_path):
+    (tmp_path / "dew" / "x").mkdir(parents=True)
+    (tmp_path / "dew" / "x" / "long.py").write_text("pass\n" * (MAX_LINES + 1))
+    (tmp_path / "dew" / "x" / "short.py").write_text("pass\n" * MAX_LINES)
+    assert oversized(tmp_path, set()) == [
+        f"dew/x/long.py: {MAX_LINES + 1} lines (over {MAX_LINES}: split it by idea)"
+    ]
+    assert oversized(tmp_path, {"dew/x/long.py"}) == []
+
+
+def test_every_registering_module_is_in_the_registry_fill():
+    listed = listed_registering_modules(PACKAGE / "__init__.py")
+    assert registry_fill_gaps(listed, registering_modules(PACKAGE)) == []
+
+
+def test_the_registry_fill_check_catches_a_missing_module(tmp_path):
+    package = tmp_path / "dew"
+    package.mkdir()
+    (package / "__init__.py").write_text('_REGISTERING_MODULES = ("dew.a", "dew.gone")\n')
+    (package / "a.py").write_text('registry.models.register("a", object)\n')
+    (package / "b.py").write_text('registry.samplers.register("b", object)\n')
+    gaps = registry_fill_gaps(
+        listed_registering_modules(package / "__init__.py"), registering_modules(package)
+    )
+    assert gaps == [
+        "dew.b registers but is missing from dew._REGISTERING_MODULES",
+        "dew.gone is listed in dew._REGISTERING_MODULES but registers nothing",
+    ]
 
 
 def test_the_architecture_page_names_every_unit():
@@ -255,6 +324,13 @@ def test_the_architecture_page_names_every_unit():
             {"dew.averaging.x": {"dew.training.objective"}},
             "imports dew.training.objective (dew.training, layer 4)",
         ),
+        (  # an objective reads the compute dtype from the contracts, not from the trainer
+            {"dew.objectives.x": {"dew.training.precision"}},
+            "dew.objectives.x (dew.objectives, a modality) imports dew.training.precision: the trainer core",
+        ),
+        ({"dew.data.sources.x": {"dew.training.build"}}, "a modality) imports dew.training.build"),
+        ({"dew.objectives.x": {"dew.contracts.precision", "dew.data.splits"}}, None),
+        ({"dew.main": {"dew.training.trainer", "dew.objectives.x"}}, None),  # the entry layer may
     ],
 )
 def test_the_rules_catch_a_broken_import(edges, expected):

@@ -184,11 +184,12 @@ def test_a_step_to_restore_that_is_not_stored_is_one_line_from_the_cli(tmp_path,
 
 def test_the_validation_split_the_check_opens_is_the_one_the_trainer_reads(tmp_path, monkeypatch):
     """Opened once: an image folder decodes every image when it opens."""
+    from dew.data import splits
     from dew.training import build
 
     opened = []
-    real = build._open
-    monkeypatch.setattr(build, "_open", lambda section, split: opened.append(split) or real(section, split))
+    real = splits._open
+    monkeypatch.setattr(splits, "_open", lambda section, split: opened.append(split) or real(section, split))
     config = tiny_config()
     check_before_start(config, str(tmp_path / "run"))
     assert opened == ["validation"]

@@ -6,45 +6,18 @@ imported) and holds the list to what the code does."""
 
 from __future__ import annotations
 
-import ast
 import pathlib
+
+from helpers_registering import registering_modules
 
 import dew
 
 PACKAGE = pathlib.Path(dew.__file__).parent
 
 
-def registers(tree: ast.AST) -> bool:
-    """Whether the module calls ``registry.<kind>.register(...)`` (as a call or a decorator)."""
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        func = node.func
-        if (
-            isinstance(func, ast.Attribute)
-            and func.attr == "register"
-            and isinstance(func.value, ast.Attribute)
-            and isinstance(func.value.value, ast.Name)
-            and func.value.value.id == "registry"
-        ):
-            return True
-    return False
-
-
-def registering_modules(root: pathlib.Path = PACKAGE) -> set[str]:
-    found = set()
-    for path in root.rglob("*.py"):
-        if path.name == "registry.py" and path.parent == root:
-            continue  # the registries themselves
-        if registers(ast.parse(path.read_text(), str(path))):
-            relative = path.relative_to(root.parent).with_suffix("")
-            found.add(".".join(relative.parts))
-    return found
-
-
 def test_every_module_that_registers_is_imported_to_fill_the_registries():
     listed = set(dew._REGISTERING_MODULES)
-    found = registering_modules()
+    found = registering_modules(PACKAGE)
     assert found - listed == set(), (
         f"registering modules missing from dew._REGISTERING_MODULES: {found - listed}"
     )

@@ -9,15 +9,20 @@ One idea per module:
 - ``settings``: ``config.checkpoint`` read and validated;
 - ``tiers``: which tier holds a step, and reading it from there;
 - ``store``: the persistent tier, one orbax checkpoint per step in a path or URI;
+- ``item_reads``: a persistent step's items read through orbax (which items a restore reads,
+  the template checked against what is stored, a failed read narrowed to its item);
+- ``saves``: what the writer thread runs for one save (a persistent step then its upload, or
+  the local step) and the metrics a save reports, checked;
 - ``local``: the per-host local tier, the shards each process's devices hold;
 - ``writer``: the background thread writes run on;
 - ``direct_write``: a small state's step written by dew itself, in the files orbax writes without
   OCDBT (orbax's fixed per-save cost is most of a small save's), checksummed, then renamed into place;
 - ``layout``: what a checkpoint is: its directory (a path or URI, ``etils.epath``), its items,
   ``TrainState`` <-> items in one place, and the EMA record a step keeps;
-- ``step_files``: one step read from its files (metadata, items, completeness), the per-item
-  checksums written after the data and verified before a read (with the orbax handler that
-  writes them), and ``Retention``, which steps a directory keeps;
+- ``step_files``: one step read from its files (metadata, items, completeness);
+- ``checksums``: the per-item checksums written after the data and verified before a read (with
+  the orbax handler that writes them);
+- ``retention``: ``Retention``, which steps a directory keeps;
 - ``positions``: where the data resumes: data positions beside the share that read them, and a
   caller's own dataset state;
 - ``errors``: ``CheckpointRestorationError`` (``CheckpointDamagedError``), ``CheckpointWriteError``,
@@ -35,15 +40,16 @@ Names resolve lazily, so importing the package opens no backend.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dew.lazy_exports import lazy_exports as _lazy_exports
 
 _EXPORTS = {
     "Checkpoints": "dew.checkpointing.checkpoints",
     "CheckpointDamagedError": "dew.checkpointing.errors",
     "CheckpointRestorationError": "dew.checkpointing.errors",
     "CheckpointWriteError": "dew.checkpointing.errors",
-    "Retention": "dew.checkpointing.step_files",
+    "Retention": "dew.checkpointing.retention",
     "save_run_metadata": "dew.run_records",
     "read_run_metadata": "dew.run_records",
     "RUN_METADATA": "dew.run_records",
@@ -66,22 +72,12 @@ if TYPE_CHECKING:  # the lazy names, visible to type checkers (tests/test_types.
         ConfigValidationError,
     )
     from dew.checkpointing.io_handler import TrainingIOHandler, TrainingIOHandlerConfig
+    from dew.checkpointing.retention import Retention
     from dew.checkpointing.settings import CheckpointSettings, checkpoint_settings
-    from dew.checkpointing.step_files import Retention
     from dew.run_records import RUN_METADATA, read_run_metadata, save_run_metadata
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dew.checkpointing' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = _lazy_exports(globals(), _EXPORTS)
 
 
 # A literal list (type checkers read it); tests/test_types.py checks it names exactly _EXPORTS.

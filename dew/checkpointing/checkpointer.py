@@ -29,7 +29,7 @@ from dew.averaging import ema as ema_lib
 from dew.averaging.ema import EMASpec
 from dew.checkpointing.checkpoints import Checkpoints
 from dew.checkpointing.layout import ASSUMED
-from dew.checkpointing.step_files import Retention
+from dew.checkpointing.retention import Retention
 from dew.contracts.state import TrainState
 
 #: The metric a stix save reports, and ranks by.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -16,14 +16,14 @@ from dew.averaging import ema as ema_lib
 from dew.averaging.ema import EMASpec
 from dew.checkpointing import layout, local, positions
 from dew.checkpointing.errors import CheckpointWriteError
-from dew.checkpointing.step_files import Retention
+from dew.checkpointing.retention import Retention
+from dew.checkpointing.saves import Upload, metric_value, write_local, write_persistent
 from dew.checkpointing.store import Store
 from dew.checkpointing.tiers import Tiers
 from dew.checkpointing.writer import Writer, host_copy, snapshot
 from dew.contracts.state import TrainState, num_updates
 from dew.data.dataset import DataPartition
 
-Upload = Callable[[str], Any]  # returns None or a future that ``wait`` waits for
 log = logging.getLogger("dew.checkpoints")
 
 
@@ -186,7 +186,7 @@ class Checkpoints:
         """
         self._writable()
         step, rows = layout.step_number(step), positions.global_rows(saved, share)
-        metrics = None if metrics is None else {k: _metric(k, v) for k, v in metrics.items()}
+        metrics = None if metrics is None else {k: metric_value(k, v) for k, v in metrics.items()}
         if not keyed:  # reads the step count: waits for the step that made it, not for a write
             layout.check_step(step, state)
         self.writer.wait()  # one write in flight at most: a failed one stops here
@@ -199,7 +199,18 @@ class Checkpoints:
             dataset_state = jax.tree.map(host_copy, dataset_state)
         ema = self.ema if ema is None else dict(ema)
         state = layout.with_law(state, ema)
-        self.writer.submit(self._write, step, snapshot(state), rows, metrics, dataset_state, ema, label=step)
+        self.writer.submit(
+            write_persistent,
+            self.store,
+            self.upload,
+            step,
+            snapshot(state),
+            rows,
+            metrics,
+            dataset_state,
+            ema,
+            label=step,
+        )
 
     def save_local(
         self, step: int, state: TrainState, saved: bytes | None, *, share: DataPartition | None = None
@@ -213,9 +224,8 @@ class Checkpoints:
         step, row = layout.step_number(step), positions.local_row(saved, share)
         layout.check_step(step, state)  # at the call, as ``save`` does
         self.writer.wait()
-        self.writer.submit(
-            self._write_local, step, snapshot(layout.with_law(state, self.ema)), row, label=step
-        )
+        state = snapshot(layout.with_law(state, self.ema))
+        self.writer.submit(write_local, self.local_path, self.ema, step, state, row, label=step)
 
     def wait(self) -> None:
         """Block until pending async writes (and uploads) have landed, and pruned steps are
@@ -402,42 +412,6 @@ class Checkpoints:
         spec, k = layout.ema_to_use(recorded, decay, accumulation, where)
         return ema_lib.debias(ema, spec, num_updates(count, k))
 
-    # --- internals --------------------------------------------------------------------------------
-    def _write(
-        self,
-        step: int,
-        state: TrainState,
-        rows: Any,
-        metrics: Any,
-        dataset: Any,
-        ema: Any,
-    ) -> None:
-        self.store.write(step, state, rows, metrics, dataset, layout.law_record(state, ema))
-        if self.upload is not None:
-            pending = self.upload(self.path(step))
-            if pending is not None:
-                pending.result()
-
-    def _write_local(self, step: int, state: TrainState, row: dict[str, np.ndarray] | None) -> None:
-        shards, meta = local.describe(step, state)
-        record = layout.law_record(state, self.ema)
-        if record is not None:
-            meta["ema"] = record
-        try:
-            local.write(self.local_path, step, shards, meta, row)
-        except Exception as e:
-            raise CheckpointWriteError(
-                f"local checkpoint step {step} did not land in {self.local_path}: {e}"
-            ) from e
-
     def _writable(self) -> None:
         if self.read_only:
             raise ValueError(f"Checkpoints: {self.directory} was opened read_only; it cannot be written")
-
-
-def _metric(name: str, value: Any) -> float:
-    """A reported metric as a float; anything else is refused, naming it."""
-    try:
-        return float(np.asarray(jax.device_get(value)))
-    except (TypeError, ValueError):
-        raise ValueError(f"Checkpoints.save: metric {name!r}={value!r:.80} is not a number") from None

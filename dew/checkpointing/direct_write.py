@@ -51,7 +51,7 @@ from orbax.checkpoint._src.serialization import type_handler_registry
 from orbax.checkpoint._src.serialization.types import ParamInfo
 from orbax.checkpoint._src.tree import utils as tree_utils
 
-from dew.checkpointing.step_files import write_checksums
+from dew.checkpointing.checksums import write_checksums
 
 #: The largest state (all items, in bytes) written here. Measured (benchmarks/RESULTS.md): the
 #: direct write cost less CPU than orbax's at 0.01, 1 and 4 MiB (4 MiB: 116 against 171 ms), the

@@ -27,14 +27,15 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from dew.checkpointing import direct_write, layout, positions
-from dew.checkpointing import positions as saved_dataset  # the dataset state beside the positions
+from dew.checkpointing.checksums import ChecksummedPyTreeHandler
 from dew.checkpointing.errors import (
-    CheckpointDamagedError,
     CheckpointRestorationError,
     CheckpointWriteError,
     first_line,
 )
-from dew.checkpointing.step_files import ChecksummedPyTreeHandler, Retention, StepFiles
+from dew.checkpointing.item_reads import dataset_state, read_items, restore_items
+from dew.checkpointing.retention import Retention
+from dew.checkpointing.step_files import StepFiles
 from dew.checkpointing.writer import checkpoint_thread, yield_to_the_loop
 from dew.contracts.state import TrainState
 from dew.data.dataset import DataPartition
@@ -299,38 +300,7 @@ class Store:
     ) -> tuple[TrainState, bytes | None]:
         """The state at ``step`` (onto ``template``'s placement, or as host arrays) and the
         position of ``share``."""
-        present = self.present_items(step)
-        if share is not None and layout.DATA_ITEM in self.missing_items(step):
-            raise CheckpointDamagedError(
-                f"checkpoint step {step} in {self.directory} is damaged: item {layout.DATA_ITEM!r} (the "
-                "data position) was written but is missing",
-                step=step,
-                item=layout.DATA_ITEM,
-                path=str(self.path(step) / layout.DATA_ITEM),
-            )
-        wants_pending = template is not None and template.pending is not None
-        if wants_pending and "pending" not in present:
-            raise CheckpointRestorationError(
-                f"checkpoint step {step}: the template has pending accumulation arrays, the checkpoint none"
-            )
-        if template is not None and not wants_pending and "pending" in present:
-            raise CheckpointRestorationError(
-                f"checkpoint step {step} holds an unfinished gradient accumulation; pass a template "
-                "with pending arrays (see accumulation_template) to resume it"
-            )
-        wants_power = template is not None and template.power_ema is not None
-        if wants_power and "power_ema" not in present:
-            raise CheckpointRestorationError(
-                f"checkpoint step {step} holds no power-EMA slots (config.ema.power_std_rels) for the "
-                "template's; resume with the power-EMA profiles the run was trained with"
-            )
-        names = [n for n in layout.STATE_ITEMS if n in present or n in self.empty_items(step)]
-        if template is not None and not wants_power:
-            names = [n for n in names if n != "power_ema"]
-        wanted = {} if template is None else layout.items_from_state(template)
-        items = {n: wanted.get(n) for n in names if read_opt_state or n != "opt_state"}
-        if share is not None and layout.DATA_ITEM in present:
-            items[layout.DATA_ITEM] = None
+        items = restore_items(self.files(step), template, share is not None, read_opt_state)
         restored = self.read_items(step, items)
         state = layout.state_from_items(restored)
         self.check_step(step, int(np.asarray(state.step)))
@@ -357,26 +327,7 @@ class Store:
     def read_items(self, step: int, templates: Mapping[str, Any]) -> dict[str, Any]:
         """Read the named items (template or None for host arrays), checking templates first and
         each item's checksums before any of its bytes are used (``verify``)."""
-        empty = set(self.empty_items(step)) & set(templates)
-        self.verify(step, [item for item in templates if item not in empty])
-        stored = self.metadata(step, [item for item in templates if item not in empty])
-        problems = []
-        for item, template in templates.items():
-            if item in empty:
-                problems += layout.template_differences(item, template or {}, {})
-            elif template is not None:
-                problems += layout.template_differences(item, template, layout.stored_leaves(stored[item]))
-        if problems:
-            raise CheckpointRestorationError(
-                f"checkpoint step {step}: the template differs from what is stored in "
-                f"{len(problems)} leaves:\n  " + "\n  ".join(problems)
-            )
-        args = {item: _restore_args(templates[item], tree) for item, tree in stored.items()}
-        try:
-            restored = self.manager().restore(step, args=ocp.args.Composite(**args))
-        except Exception as e:
-            raise self._damaged(step, args, e) from e
-        return {item: templates[item] if item in empty else restored[item] for item in templates}
+        return read_items(self.manager, self.files(step), templates)
 
     def files(self, step: int) -> StepFiles:
         """What ``step``'s directory holds, read from its files (no manager, no values)."""
@@ -406,58 +357,4 @@ class Store:
     def dataset_state(self, step: int, template: Any) -> Any:
         """The saved ``dataset`` pytree in ``template``'s structure, each leaf of the type of the
         template's (``checkpointing.dataset_state``), or None when the step has none."""
-        if layout.DATASET_ITEM in self.empty_items(step):
-            return template
-        if layout.DATASET_ITEM not in self.present_items(step):
-            return None
-        args = ocp.args.PyTreeRestore(item=template, restore_args=saved_dataset.restore_args(template))
-        try:
-            restored = self.manager().restore(step, args=ocp.args.Composite(**{layout.DATASET_ITEM: args}))
-        except Exception as e:
-            raise CheckpointRestorationError(
-                f"checkpoint step {step} in {self.directory}: its dataset state does not fit the template "
-                f"given ({type(e).__name__}: {first_line(e)})"
-            ) from e
-        return saved_dataset.like_template(restored[layout.DATASET_ITEM], template)
-
-    def _damaged(self, step: int, args: Mapping[str, Any], error: Exception) -> CheckpointDamagedError:
-        """Name the item a failed read came from by reading each on its own."""
-        for item, arg in args.items():
-            try:
-                self.manager().restore(step, args=ocp.args.Composite(**{item: arg}))
-            except Exception as e:  # orbax and tensorstore raise many types
-                return CheckpointDamagedError(
-                    f"checkpoint step {step} in {self.directory} is damaged: item {item!r} cannot be read "
-                    f"({type(e).__name__}: {first_line(e)})",
-                    step=step,
-                    item=item,
-                )
-        return CheckpointDamagedError(
-            f"checkpoint step {step} in {self.directory} cannot be read "
-            f"({type(error).__name__}: {first_line(error)})",
-            step=step,
-        )
-
-
-def _restore_args(template: Any, stored_tree: Any) -> ocp.args.PyTreeRestore:
-    """Placed arrays for a template (its shardings, else the default device); else host arrays."""
-    if template is None:
-        restore_args = jax.tree.map(
-            lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
-            stored_tree,
-            is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"),
-        )
-        return ocp.args.PyTreeRestore(restore_args=restore_args)
-    item = jax.tree.map(
-        lambda leaf: jax.ShapeDtypeStruct(
-            tuple(leaf.shape),
-            leaf.dtype,
-            sharding=getattr(leaf, "sharding", None) or layout.default_sharding(),
-        ),
-        template,
-    )
-    restore_args = jax.tree.map(
-        lambda leaf: ocp.ArrayRestoreArgs(sharding=leaf.sharding, global_shape=leaf.shape, dtype=leaf.dtype),
-        item,
-    )
-    return ocp.args.PyTreeRestore(item=item, restore_args=restore_args)
+        return dataset_state(self.manager, self.files(step), template)

@@ -34,20 +34,15 @@ from typing import Any
 import numpy as np
 
 from dew.bounded_zip import ZIP_ERRORS, UnreadableFileError, entry_info, read_entry, read_exactly, reason
-from dew.interop.edm_pickle import (
-    STORAGE_DTYPES,
-    _rebuild_parameter,
-    _rebuild_tensor_v2,
-    _StorageType,
-)
 from dew.interop.pickle_bounds import Bounds, PickleRefused, active, charge, check_graph, check_opcodes
+from dew.interop.torch_storage import STORAGE_DTYPES, StorageType, rebuild_parameter, rebuild_tensor_v2
 
 BYTEORDER_BYTES = 16  # "little" or "big", perhaps with a newline
 
 ALLOWED = {
-    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
-    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
-    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
+    ("torch._utils", "_rebuild_tensor_v2"): rebuild_tensor_v2,
+    ("torch._utils", "_rebuild_parameter"): rebuild_parameter,
+    ("torch._utils", "_rebuild_parameter_with_state"): rebuild_parameter,
     ("collections", "OrderedDict"): collections.OrderedDict,
     ("argparse", "Namespace"): argparse.Namespace,  # train.py's args: a record of plain values
 }
@@ -65,7 +60,7 @@ class _ZipUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         if module == "torch" and name in STORAGE_DTYPES:
-            return _StorageType(name, np.dtype(STORAGE_DTYPES[name]))
+            return StorageType(name, np.dtype(STORAGE_DTYPES[name]))
         try:
             return ALLOWED[(module, name)]
         except KeyError:
@@ -79,7 +74,7 @@ class _ZipUnpickler(pickle.Unpickler):
             raise PickleRefused(f"unexpected persistent id {str(pid)[:80]!r} (expected a tensor storage)")
         storage_type, key, _location, numel = pid[1:]
         if (
-            not isinstance(storage_type, _StorageType)
+            not isinstance(storage_type, StorageType)
             or not isinstance(key, str)
             or not isinstance(numel, int)
         ):

@@ -132,7 +132,7 @@ class Autoencoder(Objective, metaclass=BuiltWhole):
     def from_config(cls, config: Any, source: Any) -> Autoencoder:
         """Build for an image source (``image`` field); the preview's images are the validation
         split's first ``PREVIEW_IMAGES``."""
-        from dew.training.build import open_split
+        from dew.data.splits import open_split
 
         if "image" not in source.fields:
             raise ConfigError(

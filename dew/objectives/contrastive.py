@@ -142,7 +142,7 @@ class Contrastive(Objective, metaclass=BuiltWhole):
     def from_config(cls, config: Any, source: Any) -> Contrastive:
         """Build for a labelled image source (``image`` field, e.g. ``digits``); the probe set is
         the validation split followed by the first ``probe_train`` training images."""
-        from dew.training.build import open_split
+        from dew.data.splits import open_split
 
         if "image" not in source.fields or "label" not in source.fields:
             raise ConfigError(

@@ -12,13 +12,13 @@ import numpy as np
 
 from dew import registry
 from dew.augment.settings import CONFIG as AUGMENT
+from dew.contracts.precision import compute_dtype_of
 from dew.encoding.class_label import UNCONDITIONAL
 from dew.inputs import Condition, Field, InputSpec
 from dew.objectives import diffusion_augment, latent_space, scatter
 from dew.objectives.latent_space import CONFIG as LATENT
 from dew.sampling.solvers import Solver
 from dew.schema import ConfigError, Key, Section, at_least
-from dew.training.precision import compute_dtype_of
 
 
 @dataclasses.dataclass(frozen=True)

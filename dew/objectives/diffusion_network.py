@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from dew.contracts.objective import Params
+from dew.contracts.precision import cast_floats
 from dew.diffusion.process import Process
 from dew.objectives.diffusion_sampling import Denoiser, unconditional
-from dew.training.precision import cast_floats
 
 # A haiku module's constructor: called inside the transform, the module it returns is applied.
 ModuleFactory = Callable[[], Callable[..., Any]]

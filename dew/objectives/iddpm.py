@@ -35,15 +35,16 @@ import numpy as np
 from dew import registry
 from dew.artifacts import ImageGrid
 from dew.contracts.objective import Aux, Batch, Objective, Params, Stats, Step
+from dew.contracts.precision import compute_dtype_of, compute_in
 from dew.diffusion.iddpm import SCHEDULES, GaussianDiffusion
 from dew.inputs import Condition, Field, InputSpec
 from dew.objectives import latent_space
 from dew.objectives.diffusion_preview import jitted_once
 from dew.objectives.diffusion_sampling import requested_classes
-from dew.objectives.meanflow import sample_field, takes_arguments
+from dew.objectives.model_inputs import sample_field, takes_arguments
 from dew.objectives.whole import BuiltWhole
+from dew.sampling.interface import DDPMLoop
 from dew.schema import ConfigError, Key, Section, at_least
-from dew.training.precision import compute_dtype_of, compute_in
 
 ModuleFactory = Callable[[], Any]  # a registered network's constructor (a haiku module)
 
@@ -96,7 +97,7 @@ class IDDPM(Objective, metaclass=BuiltWhole):
     sampling is unguided). ``latent``/``image_shape``: the VAE space samples are decoded from.
     ``compute_dtype`` (``config.precision.compute``): the network computes in it on float32
     parameters, while t, the process's arithmetic and the loss stay float32
-    (``dew.training.precision.compute_in``).
+    (``dew.contracts.precision.compute_in``).
     """
 
     precisions = ("float32", "bfloat16")
@@ -188,9 +189,7 @@ class IDDPM(Objective, metaclass=BuiltWhole):
         model, guided = self.sampling_model(params, y, cfg_scale, cfg_channels)
         if guided:
             z = jnp.concatenate([z, z], axis=0)
-        out = diffusion.sample_loop(
-            model, z, rng=step_rng, clip_denoised=False, method=method, trajectory=False
-        )
+        out = DDPMLoop(method=method, clip_denoised=False)(model, z, diffusion, step_rng)
         return out[:n]
 
     def sampling_model(

@@ -23,14 +23,14 @@ import jax.numpy as jnp
 
 from dew import registry
 from dew.contracts.objective import Aux, Batch, Params, Stats, Step
+from dew.contracts.precision import compute_dtype_of
 from dew.inputs import InputSpec
 from dew.objectives import latent_space
 from dew.objectives.imeanflow_loss import IMFGuidance, draw_imf, imf_loss
-from dew.objectives.meanflow import (
-    SCHEDULE,
-    TIME_KEYS,
-    UNIT,
-    MeanFlow,
+from dew.objectives.meanflow import MeanFlow
+from dew.objectives.meanflow_config import SCHEDULE, TIME_KEYS, UNIT
+from dew.objectives.meanflow_loss import TimeSampling, Weighting
+from dew.objectives.model_inputs import (
     ModuleFactory,
     check_label_input,
     class_conditions,
@@ -38,10 +38,8 @@ from dew.objectives.meanflow import (
     network_factory,
     sample_field,
 )
-from dew.objectives.meanflow_loss import TimeSampling, Weighting
 from dew.sampling.meanflow import check_schedule, sample_mean_flow
 from dew.schema import ConfigError, Key, Section, at_least
-from dew.training.precision import compute_dtype_of
 
 CONDITIONS = ("h", "omega", "t_min", "t_max")
 

@@ -156,7 +156,7 @@ class LanguageModel(Objective, metaclass=BuiltWhole):
         """Build for a byte source with ``tokens`` [N, T + 1] and ``weights`` [N, T] fields (e.g.
         ``python_bytes``); the network is ``config.model`` (a registered model taking ``context``)
         and the held-out rows the preview scores come from the data set's validation split."""
-        from dew.training.build import open_split
+        from dew.data.splits import open_split
 
         missing = {"tokens", "weights"} - set(source.fields)
         if missing:

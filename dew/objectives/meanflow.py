@@ -27,8 +27,6 @@ latent space as the diffusion objective does (the references train on ImageNet l
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -40,11 +38,13 @@ import numpy as np
 from dew import registry
 from dew.artifacts import ImageGrid
 from dew.contracts.objective import Aux, Batch, Objective, Params, Stats, Step
+from dew.contracts.precision import compute_dtype_of, compute_in
 from dew.encoding.class_label import UNCONDITIONAL
-from dew.inputs import Condition, Field, InputSpec
+from dew.inputs import InputSpec
 from dew.objectives import latent_space
 from dew.objectives.diffusion_preview import jitted_once
 from dew.objectives.diffusion_sampling import requested_classes
+from dew.objectives.meanflow_config import CONFIG
 from dew.objectives.meanflow_loss import (
     Guidance,
     TimeSampling,
@@ -52,12 +52,18 @@ from dew.objectives.meanflow_loss import (
     draw_meanflow,
     meanflow_loss,
 )
+from dew.objectives.model_inputs import (
+    ModuleFactory,
+    check_label_input,
+    class_conditions,
+    label_input,
+    network_factory,
+    sample_field,
+)
 from dew.objectives.whole import BuiltWhole
-from dew.sampling.meanflow import check_schedule, sample_mean_flow
-from dew.schema import ConfigError, Key, Section, at_least
-from dew.training.precision import compute_dtype_of, compute_in
-
-ModuleFactory = Callable[[], Any]  # a registered network's constructor (a haiku module)
+from dew.sampling.interface import MeanFlowLoop
+from dew.sampling.meanflow import check_schedule
+from dew.schema import ConfigError, Section
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,107 +80,12 @@ class MeanFlowSampling:
             raise ValueError(f"per_class={self.per_class!r} is invalid: expected an int >= 1")
 
 
-def takes_arguments(factory: Any, names: tuple[str, ...]) -> bool:
-    """Whether the network ``factory`` builds is called with each of ``names`` (its ``__call__``
-    declares them by name)."""
-    target = factory.func if isinstance(factory, functools.partial) else factory
-    call = target.__call__ if isinstance(target, type) else target
-    try:
-        parameters = inspect.signature(call).parameters
-    except (TypeError, ValueError):
-        return False
-    return all(n in parameters for n in names)
-
-
-def label_input(factory: Any) -> str:
-    """How the network takes classes: ``"y"`` (int labels, positional, as DiT) when its
-    ``__call__`` names ``y``, else ``"label"`` (the class encoder's vector, by keyword)."""
-    return "y" if takes_arguments(factory, ("y",)) else "label"
-
-
-def check_label_input(label_input: str) -> None:
-    """``ValueError`` unless ``label_input`` is one of the two ways a network takes classes."""
-    if label_input not in ("label", "y"):
-        raise ValueError(f"label_input={label_input!r} is invalid: expected 'label' or 'y'")
-
-
-def _constructor_takes(factory: Any, name: str) -> bool:
-    target = factory.func if isinstance(factory, functools.partial) else factory
-    try:
-        return name in inspect.signature(target).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def network_factory(config: Any, objective: str, arguments: tuple[str, ...]) -> ModuleFactory:
-    """``config.model``'s registered network as a factory, refused (``ConfigError``) unless its
-    ``__call__`` takes ``arguments`` (e.g. MeanFlow's second time input ``h``) and, for a network
-    that builds its time inputs on request (``time_inputs``, DiT), it is asked for ``h``."""
-    name = config.model.name
-    if name is None:
-        raise ConfigError(
-            f"config.model.name=None is invalid: the {objective} objective needs a network taking "
-            f"({', '.join(('x', 't', *arguments))}), one of {registry.models.names()}"
-        )
-    component = registry.models[name]
-    if not takes_arguments(component, arguments):
-        raise ConfigError(
-            f"config.model.name={name!r} is invalid: the {objective} objective calls its network "
-            f"with {', '.join(arguments)} (net(x, t, {', '.join(arguments)}, ...)), which {name} does "
-            "not take; expected a network that does (e.g. unet, or an MF-/iMF- DiT)"
-        )
-    options = {k: v for k, v in config.model.items() if k != "name"}
-    if _constructor_takes(component, "time_inputs"):
-        preset = component.keywords if isinstance(component, functools.partial) else {}
-        built = options.get("time_inputs", preset.get("time_inputs", ()))
-        if "h" not in tuple(built or ()):
-            raise ConfigError(
-                f"config.model.time_inputs={tuple(built or ())!r} is invalid: the {objective} objective "
-                f"feeds {name} a second time input h; expected ('t', 'h') (or ('h',) in context)"
-            )
-    return functools.partial(component, **options)
-
-
-def class_conditions(config: Any, source: Any, needs_classes: bool, objective: str):
-    """(conditions, encoder factory or None, num_classes or None) for ``config.objective.condition``;
-    a ``ConfigError`` when guidance or class dropout is asked of data without classes."""
-    choice = config.objective.condition
-    if choice == "auto":
-        choice = "class_label" if source.num_classes else "none"
-    if choice == "class_label" and not source.num_classes:
-        raise ConfigError(f"config.objective.condition='class_label': {source.name} has no classes")
-    if choice == "none" and needs_classes:
-        raise ConfigError(
-            f"config.objective (name={objective!r}): guidance or class dropout is set but the model is "
-            f"not class-conditional ({source.name} has no classes, or condition='none'); expected "
-            "guidance_eq='none' and class_dropout_prob=0 for unconditional training"
-        )
-    if choice == "none":
-        return {}, None, None
-    conditions = {"label": Condition("class_label", Field("label", (), "int32"), UNCONDITIONAL)}
-    encoder = functools.partial(registry.encoders["class_label"], source.num_classes)
-    return conditions, encoder, int(source.num_classes)
-
-
-def sample_field(config: Any, source: Any) -> tuple[Field, Any, tuple[int, ...] | None]:
-    """(the model's sample field, the latent space or None, the decoded image shape or None)."""
-    column = source.fields[source.sample_field]
-    latent = latent_space.from_config(
-        config.objective.get("latent"), latent_space.decodes_while_training(config)
-    )
-    shape = tuple(column.shape[1:])
-    if latent is None:
-        return Field(source.sample_field, shape), None, None
-    model_shape = latent.sample_shape(shape)
-    return Field(source.sample_field, model_shape), latent, latent.image_shape(model_shape)
-
-
 class MeanFlow(Objective, metaclass=BuiltWhole):
     """MeanFlow training and one-/few-step sampling (module docstring); built whole here.
 
     ``compute_dtype`` (``config.precision.compute``): the network, and so the JVP through it,
     computes in it on float32 parameters; the times, the target and the loss stay float32
-    (``dew.training.precision.compute_in``), as the JAX references' bf16 runs do."""
+    (``dew.contracts.precision.compute_in``), as the JAX references' bf16 runs do."""
 
     precisions = ("float32", "bfloat16")
 
@@ -320,7 +231,7 @@ class MeanFlow(Objective, metaclass=BuiltWhole):
         y = labels if labels is not None else jnp.zeros((n,), jnp.int32)
         noise = jax.random.normal(rng, (n, *self.input_spec.sample.shape), jnp.float32)
         u = self.average_velocity(params, None, False)
-        return sample_mean_flow(lambda z, t, h: u(z, t, h, y), noise, schedule)
+        return MeanFlowLoop()(lambda z, t, h: u(z, t, h, y), noise, schedule)
 
     def draw(self, params: Params, rng: jax.Array, *, per_class: int, **settings: Any) -> jax.Array:
         """``per_class`` samples of every class, class-major (unconditional: ``per_class``)."""
@@ -417,77 +328,5 @@ class MeanFlow(Objective, metaclass=BuiltWhole):
             compute_dtype=compute_dtype_of(config),
         )
 
-
-def _schedule_ok(schedule: tuple[float, ...]) -> bool:
-    try:
-        check_schedule(schedule)
-    except ValueError:
-        return False
-    return True
-
-
-UNIT = {"check": lambda v: 0.0 <= v <= 1.0, "accepted": "a float in [0, 1]"}
-SCHEDULE = Key(
-    (1.0, 0.0),
-    "the sampler's t points, 1 … 0: (1.0, 0.0) is one step, (1.0, 0.5, 0.0) two",
-    item=float,
-    check=_schedule_ok,
-    accepted="t points strictly decreasing from 1.0 to 0.0, e.g. (1.0, 0.0) or (1.0, 0.5, 0.0)",
-)
-TIME_KEYS = {
-    "P_mean": Key(-0.4, "logit-normal (t, r): mean of the normal before the sigmoid"),
-    "P_std": Key(1.0, "logit-normal (t, r): its standard deviation", **at_least(0, "a float >= 0")),
-    "data_proportion": Key(0.75, "fraction of the batch with r = t (flow matching rows)", **UNIT),
-    "class_dropout_prob": Key(
-        0.1, "probability behind the count of rows trained without their class (CFG's ∅)", **UNIT
-    ),
-    "norm_p": Key(
-        1.0,
-        "adaptive weight: L = ‖Δ‖² / sg(‖Δ‖² + norm_eps)^norm_p (0: plain L2)",
-        # p = 1 − γ of the reference's robust loss ‖Δ‖^(2γ); the paper's ablation runs p in [0, 2].
-        # p < 0 weights the largest errors up (a loss in the thousands), never an adaptive weight.
-        check=lambda v: 0.0 <= v < float("inf"),
-        accepted="a finite float >= 0 (0: plain L2; the papers use 0.5 and 1.0)",
-    ),
-    "norm_eps": Key(0.01, "adaptive weight's ε", **at_least(0, "a float >= 0")),
-    "condition": Key(
-        "auto",
-        "class_label, none, or auto (class labels when the data has classes)",
-        choices=("auto", "class_label", "none"),
-    ),
-    "latent": latent_space.CONFIG,
-}
-
-
-def _check_interval(section: Any, where: str) -> None:
-    if not section.t_start <= section.t_end:
-        raise ConfigError(
-            f"config.{where}.t_start={section.t_start} / t_end={section.t_end} is invalid: "
-            "expected t_start <= t_end"
-        )
-
-
-CONFIG = Section(
-    "MeanFlow (Geng et al. 2025): average velocity u(z_t, t, h = t − r), trained with the JVP target",
-    {
-        "noise_dist": Key("logit_normal", "how t and r are drawn", choices=("logit_normal", "uniform")),
-        **TIME_KEYS,
-        "guidance_eq": Key("cfg", "guidance folded into training: cfg, or none", choices=("cfg", "none")),
-        "omega": Key(
-            1.0, "ω: weight of the sampled velocity in the guided target", **at_least(0, "a float >= 0")
-        ),
-        "kappa": Key(0.5, "κ: weight of the model's conditional velocity (0: plain CFG with scale ω)"),
-        "t_start": Key(0.0, "guidance interval start: guided only for t in [t_start, t_end]", **UNIT),
-        "t_end": Key(1.0, "guidance interval end", **UNIT),
-        "sampling": Section(
-            "how previews are sampled",
-            {
-                "schedule": SCHEDULE,
-                "per_class": Key(10, "samples per class (one grid row each)", **at_least(1, "an int >= 1")),
-            },
-        ),
-    },
-    validate=_check_interval,
-)
 
 registry.objectives.register("meanflow", MeanFlow)

@@ -116,15 +116,15 @@ class ObjectivePreset:
         """DiT's ``sample.py`` for one image: ``IDDPM.sampling_model`` through the respaced loop."""
         import jax.numpy as jnp
 
+        from dew.sampling.interface import DDPMLoop
+
         diffusion = objective.process.diffusion(str(self.steps))
 
         def draw(z, labels, rng):
             y = labels if labels is not None else jnp.zeros((1,), jnp.int32)
             model, guided = objective.sampling_model(params, y, self.cfg_scale, self.cfg_channels)
             x = jnp.concatenate([z, z]) if guided else z
-            out = diffusion.sample_loop(
-                model, x, rng=rng, clip_denoised=False, method="ddpm", trajectory=False
-            )
+            out = DDPMLoop(method="ddpm", clip_denoised=False)(model, x, diffusion, rng)
             return out[:1]
 
         return draw

@@ -203,6 +203,11 @@ class RepaSampler:
         assert states is not None  # the scan kept every state
         return jnp.concatenate([states, out[None]])
 
+    def __call__(self, model: Model, noise: Array, schedule: Transport, rng: Array | None = None) -> Array:
+        """The ``Sampler`` interface (``dew.sampling.interface``): ``sample(schedule, model,
+        noise, rng)``, ``schedule`` being the transport whose path is sampled."""
+        return self.sample(schedule, model, noise, rng)
+
     def sample(
         self, transport: Transport, model: Model, x: Array, rng: Array | None = None, *, noises=None
     ) -> Array:

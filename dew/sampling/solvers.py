@@ -67,6 +67,13 @@ class Solver:
     def init(self, x: jax.Array) -> State:
         return ()
 
+    def __call__(
+        self, model: Denoiser, noise: jax.Array, schedule: jax.Array, rng: jax.Array | None = None
+    ) -> jax.Array:
+        """The ``Sampler`` interface (``dew.sampling.interface``): ``sample(model, noise,
+        schedule, self, rng=rng)``, ``schedule`` being the σ points."""
+        return sample(model, noise, schedule, self, rng=rng)
+
     def step(
         self,
         denoise: Denoiser,

@@ -118,6 +118,11 @@ class TransportODE:
             return dopri5.odeint(func, x, grid, rtol=self.rtol, atol=self.atol)
         return fixed_grid(self.method, func, x, jnp.asarray(grid)), None
 
+    def __call__(self, model: Model, noise: Array, schedule: Transport, rng: Array | None = None) -> Array:
+        """The ``Sampler`` interface (``dew.sampling.interface``): ``sample(schedule, model,
+        noise, rng)``, ``schedule`` being the transport whose path is sampled."""
+        return self.sample(schedule, model, noise, rng)
+
     def sample(self, transport: Transport, model: Model, x: Array, rng: Array | None = None) -> Array:
         """The state at the last grid time from noise ``x`` (``rng`` is unused: deterministic).
 

@@ -7,8 +7,9 @@ dataset sources) and no tracker backend; names resolve lazily.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dew.lazy_exports import lazy_exports as _lazy_exports
 
 _EXPORTS = {
     "Checkpoints": "dew.checkpointing.checkpoints",
@@ -81,17 +82,7 @@ if TYPE_CHECKING:  # the lazy names, visible to type checkers (tests/test_types.
     from dew.training.trainer import Trainer, config_schema
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dew.training' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = _lazy_exports(globals(), _EXPORTS)
 
 
 # A literal list (type checkers read it); tests/test_types.py checks it names exactly _EXPORTS.

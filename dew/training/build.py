@@ -4,7 +4,6 @@ per-process batches, the objective. Each turns a problem the user can fix into a
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import jax
@@ -14,6 +13,7 @@ from jax.sharding import Mesh
 from dew import registry
 from dew.contracts.objective import Objective
 from dew.data.dataset import DataPartition, Dataset
+from dew.data.splits import open_split
 from dew.runtime import distributed
 from dew.schema import ConfigError
 from dew.training import sharding
@@ -29,40 +29,6 @@ def mesh_and_layout(config: ml_collections.ConfigDict) -> tuple[Mesh, Layout]:
         return mesh, Layout.for_mesh(mesh)
     except ValueError as e:
         raise ConfigError(f"config.mesh / config.dataset.batch_size: {e}") from e
-
-
-#: A split opened ahead (``open_split(..., keep=True)``: the checks before the platform starts),
-#: handed to the next ``open_split`` of the same data set and split, the Trainer's: a data set
-#: is read once (an image folder decodes every image when it opens).
-_KEPT: dict[str, Any] = {}
-
-
-def open_split(section: ml_collections.ConfigDict, split: str, *, keep: bool = False) -> Any:
-    """The ``split`` of the registered source ``config.dataset`` names, with its options; a
-    source that cannot be opened is a ``ConfigError`` naming the data set. ``keep``: also hand
-    it to the next call for the same section and split (one at a time)."""
-    key = json.dumps([section.to_dict(), split], sort_keys=True, default=repr)
-    if key in _KEPT:
-        return _KEPT.pop(key)
-    source = _open(section, split)
-    if keep:
-        _KEPT.clear()
-        _KEPT[key] = source
-    return source
-
-
-def _open(section: ml_collections.ConfigDict, split: str) -> Any:
-    options = {k: v for k, v in section.items() if k not in ("name", "batch_size")}
-    try:
-        return registry.datasets[section.name](split, **options)
-    except ConfigError:
-        raise
-    except (ValueError, KeyError, OSError, TypeError) as e:
-        message = e.args[0] if isinstance(e, KeyError) and e.args else e
-        raise ConfigError(
-            f"config.dataset.name={section.name!r}: cannot open its {split!r} split "
-            f"({type(e).__name__}: {message})"
-        ) from None
 
 
 def local_batch(layout: Layout, share: DataPartition, size: int, field: str) -> int:

@@ -14,19 +14,22 @@ stay in float32 and why):
 The dynamic scale's state (``{"scale": f32[], "good_steps": i32[]}``) lives in
 ``TrainState.loss_scale`` and is checkpointed with the step count, so a resume continues with the
 same scale; a run resumed under another policy creates or drops it.
+
+What an objective needs of the policy (the compute dtype a run config names, a network's call in
+that dtype: ``cast_floats``, ``compute_in``, ``compute_dtype_of``) is defined below the trainer,
+in ``dew.contracts.precision``, and re-exported here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 
+from dew.contracts.precision import cast_floats, compute_dtype_of, compute_in
 from dew.schema import ConfigError, Key, Section, at_least
 
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
@@ -143,43 +146,6 @@ def from_config(config: ml_collections.ConfigDict | None) -> Precision:
     if config is None:
         return Precision()
     return Precision(config.compute, config.loss_scale, float(config.scale), int(config.growth_interval))
-
-
-def cast_floats(tree: Any, dtype: jnp.dtype) -> Any:
-    """Every floating leaf of ``tree`` as ``dtype`` (integer leaves untouched). A float32 leaf
-    asked for float32 is returned as it is (no operation), so the float32 policy adds nothing."""
-
-    def cast(x: Any) -> Any:
-        if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
-            return x.astype(dtype)
-        return x
-
-    return jax.tree.map(cast, tree)
-
-
-def compute_in(apply: Callable[..., Any], dtype: Any) -> Callable[..., Any]:
-    """A transformed network's ``apply(params, rng, x, *rest, **options)`` under the precision
-    policy: with ``dtype`` float32 ``apply`` itself (the step is unchanged, bit for bit);
-    otherwise the network computes in ``dtype`` on the float32 parameters cast at use, with its
-    input ``x`` cast, and every floating leaf of its result returns to float32, so the loss, its
-    targets and the sampler's arithmetic stay float32. ``rest`` (times, labels, guidance
-    settings) is passed as given: a network embeds its times in float32 and casts the
-    embedding (e.g. ``dew.networks.dit_layers.TimestepEmbedder``), so t = 999 stays exact. Under
-    ``jax.jvp`` the tangent follows the same casts: the JVP runs in ``dtype`` (MeanFlow's)."""
-    dtype = jnp.dtype(dtype)
-    if dtype == jnp.float32:
-        return apply
-
-    def mixed(params: Any, rng: Any, x: jax.Array, *rest: Any, **options: Any) -> Any:
-        out = apply(cast_floats(params, dtype), rng, x.astype(dtype), *rest, **options)
-        return cast_floats(out, jnp.dtype(jnp.float32))
-
-    return mixed
-
-
-def compute_dtype_of(config: Any) -> str:
-    """``config.precision.compute`` of a run config ("float32" when it has no precision section)."""
-    return str(config.precision.compute) if "precision" in config else "float32"
 
 
 __all__ = [

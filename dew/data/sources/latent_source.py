@@ -37,7 +37,7 @@ def latent_dataset(
     """The finished latent data set at ``path`` as a ``Source`` (module docstring); ``cache``
     False reads each batch's files when it is drawn (``LatentRows``) instead of all up front;
     ``images``: the image data set whose rows become the ``pixels`` field."""
-    from dew.data.sources.latent_dataset import LatentDatasetError, open_latent_dataset, unpaired
+    from dew.data.sources.latent_reader import LatentDatasetError, open_latent_dataset, unpaired
 
     if split not in ("train", "validation"):
         raise ValueError(f"latent_dataset: split must be 'train' or 'validation', got {split!r}")
@@ -98,7 +98,7 @@ class PixelRows:
         return self.shape[0]
 
     def __getitem__(self, index):
-        from dew.data.sources.latent_dataset import rows_of
+        from dew.data.sources.latent_reader import rows_of
 
         return rows_of(self, index, np.uint8)
 
