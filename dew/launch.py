@@ -25,7 +25,7 @@ import ml_collections
 from dew.contracts.state import TrainState
 from dew.failures import capture_library_logs, end_process, report
 from dew.run_records import RUN_METADATA, starts
-from dew.runtime import distributed
+from dew.runtime import distributed, heartbeats
 from dew.runtime.platform import Platform, start
 from dew.runtime.workdir_lock import WorkdirLock, describe_stale
 from dew.schema import ConfigError
@@ -69,7 +69,7 @@ def start_platform(
         raise ConfigError(str(e)) from None
     if platform.processes is not None:  # one config in every process; a lost peer stops this one
         stop = lambda e: end_process(report(e, _existing(workdir)))  # noqa: E731
-        distributed.agree(config, rt.coordinator_timeout, rt.heartbeat_timeout, stop)
+        heartbeats.agree(config, rt.coordinator_timeout, rt.heartbeat_timeout, stop)
     return platform
 
 

@@ -131,10 +131,10 @@ def run() -> None:
     with_huge_pages()  # restarts this process once with glibc's THP tunable (dew.runtime.host_memory)
     code = main()
     if code in (0, 128 + signal.SIGTERM):  # every process of a run ends here alike: leave in step
-        from dew.runtime.distributed import stop_processes
+        from dew.runtime.heartbeats import stop_processes
 
         stop_processes()
-    from dew.runtime.distributed import watching
+    from dew.runtime.heartbeats import watching
 
     if code not in (0, 2) or watching():  # in a group: leave it without JAX's shutdown barrier
         end_process(code)  # reported, everything dew opened is closed: nothing may print after

@@ -10,8 +10,10 @@ JAX starts, and nothing that a traced program computes.
 - ``compilation_cache``: JAX's persistent compilation cache (the machine's, by default);
 - ``precompile``: compiling a jitted program from abstract arguments in a background thread;
 - ``workdir_lock``: one live run per working directory;
-- ``distributed``: the process group of a multi-process run (flags, ``DEW_*`` variables or a
-  cluster JAX detects) and JAX's distributed runtime;
+- ``distributed``: joining the process group of a multi-process run (flags, ``DEW_*`` variables
+  or a cluster JAX detects: ``cluster_detection``) through JAX's distributed runtime;
+  ``heartbeats``: the joined processes in step (their configs agreed, heartbeats watched,
+  leaving, barriers);
 - ``platform``: ``start``, the one call a command or a user's script makes before JAX starts,
   the ``Platform`` it returns and the ``config.runtime`` section it reads.
 

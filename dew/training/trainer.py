@@ -20,7 +20,7 @@ from dew.checkpointing.settings import checkpoint_settings
 from dew.contracts.objective import Objective
 from dew.contracts.state import TrainState
 from dew.run_records import record_start
-from dew.runtime import distributed
+from dew.runtime import heartbeats
 from dew.runtime.platform import Platform, start_for, started
 from dew.runtime.precompile import BackgroundCompile
 from dew.schema import ConfigError
@@ -346,7 +346,7 @@ class Trainer:
             compiling.wait()
             # Every process has its step compiled before the first collective, which gloo gives
             # up on after 30 s: a peer still compiling on a loaded host would fail the run.
-            distributed.barrier(f"dew-compiled-{start}", self.config.runtime.coordinator_timeout)
+            heartbeats.barrier(f"dew-compiled-{start}", self.config.runtime.coordinator_timeout)
             calls = self.programs.calls()
             state = fit(
                 state,
