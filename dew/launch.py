@@ -30,6 +30,7 @@ from dew.runtime.platform import Platform, start
 from dew.runtime.workdir_lock import WorkdirLock, describe_stale
 from dew.schema import ConfigError
 from dew.training.preemption import Preempted
+from dew.training.traced_dots import run_dots
 from dew.training.trainer import Trainer, recorded_kernels
 from dew.training.trainer_config import check_workdir
 
@@ -62,6 +63,7 @@ def start_platform(
             workdir,
             processes=processes,
             detect_processes=False,
+            dots=run_dots,
             recorded=recorded_kernels(workdir),
             recorded_in=os.path.join(workdir, RUN_METADATA),
         )

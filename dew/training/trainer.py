@@ -35,6 +35,7 @@ from dew.training.preemption import PreemptionStage
 from dew.training.profile import ProfileWindow
 from dew.training.programs import Programs, debiased_ema
 from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage, SnapshotStage
+from dew.training.traced_dots import run_dots
 from dew.training.trainer_config import (
     check_step_to_restore,
     check_workdir,
@@ -73,7 +74,8 @@ class Trainer:
         self.config = c = config if resolved else resolve_config(config)
         if platform is None:  # built in a user's own code: dew.runtime.start as dew.main makes it
             workdir = check_workdir(workdir, c)  # and the config's checks before the platform's
-            start_for("Trainer", c, workdir, recorded=recorded_kernels(workdir))  # warns the caller
+            recorded = recorded_kernels(workdir)
+            start_for("Trainer", c, workdir, dots=run_dots, recorded=recorded)  # warns the caller
             platform = started()
         else:  # a caller that started the platform: the step to restore is checked (again) here
             check_step_to_restore(c, workdir)
@@ -333,7 +335,7 @@ class Trainer:
         if jax.process_index() == 0:
             extra = {"ema": self.ema_record}
             kernels = None if self.platform is None else self.platform.kernels_record()
-            if kernels is not None:  # what a resume keeps (dew.runtime.kernel_choice)
+            if kernels is not None:  # what a resume keeps (dew.runtime.cpu.choice)
                 extra["kernels"] = kernels
             record_start(
                 self.workdir, self.config.to_dict(), start, processes=jax.process_count(), extra=extra

@@ -1,0 +1,90 @@
+"""``set_up``: the one entry into the CPU platform, made by ``dew.runtime.start`` only where the
+backend will be the CPU (``dew.runtime.backend.cpu_backend_expected``), before JAX starts.
+
+In order: one XLA device per core (``devices``; as many as the batch sizes divide), glibc keeping
+a step's freed memory for the next one (``memory.reuse_freed_memory``, before XLA's threads
+exist), the kernel decision (``choice.choose``: forced, recorded, the CPU-flag rule, a
+transformer's dots measured) and the routes it sets in ``XLA_FLAGS`` (``flags``). Called after
+the backend started, it changes no device setting (XLA read its flags already) and keeps the
+rule's kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from dew import kernels
+from dew.runtime.cpu import cache, choice, devices, flags, memory
+from dew.runtime.cpu.dots import ShapeSource
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuSetup:
+    """What ``set_up`` chose: the devices it presented (None: left as they were), XLA:CPU's
+    convolution library, the kernels the layers receive, the decision behind them (None: the
+    backend had started) and whether glibc keeps freed memory."""
+
+    host_devices: int | None
+    convolutions: str
+    kernels: kernels.KernelChoice
+    decision: choice.Decision | None
+    reuses_freed_memory: bool
+
+
+def set_up(
+    section: Mapping[str, Any],
+    workdir: str | None,
+    *,
+    batch_sizes: Sequence[int],
+    present_devices: bool,
+    grouped: bool,
+    dots: Callable[[int], ShapeSource | None] | None,
+    recorded: Mapping[str, Any] | None,
+    recorded_in: str,
+) -> CpuSetup:
+    """Set this process up for XLA:CPU from ``config.runtime`` (``section``). ``batch_sizes``: the
+    per-process batches the device count must divide; ``present_devices=False`` leaves the count
+    as it is. ``grouped``: this process is one of several (nothing is measured: each process would
+    time its own machine); ``dots(devices)``: a transformer's matrix products to measure (None:
+    none). ``recorded``: a resumed run's decision (``run.json``'s ``kernels``). Raises ValueError
+    for a setting this machine cannot honour, naming the key."""
+    presented = None
+    if present_devices:
+        count = devices.host_device_count(section["host_devices"], batch_sizes)
+        presented = devices.present_host_devices(count)
+    if devices.backend_started():  # XLA read its flags already: nothing can change now
+        library = flags.route_convolutions(section["cpu_convolutions"])
+        choice.set_applied(None)
+        return CpuSetup(presented, library, flags.weight_gradient_choice(), None, False)
+    # Before XLA's threads exist: each takes its malloc arena when it first allocates.
+    reuses = bool(section.get("reuse_freed_memory", True)) and memory.reuse_freed_memory()
+    count = devices.flagged_count(os.environ.get("XLA_FLAGS", "")) or 1
+    import jax  # no backend: whether the user's code joined a process group itself
+
+    grouped = grouped or jax.distributed.is_initialized()
+    decision = choice.choose(
+        section["cpu_convolutions"],
+        section.get("cpu_weight_gradient", "auto"),
+        shapes=None if grouped or dots is None else dots(count),
+        devices=count,
+        cache=cache.cache_path(workdir),
+        machine_cache=cache.machine_cache_path(),
+        recorded=recorded,
+        recorded_in=recorded_in,
+        log=lambda line: print(f"dew: {line}", flush=True),
+    )
+    library = flags.route_convolutions(decision.library)
+    if flags.route_dots(decision.dots) == "onednn":
+        # XLA cannot store oneDNN's fusions in the compilation cache; the kernel choice's line
+        # says so once (``dots.NOT_CACHED``) instead of a warning for every program.
+        unstorable = r"Error writing persistent compilation cache entry .*onednn"
+        warnings.filterwarnings("ignore", message=unstorable, category=UserWarning)
+    choice.set_applied(decision)
+    return CpuSetup(presented, library, decision.kernel_choice(), decision, reuses)
+
+
+__all__ = ["CpuSetup", "set_up"]
