@@ -96,7 +96,7 @@ def test_start_applies_records_and_resumes_a_u_net_without_measuring(machine, tm
     from ml_collections import ConfigDict
 
     from dew.runtime import backend, platform
-    from dew.runtime.cpu import devices, dots
+    from dew.runtime.cpu import devices, dots, setup
 
     machine.setattr(dots, "run_probe", never)
     machine.setattr(devices, "backend_started", lambda: False)
@@ -122,7 +122,7 @@ def test_start_applies_records_and_resumes_a_u_net_without_measuring(machine, tm
             "train": {"accumulation": 1},
         }
     )
-    previous, applied = kernels.current(), kernel_choice._applied
+    previous, applied = kernels.current(), setup._applied
     try:
         first = platform.start(config, str(tmp_path), dots=lambda config, count: None)
         assert first.convolutions == "eigen" and first.decision.library == "eigen"
@@ -137,7 +137,7 @@ def test_start_applies_records_and_resumes_a_u_net_without_measuring(machine, tm
         assert kernels.current().per_tap_convolutions == frozenset({tuple(BIG)})
     finally:
         kernels.set_choice(previous)
-        kernel_choice.set_applied(applied)
+        machine.setattr(setup, "_applied", applied)
 
 
 def test_route_dots_adds_the_flags_once_and_leaves_the_users(monkeypatch):

@@ -115,9 +115,9 @@ class Platform:
         """The kernel decision this process runs with, as the run's ``run.json`` records it (what
         a resume keeps: ``Decision.record`` with how it was made, the CPU and jaxlib); None when
         ``start`` made none."""
-        from dew.runtime.cpu.choice import applied_record
+        from dew.runtime.cpu.setup import applied_record
 
-        return applied_record()
+        return applied_record() if self.cpu else None
 
     def lines(self, data_parallel: int | None = None) -> list[str]:
         """One line per choice, for a run's log (``data_parallel``: the devices each batch is
@@ -232,6 +232,7 @@ def start(
     present_devices: bool = True,
     processes: distributed.ProcessGroup | None = None,
     detect_processes: bool = True,
+    group_flags: tuple[str | None, str | None, str | None] = (None, None, None),
     dots: Callable[[Any, int], ShapeSource | None] | None = None,
     recorded: dict | None = None,
     recorded_in: str = "run.json",
@@ -241,8 +242,9 @@ def start(
     machine's cache serves; the compilation cache is the machine's by default:
     ``compilation_cache``); ``present_devices=False`` leaves the CPU device count as it is (a reader
     that samples on one device, as ``python -m dew.sample`` does). ``processes``: the process group
-    to join (``python -m dew.main``'s flags); None reads it from the environment or a cluster JAX
-    detects, unless ``detect_processes=False`` (``distributed.requested``). ``dots(config,
+    to join; None reads it from ``group_flags`` (``python -m dew.main``'s ``--coordinator``,
+    ``--num_processes``, ``--process_id``), the environment or a cluster JAX detects, unless
+    ``detect_processes=False`` (``distributed.requested``). ``dots(config,
     devices)``: a transformer's matrix products, whose route the CPU platform measures
     (``dew.training.traced_dots.run_dots``, handed over by the caller; None: XLA's dots).
     ``recorded``: the kernel decision a resumed run recorded (``run.json``'s ``kernels``), kept
@@ -253,8 +255,16 @@ def start(
     formed, and ``ConfigError`` for ``config.mesh.devices`` that the process count does not
     divide, before any peer is waited for."""
     section = config.runtime if config is not None and "runtime" in config else _DEFAULTS
+    attention = attention_choice(str(section.get("attention", "auto")))
+    sizes = _batch_sizes(config or {})
     if processes is None and detect_processes:
-        processes = distributed.requested(initialization_timeout=section["coordinator_timeout"])
+        coordinator, count, index = group_flags
+        processes = distributed.requested(
+            coordinator=coordinator,
+            num_processes=count,
+            process_id=index,
+            initialization_timeout=section["coordinator_timeout"],
+        )
     if processes is not None and processes.num_processes > 1:
         if config is not None and "mesh" in config:
             distributed.check_devices(config.mesh.devices, processes.num_processes)
@@ -263,7 +273,6 @@ def start(
         processes = None
     global _started
     directory = compilation_cache.cache_directory(section["compilation_cache"], workdir)
-    attention = attention_choice(str(section.get("attention", "auto")))
     on_cpu = backend.cpu_backend_expected()
     if on_cpu:
         from dew.runtime.cpu.setup import set_up
@@ -272,7 +281,7 @@ def start(
         cpu = set_up(
             section,
             workdir,
-            batch_sizes=[size // count_of for size in _batch_sizes(config or {}) if size % count_of == 0],
+            batch_sizes=[size // count_of for size in sizes if size % count_of == 0],
             present_devices=present_devices,
             grouped=processes is not None,
             dots=None if dots is None else lambda devices: dots(config, devices),

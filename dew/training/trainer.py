@@ -19,7 +19,7 @@ from dew.checkpointing.restore import RestorePolicy
 from dew.checkpointing.settings import checkpoint_settings
 from dew.contracts.objective import Objective
 from dew.contracts.state import TrainState
-from dew.run_records import record_start
+from dew.run_records import record_start, recorded_kernels
 from dew.runtime import heartbeats
 from dew.runtime.platform import Platform, start_for, started
 from dew.runtime.precompile import BackgroundCompile
@@ -362,19 +362,6 @@ class Trainer:
             self.train_data.set_placement(None)
             tracker.close()
         return state
-
-
-def recorded_kernels(workdir: str) -> dict | None:
-    """The kernel decision a run recorded in its ``run.json`` (what a resume keeps), or None: no
-    run there yet, or a ``run.json`` the restore reports on its own."""
-    from dew.run_records import read_run_metadata
-
-    if not os.path.isdir(workdir):
-        return None
-    try:
-        return (read_run_metadata(workdir) or {}).get("kernels")
-    except (OSError, ValueError):
-        return None
 
 
 __all__ = ["Trainer", "check_workdir", "config_schema", "debiased_ema", "make_optimizer", "resolve_config"]

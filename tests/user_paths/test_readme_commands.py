@@ -231,7 +231,7 @@ def test_a_custom_loop_gets_the_platform_choices_of_the_cli(home, tmp_path):
     script = f"""
         import os
         from dew.config import load_config
-        from dew.runtime.cpu import choice as kernel_choice
+        from dew.runtime.cpu import setup
         from dew.training.trainer import Trainer
         from dew.training.trainer_config import resolve_config
 
@@ -242,7 +242,7 @@ def test_a_custom_loop_gets_the_platform_choices_of_the_cli(home, tmp_path):
         cores = len(os.sched_getaffinity(0))
         expected = max(n for n in range(1, cores + 1) if 16 % n == 0)
         assert jax.device_count() == expected, (jax.device_count(), expected)
-        assert kernel_choice.applied_record() is not None
+        assert setup.applied_record() is not None
         state = trainer.programs.init(jax.random.PRNGKey(0), trainer.example_batch())
         print("devices", jax.device_count())
     """

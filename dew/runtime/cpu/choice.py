@@ -141,23 +141,6 @@ def jaxlib_version() -> str:
         return "unknown"
 
 
-_applied: Decision | None = None
-
-
-def set_applied(decision: Decision | None) -> None:
-    """Note the decision this process runs with (``dew.runtime.start`` does)."""
-    global _applied
-    _applied = decision
-
-
-def applied_record() -> dict | None:
-    """The record of the decision this process runs with, for its ``run.json`` (None when
-    ``start`` made none), with the CPU and jaxlib it was made for."""
-    if _applied is None:
-        return None
-    return {**_applied.record(), "how": _applied.how, "cpu": cpu_model(), "jaxlib": jaxlib_version()}
-
-
 def _rule(
     libraries: Sequence[str], gradients: Sequence[str], environ: Mapping[str, str], why: str
 ) -> Decision:
@@ -262,9 +245,7 @@ __all__ = [
     "BY_RULE_VARIABLE",
     "LIBRARIES",
     "Decision",
-    "applied_record",
     "choose",
     "cpu_model",
     "jaxlib_version",
-    "set_applied",
 ]

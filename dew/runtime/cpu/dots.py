@@ -254,6 +254,7 @@ def choose_dots(
             },
             started,
         )
+    dots, totals = decide_dots(entry["times"], entry["counts"])
     source = kept(
         "dot_decisions",
         key,
@@ -264,7 +265,6 @@ def choose_dots(
         machine_cache=machine_cache,
         log=log,
     )
-    dots, totals = decide_dots(entry["times"], entry["counts"])
     summary = ", ".join(f"{route} {1e3 * total:.0f} ms" for route, total in totals.items())
     said = "".join(f"; {route}: {why}" for route, why in entry.get("unused", {}).items())
     how = f"dots {source}: the step's matrix products {summary}{said}"

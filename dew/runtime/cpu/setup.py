@@ -56,35 +56,48 @@ def set_up(
     if present_devices:
         count = devices.host_device_count(section["host_devices"], batch_sizes)
         presented = devices.present_host_devices(count)
-    if devices.backend_started():  # XLA read its flags already: nothing can change now
-        library = flags.route_convolutions(section["cpu_convolutions"])
-        choice.set_applied(None)
-        return CpuSetup(presented, library, flags.weight_gradient_choice(), None, False)
-    # Before XLA's threads exist: each takes its malloc arena when it first allocates.
-    reuses = bool(section.get("reuse_freed_memory", True)) and memory.reuse_freed_memory()
     count = devices.flagged_count(os.environ.get("XLA_FLAGS", "")) or 1
-    import jax  # no backend: whether the user's code joined a process group itself
+    decision, reuses = None, False
+    if not devices.backend_started():  # after it, XLA read its flags already: nothing can change
+        # Before XLA's threads exist: each takes its malloc arena when it first allocates.
+        reuses = bool(section.get("reuse_freed_memory", True)) and memory.reuse_freed_memory()
+        import jax  # no backend: whether the user's code joined a process group itself
 
-    grouped = grouped or jax.distributed.is_initialized()
-    decision = choice.choose(
-        section["cpu_convolutions"],
-        section.get("cpu_weight_gradient", "auto"),
-        shapes=None if grouped or dots is None else dots(count),
-        devices=count,
-        cache=cache.cache_path(workdir),
-        machine_cache=cache.machine_cache_path(),
-        recorded=recorded,
-        recorded_in=recorded_in,
-        log=lambda line: print(f"dew: {line}", flush=True),
-    )
-    library = flags.route_convolutions(decision.library)
-    if flags.route_dots(decision.dots) == "onednn":
+        grouped = grouped or jax.distributed.is_initialized()
+        workdir_cache, machine_cache = cache.cache_path(workdir), cache.machine_cache_path()
+        decision = choice.choose(
+            section["cpu_convolutions"],
+            section.get("cpu_weight_gradient", "auto"),
+            shapes=None if grouped or dots is None else dots(count),
+            devices=count,
+            cache=workdir_cache,
+            machine_cache=machine_cache,
+            recorded=recorded,
+            recorded_in=recorded_in,
+            log=lambda line: print(f"dew: {line}", flush=True),
+        )
+    library = flags.route_convolutions(section["cpu_convolutions"] if decision is None else decision.library)
+    if decision is not None and flags.route_dots(decision.dots) == "onednn":
         # XLA cannot store oneDNN's fusions in the compilation cache; the kernel choice's line
         # says so once (``dots.NOT_CACHED``) instead of a warning for every program.
         unstorable = r"Error writing persistent compilation cache entry .*onednn"
         warnings.filterwarnings("ignore", message=unstorable, category=UserWarning)
-    choice.set_applied(decision)
-    return CpuSetup(presented, library, decision.kernel_choice(), decision, reuses)
+    global _applied
+    _applied = decision
+    chosen = flags.weight_gradient_choice() if decision is None else decision.kernel_choice()
+    return CpuSetup(presented, library, chosen, decision, reuses)
 
 
-__all__ = ["CpuSetup", "set_up"]
+_applied: choice.Decision | None = None
+
+
+def applied_record() -> dict | None:
+    """The record of the decision this process runs with (``set_up`` made it), for its
+    ``run.json`` (None where none was made), with the CPU and jaxlib it was made for."""
+    if _applied is None:
+        return None
+    record = _applied.record()
+    return {**record, "how": _applied.how, "cpu": choice.cpu_model(), "jaxlib": choice.jaxlib_version()}
+
+
+__all__ = ["CpuSetup", "applied_record", "set_up"]
