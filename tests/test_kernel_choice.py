@@ -73,8 +73,8 @@ def test_a_resumed_run_keeps_its_recorded_choice_forms_included(machine):
     previous = kernels.current()
     try:
         kernels.set_choice(resumed.kernel_choice())
-        assert kernels.convolution_forms(32 * 32, tuple(BIG)) == ("im2col", "per_tap")
-        assert kernels.convolution_forms(8 * 8, tuple(SMALL)) == ("xla", "im2col")
+        assert kernels.convolution_forms(32 * 32, (32, 32, 64, 64, 3, 1)) == ("im2col", "per_tap")
+        assert kernels.convolution_forms(8 * 8, (8, 8, 32, 32, 3, 1)) == ("xla", "im2col")
     finally:
         kernels.set_choice(previous)
     told = choose_with("ynnpack", "xla", recorded=recorded)
@@ -125,14 +125,16 @@ def test_start_applies_records_and_resumes_a_u_net_without_measuring(machine, tm
     previous, applied = kernels.current(), setup._applied
     try:
         first = platform.start(config, str(tmp_path), dots=lambda config, count: None)
+        assert first.decision is not None
         assert first.convolutions == "eigen" and first.decision.library == "eigen"
         assert os.environ["XLA_FLAGS"].endswith(cpu_convolutions.EIGEN_ROUTE)
         assert any(line.startswith("kernel choice: convolutions on eigen") for line in first.lines())
         record = first.kernels_record()
-        assert record["library"] == "eigen" and record["cpu"].startswith("Test CPU")
+        assert record is not None and record["library"] == "eigen" and record["cpu"].startswith("Test CPU")
         assert not (tmp_path / "cache").exists() and not (tmp_path / "machine").exists()
         machine.setenv("XLA_FLAGS", CPU["XLA_FLAGS"])
         resumed = platform.start(config, str(tmp_path), recorded={"library": "ynnpack", "per_tap": [BIG]})
+        assert resumed.decision is not None
         assert resumed.convolutions == "ynnpack" and "recorded" in resumed.decision.how
         assert kernels.current().per_tap_convolutions == frozenset({tuple(BIG)})
     finally:
