@@ -1,11 +1,11 @@
 """The EDM U-Net's train step by parts: where the backward pass spends its time.
 
     PYTHONPATH=. python benchmarks/backward_parts.py --net=16
-    PYTHONPATH=. python benchmarks/backward_parts.py --net=16 --kernel_cache= --cpu_convolutions=ynnpack \\
+    PYTHONPATH=. python benchmarks/backward_parts.py --net=16 --cpu_convolutions=ynnpack \\
         --cpu_weight_gradient=xla
 
 The step is dew's side of ``benchmarks/unet.py`` (the same network, batch, devices, huge pages and
-kernel choice: ``--cpu_convolutions``, ``--cpu_weight_gradient``, ``--kernel_cache`` as there, so
+kernel choice: ``--cpu_convolutions``, ``--cpu_weight_gradient`` as there, so
 the run's ``kernel choice:`` line is printed first). Two views of it:
 
 1. **The whole step, traced.** ``--steps`` warm steps under ``jax.profiler``; every XLA:CPU thunk
@@ -232,13 +232,12 @@ def main() -> int:
     parser.add_argument("--devices", type=int, default=0, help="CPU devices (0: one per core, as dew.main)")
     parser.add_argument("--cpu_convolutions", default="auto", choices=("auto", "eigen", "ynnpack"))
     parser.add_argument("--cpu_weight_gradient", default="auto", choices=("auto", "xla", "per_tap"))
-    parser.add_argument("--kernel_cache", default=str(ROOT / ".cache" / "kernel_choice.json"))
     parser.add_argument("--trace_dir", default="", help="where the trace goes (default: a temporary folder)")
     parser.add_argument("--no_huge_pages", action="store_true")
     parser.add_argument("--no_convolutions", action="store_true", help="skip the convolutions jitted alone")
     args = parser.parse_args(namespace=ARGS)
-    from dew.runtime.host_devices import host_device_count, present_host_devices
-    from dew.runtime.host_memory import with_huge_pages
+    from dew.runtime.cpu.devices import host_device_count, present_host_devices
+    from dew.runtime.cpu.memory import with_huge_pages
 
     if not args.no_huge_pages:
         with_huge_pages()

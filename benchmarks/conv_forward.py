@@ -4,10 +4,10 @@ PyTorch's ``conv2d`` (oneDNN), side by side in one run.
     PYTHONPATH=. python benchmarks/conv_forward.py --net=32 [--cpu_convolutions=eigen] [--rounds=5]
 
 The shape classes and how often the network uses each come from tracing ``benchmarks/unet.py``'s
-network (``dew.kernels.record_convolutions``, as ``dew.runtime.kernel_choice`` gets them). dew's
+network (``dew.kernels.record_convolutions``). dew's
 side is the convolution ``dew.networks.edm_layers.conv`` lowers to, jitted on the CPU devices
 ``python -m dew.main`` would use, the batch split over them, with the library
-``--cpu_convolutions`` picks (``dew.runtime.cpu_convolutions``); the reference's is
+``--cpu_convolutions`` picks (``dew.runtime.cpu.flags``); the reference's is
 ``torch.nn.functional.conv2d`` at ``--threads`` threads in a worker process of ``--torch_python``
 kept alive for the whole run, NCHW as NVlabs/edm calls it, in the environment ``benchmarks/unet.py``
 gives it (dew's process with glibc's huge-page tunable, as ``python -m dew.main`` runs; the
@@ -91,9 +91,9 @@ def main() -> int:
     if args.worker:
         return torch_worker(args.threads)
 
-    from dew.runtime import cpu_convolutions
-    from dew.runtime.host_devices import host_device_count, present_host_devices
-    from dew.runtime.host_memory import with_huge_pages
+    from dew.runtime.cpu import flags as cpu_convolutions
+    from dew.runtime.cpu.devices import host_device_count, present_host_devices
+    from dew.runtime.cpu.memory import with_huge_pages
 
     # As python -m dew.main starts: malloc's huge pages (a restart), then, before JAX starts, one
     # CPU device per core and the library chosen.

@@ -14,10 +14,10 @@ the machine's cores). dew's side runs as ``python -m dew.main`` runs it on a CPU
 replicated on one XLA device per core and each batch split over them (``--devices``: another
 count; ``--devices=1`` is one device using the cores through its thread pool), with glibc's
 malloc asking for transparent huge pages (without them, ``--no_huge_pages``, keeping what a step
-frees for the next step instead: ``dew.runtime.host_memory``; ``--no_reuse_freed_memory``: not;
+frees for the next step instead: ``dew.runtime.cpu.memory``; ``--no_reuse_freed_memory``: not;
 ``--reference_huge_pages`` gives the reference's process the same tunable) and XLA:CPU's
 convolution library chosen as ``config.runtime.cpu_convolutions`` chooses it
-(``--cpu_convolutions``: ``auto``, ``eigen``, ``ynnpack``; ``dew.runtime.cpu_convolutions``). Rounds
+(``--cpu_convolutions``: ``auto``, ``eigen``, ``ynnpack``; ``dew.runtime.cpu.flags``). Rounds
 alternate dew, reference, dew, ... after a warm-up; in each round a side first runs ``--settle``
 untimed steps (the first step after the other process's turn is 10-30 % slower on either side),
 then times ``--steps`` steps; the report is the medians and their ratio. The forward pass alone
@@ -73,7 +73,7 @@ NETS = {
 def reference_environment(huge_pages: bool) -> dict:
     """The reference worker's environment: this process's without glibc's THP tunable (which dew's
     side restarted itself with), or with it when ``huge_pages``."""
-    from dew.runtime.host_memory import TUNABLE, huge_page_environment
+    from dew.runtime.cpu.memory import TUNABLE, huge_page_environment
 
     items = os.environ.get("GLIBC_TUNABLES", "").split(":")
     kept = ":".join(i for i in items if i and i.split("=", 1)[0] != TUNABLE)
@@ -244,47 +244,25 @@ def dew_setup(net_name: str, batch: int, initialize: bool = True):
     return init, step, data, forward
 
 
-def traced_convolutions(net: str, batch: int) -> dict:
-    """The convolution shape classes of ``--net``'s network and their uses (``dew.kernels``
-    records them while the state's shapes are traced): the kernel choice's shape source, run in
-    its measurement child (``dew.kernel_probe``)."""
-    import jax
-    import numpy as np
-
-    from dew import kernels
-
-    init, _, data, _ = dew_setup(net, batch, initialize=False)
-    with kernels.record_convolutions() as seen:  # an abstract key: a concrete one starts the backend
-        jax.eval_shape(init, jax.ShapeDtypeStruct((2,), np.uint32), data)
-    return {"batch": batch, "convolutions": [[*shape, uses] for shape, uses in sorted(seen.items())]}
-
-
 def choose_kernels(args):
     """As ``dew.runtime.start`` chooses them for a run: the library and the weight gradients from
-    ``--cpu_convolutions``/``--cpu_weight_gradient`` (``auto``: measured once, cached in
-    ``--kernel_cache``), before JAX starts; returns the decision."""
+    ``--cpu_convolutions``/``--cpu_weight_gradient`` (``auto``: the CPU-flag rule,
+    ``dew.runtime.cpu.flags``), before JAX starts; returns the decision."""
     from dew import kernels
-    from dew.runtime import cpu_convolutions, host_devices, kernel_choice
+    from dew.runtime.cpu import choice, devices, flags
 
-    devices = host_devices.flagged_count(os.environ.get("XLA_FLAGS", "")) or 1
-    shapes = kernel_choice.ShapeSource(
-        "benchmarks.unet:traced_convolutions",
-        {"net": args.net, "batch": args.batch},
-        {"benchmark": "unet", "net": NETS[args.net], "batch": args.batch},
-    )
-    decision = kernel_choice.choose(
+    decision = choice.choose(
         args.cpu_convolutions,
         args.cpu_weight_gradient,
-        shapes=shapes,
-        devices=devices,
-        cache=args.kernel_cache or None,
-        environ={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
+        shapes=None,
+        devices=devices.flagged_count(os.environ.get("XLA_FLAGS", "")) or 1,
+        cache=None,
         log=lambda line: print(f"dew: {line}", flush=True),
     )
-    cpu_convolutions.route_convolutions(decision.library)
-    cpu_convolutions.route_dots(decision.dots)
+    flags.route_convolutions(decision.library)
+    flags.route_dots(decision.dots)
     kernels.set_choice(decision.kernel_choice())
-    from dew.runtime.host_memory import reuse_freed_memory
+    from dew.runtime.cpu.memory import reuse_freed_memory
 
     if not args.no_reuse_freed_memory:  # as dew.runtime.start does (not where huge pages are on)
         reuse_freed_memory()
@@ -477,7 +455,6 @@ def measure_startup(args) -> dict:
         f"--cpu_convolutions={args.cpu_convolutions}",
         f"--cpu_weight_gradient={args.cpu_weight_gradient}",
     ]
-    cmd += [f"--kernel_cache={args.kernel_cache}"]
     cmd += ["--no_huge_pages"] if args.no_huge_pages else []
     startup = json.loads(
         subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
@@ -516,10 +493,6 @@ def main() -> int:
         help="convolution weight gradients on dew's side (as config.runtime.cpu_weight_gradient)",
     )  # fmt: skip
     parser.add_argument(
-        "--kernel_cache", default=str(ROOT / ".cache" / "kernel_choice.json"),
-        help="the kernel choice's cache file ('': none, measure every time)",
-    )  # fmt: skip
-    parser.add_argument(
         "--settle", type=int, default=1,
         help="untimed steps (and forward calls) each side runs at the start of its turn in a round",
     )  # fmt: skip
@@ -545,8 +518,8 @@ def main() -> int:
         parser.error(f"--kinds={kinds!r}: expected step and/or forward, each at most once, comma-separated")
     if args.worker:
         return torch_worker(args)
-    from dew.runtime.host_devices import flagged_count, host_device_count, present_host_devices
-    from dew.runtime.host_memory import with_huge_pages
+    from dew.runtime.cpu.devices import flagged_count, host_device_count, present_host_devices
+    from dew.runtime.cpu.memory import with_huge_pages
 
     if not args.no_huge_pages:
         with_huge_pages()  # as python -m dew.main does: restarts this process once, with the tunable

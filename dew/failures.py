@@ -86,8 +86,8 @@ def end_process(code: int) -> None:
     """Exit now with ``code``, after flushing the streams and the log handlers: a failure was
     reported, so no library thread's teardown (orbax's executors and event loops) may print
     after it. In a multi-process run the peers learn first that this process leaves
-    (``dew.runtime.distributed.leave``), so they stop with a line of their own."""
-    from dew.runtime.distributed import leave
+    (``dew.runtime.heartbeats.leave``), so they stop with a line of their own."""
+    from dew.runtime.heartbeats import leave
 
     leave(code)
     sys.stdout.flush()

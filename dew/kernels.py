@@ -27,12 +27,12 @@ class KernelChoice:
     this many pixels take their weight gradient as a sum over kernel taps
     (``dew.networks.edm_layers``) instead of XLA's; None keeps XLA's everywhere.
     ``per_tap_convolutions``: when not None, it decides instead, shape class by shape class
-    (``Convolution``): exactly these take the per-tap gradient (a measured choice,
-    ``dew.runtime.kernel_choice``); a shape class not in it keeps XLA's.
+    (``Convolution``): exactly these take the per-tap gradient (a choice recorded with a run,
+    ``dew.runtime.cpu.choice``); a shape class not in it keeps XLA's.
     ``convolution_forms``: when not None, the (input gradient, weight gradient) forms of the
     shape classes it names (``dew.networks.conv_forms``: ``xla``, ``per_tap``, ``im2col``), as
     ``(class, input form, weight form)`` triples; it supersedes the two fields above for those
-    classes (a measured choice).
+    classes (a choice recorded with a run).
     ``reason``: one line saying why, for the run's log.
     ``attention``: how ``attention`` computes softmax(q kᵀ/√h) v: ``xla`` (XLA's, the logits
     materialised in the inputs' dtype: float32 in, float32 logits; bfloat16 in, bfloat16 logits
@@ -82,7 +82,8 @@ _recording: collections.Counter | None = None
 @contextlib.contextmanager
 def record_convolutions() -> Iterator[collections.Counter]:
     """Count the shape classes of the convolutions traced inside the block (each call of
-    ``per_tap_weight_gradient`` that names its ``convolution``): what the runtime measures."""
+    ``per_tap_weight_gradient`` that names its ``convolution``): the network's convolutions, as
+    ``benchmarks/`` counts them."""
     global _recording
     outer, _recording = _recording, collections.Counter()
     try:

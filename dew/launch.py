@@ -24,13 +24,14 @@ import ml_collections
 
 from dew.contracts.state import TrainState
 from dew.failures import capture_library_logs, end_process, report
-from dew.run_records import RUN_METADATA, starts
-from dew.runtime import distributed
+from dew.run_records import RUN_METADATA, recorded_kernels, starts
+from dew.runtime import heartbeats
 from dew.runtime.platform import Platform, start
 from dew.runtime.workdir_lock import WorkdirLock, describe_stale
 from dew.schema import ConfigError
 from dew.training.preemption import Preempted
-from dew.training.trainer import Trainer, recorded_kernels
+from dew.training.traced_dots import run_dots
+from dew.training.trainer import Trainer
 from dew.training.trainer_config import check_workdir
 
 
@@ -53,23 +54,22 @@ def start_platform(
     agrees on the config, and a lost peer stops this one with a report. A setting this machine
     cannot honour is a ``ConfigError``."""
     rt = config.runtime
-    processes = distributed.requested(
-        coordinator, num_processes, process_id, initialization_timeout=rt.coordinator_timeout
-    )
     try:
         platform = start(
             config,
             workdir,
-            processes=processes,
-            detect_processes=False,
+            group_flags=(coordinator, num_processes, process_id),
+            dots=run_dots,
             recorded=recorded_kernels(workdir),
             recorded_in=os.path.join(workdir, RUN_METADATA),
         )
+    except ConfigError:  # a process group that cannot form keeps its own type
+        raise
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if platform.processes is not None:  # one config in every process; a lost peer stops this one
         stop = lambda e: end_process(report(e, _existing(workdir)))  # noqa: E731
-        distributed.agree(config, rt.coordinator_timeout, rt.heartbeat_timeout, stop)
+        heartbeats.agree(config, rt.coordinator_timeout, rt.heartbeat_timeout, stop)
     return platform
 
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from dew.config import apply_overrides, describe_config, load_config
 from dew.failures import end_process, report
-from dew.runtime.host_memory import with_huge_pages
+from dew.runtime.cpu.memory import with_huge_pages
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -128,13 +128,13 @@ def interrupted(error: KeyboardInterrupt, trainer, argv: Sequence[str]) -> str:
 
 
 def run() -> None:
-    with_huge_pages()  # restarts this process once with glibc's THP tunable (dew.runtime.host_memory)
+    with_huge_pages()  # restarts this process once with glibc's THP tunable (dew.runtime.cpu.memory)
     code = main()
     if code in (0, 128 + signal.SIGTERM):  # every process of a run ends here alike: leave in step
-        from dew.runtime.distributed import stop_processes
+        from dew.runtime.heartbeats import stop_processes
 
         stop_processes()
-    from dew.runtime.distributed import watching
+    from dew.runtime.heartbeats import watching
 
     if code not in (0, 2) or watching():  # in a group: leave it without JAX's shutdown barrier
         end_process(code)  # reported, everything dew opened is closed: nothing may print after

@@ -206,6 +206,17 @@ def record_start(
     return entry
 
 
+def recorded_kernels(workdir: str) -> dict | None:
+    """The kernel decision a run recorded in its ``run.json`` (what a resume keeps), or None: no
+    run there yet, or a ``run.json`` the restore reports on its own."""
+    if not os.path.isdir(workdir):
+        return None
+    try:
+        return (read_run_metadata(workdir) or {}).get("kernels")
+    except (OSError, ValueError):
+        return None
+
+
 def writer_of(workdir: str, step: int) -> dict[str, Any] | None:
     """The recorded start that wrote checkpoint ``step``: the last one that resumed from a step
     below it (None when run.json does not say, e.g. a checkpoint copied in from elsewhere)."""
@@ -239,6 +250,7 @@ __all__ = [
     "read_run",
     "read_run_metadata",
     "record_start",
+    "recorded_kernels",
     "save_run_metadata",
     "set_aside_records",
     "starts",

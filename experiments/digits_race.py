@@ -46,7 +46,7 @@ def process_age() -> float:
 def main() -> int:
     custom = "--path=custom" in sys.argv[1:]
     if not custom:
-        from dew.runtime.host_memory import with_huge_pages
+        from dew.runtime.cpu.memory import with_huge_pages
 
         with_huge_pages()  # as python -m dew.main does: restarts this process once (same process id)
     start = time.perf_counter() - process_age()

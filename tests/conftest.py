@@ -15,8 +15,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # per worker on two cores spin against each other (numpy's eigh in a 2048-d Fréchet distance: 6 s
 # with one thread, 29 s with two, the other core busy). Set before anything loads numpy.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-# Every run the suite starts takes the CPU-flag kernel rule instead of timing its convolutions
-# (hundreds of short runs of many shapes; tests/test_kernel_choice.py covers the measurement).
+# Every run the suite starts takes the CPU-flag kernel rule instead of timing a transformer's dots
+# (hundreds of short runs of many shapes; tests/test_dot_choice.py covers the measurement).
 os.environ.setdefault("DEW_KERNELS_BY_RULE", "1")
 # Kernel decisions stay in each test's workdir: the suite never reads or writes the machine's
 # copy in ~/.cache/dew (tests/test_kernel_choice.py points it at a temporary folder).
@@ -110,11 +110,12 @@ def weights_file(tmp_path_factory):
 @pytest.fixture
 def machine(monkeypatch):
     """For the kernel choice's tests: this jaxlib knows the Eigen route and oneDNN's dots; the CPU
-    and jaxlib are named as the test says (``dew.runtime.kernel_choice``, ``dot_choice``)."""
-    from dew.runtime import cpu_convolutions, kernel_choice
+    and jaxlib are named as the test says (``dew.runtime.cpu.choice``, ``dew.runtime.cpu.dots``)."""
+    from dew.runtime.cpu import choice as kernel_choice
+    from dew.runtime.cpu import flags
 
-    monkeypatch.setattr(cpu_convolutions, "xla_knows_the_flag", lambda: True)
-    monkeypatch.setattr(cpu_convolutions, "xla_knows_onednn_dots", lambda: True)
+    monkeypatch.setattr(flags, "xla_knows_the_flag", lambda: True)
+    monkeypatch.setattr(flags, "xla_knows_onednn_dots", lambda: True)
     monkeypatch.setattr(kernel_choice, "cpu_model", lambda: "Test CPU (family 1, model 1, 2 cores)")
     monkeypatch.setattr(kernel_choice, "jaxlib_version", lambda: "0.10.2")
     return monkeypatch

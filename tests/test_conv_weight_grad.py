@@ -12,8 +12,8 @@ import pytest
 
 from dew import kernels
 from dew.networks.edm_layers import _conv_tap_weight_grad, _xla_conv, conv
-from dew.runtime import cpu_convolutions
-from dew.runtime.cpu_convolutions import TAPWISE_MIN_POSITIONS
+from dew.runtime.cpu import flags as cpu_convolutions
+from dew.runtime.cpu.flags import TAPWISE_MIN_POSITIONS
 
 
 @pytest.mark.parametrize(
@@ -63,7 +63,7 @@ def test_conv_takes_the_per_tap_gradient_from_32x32_up_where_xlas_is_slow(monkey
 def test_only_ynnpack_convolutions_on_x86_cpus_without_avx512_count_as_slow(monkeypatch):
     from numpy._core import _multiarray_umath
 
-    from dew.runtime.cpu_convolutions import EIGEN_ROUTE
+    from dew.runtime.cpu.flags import EIGEN_ROUTE
 
     cases = [
         ({"AVX": True, "AVX2": False, "AVX512F": False}, "", True),

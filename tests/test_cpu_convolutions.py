@@ -1,4 +1,4 @@
-"""XLA:CPU's convolution library (``dew.runtime.cpu_convolutions``): which one ``auto`` picks and
+"""XLA:CPU's convolution library (``dew.runtime.cpu.flags``): which one ``auto`` picks and
 when the flag is left alone. (A fresh process's XLA compiling with the choice, and both libraries
 computing the same convolution: tests/system/test_cpu_convolutions_process.py.)"""
 
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from dew.runtime import cpu_convolutions
-from dew.runtime.cpu_convolutions import (
+from dew.runtime.cpu import flags as cpu_convolutions
+from dew.runtime.cpu.flags import (
     EIGEN_ROUTE,
     FLAG,
     convolutions_on_ynnpack,
@@ -106,7 +106,7 @@ def test_the_installed_xla_knows_the_flag():
 def test_the_installed_xla_knows_the_onednn_dot_flags():
     """The pinned jaxlib has oneDNN's flags (XLA aborts a process given a flag it does not know,
     so the kernel choice adds them only where this finds them)."""
-    from dew.runtime import cpu_convolutions
+    from dew.runtime.cpu import flags as cpu_convolutions
 
     assert cpu_convolutions.xla_knows_onednn_dots()
     assert not cpu_convolutions._jaxlib_has(b"xla_cpu_no_such_flag_anywhere")

@@ -1,4 +1,4 @@
-"""Where a transformer's dots go (``dew.runtime.dot_choice``): oneDNN is kept only when its matrix
+"""Where a transformer's dots go (``dew.runtime.cpu.dots``): oneDNN is kept only when its matrix
 products cost the step more than the margin less, the decision is cached (a second start and a new
 workdir measure nothing), a oneDNN route that fails or changes nothing is said and dropped, the
 user's XLA_FLAGS win; the run's products are traced in this process before JAX starts; and real
@@ -12,13 +12,22 @@ import os
 import pytest
 from helpers_common import ROOT
 
-from dew.runtime import cpu_convolutions, dot_choice, kernel_cache, kernel_choice, platform
-from dew.runtime.kernel_choice import ShapeSource, choose
+from dew.runtime.cpu import cache as kernel_cache
+from dew.runtime.cpu import dots as dot_choice
+from dew.runtime.cpu import flags as cpu_convolutions
+from dew.runtime.cpu.choice import Decision, choose
+from dew.runtime.cpu.dots import ShapeSource
+from dew.training import traced_dots
+
+
+def _nowhere(**_):
+    raise AssertionError("these tests trace through Children.trace")
+
 
 CPU = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 DENSE, ATTENTION = [1, 1024, 128, 512, 1], [256, 16, 32, 16, 0]
 SHAPES = {"batch": 64, "dots": [[*DENSE, 8], [*ATTENTION, 4]]}
-SOURCE = ShapeSource("tests.nowhere:dots", {}, {"model": "SiT-S/2", "batch": 64}, "dots")
+SOURCE = ShapeSource(_nowhere, {}, {"model": "SiT-S/2", "batch": 64})
 # Seconds per call of a product's forward and both gradients, by route.
 FASTER = {"xla": {json.dumps(DENSE): 0.010, json.dumps(ATTENTION): 0.002}}
 FASTER["onednn"] = {json.dumps(DENSE): 0.006}  # the attention class: the same program as XLA's
@@ -37,10 +46,9 @@ class Children:
         self.calls.append(("trace", None))
         return SHAPES
 
-    def __call__(self, mode, payload, environment):
+    def __call__(self, payload, environment):
         route = "onednn" if cpu_convolutions.ONEDNN_DOTS in environment.get("XLA_FLAGS", "") else "xla"
-        self.calls.append((mode, route))
-        assert mode == "dots"
+        self.calls.append(("dots", route))
         if route == "onednn" and self.failing == "child":
             raise RuntimeError("the kernel measurement child (dots) failed: partition compile failed")
         names = [json.dumps(d) for d in payload["dots"]]
@@ -83,15 +91,15 @@ def test_onednn_is_kept_where_it_is_faster_and_the_decision_is_cached(machine, t
     assert "dots measured in" in decision.how and "xla 88 ms, onednn 56 ms" in decision.how
     assert dot_choice.NOT_CACHED in decision.how and "dots on oneDNN" in decision.line()
     # The convolutions keep the CPU-flag rule (a transformer has none measured).
-    assert decision.how.startswith("CPU-flag rule: no convolutions of a measured model to time; dots")
-    assert kernel_choice.Decision.from_record(decision.record(), "recorded").dots == "onednn"
+    assert decision.how.startswith("CPU-flag rule: convolutions are not timed; dots")
+    assert Decision.from_record(decision.record(), "recorded").dots == "onednn"
     children.calls.clear()
     again = choose_with(tmp_path / "w" / "k.json", children, machine_cache=tmp_path / "m.json")
     assert children.calls == [] and again.dots == "onednn" and "dots cached from" in again.how
     fresh = choose_with(tmp_path / "new" / "k.json", children, machine_cache=tmp_path / "m.json")
     assert children.calls == [] and fresh.dots == "onednn" and "dots cached for this machine" in fresh.how
     written = json.loads((tmp_path / "new" / "k.json").read_text())
-    assert set(written["dot_decisions"]) and written["decisions"] == {}
+    assert set(written["dot_decisions"]) and "decisions" not in written
 
 
 def test_within_the_margin_xla_keeps_the_dots(machine, tmp_path):
@@ -151,33 +159,31 @@ def test_a_malformed_dots_entry_is_measured_again(machine, tmp_path):
         kernel_cache.valid_dot_shapes({"batch": 2, "dots": [[1, 2, 3, 4, 3, 1]]})
 
 
-def test_transformers_measure_their_dots_and_the_u_nets_their_convolutions():
+def test_transformers_measure_their_dots_and_no_other_model_measures_anything():
     from ml_collections import ConfigDict
 
     def source(name):
-        found = platform.run_shapes(ConfigDict({"model": {"name": name}, "dataset": {"batch_size": 8}}), 2)
-        return None if found is None else (found.function, found.measures)
+        found = traced_dots.run_dots(ConfigDict({"model": {"name": name}, "dataset": {"batch_size": 8}}), 2)
+        return None if found is None else found.function
 
     for name in ("dit", "sit", "imf_dit", "SiT-S/2", "DiT-XL/2", "iMF-B/2"):
-        assert source(name) == ("dew.kernel_probe:trainer_dots", "dots")
-    assert source("songunet") == ("dew.kernel_probe:trainer_convolutions", "convolutions")
-    assert source("mlp") is None
+        assert source(name) is traced_dots.trace_dots
+    assert source("songunet") is None and source("mlp") is None
 
 
 def test_the_run_s_products_are_traced_before_jax_starts():
-    """``trainer_dots`` on a tiny SiT: every block's products counted once per block, dense layers
+    """``trace_dots`` on a tiny SiT: every block's products counted once per block, dense layers
     split over their rows and attention over its batch·heads, at the run's batch; the backend
     untouched."""
     from dew.config import load_config
-    from dew.kernel_probe import trainer_dots
-    from dew.runtime.host_devices import backend_started
+    from dew.runtime.backend import backend_started
     from dew.training.trainer import resolve_config
 
     started = backend_started()
     config = resolve_config(load_config(str(ROOT / "experiments" / "sit.py") + ":digits"))
     config.model.depth = 3
-    with kernel_choice._without_backend():
-        traced = trainer_dots(config, 2)
+    with dot_choice.without_backend():
+        traced = traced_dots.trace_dots(config, 2)
     assert backend_started() == started
     tokens, width, heads = 16, config.model.hidden_size, config.model.num_heads
     rows = {tuple(r[:5]): r[5] for r in traced["dots"]}
@@ -193,14 +199,14 @@ def test_real_children_time_every_class_under_both_routes():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
     payload = {"dots": [[1, 8, 4, 6, 1], [4, 3, 5, 2, 0], [1, 1, 3, 2, 2]]}
-    base = kernel_choice.run_probe("dots", payload, env)
+    base = dot_choice.run_probe(payload, env)
     names = [json.dumps(d) for d in payload["dots"]]
     assert sorted(base["times"]) == sorted(names) and all(0 < t < 10 for t in base["times"].values())
     assert base["failed"] == [] and base["unchanged"] == [] and sorted(base["programs"]) == sorted(names)
     if not cpu_convolutions.xla_knows_onednn_dots():
         pytest.skip("this jaxlib's XLA has no oneDNN flags")
-    onednn = kernel_choice.run_probe(
-        "dots", {**payload, "same_as": base["programs"]}, dot_choice.route_environment("onednn", env)
+    onednn = dot_choice.run_probe(
+        {**payload, "same_as": base["programs"]}, dot_choice.route_environment("onednn", env)
     )
     assert sorted([*onednn["times"], *onednn["unchanged"]]) == sorted(names) and onednn["failed"] == []
 
@@ -212,7 +218,7 @@ def test_products_are_counted_once_per_scan_iteration_and_split_where_the_batch_
     import jax
     import jax.numpy as jnp
 
-    from dew.kernel_probe import count_dots
+    from dew.training.traced_dots import count_dots
 
     def program(x, w, q):
         h = x @ w  # [8, 16] · [16, 32]

@@ -1,14 +1,17 @@
-"""On an accelerator ``dew.runtime.start`` runs none of the CPU's set-up (no host device split, no
-glibc tuning, no kernel measurement, no huge-page restart), keeps the compilation cache, picks
-the TPU's flash attention, and its lines name the devices. Driven on this CPU machine by telling
-the platform module that the backend will not be the CPU."""
+"""On an accelerator ``dew.runtime.start`` runs none of the CPU's set-up (nothing of
+``dew.runtime.cpu``: no host device split, no glibc tuning, no kernel choice, no huge-page
+restart), keeps the compilation cache, picks the TPU's flash attention, and its lines name the
+devices. Driven on this CPU machine by telling the platform module that the backend will not be
+the CPU."""
 
 from __future__ import annotations
 
 import pytest
 
 from dew import kernels
-from dew.runtime import backend, host_memory, platform
+from dew.runtime import backend, platform
+from dew.runtime.cpu import choice, devices, flags, setup
+from dew.runtime.cpu import memory as host_memory
 
 
 @pytest.fixture
@@ -20,10 +23,11 @@ def accelerator(monkeypatch, tmp_path):
 
     monkeypatch.setattr(backend, "cpu_backend_expected", lambda environ=None: False)
     monkeypatch.setattr(backend, "expected_platform", lambda environ=None: "tpu")
-    monkeypatch.setattr(platform.host_devices, "present_host_devices", reached)
-    monkeypatch.setattr(platform.host_memory, "reuse_freed_memory", reached)
-    monkeypatch.setattr(platform.kernel_choice, "choose", reached)
-    monkeypatch.setattr(platform.cpu_convolutions, "route_convolutions", reached)
+    monkeypatch.setattr(setup, "set_up", reached)  # the one entry into the CPU platform
+    monkeypatch.setattr(devices, "present_host_devices", reached)
+    monkeypatch.setattr(host_memory, "reuse_freed_memory", reached)
+    monkeypatch.setattr(choice, "choose", reached)
+    monkeypatch.setattr(flags, "route_convolutions", reached)
     monkeypatch.setattr(platform.compilation_cache, "enable_compilation_cache", lambda directory: None)
     monkeypatch.setattr(platform.distributed, "requested", lambda **kwargs: None)
     monkeypatch.setenv("DEW_CACHE_DIR", str(tmp_path))

@@ -11,29 +11,28 @@ import time
 import pytest
 from ml_collections import ConfigDict
 
-from dew.runtime import distributed
+from dew.runtime import heartbeats
 
 
 def test_config_entries_are_every_key_but_the_process_local_ones():
     config = ConfigDict(
         {"optimizer": {"learning_rate": 1e-3, "b1": 0.9}, "runtime": {"compilation_cache": "/x"}}
     )
-    assert dict(distributed.config_entries(config)) == {"optimizer.learning_rate": 1e-3, "optimizer.b1": 0.9}
+    assert dict(heartbeats.config_entries(config)) == {"optimizer.learning_rate": 1e-3, "optimizer.b1": 0.9}
 
 
 def test_the_first_differing_key_is_named_alike_in_every_process():
     base = [("dataset.batch_size", 16), ("optimizer.learning_rate", 0.002), ("train.num_steps", 60)]
-    assert distributed.disagreement({0: base, 1: list(base), 2: list(base)}) is None
+    assert heartbeats.disagreement({0: base, 1: list(base), 2: list(base)}) is None
     other = [("dataset.batch_size", 16), ("optimizer.learning_rate", 0.003), ("train.num_steps", 61)]
-    line = distributed.disagreement({0: base, 1: list(base), 2: other})
+    line = heartbeats.disagreement({0: base, 1: list(base), 2: other})
     assert line == (
         "the processes of this run resolved different configs: config.optimizer.learning_rate is 0.002 in "
         "process 0 and 0.003 in process 2 of 3; start every process with the same config and overrides"
     )
     extra = [*base, ("model.dropout", 0.1)]
-    assert (
-        "config.model.dropout is no such key in process 0 and 0.1 in process 1"
-        in distributed.disagreement({0: base, 1: extra})
+    assert "config.model.dropout is no such key in process 0 and 0.1 in process 1" in heartbeats.disagreement(
+        {0: base, 1: extra}
     )
 
 
@@ -81,7 +80,7 @@ class Peer:
 
 def watch(
     store: Store, index: int, timeout: float = 2.0
-) -> tuple[distributed.PeerWatch, list, threading.Event]:
+) -> tuple[heartbeats.PeerWatch, list, threading.Event]:
     lost: list[BaseException] = []
     called = threading.Event()
 
@@ -89,7 +88,7 @@ def watch(
         lost.append(error)
         called.set()
 
-    return distributed.PeerWatch(store, index, 2, timeout, stop), lost, called
+    return heartbeats.PeerWatch(store, index, 2, timeout, stop), lost, called
 
 
 def test_a_peer_whose_heartbeat_stops_is_judged_lost_after_the_timeout_not_before():
@@ -104,7 +103,7 @@ def test_a_peer_whose_heartbeat_stops_is_judged_lost_after_the_timeout_not_befor
         waited = time.monotonic() - stopped_at
         assert 2.0 <= waited < 2.0 + 3.0, waited  # the timeout, plus the poll intervals
         (error,) = lost
-        assert isinstance(error, distributed.PeerLost)
+        assert isinstance(error, heartbeats.PeerLost)
         assert str(error).startswith("process 1 of 2 stopped answering: no heartbeat for 2 s")
         assert "Python stacks of this process's threads" in error.__notes__[0]
     finally:

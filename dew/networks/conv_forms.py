@@ -1,5 +1,6 @@
 """Equivalent forms of a stride-1 k×k convolution's gradients (NHWC input × HWIO kernel), from which
-the platform's measured kernel choice picks per shape class (``dew.kernels.convolution_forms``).
+the platform's kernel choice takes per shape class (``dew.kernels.convolution_forms``: XLA's, or
+what a run recorded).
 
 The forward pass is always XLA's convolution; what changes is how reverse mode computes its two
 gradients, each a different XLA program for the same sums (float32 reassociation only):
@@ -19,7 +20,7 @@ gradients, each a different XLA program for the same sums (float32 reassociation
   of x_pad side by side.
 
 Matmul forms let XLA hand the work to its dot libraries (YNNPACK, or oneDNN where the process
-routes dots there: ``dew.runtime.cpu_convolutions.ONEDNN_DOTS``) instead of its convolution
+routes dots there: ``dew.runtime.cpu.flags.ONEDNN_DOTS``) instead of its convolution
 kernels; which is faster depends on the CPU and the shape, so nothing here decides it.
 ``convolve(x, w, pad, input_form, weight_form)`` with both forms ``xla`` is exactly XLA's
 convolution (the same program as ``xla_conv``).

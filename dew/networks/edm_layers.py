@@ -153,7 +153,7 @@ def conv(x: jax.Array, w: jax.Array, pad: int) -> jax.Array:
 
     Its input and weight gradients take the forms the platform's choice names for its shape class
     (``dew.kernels.convolution_forms``, set by ``dew.runtime``: XLA's own, or a per-tap or im2col
-    sum of matmuls, ``dew.networks.conv_forms``, where one was measured faster on this CPU);
+    sum of matmuls, ``dew.networks.conv_forms``, where a run recorded one);
     without a choice, XLA's.
 
     On XLA:CPU the input, and in reverse mode the output's gradient, are each computed once into

@@ -1,8 +1,8 @@
 """Which backend JAX will start, known before it starts: decides whether the CPU-only set-up runs.
 
-The CPU-only parts of ``dew.runtime`` (the host device split, glibc's memory tuning and huge
-pages, the measured convolution and dot kernels) change nothing, or harm, on an accelerator: each
-is entered only where ``cpu_backend_expected`` holds. ``describe_devices`` is the line a run
+The CPU platform (``dew.runtime.cpu``: the host device split, glibc's memory tuning and huge
+pages, the kernel choice) changes nothing, or harms, on an accelerator: it is entered only where
+``cpu_backend_expected`` holds. ``describe_devices`` is the line a run
 prints once the backend is up.
 """
 
@@ -41,6 +41,13 @@ def expected_platform(environ: Mapping[str, str] | None = None) -> str:
     return "cpu" if cpu_backend_expected(environ) else "gpu"
 
 
+def backend_started() -> bool:
+    """Whether JAX has started its backends (after which XLA flags no longer take effect)."""
+    from jax._src import xla_bridge
+
+    return xla_bridge.backends_are_initialized()
+
+
 def describe_devices(devices: list[Any] | None = None) -> str:
     """``platform: 1 × TPU v5 lite (tpu), jax 0.10.2``: the devices this process drives, by kind,
     and the JAX version (starts the backend when it has not started)."""
@@ -55,4 +62,10 @@ def describe_devices(devices: list[Any] | None = None) -> str:
     return f"platform: {shown} ({platform}), jax {jax.__version__}"
 
 
-__all__ = ["ACCELERATOR_PLUGINS", "cpu_backend_expected", "describe_devices", "expected_platform"]
+__all__ = [
+    "ACCELERATOR_PLUGINS",
+    "backend_started",
+    "cpu_backend_expected",
+    "describe_devices",
+    "expected_platform",
+]

@@ -6,36 +6,30 @@
     platform = start(config, workdir)   # before anything touches a device
     trainer = Trainer(config, workdir)
 
-It presents the CPU host's devices (``host_devices``), chooses XLA:CPU's convolution library and
-the convolutions' weight gradients by timing them on this machine (``kernel_choice``; cached),
-routes the library (``cpu_convolutions``), hands the kernel choice to the layers
-(``dew.kernels``) and turns on the persistent compilation cache (``compilation_cache``), each
-from ``config.runtime``; launched as one of several processes (flags, ``DEW_*`` variables or a
-cluster JAX detects: ``distributed``), it first starts JAX's distributed runtime.
-On an accelerator the CPU settings change nothing. Called after the backend has started, it
-changes no device setting (XLA read its flags already) and says so in ``Platform.lines``.
+Launched as one of several processes (flags, ``DEW_*`` variables or a cluster JAX detects:
+``distributed``), it first joins the process group. Then it picks what the devices need: where
+the backend will be the CPU (``backend.cpu_backend_expected``, known before JAX starts), the CPU
+platform (``dew.runtime.cpu.setup.set_up``: devices, memory, kernels); on an accelerator, its
+own kernels and the attention asked for. Both hand the kernel choice to the layers
+(``dew.kernels``) and turn on the persistent compilation cache (``compilation_cache``), each
+from ``config.runtime``. Called after the backend has started, it changes no device setting
+(XLA read its flags already) and says so in ``Platform.lines``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import warnings
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from dew import kernels
-from dew.runtime import (
-    backend,
-    compilation_cache,
-    cpu_convolutions,
-    distributed,
-    host_devices,
-    host_memory,
-    kernel_choice,
-)
+from dew.runtime import backend, compilation_cache, distributed
 from dew.schema import ConfigError, Key, Section, at_least
+
+if TYPE_CHECKING:
+    from dew.runtime.cpu.choice import Decision
+    from dew.runtime.cpu.dots import ShapeSource
 
 CONFIG = Section(
     "the process and its platform, set up by dew.runtime.platform before JAX starts",
@@ -48,17 +42,17 @@ CONFIG = Section(
         ),
         "cpu_convolutions": Key(
             "auto",
-            "XLA:CPU's convolution library: 'eigen', 'ynnpack' (XLA's default) or 'auto' (the faster "
-            "for this run's convolutions, timed once on this machine and cached; a resumed run keeps "
-            "the one it recorded; dew.runtime.kernel_choice). XLA_FLAGS setting it wins",
-            choices=kernel_choice.LIBRARY_CHOICES,
+            "XLA:CPU's convolution library: 'eigen', 'ynnpack' (XLA's default) or 'auto' (Eigen on x86 "
+            "CPUs with AVX2 and without AVX-512, where it was measured faster, else YNNPACK; a resumed "
+            "run keeps the one it recorded; dew.runtime.cpu.flags). XLA_FLAGS setting it wins",
+            choices=("auto", "eigen", "ynnpack"),
         ),
         "cpu_weight_gradient": Key(
             "auto",
             "convolution weight gradients on the CPU: 'xla', 'per_tap' (a sum over kernel taps, every "
-            "convolution) or 'auto' (per shape class, the faster one, timed with the library; "
-            "dew.runtime.kernel_choice)",
-            choices=kernel_choice.WEIGHT_GRADIENT_CHOICES,
+            "convolution) or 'auto' (per-tap from 32×32 pixels where YNNPACK's is slow, x86 without "
+            "AVX-512, else XLA's; a resumed run keeps what it recorded; dew.runtime.cpu.flags)",
+            choices=("auto", "xla", "per_tap"),
         ),
         "reuse_freed_memory": Key(
             True,
@@ -66,7 +60,7 @@ CONFIG = Section(
             "large blocks on it), so XLA:CPU's per-step buffers are not faulted in anew each step; "
             "the process keeps its peak heap. Not where the process started with glibc's huge pages "
             "(python -m dew.main), which are faster there. False: glibc's defaults "
-            "(dew.runtime.host_memory)",
+            "(dew.runtime.cpu.memory)",
         ),
         "attention": Key(
             "auto",
@@ -113,14 +107,17 @@ class Platform:
     kernels: kernels.KernelChoice
     compilation_cache: str | None
     processes: distributed.ProcessGroup | None = None
-    decision: kernel_choice.Decision | None = None
+    decision: Decision | None = None
     reuses_freed_memory: bool = False
     cpu: bool = True
 
     def kernels_record(self) -> dict | None:
         """The kernel decision this process runs with, as the run's ``run.json`` records it (what
-        a resume keeps: ``kernel_choice.applied_record``); None when ``start`` made none."""
-        return kernel_choice.applied_record()
+        a resume keeps: ``Decision.record`` with how it was made, the CPU and jaxlib); None when
+        ``start`` made none."""
+        from dew.runtime.cpu.setup import applied_record
+
+        return applied_record() if self.cpu else None
 
     def lines(self, data_parallel: int | None = None) -> list[str]:
         """One line per choice, for a run's log (``data_parallel``: the devices each batch is
@@ -155,40 +152,6 @@ def _batch_sizes(config: Any) -> list[int]:
     if "eval" in config and config.eval.get("batch_size") is not None:
         sizes.append(config.eval.batch_size)
     return sizes
-
-
-#: Models built from ``dew.networks.edm_layers``, whose convolutions report their shape classes
-#: (``dew.kernels.record_convolutions``), so their kernels can be measured. Other models keep the
-#: CPU-flag rule (``dew.runtime.cpu_convolutions``).
-MEASURED_MODELS = ("songunet", "dhariwalunet")
-#: The transformers (``dew.networks.dit``'s registered names) whose matrix products are measured
-#: instead: where XLA:CPU's dots go (``dew.runtime.dot_choice``).
-DOT_MEASURED_MODELS = ("dit", "sit", "imf_dit")
-DOT_MEASURED_PREFIXES = ("DiT-", "SiT-", "iMF-")
-#: The config sections that shape a run's convolutions (the key of its traced shape classes).
-SHAPING_SECTIONS = ("dataset", "model", "objective", "mesh")
-
-
-def run_shapes(config: Any, devices: int) -> kernel_choice.ShapeSource | None:
-    """Where ``choose`` finds a run's convolution shape classes: traced from its config, in this
-    process and before JAX starts, by ``dew.kernel_probe.trainer_convolutions`` (the caller's
-    registrations in effect), over the ``devices`` the run will have; None for a model that is not
-    one of ``MEASURED_MODELS`` or no run config. For a transformer (``DOT_MEASURED_MODELS``, the
-    names starting ``DOT_MEASURED_PREFIXES``) its matrix products instead
-    (``dew.kernel_probe.trainer_dots``, measured by ``dew.runtime.dot_choice``)."""
-    if config is None or "model" not in config:
-        return None
-    name = str(config.model.get("name"))
-    dots = name in DOT_MEASURED_MODELS or name.startswith(DOT_MEASURED_PREFIXES)
-    if name not in MEASURED_MODELS and not dots:
-        return None
-    as_dict = json.loads(json.dumps(config.to_dict(), default=str))
-    key = {section: as_dict.get(section) for section in SHAPING_SECTIONS}
-    key["accumulation"] = as_dict.get("train", {}).get("accumulation")
-    key["eval_batch"] = as_dict.get("eval", {}).get("batch_size")
-    function = "dew.kernel_probe:trainer_dots" if dots else "dew.kernel_probe:trainer_convolutions"
-    arguments = {"config": config, "devices": devices}
-    return kernel_choice.ShapeSource(function, arguments, key, "dots" if dots else "convolutions")
 
 
 def attention_choice(setting: str, environ: Mapping[str, str] | None = None) -> str:
@@ -238,7 +201,7 @@ def start_for(
     machine cannot honour is a ``ConfigError`` naming the key."""
     if _started is not None:
         return None
-    if host_devices.backend_started():
+    if backend.backend_started():
         if not warn:
             return None
         warnings.warn(
@@ -269,82 +232,71 @@ def start(
     present_devices: bool = True,
     processes: distributed.ProcessGroup | None = None,
     detect_processes: bool = True,
-    shapes: kernel_choice.ShapeSource | None = None,
+    group_flags: tuple[str | None, str | None, str | None] = (None, None, None),
+    dots: Callable[[Any, int], ShapeSource | None] | None = None,
     recorded: dict | None = None,
     recorded_in: str = "run.json",
 ) -> Platform:
-    """Set up this process from a resolved run config's ``runtime`` section (None: its defaults) and return
-    what was chosen. ``workdir`` holds the kernel choice's own copy (without one, the machine's
-    cache serves; the compilation cache is the machine's by default: ``compilation_cache``);
-    ``present_devices=False`` leaves the CPU device count as it is (a reader that samples on one
-    device, as ``python -m dew.sample`` does). ``processes``: the process group to join (``python -m
-    dew.main``'s flags); None reads it from the environment or a cluster JAX detects, unless
-    ``detect_processes=False`` (``distributed.requested``). ``shapes``: where the run's convolution
-    shapes come from (default: ``run_shapes``); ``recorded``: the kernel decision a resumed run
-    recorded (``run.json``'s ``kernels``), kept for settings left at ``auto``. In a process group
-    (also one the caller joined with ``jax.distributed.initialize``) nothing is measured (each
-    process would time its own machine and might choose differently): the recorded decision, a
-    forced one, or the CPU-flag rule. Raises ValueError for a setting this machine cannot honour
-    (e.g. ``cpu_convolutions='eigen'`` on an XLA without the flag), naming the key;
-    ``distributed.ProcessGroupError`` (a ValueError) for a process group that cannot be formed, and
-    ``ConfigError`` for ``config.mesh.devices`` that the process count does not divide, before any
-    peer is waited for."""
+    """Set up this process from a resolved run config's ``runtime`` section (None: its defaults) and
+    return what was chosen. ``workdir`` holds the kernel choice's own copy (without one, the
+    machine's cache serves; the compilation cache is the machine's by default:
+    ``compilation_cache``); ``present_devices=False`` leaves the CPU device count as it is (a reader
+    that samples on one device, as ``python -m dew.sample`` does). ``processes``: the process group
+    to join; None reads it from ``group_flags`` (``python -m dew.main``'s ``--coordinator``,
+    ``--num_processes``, ``--process_id``), the environment or a cluster JAX detects, unless
+    ``detect_processes=False`` (``distributed.requested``). ``dots(config,
+    devices)``: a transformer's matrix products, whose route the CPU platform measures
+    (``dew.training.traced_dots.run_dots``, handed over by the caller; None: XLA's dots).
+    ``recorded``: the kernel decision a resumed run recorded (``run.json``'s ``kernels``), kept
+    for settings left at ``auto``. In a process group (also one the caller joined with
+    ``jax.distributed.initialize``) nothing is measured. Raises ValueError for a setting this
+    machine cannot honour (e.g. ``cpu_convolutions='eigen'`` on an XLA without the flag), naming
+    the key; ``distributed.ProcessGroupError`` (a ValueError) for a process group that cannot be
+    formed, and ``ConfigError`` for ``config.mesh.devices`` that the process count does not
+    divide, before any peer is waited for."""
     section = config.runtime if config is not None and "runtime" in config else _DEFAULTS
-    on_cpu = backend.cpu_backend_expected()
+    attention = attention_choice(str(section.get("attention", "auto")))
+    sizes = _batch_sizes(config or {})
     if processes is None and detect_processes:
-        processes = distributed.requested(initialization_timeout=section["coordinator_timeout"])
+        coordinator, count, index = group_flags
+        processes = distributed.requested(
+            coordinator=coordinator,
+            num_processes=count,
+            process_id=index,
+            initialization_timeout=section["coordinator_timeout"],
+        )
     if processes is not None and processes.num_processes > 1:
         if config is not None and "mesh" in config:
             distributed.check_devices(config.mesh.devices, processes.num_processes)
         distributed.start_processes(processes, section["coordinator_timeout"], section["heartbeat_timeout"])
     else:
         processes = None
-    presented = None
-    if present_devices and on_cpu:
-        count_of = processes.num_processes if processes is not None else 1
-        local = [size // count_of for size in _batch_sizes(config or {}) if size % count_of == 0]
-        count = host_devices.host_device_count(section["host_devices"], local)
-        presented = host_devices.present_host_devices(count)
     global _started
     directory = compilation_cache.cache_directory(section["compilation_cache"], workdir)
-    decision = None
-    reuses = False
-    attention = attention_choice(str(section.get("attention", "auto")))
-    if not on_cpu:  # an accelerator: none of the CPU's kernel choices, memory tuning or devices
+    on_cpu = backend.cpu_backend_expected()
+    if on_cpu:
+        from dew.runtime.cpu.setup import set_up
+
+        count_of = processes.num_processes if processes is not None else 1
+        cpu = set_up(
+            section,
+            workdir,
+            batch_sizes=[size // count_of for size in sizes if size % count_of == 0],
+            present_devices=present_devices,
+            grouped=processes is not None,
+            dots=None if dots is None else lambda devices: dots(config, devices),
+            recorded=recorded,
+            recorded_in=recorded_in,
+        )
+        presented, convolutions, choice = cpu.host_devices, cpu.convolutions, cpu.kernels
+        decision, reuses = cpu.decision, cpu.reuses_freed_memory
+    else:  # an accelerator: none of the CPU's kernel choices, memory tuning or devices
+        presented, decision, reuses = None, None, False
         convolutions = "the accelerator's own (no CPU kernel choice)"
         choice = kernels.KernelChoice(
             reason="the accelerator's kernels (no CPU kernel choice)", attention=attention
         )
-    elif host_devices.backend_started():  # XLA read its flags already: nothing can change now
-        convolutions = cpu_convolutions.route_convolutions(section["cpu_convolutions"])
-        choice = cpu_convolutions.weight_gradient_choice()
-    else:
-        # Before XLA's threads exist: each takes its malloc arena when it first allocates.
-        reuses = bool(section.get("reuse_freed_memory", True)) and host_memory.reuse_freed_memory()
-        devices = host_devices.flagged_count(os.environ.get("XLA_FLAGS", "")) or 1
-        import jax  # no backend: whether the user's code joined a process group itself
-
-        grouped = processes is not None or jax.distributed.is_initialized()
-        decision = kernel_choice.choose(
-            section["cpu_convolutions"],
-            section.get("cpu_weight_gradient", "auto"),
-            shapes=None if grouped else shapes or run_shapes(config, devices),
-            devices=devices,
-            cache=kernel_choice.cache_path(workdir),
-            machine_cache=kernel_choice.machine_cache_path(),
-            recorded=recorded,
-            recorded_in=recorded_in,
-            log=lambda line: print(f"dew: {line}", flush=True),
-        )
-        convolutions = cpu_convolutions.route_convolutions(decision.library)
-        if cpu_convolutions.route_dots(decision.dots) == "onednn":
-            # XLA cannot store oneDNN's fusions in the compilation cache; the kernel choice's line
-            # says so once (``dot_choice.NOT_CACHED``) instead of a warning for every program.
-            unstorable = r"Error writing persistent compilation cache entry .*onednn"
-            warnings.filterwarnings("ignore", message=unstorable, category=UserWarning)
-        choice = decision.kernel_choice()
     kernels.set_choice(choice)
-    kernel_choice.set_applied(decision)
     if directory is not None:
         compilation_cache.enable_compilation_cache(directory)
     _started = Platform(presented, convolutions, choice, directory, processes, decision, reuses, on_cpu)

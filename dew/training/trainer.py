@@ -19,8 +19,8 @@ from dew.checkpointing.restore import RestorePolicy
 from dew.checkpointing.settings import checkpoint_settings
 from dew.contracts.objective import Objective
 from dew.contracts.state import TrainState
-from dew.run_records import record_start
-from dew.runtime import distributed
+from dew.run_records import record_start, recorded_kernels
+from dew.runtime import heartbeats
 from dew.runtime.platform import Platform, start_for, started
 from dew.runtime.precompile import BackgroundCompile
 from dew.schema import ConfigError
@@ -35,6 +35,7 @@ from dew.training.preemption import PreemptionStage
 from dew.training.profile import ProfileWindow
 from dew.training.programs import Programs, debiased_ema
 from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage, SnapshotStage
+from dew.training.traced_dots import run_dots
 from dew.training.trainer_config import (
     check_step_to_restore,
     check_workdir,
@@ -73,7 +74,8 @@ class Trainer:
         self.config = c = config if resolved else resolve_config(config)
         if platform is None:  # built in a user's own code: dew.runtime.start as dew.main makes it
             workdir = check_workdir(workdir, c)  # and the config's checks before the platform's
-            start_for("Trainer", c, workdir, recorded=recorded_kernels(workdir))  # warns the caller
+            recorded = recorded_kernels(workdir)
+            start_for("Trainer", c, workdir, dots=run_dots, recorded=recorded)  # warns the caller
             platform = started()
         else:  # a caller that started the platform: the step to restore is checked (again) here
             check_step_to_restore(c, workdir)
@@ -333,7 +335,7 @@ class Trainer:
         if jax.process_index() == 0:
             extra = {"ema": self.ema_record}
             kernels = None if self.platform is None else self.platform.kernels_record()
-            if kernels is not None:  # what a resume keeps (dew.runtime.kernel_choice)
+            if kernels is not None:  # what a resume keeps (dew.runtime.cpu.choice)
                 extra["kernels"] = kernels
             record_start(
                 self.workdir, self.config.to_dict(), start, processes=jax.process_count(), extra=extra
@@ -346,7 +348,7 @@ class Trainer:
             compiling.wait()
             # Every process has its step compiled before the first collective, which gloo gives
             # up on after 30 s: a peer still compiling on a loaded host would fail the run.
-            distributed.barrier(f"dew-compiled-{start}", self.config.runtime.coordinator_timeout)
+            heartbeats.barrier(f"dew-compiled-{start}", self.config.runtime.coordinator_timeout)
             calls = self.programs.calls()
             state = fit(
                 state,
@@ -360,19 +362,6 @@ class Trainer:
             self.train_data.set_placement(None)
             tracker.close()
         return state
-
-
-def recorded_kernels(workdir: str) -> dict | None:
-    """The kernel decision a run recorded in its ``run.json`` (what a resume keeps), or None: no
-    run there yet, or a ``run.json`` the restore reports on its own."""
-    from dew.run_records import read_run_metadata
-
-    if not os.path.isdir(workdir):
-        return None
-    try:
-        return (read_run_metadata(workdir) or {}).get("kernels")
-    except (OSError, ValueError):
-        return None
 
 
 __all__ = ["Trainer", "check_workdir", "config_schema", "debiased_ema", "make_optimizer", "resolve_config"]

@@ -1,4 +1,4 @@
-"""XLA:CPU's convolution library (``dew.runtime.cpu_convolutions``) in a fresh process: its XLA
+"""XLA:CPU's convolution library (``dew.runtime.cpu.flags``) in a fresh process: its XLA
 compiles with the choice, and both libraries compute the same convolution. (Which one ``auto``
 picks: tests/test_cpu_convolutions.py.)"""
 
@@ -15,7 +15,7 @@ from helpers_common import ROOT
 CONVOLVE = """
 import json, sys
 import numpy as np
-from dew.runtime.cpu_convolutions import route_convolutions
+from dew.runtime.cpu.flags import route_convolutions
 library = route_convolutions(sys.argv[1])
 import jax
 rng = np.random.default_rng(0)

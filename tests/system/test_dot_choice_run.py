@@ -12,7 +12,7 @@ import sys
 from helpers_cli import env
 from helpers_common import ROOT
 
-from dew.runtime import dot_choice
+from dew.runtime.cpu import dots as dot_choice
 
 TINY_SIT = {
     "dataset.batch_size": 16,

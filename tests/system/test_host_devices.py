@@ -1,4 +1,4 @@
-"""One XLA CPU device per core (``dew.runtime.host_devices``): how many, when the flag is left
+"""One XLA CPU device per core (``dew.runtime.cpu.devices``): how many, when the flag is left
 alone, and ``python -m dew.main`` splitting its batches over them."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import pytest
 from helpers_cli import rows
 from helpers_common import ROOT
 
-from dew.runtime.cpu_convolutions import eigen_measured_faster, xla_knows_the_flag
-from dew.runtime.host_devices import (
+from dew.runtime.cpu.devices import (
     FLAG,
     cpu_cores,
     flagged_count,
     host_device_count,
     present_host_devices,
 )
+from dew.runtime.cpu.flags import eigen_measured_faster, xla_knows_the_flag
 
 BATCH = 30
 MIXTURE = [
@@ -76,7 +76,7 @@ def test_a_count_set_by_the_user_or_a_started_backend_is_left_alone(monkeypatch)
 def test_a_fresh_process_presents_the_devices_asked_for_and_keeps_other_flags():
     code = (
         "import os, jax\n"
-        "from dew.runtime.host_devices import present_host_devices\n"
+        "from dew.runtime.cpu.devices import present_host_devices\n"
         "print(present_host_devices(3), os.environ['XLA_FLAGS'], len(jax.devices('cpu')))\n"
     )
     env = {**os.environ, "XLA_FLAGS": "--xla_cpu_enable_fast_math=false", "PYTHONPATH": str(ROOT)}

@@ -1,4 +1,4 @@
-"""``dew.runtime.host_memory``: a program that calls ``with_huge_pages()`` restarts once in place
+"""``dew.runtime.cpu.memory``: a program that calls ``with_huge_pages()`` restarts once in place
 with glibc's ``glibc.malloc.hugetlb=1``, after which a large block that a thread allocates, writes
 and frees (as XLA:CPU's device threads do with each step's temporary buffer) is faulted in as
 2 MiB pages instead of 4 KiB ones. Each case runs in a fresh process: glibc reads its tunables
@@ -15,8 +15,8 @@ import textwrap
 
 import pytest
 
-from dew.runtime import host_memory
-from dew.runtime.host_memory import TUNABLE, huge_page_environment
+from dew.runtime.cpu import memory as host_memory
+from dew.runtime.cpu.memory import TUNABLE, huge_page_environment
 
 BLOCK_MIB = 200
 
@@ -50,7 +50,7 @@ PROGRAM = textwrap.dedent(
     f"""
     import ctypes, json, os, resource, sys, threading
     print(json.dumps({{"started": os.getpid()}}), flush=True)
-    from dew.runtime.host_memory import with_huge_pages
+    from dew.runtime.cpu.memory import with_huge_pages
     with_huge_pages()
     {STEPS}
     print(json.dumps({{"pid": os.getpid(), "argv": sys.argv[1:], "tunables": os.environ.get("GLIBC_TUNABLES"),

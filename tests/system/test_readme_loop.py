@@ -59,7 +59,7 @@ def test_the_readme_loop_runs_as_written(tmp_path):
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["step"] == 3 and result["saved"] == 3
     # start() presented one CPU device per core (as far as the batch of 16 divides).
-    from dew.runtime.host_devices import cpu_cores, host_device_count
+    from dew.runtime.cpu.devices import cpu_cores, host_device_count
 
     assert result["devices"] == host_device_count(0, [16], cpu_cores())
     assert result["kernels"] != "XLA's kernels (no platform choice made)"  # start() made the choice

@@ -3,9 +3,8 @@ sample, ``dew.pipeline``, a custom loop, resume) run as written, at a tiny size,
 processes with a CLEAN environment: no ``XLA_FLAGS``, no ``DEW_*`` variables, a fresh home and
 cache directory (only ``PATH`` and ``PYTHONPATH`` are kept, so this checkout's dew is the one
 run). The rest of the suite forces ``XLA_FLAGS``, ``DEW_KERNELS_BY_RULE=1`` and
-``DEW_CACHE_DIR=off`` (tests/conftest.py); here nothing is forced, so the kernel measurement
-(``dew.runtime.kernel_choice``) really runs, and every start reads or writes the machine's cache
-in the fresh home.
+``DEW_CACHE_DIR=off`` (tests/conftest.py); here nothing is forced, so the kernel choice
+(``dew.runtime.cpu.choice``) decides as on a newcomer's machine, in the fresh home.
 
 One module fixture trains the run the other tests read; each test states what a user would see.
 """
@@ -89,22 +88,21 @@ def home(tmp_path_factory) -> pathlib.Path:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, home) -> tuple[pathlib.Path, subprocess.CompletedProcess]:
     """``python -m dew.main --config=experiments/edm.py --workdir=...`` on a machine that has
-    never run dew: the kernels are measured (once), the run trains and checkpoints."""
+    never run dew: the kernels are chosen, the run trains and checkpoints."""
     workdir = tmp_path_factory.mktemp("runs") / "edm"
     done = train(workdir, home)
     assert done.returncode == 0, done.stdout + done.stderr
     return workdir, done
 
 
-def test_training_measures_the_kernels_once_per_machine(trained, home):
+def test_training_chooses_the_u_nets_kernels_by_the_rule_without_timing(trained, home):
+    """The U-Net's convolutions are not timed: no measurement child, no kernel cache file; the
+    run's line names the rule and run.json records the decision."""
     workdir, done = trained
-    assert "timing" in done.stdout and "(once per machine)" in done.stdout
-    assert "(measured in" in kernel_line(done.stdout)
-    machine = home / ".cache" / "dew" / "kernel_choice.json"
-    data = json.loads(machine.read_text())
-    assert len(data["decisions"]) == 1 and len(data["shapes"]) == 1
-    assert (workdir / "cache" / "kernel_choice.json").exists()
-    assert not [p for p in machine.parent.iterdir() if p.name.startswith(".kernel_choice.")]
+    assert "timing" not in done.stdout and "(CPU-flag rule:" in kernel_line(done.stdout)
+    assert not (home / ".cache" / "dew" / "kernel_choice.json").exists()
+    assert not (workdir / "cache" / "kernel_choice.json").exists()
+    assert json.loads((workdir / "run.json").read_text())["kernels"]["how"].startswith("CPU-flag rule")
 
 
 def test_sample_the_run_as_the_readme_says(trained, home):
@@ -228,12 +226,12 @@ def test_a_custom_loop_gets_the_platform_choices_of_the_cli(home, tmp_path):
     """``Trainer(config, workdir)`` in a user's script, with no ``dew.runtime.start``: one CPU
     device per core (as many as the batch divides), the kernel choice and its line, as
     ``python -m dew.main`` makes them; and ``dew.runtime.start(config)`` without a workdir in a
-    fresh home, where the kernel choice is not yet measured, measures it."""
+    fresh home takes the same rule."""
     overrides = [f"config.{k}={v}" for k, v in TINY.items()]
     script = f"""
         import os
         from dew.config import load_config
-        from dew.runtime import kernel_choice
+        from dew.runtime.cpu import setup
         from dew.training.trainer import Trainer
         from dew.training.trainer_config import resolve_config
 
@@ -244,7 +242,7 @@ def test_a_custom_loop_gets_the_platform_choices_of_the_cli(home, tmp_path):
         cores = len(os.sched_getaffinity(0))
         expected = max(n for n in range(1, cores + 1) if 16 % n == 0)
         assert jax.device_count() == expected, (jax.device_count(), expected)
-        assert kernel_choice.applied_record() is not None
+        assert setup.applied_record() is not None
         state = trainer.programs.init(jax.random.PRNGKey(0), trainer.example_batch())
         print("devices", jax.device_count())
     """
@@ -262,5 +260,4 @@ def test_a_custom_loop_gets_the_platform_choices_of_the_cli(home, tmp_path):
     """
     fresh = run(["-c", textwrap.dedent(started)], tmp_path / "fresh-home")
     assert fresh.returncode == 0, fresh.stdout + fresh.stderr
-    assert "measured in" in fresh.stdout.strip().splitlines()[-1]
-    assert (tmp_path / "fresh-home" / ".cache" / "dew" / "kernel_choice.json").exists()
+    assert "(CPU-flag rule:" in fresh.stdout.strip().splitlines()[-1]

@@ -8,7 +8,7 @@ mesh's data axis, as on any multi-device machine) keeps them all busy: the 16x16
 train step runs 1.23x faster on two cores (``benchmarks/RESULTS.md``).
 
 The device count is an XLA flag read once, when JAX starts its CPU backend, so it must be set
-before anything touches a device: ``dew.runtime.platform`` presents ``config.runtime.host_devices``
+before anything touches a device: ``dew.runtime.cpu.setup`` presents ``config.runtime.host_devices``
 (``python -m dew.main`` calls it before building the Trainer, and so does a script that builds
 its own); ``XLA_FLAGS`` naming a count wins. It affects only the CPU platform: on a machine
 with accelerators the default devices are unchanged.
@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
+
+from dew.runtime.backend import backend_started
 
 FLAG = "--xla_force_host_platform_device_count"
 
@@ -49,13 +51,6 @@ def flagged_count(xla_flags: str) -> int | None:
     """The device count ``XLA_FLAGS`` already sets, or None."""
     found = re.findall(rf"{FLAG}=(\d+)", xla_flags)
     return int(found[-1]) if found else None
-
-
-def backend_started() -> bool:
-    """Whether JAX has started its backends (after which XLA flags no longer take effect)."""
-    from jax._src import xla_bridge
-
-    return xla_bridge.backends_are_initialized()
 
 
 def present_host_devices(count: int) -> int | None:

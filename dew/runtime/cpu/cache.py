@@ -1,11 +1,13 @@
-"""The kernel choice's cache files: where they are, and reading them as hints.
+"""The dots decision's cache files (``dew.runtime.cpu.dots``): where they are, read as hints.
 
-A decision measured on this machine (``dew.runtime.kernel_choice``) is kept twice as JSON: in the
-workdir (``cache_path``) and for the whole machine (``machine_cache_path``, beside the machine's
-compiled programs). Both files are hints, never trusted: ``read_cache`` keeps only well-formed
-entries (``valid_decision``, ``valid_shapes``) and says in one line, naming the file, what it set
+A decision measured on this machine is kept twice as JSON: in the workdir (``cache_path``) and
+for the whole machine (``machine_cache_path``, beside the machine's compiled programs). Both
+files are hints, never trusted: ``read_cache`` keeps only well-formed entries
+(``valid_dot_decision``, ``valid_dot_shapes``) and says in one line, naming the file, what it set
 aside, so the caller measures that again and replaces it; ``_remember`` writes atomically, leaves
-no temporary file behind, and says once per file when one cannot be written.
+no temporary file behind, and says once per file when one cannot be written. The parts that
+files written by earlier versions hold besides (``decisions``, ``shapes``: convolutions once
+timed per shape class) are left unread.
 """
 
 from __future__ import annotations
@@ -23,24 +25,6 @@ from typing import Any
 from dew.runtime import compilation_cache
 
 CACHE_FILE = "kernel_choice.json"
-#: The candidates a decision times: convolution libraries, weight gradients (default first).
-LIBRARIES = ("ynnpack", "eigen")
-WEIGHT_GRADIENTS = ("xla", "per_tap")
-#: Where a measurement child's dots go besides its convolution library: a route is a library, or
-#: a library with ``+onednn`` (XLA:CPU hands dots to oneDNN: ``cpu_convolutions.ONEDNN_DOTS``).
-ROUTES = ("ynnpack", "eigen", "ynnpack+onednn", "eigen+onednn")
-#: The forms of a convolution's gradients a child times, by name: (input gradient, weight
-#: gradient) forms of ``dew.networks.conv_forms``. ``xla`` and ``per_tap`` are the names earlier
-#: caches used; a row may lack the others (measured again when the decision needs them).
-FORMS = {
-    "xla": ("xla", "xla"),
-    "per_tap": ("xla", "per_tap"),
-    "weight_im2col": ("xla", "im2col"),
-    "input_per_tap": ("per_tap", "xla"),
-    "input_im2col": ("im2col", "xla"),
-}
-
-
 #: Relative margin within which a default (YNNPACK, XLA's gradients, XLA's dots) is kept over a
 #: faster candidate.
 TIE = 0.02
@@ -104,40 +88,9 @@ def _seconds(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
 
 
-def valid_shapes(entry: Any) -> dict:
-    """A traced-shapes entry (``{"batch": B >= 1, "convolutions": [[h, w, in, out, k, pad, uses],
-    ...]}``) as it is, or ValueError saying what is wrong with it."""
-    _classes_of(_batched(entry, "a shapes entry").get("convolutions"), 7)
-    return entry
-
-
-def valid_decision(entry: Any) -> dict:
-    """A measured-decision entry (``counts``: class -> uses; ``times``: route (``ROUTES``) -> class
-    -> {form: s}, every counted class timed with at least ``WEIGHT_GRADIENTS``' forms and only
-    ``FORMS``; optional ``unused``: route -> why it was not timed) as it is, or ValueError."""
-    counts, times = _counts(entry, "a decision", 6), entry.get("times")
-    if not isinstance(times, dict) or not times:
-        raise ValueError("a decision has no 'times' object")
-    for library, rows in times.items():
-        if library not in ROUTES or not isinstance(rows, dict):
-            raise ValueError(f"a decision times library {library!r} as {type(rows).__name__}")
-        for name in counts:
-            row = rows.get(name)
-            if (
-                not isinstance(row, dict)
-                or not set(WEIGHT_GRADIENTS) <= set(row) <= set(FORMS)
-                or not all(map(_seconds, row.values()))
-            ):
-                raise ValueError(f"a decision has no times of {library} for shape class {name}")
-    unused = entry.get("unused", {})
-    if not isinstance(unused, dict) or not all(r in ROUTES and isinstance(v, str) for r, v in unused.items()):
-        raise ValueError(f"a decision's 'unused' is {unused!r}, not an object of routes and reasons")
-    return entry
-
-
 def valid_dot_shapes(entry: Any) -> dict:
     """A traced matrix-products entry (``{"batch": B >= 1, "dots": [[b, m, k, n, split, uses],
-    ...]}``, ``dew.kernel_probe.trainer_dots``) as it is, or ValueError saying what is wrong."""
+    ...]}``, ``dew.training.traced_dots.trace_dots``) as it is, or ValueError saying what is wrong."""
     for row in _classes_of(_batched(entry, "a dots entry").get("dots"), 6):
         if row[4] > 2 or row[5] < 1:
             raise ValueError(f"matrix-product class {list(row)!r} has split {row[4]} or uses {row[5]}")
@@ -165,11 +118,8 @@ def valid_dot_decision(entry: Any) -> dict:
     return entry
 
 
-#: Each part of the cache and the check its entries pass when read: the convolution decisions
-#: and traced shapes (``kernel_choice``), and the matrix-product ones (``dot_choice``).
+#: Each part of the cache and the check its entries pass when read.
 _VALIDATORS = {
-    "decisions": valid_decision,
-    "shapes": valid_shapes,
     "dot_decisions": valid_dot_decision,
     "dot_shapes": valid_dot_shapes,
 }
@@ -178,9 +128,9 @@ PARTS = tuple(_VALIDATORS)
 
 def read_cache(path: str | None, log: Callable[[str], None] | None = None) -> dict:
     """The cache file at ``path`` as ``{part: {...}}`` for every part of ``PARTS``, keeping only
-    the entries that are well formed (``valid_decision``, ``valid_shapes``, ``valid_dot_decision``,
-    ``valid_dot_shapes``). A cache is a hint: a file that cannot be read, is not such an object or
-    holds malformed entries is never an error; it is said in one line naming the file (``log``),
+    the entries that are well formed (``valid_dot_decision``, ``valid_dot_shapes``). A cache is a
+    hint: a file that cannot be read, is not such an object or holds malformed entries is never an
+    error; it is said in one line naming the file (``log``),
     and what it lacks is measured again and replaced. No file (or no ``path``): empty, silently."""
     if path is None or not os.path.lexists(path):
         return _empty()
@@ -315,23 +265,17 @@ def _remember(path: str | None, part: str, key: str, value: Any, log: Callable[[
 
 __all__ = [
     "CACHE_FILE",
-    "FORMS",
-    "LIBRARIES",
     "MACHINE_CACHE_VARIABLE",
     "PARTS",
-    "ROUTES",
     "TIE",
-    "WEIGHT_GRADIENTS",
     "cache_path",
     "digest",
     "kept",
     "machine_cache_path",
     "read_cache",
     "stamped",
-    "valid_decision",
     "valid_dot_decision",
     "valid_dot_shapes",
-    "valid_shapes",
     "writable",
     "write_cache",
 ]

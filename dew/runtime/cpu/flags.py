@@ -1,33 +1,20 @@
-"""Which library XLA:CPU runs convolutions with: YNNPACK (XLA's default) or Eigen.
+"""XLA:CPU's flags for the kernels a run uses: the convolution library, where dots go, and the
+rule that picks them from the CPU's features.
 
-XLA:CPU hands each convolution to YNNPACK unless told otherwise; with
-``--xla_cpu_experimental_ynn_fusion_type=-individual_convolution`` it runs them with Eigen's
-spatial convolution instead (matmuls and reductions stay with YNNPACK). On an x86 CPU with AVX2 and
-without AVX-512 (AMD Zen 2, measured in ``benchmarks/RESULTS.md``) Eigen's are much
-faster: a 32×32 64→64 convolution at batch 64 runs forward in 31 against 71 ms, forward and both
-gradients in 122 against 949 ms; the 16×16 EDM U-Net's train step takes 10 % less time and the
-32×32×3 one 17 % less, and both compile faster. On an AVX-512 CPU (AMD Zen 5) Eigen's single
-convolutions are faster too (32×32 64→64: forward 17 against 28 ms, XLA's weight gradient 36
-against 104 ms), but whole train steps are not (YNNPACK against Eigen, one process, alternating
-rounds): the 16×16 step 265 and 270 against 284 and 274 ms in two runs, the race's 8×8 network 124
-against 122 ms, the 32×32×3 one 3.47 against 3.38 s, compiles equal. So
-``route_convolutions("auto")`` picks Eigen only on x86 CPUs with AVX2 and without AVX-512 and
-leaves XLA's default everywhere else (AVX-512 CPUs, where it makes no difference; AVX-only CPUs and
-ARM, not measured with Eigen; accelerators, where the flag does nothing).
+XLA:CPU hands each convolution to YNNPACK unless ``--xla_cpu_experimental_ynn_fusion_type=
+-individual_convolution`` routes them to Eigen's spatial convolution. On x86 CPUs with AVX2 and
+without AVX-512 (Zen 2) Eigen's are much faster (the 32×32×3 U-Net's step 17 % less time); on
+AVX-512 CPUs whole steps are not (``benchmarks/RESULTS.md``). So ``route_convolutions("auto")``
+picks Eigen only on x86 CPUs with AVX2 and without AVX-512 and leaves XLA's default elsewhere;
+timing every shape class on the machine (the measured choice this rule once backed up) chose the
+same library on both CPUs it was compared on. ``weight_gradient_choice`` turns the library and
+the CPU into the per-tap weight-gradient choice the EDM layers receive (``dew.kernels``).
+``route_dots`` hands XLA's dots to oneDNN (``ONEDNN_DOTS``), where ``dew.runtime.cpu.dots``
+measured it faster for a transformer.
 
-These rules are the fallback: for the EDM U-Nets ``dew.runtime.kernel_choice`` times both
-libraries and both weight gradients on the machine at hand instead (on an Intel AVX-512 CPU the
-rules left the train step at 0.61-0.78× NVlabs/edm's), and passes the library
-it chose to ``route_convolutions``; other models and readers without a run config keep the rules.
-
-The flag is read once, when JAX starts its CPU backend, so the choice is made before anything
-touches a device: ``dew.runtime.platform`` routes from ``config.runtime.cpu_convolutions``
-(``python -m dew.main`` and ``python -m dew.sample`` call it, and so does a script that builds its
-own Trainer); ``XLA_FLAGS`` already setting the library always wins.
-The flag is experimental in XLA; it is added only when the installed jaxlib's XLA knows it, since
-XLA aborts the process on a flag it does not know. ``convolutions_on_ynnpack`` says, at trace
-time, which library this process's flags chose; ``weight_gradient_choice`` turns that and the CPU
-into the per-tap weight-gradient choice the EDM layers receive (``dew.kernels``).
+Every flag is read once, when JAX starts its CPU backend, so the routes are set before anything
+touches a device; ``XLA_FLAGS`` already setting one always wins, and a flag is added only when
+the installed jaxlib's XLA knows it (XLA aborts the process on a flag it does not know).
 """
 
 from __future__ import annotations
@@ -149,7 +136,7 @@ def route_dots(choice: str = "xla") -> str:
 
 
 def _backend_started() -> bool:
-    from dew.runtime.host_devices import backend_started
+    from dew.runtime.backend import backend_started
 
     return backend_started()
 

@@ -1,40 +1,116 @@
 """Where a transformer's matrix products go on XLA:CPU, chosen by timing them on the machine at hand.
 
-The EDM U-Nets' kernel choice (``dew.runtime.kernel_choice``) times convolutions. A transformer
-(the DiT family: DiT, SiT, REPA's SiT, iMF's DiT) spends its step in matrix products instead,
-and XLA:CPU can hand those to oneDNN, the library PyTorch runs on CPUs
-(``cpu_convolutions.ONEDNN_DOTS``), or keep them on its default (YNNPACK). Which is faster
-depends on the CPU and the shapes: on a 2-core AMD EPYC (Zen 4, AVX-512) SiT-S/2's train step
-took 1,121 ms with XLA's dots and 808 ms with oneDNN's (``benchmarks/RESULTS.md``). So it is
-measured, never assumed from the CPU's flags:
+A transformer (the DiT family: DiT, SiT, REPA's SiT, iMF's DiT) spends its step in matrix
+products, which XLA:CPU can hand to oneDNN, the library PyTorch runs on CPUs (``flags.ONEDNN_DOTS``),
+or keep on its default (YNNPACK). Which is faster depends on the CPU and the shapes (SiT-S/2's
+step on a 2-core AMD EPYC: 1,121 ms with XLA's dots, 808 ms with oneDNN's), and oneDNN can abort
+the process compiling a product it cannot partition, so it is measured, never assumed:
 
-- the run's products are traced in the run's own process before JAX starts
-  (``dew.kernel_probe.trainer_dots``: every ``dot_general`` of the network's forward pass as a
-  batched product ``[b, m, k] · [b, k, n]``, with how often it occurs);
-- one child per route (``python -m dew.kernel_probe dots``: XLA's dots, then with
-  ``ONEDNN_DOTS``) times each class's forward and both gradients at the run's batch over its
-  devices. A oneDNN program that compiles to XLA's own is not timed again; a route whose child
-  fails (oneDNN can abort the process compiling a program it cannot partition) or that cannot
+- the run's products are traced in the run's own process before JAX starts by the function its
+  caller hands over (``ShapeSource``: ``dew.training.traced_dots.trace_dots``, every
+  ``dot_general`` of the network's forward pass as a batched product ``[b, m, k] · [b, k, n]``
+  with how often it occurs);
+- one child per route (``python -m dew.runtime.cpu.probe``: XLA's dots, then ``ONEDNN_DOTS``)
+  times each class's forward and both gradients at the run's batch over its devices. A oneDNN
+  program that compiles to XLA's own is not timed again; a route whose child fails or cannot
   compile a program is dropped and said, as one that changes nothing is said unused;
 - oneDNN is kept only when the products, weighted by use, cost the step at least ``TIE`` less.
 
-The decision is cached beside the convolution decisions (``kernel_cache``: the ``dot_shapes``
-and ``dot_decisions`` parts), keyed by the CPU, jaxlib, device count, batch and classes, so a
-later start in any workdir measures nothing. XLA cannot keep a program with oneDNN's fusions in
-the persistent compilation cache ("ToProto is not implemented for thunk kind: onednn-fusion"),
-so with oneDNN's dots every start compiles the step again; the run's ``kernel choice:`` line says
-so, and ``dew.runtime.platform`` silences XLA's per-program warning about it.
+The decision is cached (``dew.runtime.cpu.cache``), keyed by the CPU, jaxlib, device count, batch
+and classes, so a later start in any workdir measures nothing. XLA cannot keep a program with
+oneDNN's fusions in the persistent compilation cache, so with oneDNN's dots every start compiles
+the step again; the run's ``kernel choice:`` line says so (``NOT_CACHED``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import subprocess
+import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from dew.runtime import cpu_convolutions
-from dew.runtime.kernel_cache import TIE, _remember, digest, kept, read_cache, stamped, writable
+from dew.runtime.cpu import flags
+from dew.runtime.cpu.cache import (
+    TIE,
+    _remember,
+    digest,
+    kept,
+    read_cache,
+    stamped,
+    valid_dot_shapes,
+    writable,
+)
+
+PROBE_MODULE = "dew.runtime.cpu.probe"
+#: ``runner(payload, environment) -> dict``: one measurement child's answer (``run_probe``).
+Runner = Callable[[Mapping[str, Any], Mapping[str, str]], dict]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeSource:
+    """Where a run's matrix products come from: ``function(**arguments)`` (handed over by the
+    caller, which imports it: the layers above the runtime build what a run builds), called in
+    THIS process before JAX starts its backend; it returns ``{"batch", "dots"}`` and raises for a
+    config the run would refuse. ``key``: what the traced classes depend on (JSON; their cache key)."""
+
+    function: Callable[..., dict]
+    arguments: Mapping[str, Any]
+    key: Any
+
+    def trace(self) -> dict:
+        """Call ``function`` without starting JAX's backend (``without_backend``)."""
+        with without_backend():
+            answer = self.function(**self.arguments)
+        return valid_dot_shapes(answer)
+
+
+@contextlib.contextmanager
+def without_backend(platform: str = "cpu") -> Iterator[None]:
+    """Trace as if JAX's default backend were ``platform`` without starting it: layers ask
+    ``jax.default_backend()`` at trace time, which would start the backend and fix XLA's flags
+    before the routes could set them. Raises RuntimeError if tracing started the backend."""
+    import jax
+
+    from dew.runtime.backend import backend_started
+
+    before, real = backend_started(), jax.default_backend
+    jax.default_backend = lambda: platform
+    try:
+        yield
+    finally:
+        jax.default_backend = real
+    if not before and backend_started():
+        raise RuntimeError("tracing the run's network started JAX's backend")
+
+
+def run_probe(payload: Mapping[str, Any], environment: Mapping[str, str]) -> dict:
+    """One measurement child, ``python -m dew.runtime.cpu.probe`` (only product shapes, nothing
+    the user configured): the payload on its stdin, its answer the last line of its stdout (JSON).
+    The child's compilation cache is off. Raises RuntimeError naming the child's last line of
+    stderr when it fails, and the program it was compiling (a library that aborts the process
+    raises nothing the child could catch)."""
+    env = {**environment, "JAX_ENABLE_COMPILATION_CACHE": "false"}
+    done = subprocess.run(
+        [sys.executable, "-m", PROBE_MODULE],
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        said = done.stderr.strip().splitlines()
+        tail = (said or ["(no output)"])[-1]
+        doing = [line for line in said if line.startswith("compiling ")]
+        where = f", {doing[-1]}" if doing and doing[-1] != tail else ""
+        raise RuntimeError(f"the kernel measurement child failed: {tail}{where}")
+    return json.loads(lines[-1])
+
 
 #: The routes a dots decision times, the default first.
 DOT_ROUTES = ("xla", "onednn")
@@ -48,7 +124,7 @@ def route_environment(route: str, environ: Mapping[str, str]) -> dict[str, str]:
     """``environ`` with ``XLA_FLAGS`` handing dots to oneDNN for the ``onednn`` route."""
     env = dict(environ)
     if route == "onednn":
-        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {cpu_convolutions.ONEDNN_DOTS}".strip()
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flags.ONEDNN_DOTS}".strip()
     return env
 
 
@@ -67,7 +143,7 @@ def decide_dots(
 def _measure(
     counts: Mapping[str, int],
     environ: Mapping[str, str],
-    runner: Callable[[str, Mapping[str, Any], Mapping[str, str]], dict],
+    runner: Runner,
     log: Callable[[str], None] | None,
 ) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
     """Each route's child: ``(times[route][class], unused[route] -> why)``. Raises RuntimeError
@@ -82,7 +158,7 @@ def _measure(
         if route != "xla":
             payload["same_as"] = programs
         try:
-            answer = runner("dots", payload, route_environment(route, environ))
+            answer = runner(payload, route_environment(route, environ))
         except RuntimeError as e:
             if route == "xla":
                 raise
@@ -109,32 +185,32 @@ def _measure(
 
 
 def choose_dots(
-    shapes: Any,
+    shapes: ShapeSource,
     *,
     cpu: str,
     jaxlib: str,
     devices: int,
     cache: str | None,
     machine_cache: str | None,
-    runner: Callable[[str, Mapping[str, Any], Mapping[str, str]], dict],
-    tracer: Callable[[Any], dict],
+    runner: Runner,
+    tracer: Callable[[ShapeSource], dict],
     environ: Mapping[str, str],
     log: Callable[[str], None] | None = None,
 ) -> tuple[str, str]:
     """Where the run's dots go (``"xla"`` or ``"onednn"``) and how that was decided (a clause of
     the run's ``kernel choice:`` line), before JAX starts (see the module docstring).
 
-    ``shapes``: the run's ``kernel_choice.ShapeSource`` (its ``key`` keys the traced classes);
-    ``tracer(shapes)``: ``{"batch", "dots"}`` (``dew.kernel_probe.trainer_dots``); ``runner``: the
-    timing children (``kernel_choice.run_probe``); ``cache`` / ``machine_cache``: the workdir's
+    ``shapes``: the run's ``ShapeSource`` (its ``key`` keys the traced classes);
+    ``tracer(shapes)``: ``{"batch", "dots"}`` (``ShapeSource.trace``); ``runner``: the timing
+    children (``run_probe``); ``cache`` / ``machine_cache``: the workdir's
     and the machine's kernel caches. ``XLA_FLAGS`` naming oneDNN wins; a jaxlib without the
     flags keeps XLA's. Nothing is measured for shapes that do not trace (the run then stops
     where it would anyway) or a workdir whose cache cannot be written; a failed measurement
     keeps XLA's dots. Every such case is said in the returned clause."""
-    flags = environ.get("XLA_FLAGS", "")
-    if cpu_convolutions.onednn_in_flags(flags):
+    given = environ.get("XLA_FLAGS", "")
+    if flags.onednn_in_flags(given):
         return "xla", "dots as XLA_FLAGS says"
-    if not cpu_convolutions.xla_knows_onednn_dots():
+    if not flags.xla_knows_onednn_dots():
         return "xla", "dots XLA's: oneDNN is not in this jaxlib's XLA"
     workdir, machine = read_cache(cache, log), read_cache(machine_cache, log)
     data = {part: {**machine[part], **workdir[part]} for part in ("dot_shapes", "dot_decisions")}
@@ -178,6 +254,7 @@ def choose_dots(
             },
             started,
         )
+    dots, totals = decide_dots(entry["times"], entry["counts"])
     source = kept(
         "dot_decisions",
         key,
@@ -188,11 +265,19 @@ def choose_dots(
         machine_cache=machine_cache,
         log=log,
     )
-    dots, totals = decide_dots(entry["times"], entry["counts"])
     summary = ", ".join(f"{route} {1e3 * total:.0f} ms" for route, total in totals.items())
     said = "".join(f"; {route}: {why}" for route, why in entry.get("unused", {}).items())
     how = f"dots {source}: the step's matrix products {summary}{said}"
     return dots, how + (f"; {NOT_CACHED}" if dots == "onednn" else "")
 
 
-__all__ = ["DOT_ROUTES", "NOT_CACHED", "choose_dots", "decide_dots", "route_environment"]
+__all__ = [
+    "DOT_ROUTES",
+    "NOT_CACHED",
+    "ShapeSource",
+    "choose_dots",
+    "decide_dots",
+    "route_environment",
+    "run_probe",
+    "without_backend",
+]
