@@ -7,9 +7,10 @@ read, so ``import dew`` and ``import dew.training`` never pay for (or depend on)
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 T = TypeVar("T")
 
@@ -114,6 +115,31 @@ class Registry(Generic[T]):
         return f"unknown {self._kind} {name!r}: registered {self._kind} are {known}{hint}"
 
 
+def _ready() -> None:
+    """Nothing to check: the metric needs nothing beyond its images."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    """A registered metric with what its readers ask of it: calling it calls ``score`` (with the
+    images, and the labels they were asked for where the objective has them); ``check_ready()``
+    raises ``OSError`` / ``ValueError`` saying what to set when it could not score (weights or
+    reference statistics missing), before any work; ``goal`` is which way is better (``dew.sweep``).
+    A plain function registered in ``metrics`` reads as ``Metric(fn)`` (``as_metric``)."""
+
+    score: Callable[..., float]
+    check_ready: Callable[[], None] = _ready
+    goal: Literal["min", "max"] = "min"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> float:
+        return self.score(*args, **kwargs)
+
+
+def as_metric(component: Callable[..., float]) -> Metric:
+    """A ``metrics`` entry as a ``Metric``: itself, or a plain function with the defaults."""
+    return component if isinstance(component, Metric) else Metric(component)
+
+
 datasets: Registry = Registry("datasets")
 encoders: Registry = Registry("encoders")
 metrics: Registry = Registry("metrics")
@@ -123,8 +149,10 @@ samplers: Registry = Registry("samplers")
 objectives: Registry = Registry("objectives")
 
 __all__ = [
+    "Metric",
     "Registry",
     "UnknownNameError",
+    "as_metric",
     "datasets",
     "encoders",
     "metrics",

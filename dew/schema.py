@@ -348,6 +348,18 @@ def _annotated_kind(annotation: Any) -> type:
     return kinds[0] if len(kinds) == 1 and all(n in (*_SCALARS, "None") for n in names) else str
 
 
+@dataclasses.dataclass(frozen=True)
+class Declared:
+    """A registered component with its own config section: calling it calls ``build``, and
+    ``section_from_signature`` returns ``section()`` instead of reading ``build``'s signature."""
+
+    build: Callable[..., Any]
+    section: Callable[[], Section]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.build(*args, **kwargs)
+
+
 def section_from_signature(
     component: Callable[..., Any],
     doc: str,
@@ -355,26 +367,20 @@ def section_from_signature(
     skip: Sequence[str] = ("name", "split"),
     docs: Mapping[str, str] | None = None,
 ) -> Section:
-    """The keys of a registered component that declares no section of its own: its keyword
+    """The keys of a registered component: a ``Declared`` one's own section, else its keyword
     parameters that have defaults (``skip`` aside), each typed by its default (a None default
     takes the scalar its annotation names, ``int | None`` an optional int, else an optional
     str). ``docs`` gives a line per key; otherwise the doc names the parameter it sets."""
-    declared = getattr(component, "config_section", None)
-    if callable(declared):
-        section = declared()
-        assert isinstance(section, Section), f"{component!r}.config_section() must return a Section"
-        return section
+    if isinstance(component, Declared):
+        return component.section()
     title = getattr(component, "__name__", None) or getattr(getattr(component, "func", None), "__name__", "")
     keys: dict[str, Key] = {}
     for param in inspect.signature(component).parameters.values():
-        if param.name in skip or param.default is inspect.Parameter.empty:
+        variadic = param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        if param.name in skip or param.default is inspect.Parameter.empty or variadic:
             continue
-        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
-            continue
-        default = param.default
+        default = tuple(param.default) if isinstance(param.default, list) else param.default
         kind = _annotated_kind(param.annotation) if default is None else None
-        if isinstance(default, list):
-            default = tuple(default)
         line = (docs or {}).get(param.name) or f"argument {param.name!r} of {title}"
         optional = default is None or "None" in str(param.annotation)
         keys[param.name] = Key(default, line, kind=kind, optional=optional)
@@ -402,4 +408,13 @@ def _describe(section: Section, config: Any, path: str, lines: list[str], depth:
         lines.append(f"{indent}{where} = {value!r}{note}  [{spec.type_name}] {spec.doc}")
 
 
-__all__ = ["ConfigError", "Key", "Section", "describe", "resolve", "section_from_signature", "unknown_key"]
+__all__ = [
+    "ConfigError",
+    "Declared",
+    "Key",
+    "Section",
+    "describe",
+    "resolve",
+    "section_from_signature",
+    "unknown_key",
+]

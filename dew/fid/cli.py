@@ -20,7 +20,7 @@ Inception feature space.
 (``dew.scoring.feature_metrics``): ``fid`` and ``fd_dinov2`` (FD_DINOv2, DINOv2 ViT-L/14 features
 as NVlabs/edm2 computes them; weights converted by ``python -m dew.scoring.dinov2_weights``).
 Any of ``sfid``, ``is``, ``precision``, ``recall`` selects ADM's evaluation suite instead
-(``dew.fid.adm_cli``: ``--metrics=fid,sfid,is,precision,recall --ref=<ADM reference batch>``,
+(``dew.fid.score.adm_suite``: ``--metrics=fid,sfid,is,precision,recall --ref=<ADM reference batch>``,
 ``--save_ref_batch=out.npz``).
 
 Images are PNG/JPEG files of one size (as pytorch-fid, which batches them), read as RGB in [0, 1],
@@ -47,7 +47,7 @@ over every device and process, resumable in ``--outdir`` (rerun the same command
 interruption; ``--max_chunks`` stops after that many chunks). It prints and writes
 (``<outdir>/fid.json``) the FID with its inputs; ``--preview=N`` also writes the first N of the
 images it embedded as ``<outdir>/preview.png``; with ``--metrics`` naming ADM's suite it reports
-that instead, resumable the same way (``dew.fid.adm_protocol_cli``). ``ref`` computes a data set's reference
+that instead, resumable the same way (``dew.fid.protocol``). ``ref`` computes a data set's reference
 statistics as NVlabs/edm's ``fid.py ref`` does (``dew.scoring.fid_reference``), in its ``.npz``
 format plus the resolution and the detector, which ``--preset`` checks against the samples'.
 Both feed the Inception uint8 images with ``--image_handling``: ``tf1`` (their default) is the
@@ -57,6 +57,13 @@ Both feed the Inception uint8 images with ``--image_handling``: ``tf1`` (their d
 Bad input (a missing folder, reference or weights; for ``--workdir`` no such run, a folder that is
 not a run, a run that does not draw images, no such step, ``--num_samples`` < 2) exits 2 with one
 line naming the flag, and writes nothing.
+
+This module is the command's one road: it reads every flag of every mode, checks what can be
+checked before work starts, and hands each mode to one function: ``dew.fid.score.score``
+(``--metrics`` of ``fid``, ``fd_dinov2``, KID), ``dew.fid.score.adm_suite`` (ADM's suite on
+images or a run), ``dew.fid.protocol.protocol`` (``--preset``: FID or ADM's suite) and
+``dew.fid.protocol.reference`` (``ref``). A mode's bad input is a ``FidError`` (or the scoring
+layer's ``FidInputError`` / ``ReferenceBatchError``), printed here as one line, exit 2.
 """
 
 from __future__ import annotations
@@ -65,7 +72,6 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from dew.fid.inputs import (  # noqa: F401  (list_images, read_batches, draw_batches: public here too)
     DEFAULT_NUM_SAMPLES,
@@ -80,6 +86,39 @@ from dew.fid.inputs import (  # noqa: F401  (list_images, read_batches, draw_bat
 )
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m dew.fid``: parse, check, hand the mode to its function; 0, or 2 with one line."""
+    from dew.scoring.adm_evaluator import ReferenceBatchError
+    from dew.scoring.fid_reference import FidInputError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv[:1] == ["ref"]:
+            from dew.fid.protocol import reference
+
+            return reference(ref_args(argv[1:]))
+        if any(a == "--preset" or a.startswith("--preset=") for a in argv):
+            from dew.fid.protocol import protocol
+
+            args = protocol_args(argv)
+            return protocol(args, protocol_metrics(args.metrics))
+        args = parse_args(argv)
+        if wants_adm(args.metrics):
+            from dew.fid.score import adm_suite
+
+            return adm_suite(check_adm(args))
+        if args.save_ref_batch:
+            raise FidError("--save_ref_batch applies to ADM's suite (--metrics=...,sfid,is,precision,recall)")
+        check(args)
+        from dew.fid.score import score
+
+        return score(args)
+    except (FidError, FidInputError, ReferenceBatchError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+# --- --images / --workdir -----------------------------------------------------------------------
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """The flags; a malformed one raises ``FidError``."""
     assert __doc__ is not None  # the description is the module docstring
@@ -116,6 +155,36 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def check(args: argparse.Namespace) -> None:
+    """The ``fid`` / ``fd_dinov2`` / KID mode's flags, checked before any work (``args.metrics``
+    parsed in place); ``FidError`` naming the flag otherwise."""
+    from dew.scoring.feature_metrics import check_flags, parse_metrics
+
+    if not args.images and not args.workdir:
+        raise FidError("give --images=<folder> or --workdir=<run>")
+    try:
+        args.metrics = parse_metrics(args.metrics)
+    except ValueError as e:
+        raise FidError(str(e)) from None
+    if not args.ref and not args.dinov2_ref and not args.save_stats and not args.save_dinov2_stats:
+        raise FidError(
+            "give --ref=<stats.npz or folder> (or --dinov2_ref) to score against, or --save_stats=<out.npz>"
+        )
+    try:
+        check_flags(args)
+    except ValueError as e:
+        raise FidError(str(e)) from None
+    if args.batch_size < 1 or args.keep_features < 0:
+        raise FidError(f"--batch_size={args.batch_size} must be >= 1 and --keep_features >= 0")
+    check_run_flags(args)
+    if args.images:
+        list_images(args.images, "--images")
+    if "fid" in args.metrics:
+        _check_reference_and_weights(args)
+    elif args.ref and os.path.isdir(args.ref):
+        list_images(args.ref, "--ref")
+
+
 def _check_reference_and_weights(args: argparse.Namespace) -> None:
     """``--ref`` readable (with features for ``--kid``) and the Inception weights present."""
     if args.ref and not os.path.isdir(args.ref):
@@ -131,15 +200,12 @@ def _check_reference_and_weights(args: argparse.Namespace) -> None:
             )
     elif args.ref:
         list_images(args.ref, "--ref")
-    from dew.scoring.convert_inception import default_path
+    from dew.npz import NotAnNpzError, open_npz
+    from dew.scoring.convert_inception import HOW_TO_GET, default_path
 
     weights = os.path.expanduser(args.weights) if args.weights else default_path()
     if not os.path.isfile(weights):
-        from dew.scoring.convert_inception import HOW_TO_GET
-
         raise FidError(f"FID Inception weights not found at {weights}: {HOW_TO_GET}")
-    from dew.npz import NotAnNpzError, open_npz
-
     flag = "--weights" if args.weights else "the FID Inception weights"
     try:
         with open_npz(weights, flag) as data:
@@ -148,124 +214,141 @@ def _check_reference_and_weights(args: argparse.Namespace) -> None:
         raise FidError(f"{e}; convert them with python -m dew.scoring.convert_inception") from None
 
 
-def _check(args: argparse.Namespace) -> Any:
-    """Validate everything before any work; returns the image files, or the run's pipeline."""
+# --- ADM's suite ----------------------------------------------------------------------------------
+def wants_adm(metrics: str) -> bool:
+    """``--metrics`` names one of ADM's own metrics (sFID, IS, precision, recall)."""
+    from dew.scoring.adm_metrics import ADM_ONLY
+
+    return any(name.strip() in ADM_ONLY for name in metrics.split(","))
+
+
+def parse_suite(text: str) -> tuple[str, ...]:
+    """``--metrics``' names of ADM's suite, in order; ``FidError`` for another name or a repeat."""
+    from dew.scoring.adm_metrics import METRICS
+
+    names = tuple(n.strip() for n in text.split(","))
+    if any(n not in METRICS for n in names) or len(set(names)) != len(names):
+        raise FidError(
+            f"--metrics={text!r}: ADM's suite is a comma-separated subset of {','.join(METRICS)} without "
+            "repeats (fd_dinov2 and --kid are scored on their own)"
+        )
+    return names
+
+
+def check_adm(args: argparse.Namespace) -> argparse.Namespace:
+    """ADM's suite's flags (``args.metrics`` parsed in place); ``FidError`` naming the flag."""
+    args.metrics = parse_suite(args.metrics)
+    other = [
+        f"--{f}"
+        for f in ("save_stats", "dinov2_weights", "dinov2_ref", "save_dinov2_stats")
+        if getattr(args, f)
+    ]
+    other += ["--kid"] * bool(args.kid) + ["--keep_features"] * bool(args.keep_features)
+    if other:
+        raise FidError(f"{', '.join(other)} do not apply to ADM's suite (--metrics={','.join(args.metrics)})")
     if not args.images and not args.workdir:
         raise FidError("give --images=<folder> or --workdir=<run>")
-    from dew.scoring.feature_metrics import parse_metrics
-
-    try:
-        args.metrics = parse_metrics(args.metrics)
-    except ValueError as e:
-        raise FidError(str(e)) from None
-    if not args.ref and not args.dinov2_ref and not args.save_stats and not args.save_dinov2_stats:
-        raise FidError(
-            "give --ref=<stats.npz or folder> (or --dinov2_ref) to score against, or --save_stats=<out.npz>"
-        )
-    _check_dinov2_flags(args)
-    if args.batch_size < 1 or args.keep_features < 0:
-        raise FidError(f"--batch_size={args.batch_size} must be >= 1 and --keep_features >= 0")
-    check_run_flags(args)
-    files = list_images(args.images, "--images") if args.images else []
-    if "fid" in args.metrics:
-        _check_reference_and_weights(args)
-    elif args.ref and os.path.isdir(args.ref):
-        list_images(args.ref, "--ref")
-    return files if args.images else load_pipeline(args)
-
-
-def _check_dinov2_flags(args: argparse.Namespace) -> None:
-    from dew.scoring.feature_metrics import check_flags
-
-    try:
-        check_flags(args)
-    except ValueError as e:
-        raise FidError(str(e)) from None
-
-
-def _scorers(args: argparse.Namespace) -> dict[str, Any]:
-    from dew.scoring.feature_metrics import scorers
-
-    try:
-        return scorers(args)
-    except (OSError, ValueError) as e:
-        raise FidError(str(e)) from None
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["ref"]:
-        from dew.fid.protocol_cli import ref_main
-
-        return ref_main(argv[1:])
-    if any(a == "--preset" or a.startswith("--preset=") for a in argv):
-        from dew.fid.protocol_cli import protocol_main
-
-        return protocol_main(argv)
-    try:
-        args = parse_args(argv)
-        from dew.fid.adm_cli import wants_adm
-
-        if wants_adm(args.metrics):
-            from dew.fid.adm_cli import run
-
-            return run(args)
-        if args.save_ref_batch:
-            raise FidError("--save_ref_batch applies to ADM's suite (--metrics=...,sfid,is,precision,recall)")
-        source = _check(args)
-        scorers = _scorers(args)
-    except FidError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    from dew.scoring import distances
-    from dew.scoring.feature_metrics import LABELS, frechet_distances, statistics_over
-    from dew.scoring.statistics import load_statistics
-
-    if args.images:
-        count, what = len(source), f"images in {args.images}"
-        batches, value_range = read_batches(source, args.batch_size), (0.0, 1.0)
-    else:
-        seed = source.options["seed"] if args.seed is None else args.seed
-        count, what = args.num_samples, f"samples from {source!r}, seed {seed}"
-        batches, value_range = draw_batches(source, count, seed, args.batch_size), (-1.0, 1.0)
-    keep = {"fid": max(args.keep_features, count if args.kid else 0)}
-    refs: dict[str, Any] = {}
-    try:
-        all_stats = statistics_over(scorers, batches, value_range, keep)
-        if args.ref and os.path.isdir(args.ref):
-            ref_files = list_images(args.ref, "--ref")
-            ref_keep = {"fid": len(ref_files) if args.kid else 0}
-            for name, s in statistics_over(
-                scorers, read_batches(ref_files, args.batch_size), (0.0, 1.0), ref_keep
-            ).items():
-                refs[name] = {"mu": s.mu, "sigma": s.sigma}
-                if name == "fid" and args.kid:
-                    refs[name]["features"] = s.features
-        elif args.ref and "fid" in scorers:
-            refs["fid"] = load_statistics(args.ref)
-        if args.dinov2_ref:
-            refs["fd_dinov2"] = load_statistics(args.dinov2_ref)
-        distances_by_metric = frechet_distances({k: v for k, v in all_stats.items() if k in refs}, refs)
-    except (FidError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"{count} {what}")
-    from dew.scoring.statistics import save_statistics
-
-    for name, path, kept_rows in (
-        ("fid", args.save_stats, args.keep_features),
-        ("fd_dinov2", args.save_dinov2_stats, 0),
+    if not args.ref and not args.save_ref_batch:
+        raise FidError("give --ref=<ADM reference batch .npz or folder> or --save_ref_batch=<out.npz>")
+    if args.save_ref_batch and (
+        not args.save_ref_batch.endswith(".npz") or os.path.isdir(args.save_ref_batch)
     ):
-        if path and name in all_stats:
-            s = all_stats[name]
-            save_statistics(path, s.mu, s.sigma, s.features[:kept_rows] if kept_rows else None)
-            print(f"{'' if name == 'fid' else LABELS[name] + ' '}statistics -> {path}")
-    for name, value in distances_by_metric.items():
-        print(f"{LABELS[name]} {value!r}")  # in full, as pytorch-fid prints FID
-        if name == "fid" and args.kid:
-            mean, std = distances.kernel_distance(all_stats["fid"].features, refs["fid"]["features"])
-            print(f"KID {mean:.6f} ± {std:.6f}")
-    return 0
+        raise FidError(f"--save_ref_batch={args.save_ref_batch!r} is invalid: expected a path ending in .npz")
+    if args.batch_size < 1:
+        raise FidError(f"--batch_size={args.batch_size} must be >= 1")
+    check_run_flags(args)
+    return args
+
+
+# --- --preset and ref ---------------------------------------------------------------------------
+def protocol_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The ``--preset`` protocol's flags; a malformed or missing one raises ``FidError``."""
+    from dew.objectives.protocol_presets import all_presets
+
+    parser = Parser(prog="python -m dew.fid --preset=...", description="the EDM paper's FID protocol")
+    parser.add_argument("--workdir", required=True, help="a dew run (or one converted from NVlabs/edm)")
+    parser.add_argument("--preset", required=True, help=f"the paper's sampler: {', '.join(all_presets())}")
+    parser.add_argument("--ref", required=True, help="reference statistics .npz (mu, sigma)")
+    parser.add_argument("--outdir", required=True, help="progress, statistics and report go here")
+    parser.add_argument("--num", type=int, default=50_000, help="images to draw (default 50000)")
+    parser.add_argument("--first_seed", type=int, default=0, help="seed of the first image (default 0)")
+    parser.add_argument("--batch", type=int, default=64, help="images per device per step")
+    parser.add_argument("--chunk", type=int, default=1000, help="images per progress record")
+    parser.add_argument("--max_chunks", type=int, help="stop after this many chunks (rerun to continue)")
+    parser.add_argument("--preview", type=int, default=0, help="the first N images as outdir/preview.png")
+    parser.add_argument("--step", type=int, help="the checkpoint (default: the latest)")
+    parser.add_argument("--raw", action="store_true", help="live weights, not the EMA")
+    parser.add_argument("--distributed", action="store_true", help="jax.distributed.initialize() first")
+    parser.add_argument(
+        "--metrics",
+        default="fid",
+        help="fid (default), or ADM's suite: a subset of fid,sfid,is,precision,recall",
+    )
+    _detector_flags(parser)
+    args = parser.parse_args(argv)
+    for flag, low in (
+        ("num", 2),
+        ("first_seed", 0),
+        ("batch", 1),
+        ("chunk", 1),
+        ("max_chunks", 1),
+        ("preview", 0),
+    ):
+        value = getattr(args, flag)
+        if value is not None and value < low:
+            raise FidError(f"--{flag}={value} is invalid: expected an int >= {low}")
+    if args.preview > min(args.num, args.chunk):
+        raise FidError(
+            f"--preview={args.preview} is invalid: expected at most --num and --chunk "
+            f"({min(args.num, args.chunk)}): the preview is the first chunk's first images"
+        )
+    if os.path.exists(args.outdir) and not os.path.isdir(args.outdir):
+        raise FidError(f"--outdir={args.outdir!r} is a file; expected a directory (made if missing)")
+    if args.first_seed + args.num > 2**31:
+        raise FidError(f"--first_seed + --num = {args.first_seed + args.num}: seeds must be < 2**31")
+    return args
+
+
+def protocol_metrics(text: str) -> tuple[str, ...]:
+    """``("fid",)`` (the EDM protocol's FID) or ADM's suite (``parse_suite``); ``FidError`` for
+    anything else."""
+    if wants_adm(text):
+        return parse_suite(text)
+    if text.strip() != "fid":
+        raise FidError(
+            f"--metrics={text!r} is invalid with --preset: expected fid, or ADM's suite (a subset of "
+            "fid,sfid,is,precision,recall with at least one of sfid, is, precision, recall)"
+        )
+    return ("fid",)
+
+
+def ref_args(argv: Sequence[str]) -> argparse.Namespace:
+    """``ref``'s flags, checked; ``FidError`` naming the flag otherwise."""
+    parser = Parser(prog="python -m dew.fid ref", description="reference statistics of a data set")
+    parser.add_argument("--data", required=True, help="NVlabs/edm data set: a directory or .zip of images")
+    parser.add_argument("--dest", required=True, help="the .npz to write (mu, sigma, resolution)")
+    parser.add_argument("--batch", type=int, default=64, help="images per step")
+    _detector_flags(parser)
+    args = parser.parse_args(argv)
+    if args.batch < 1:
+        raise FidError(f"--batch={args.batch} is invalid: expected an int >= 1")
+    if not args.dest.endswith(".npz") or os.path.isdir(args.dest):
+        raise FidError(f"--dest={args.dest!r} is invalid: expected a path ending in .npz")
+    return args
+
+
+def _detector_flags(parser: argparse.ArgumentParser) -> None:
+    from dew.scoring.fid_reference import DEFAULT_HANDLING
+    from dew.scoring.inception import IMAGE_HANDLING
+
+    parser.add_argument("--weights", default=None, help="converted Inception .npz")
+    parser.add_argument("--allow_unpinned_weights", action="store_true", help="tests only")
+    parser.add_argument(
+        "--image_handling",
+        default=DEFAULT_HANDLING,
+        choices=IMAGE_HANDLING,
+        help=f"the detector's resize and scaling (default {DEFAULT_HANDLING}: the TF graph's, as fid.py's)",
+    )
 
 
 if __name__ == "__main__":

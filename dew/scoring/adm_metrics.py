@@ -12,7 +12,7 @@ features into the requested metrics.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -118,40 +118,30 @@ class AdmFeatures:
 def scores(metrics: Sequence[str], samples: AdmFeatures, reference: dict[str, Any]) -> dict[str, float]:
     """The requested metrics of ``samples`` against ``reference`` (``mu``, ``sigma``, ``mu_s``,
     ``sigma_s``; ``pool`` rows for precision and recall), in ``metrics``' order."""
+    from dew.scoring.feature_set import FeatureSet
+
     return scores_of(
         metrics,
-        samples.statistics(),
-        lambda: samples.pool,
-        lambda: np.concatenate(samples.probs),
-        reference,
+        FeatureSet.of_adm(samples.statistics(), lambda: samples.pool, lambda: np.concatenate(samples.probs)),
+        FeatureSet.of_adm(reference, (lambda: reference["pool"]) if "pool" in reference else None),
     )
 
 
-def scores_of(
-    metrics: Sequence[str],
-    stats: dict[str, np.ndarray],
-    pool: Callable[[], np.ndarray],
-    probabilities: Callable[[], np.ndarray],
-    reference: dict[str, Any],
-) -> dict[str, float]:
-    """``scores`` from the samples' ``stats`` (``mu``, ``sigma``, ``mu_s``, ``sigma_s``), their
-    pool rows and softmax rows (each called only when a metric needs it), in ``metrics``' order."""
-    from dew.scoring.distances import frechet_distance
+def scores_of(metrics: Sequence[str], samples: Any, reference: Any) -> dict[str, float]:
+    """ADM's ``metrics`` of two ``dew.scoring.feature_set.FeatureSet`` (rows read only when a
+    metric needs them; precision and recall computed once for both), in ``metrics``' order."""
+    from dew.scoring import feature_set
 
     out: dict[str, float] = {}
     pr = None
     for name in metrics:
-        if name == "fid":
-            out[name] = frechet_distance(stats["mu"], stats["sigma"], reference["mu"], reference["sigma"])
-        elif name == "sfid":
-            out[name] = frechet_distance(
-                stats["mu_s"], stats["sigma_s"], reference["mu_s"], reference["sigma_s"]
-            )
+        if name in ("fid", "sfid"):
+            out[name] = feature_set.frechet(name, samples, reference)
         elif name == "is":
-            out[name] = adm.inception_score(probabilities())
+            out[name] = feature_set.inception_score(samples)
         else:
             if pr is None:
-                pr = adm.precision_recall(reference["pool"], pool())
+                pr = feature_set.precision_recall(samples, reference)
             out[name] = pr[0] if name == "precision" else pr[1]
     return out
 

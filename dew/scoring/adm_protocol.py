@@ -41,6 +41,7 @@ def adm_scores(
     (``AdmScorer.probabilities``). ``FidInputError`` when a chunk file is not what the progress
     file recorded."""
     from dew.scoring.adm_metrics import scores_of
+    from dew.scoring.feature_set import FeatureSet
 
     rows: list[list[np.ndarray]] = []
 
@@ -49,13 +50,13 @@ def adm_scores(
             rows.append(tally.pool_rows(outdir))
         return rows[0]
 
-    return scores_of(
-        metrics,
+    samples = FeatureSet.of_adm(
         tally.statistics(),
         lambda: np.concatenate(chunks()),
         lambda: np.concatenate([probabilities(part) for part in chunks()]),
-        reference,
     )
+    pool = (lambda: reference["pool"]) if "pool" in reference else None
+    return scores_of(metrics, samples, FeatureSet.of_adm(reference, pool))
 
 
 def adm_report(

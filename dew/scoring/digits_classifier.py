@@ -13,6 +13,7 @@ import numpy as np
 
 from dew import registry
 from dew.data.sources.digits import load_pixels_and_labels, to_source_range
+from dew.registry import Metric
 
 
 @functools.cache
@@ -31,7 +32,7 @@ def classify_digits(images: np.ndarray) -> np.ndarray:
     return _classifier().predict(to_source_range(images))
 
 
-def digits_class_accuracy(images: np.ndarray, labels: np.ndarray) -> float:
+def _digits_class_accuracy(images: np.ndarray, labels: np.ndarray) -> float:
     """Fraction of samples the independent classifier labels as the class they were asked for."""
     labels = np.asarray(labels)
     if len(images) != len(labels):
@@ -39,5 +40,5 @@ def digits_class_accuracy(images: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(classify_digits(images) == labels))
 
 
-digits_class_accuracy.goal = "max"  # type: ignore[attr-defined]  # higher is better (dew.sweep)
+digits_class_accuracy = Metric(_digits_class_accuracy, goal="max")  # higher is better (dew.sweep)
 registry.metrics.register("digits_class_accuracy", digits_class_accuracy)

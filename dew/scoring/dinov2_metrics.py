@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from dew import registry
+from dew.registry import Metric
 from dew.scoring.feature_scorer import FeatureScorer, frechet_to, reference_from_env
 
 REFERENCE_ENV = "DEW_FD_DINOV2_REFERENCE"
@@ -83,7 +84,7 @@ def _reference() -> dict[str, np.ndarray]:
 _BATCH_SIZE = 64  # images per call of the ViT when scoring a preview
 
 
-def fd_dinov2(images: np.ndarray, labels: np.ndarray | None = None) -> float:
+def _fd_dinov2(images: np.ndarray, labels: np.ndarray | None = None) -> float:
     """FD_DINOv2 of images in [−1, 1] (NHWC) to ``$DEW_FD_DINOV2_REFERENCE``."""
     ref = _reference()
     return frechet_to(_scorer(), images, ref, _BATCH_SIZE)
@@ -98,7 +99,7 @@ def check_ready() -> None:
     read_arrays(allow_unpinned=_allow_unpinned())
 
 
-fd_dinov2.check_ready = check_ready  # type: ignore[attr-defined]
+fd_dinov2 = Metric(_fd_dinov2, check_ready)
 registry.metrics.register("fd_dinov2", fd_dinov2)
 
 __all__ = ["REFERENCE_ENV", "DINOv2Scorer", "fd_dinov2"]

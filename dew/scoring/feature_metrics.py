@@ -5,7 +5,8 @@ distance in the FID Inception's pool features, ``inception_metrics.InceptionScor
 ``fd_dinov2`` (Fréchet distance in DINOv2 ViT-L/14 CLS features as NVlabs/edm2's
 ``calculate_metrics.py`` computes them, ``dinov2_metrics.DINOv2Scorer``). ``statistics_over``
 draws each batch once and hands it to every scorer, so both metrics see exactly the same images
-(a run's samples are drawn once, not once per metric).
+(a run's samples are drawn once, not once per metric); the distances are read from those
+statistics through ``dew.scoring.feature_set`` (``FeatureSet.of``, ``frechet``).
 
 The DINOv2 weights are a converted ``.npz`` (``dinov2_weights``); its shape (width, depth, patch,
 grid) is read from the arrays (``dinov2.config_from_torch_names``: 64 channels per head, as every
@@ -113,30 +114,12 @@ def statistics_over(
     return stats
 
 
-def frechet_distances(stats: Mapping[str, Any], refs: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
-    """Each metric's Fréchet distance of ``stats[name]`` to ``refs[name]`` (``mu``, ``sigma``);
-    a reference of another feature width is a ``ValueError`` naming the metric."""
-    from dew.scoring import distances
-
-    out = {}
-    for name, s in stats.items():
-        ref = refs[name]
-        if ref["mu"].shape != s.mu.shape:
-            raise ValueError(
-                f"{LABELS[name]} reference statistics have {ref['mu'].shape[-1]} features, the "
-                f"{LABELS[name]} network gives {s.mu.shape[-1]}: they come from another network"
-            )
-        out[name] = float(distances.frechet_distance(s.mu, s.sigma, ref["mu"], ref["sigma"]))
-    return out
-
-
 __all__ = [
     "DEFAULT_METRICS",
     "LABELS",
     "METRICS",
     "check_flags",
     "dinov2_scorer",
-    "frechet_distances",
     "parse_metrics",
     "scorers",
     "statistics_over",

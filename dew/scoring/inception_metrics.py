@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from dew import registry
+from dew.registry import Metric
 from dew.scoring import distances
 from dew.scoring.feature_scorer import FeatureScorer, batches, frechet_to, reference_from_env
 
@@ -72,13 +73,13 @@ def _kid_reference() -> dict[str, np.ndarray]:
 _BATCH_SIZE = 100  # images per call of the Inception when scoring a preview
 
 
-def inception_fid(images: np.ndarray, labels: np.ndarray | None = None) -> float:
+def _inception_fid(images: np.ndarray, labels: np.ndarray | None = None) -> float:
     """FID of images in [−1, 1] (NHWC) to ``$DEW_FID_REFERENCE``."""
     ref = _reference()
     return frechet_to(_scorer(), images, ref, _BATCH_SIZE)
 
 
-def inception_kid(images: np.ndarray, labels: np.ndarray | None = None) -> float:
+def _inception_kid(images: np.ndarray, labels: np.ndarray | None = None) -> float:
     """KID (mean over subsets) of images in [−1, 1] (NHWC) to the features in ``$DEW_FID_REFERENCE``."""
     ref = _kid_reference()
     images = np.asarray(images)
@@ -95,9 +96,9 @@ def check_ready(kid: bool = False) -> None:
     weights_file()
 
 
-inception_fid.check_ready = check_ready  # type: ignore[attr-defined]
-inception_kid.check_ready = functools.partial(check_ready, kid=True)  # type: ignore[attr-defined]
+inception_fid = Metric(_inception_fid, check_ready)
 registry.metrics.register("fid", inception_fid)
+inception_kid = Metric(_inception_kid, functools.partial(check_ready, kid=True))
 registry.metrics.register("kid", inception_kid)
 
 __all__ = ["REFERENCE_ENV", "InceptionScorer", "inception_fid", "inception_kid"]

@@ -21,10 +21,11 @@ the same arguments resumes, skipping them; other arguments are refused, naming w
 ``settings.json``, and at the end ``sweep.json`` (settings, best, every point), ``sweep.csv``
 and ``sweep.png`` (the metric against σ_rel); the table is printed.
 
-``--goal`` is ``min`` or ``max``; its default is the metric's ``goal`` attribute where it has one
-(``digits_class_accuracy``: max), else ``min`` (FID, FD). Bad input (an unknown metric, a run
-without power-EMA snapshots, a guide of other resolution or conditioning, a value out of range,
-settings that differ from the sweep in ``--out``): one line on stderr, exit 2, nothing written.
+``--goal`` is ``min`` or ``max``; its default is the metric's ``goal`` (``dew.registry.Metric``;
+``digits_class_accuracy``: max; a plain registered function: ``min``, as FID and FD). Bad input
+(an unknown metric, a run without power-EMA snapshots, a guide of other resolution or
+conditioning, a value out of range, settings that differ from the sweep in ``--out``): one line
+on stderr, exit 2, nothing written.
 """
 
 from __future__ import annotations
@@ -163,14 +164,14 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
 
     _check_values(args)
     try:
-        metric = registry.metrics[args.metric]
+        metric = registry.as_metric(registry.metrics[args.metric])
     except UnknownNameError as e:
         raise SweepError(f"--metric={args.metric!r} is invalid: {e}") from None
     try:
-        getattr(metric, "check_ready", lambda: None)()
+        metric.check_ready()
     except (OSError, ValueError) as e:
         raise SweepError(f"--metric={args.metric!r} cannot be scored: {e}") from None
-    goal = args.goal or getattr(metric, "goal", "min")
+    goal = args.goal or metric.goal
     workdir = os.path.abspath(args.workdir)
     if not os.path.isdir(workdir):
         raise SweepError(f"--workdir={args.workdir!r} is not a directory (expected a dew run's workdir)")

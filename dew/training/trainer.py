@@ -144,7 +144,7 @@ class Trainer:
             self.objective.score(None, metrics)
             for name, metric in metrics.items():  # e.g. fid's reference statistics and weights
                 try:
-                    getattr(metric, "check_ready", lambda: None)()
+                    registry.as_metric(metric).check_ready()
                 except (OSError, ValueError) as e:
                     raise ConfigError(f"config.preview.metrics: {name!r} cannot be scored: {e}") from None
         if c.eval.every:

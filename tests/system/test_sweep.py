@@ -171,9 +171,6 @@ def mean_brightness(images, labels=None) -> float:
     return float(np.mean(images))
 
 
-mean_brightness.goal = "max"
-
-
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     from helpers_common import tiny_config
@@ -182,7 +179,7 @@ def run_dir(tmp_path_factory):
     from dew.training.trainer import Trainer
 
     if "test_mean_brightness" not in registry.metrics:
-        registry.metrics.register("test_mean_brightness", mean_brightness)
+        registry.metrics.register("test_mean_brightness", registry.Metric(mean_brightness, goal="max"))
     config = tiny_config(
         **{
             "ema.power_std_rels": (0.05, 0.1),

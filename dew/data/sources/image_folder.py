@@ -43,7 +43,7 @@ import numpy as np
 from dew import registry
 from dew.data.dataset import Source
 from dew.data.sources.image_rows import ImageRows, decode_all, reference_rows
-from dew.schema import ConfigError, Key, Section, at_least
+from dew.schema import ConfigError, Declared, Key, Section, at_least
 
 ACCEPTED = (
     "a directory or .zip of same-size images with an optional dataset.json, "
@@ -327,5 +327,4 @@ def _config_section() -> Section:
     )
 
 
-image_folder.config_section = _config_section  # type: ignore[attr-defined]
-registry.datasets.register("image_folder", image_folder)
+registry.datasets.register("image_folder", Declared(image_folder, _config_section))

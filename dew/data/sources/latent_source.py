@@ -28,7 +28,7 @@ import numpy as np
 
 from dew import registry
 from dew.data.dataset import Source
-from dew.schema import ConfigError, Key, Section
+from dew.schema import ConfigError, Declared, Key, Section
 
 
 def latent_dataset(
@@ -159,5 +159,4 @@ def _config_section() -> Section:
     )
 
 
-latent_dataset.config_section = _config_section  # type: ignore[attr-defined]
-registry.datasets.register("latent_dataset", latent_dataset)
+registry.datasets.register("latent_dataset", Declared(latent_dataset, _config_section))
