@@ -23,10 +23,11 @@ forms (``hk.remat`` unrolled, ``jax.checkpoint`` around the scan's body).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import haiku as hk
+from haiku.experimental import transparent_lift
 import jax
 import jax.numpy as jnp
 
@@ -35,7 +36,7 @@ from dew.networks.songunet import REMAT_POLICIES
 _NOTHING = hk.transform(lambda: None)
 
 
-def _own(params: dict[str, Any], name: str, as_name: str) -> dict[str, Any]:
+def _own(params: Mapping[str, Any], name: str, as_name: str) -> dict[str, Any]:
     """The entries of module ``name`` (relative to the enclosing module), renamed to ``as_name``."""
     return {
         as_name + key[len(name) :]: value
@@ -66,7 +67,7 @@ def run_blocks(
             else:
                 x = hk.remat(lambda x_, *a, b=block: b(x_, *a), policy=policy)(x, *args)
         return x
-    everything = hk.experimental.transparent_lift(_NOTHING.init)(None)
+    everything = transparent_lift(_NOTHING.init)(None)
     first = names[0]
     per_block = [_own(everything, name, first) for name in names]
     stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *per_block)
