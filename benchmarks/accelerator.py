@@ -19,8 +19,8 @@ precision and remat policy of its row (``RUNS``). For each it reports, as one JS
   the ``flash-attention`` row forces the TPU's Pallas flash kernel);
 * ``memory_gb``: ``compiled.memory_analysis()`` (arguments + outputs + temporaries − aliased);
 * ``first_step_s``: from building the ``Trainer`` to the first step's result, in this process
-  (``cold``: an empty compilation cache; ``--warm`` re-runs the first row in a child process
-  with the cache this run filled).
+  (``--warm``: every row in its own child process, ``cache: cold`` on a fresh machine's empty
+  compilation cache, then the first row once more, ``cache: warm``, with the cache it filled).
 
 A run that does not fit says so (``error``) and the next one runs.
 """
@@ -68,7 +68,7 @@ RUNS = {
 
 #: The default rows: one command within ~8 minutes on one v5e chip, where a row's first step
 #: (its compile, cold) took 48-111 s.
-DEFAULT_RUNS = ("SiT-B/2 f32", "SiT-B/2 bf16", "DiT-B/2 bf16", "SiT-XL/2 bf16", "MF-B/2 bf16")
+DEFAULT_RUNS = ("SiT-B/2 f32", "SiT-B/2 bf16", "SiT-B/2 bf16 float32 logits", "DiT-B/2 bf16", "SiT-XL/2 bf16")
 
 
 def bench_arrays(
@@ -241,14 +241,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--peak_tflops", type=float, default=197.0)
-    parser.add_argument("--warm", action="store_true", help="re-run the first row in a child (warm cache)")
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="each row in a child process (one holds the chip at a time), then the first row once more "
+        "in a child: its first step with the compilation cache the first filled",
+    )
     parser.add_argument("--trace", help="also write a 3-step profiler trace of each run into this folder")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child's single run
+    parser.add_argument("--cache", help=argparse.SUPPRESS)  # the child's label for its cache
     args = parser.parse_args(argv)
     names = [args.one] if args.one else [n.strip() for n in args.runs.split(",") if n.strip()]
     for name in names:
         if name not in RUNS:
             parser.error(f"--runs: {name!r} is unknown; expected some of {', '.join(RUNS)}")
+    if args.warm and not args.one:
+        # A TPU is held by one process at a time: the parent never opens it.
+        common = [f"--out={args.out}", f"--steps={args.steps}", f"--peak_tflops={args.peak_tflops}"]
+        if args.trace:
+            common.append(f"--trace={args.trace}")
+        for name, cache, rounds in [(n, "cold", args.rounds) for n in names] + [(names[0], "warm", 1)]:
+            cmd = [sys.executable, os.path.abspath(__file__), *common, f"--one={name}", f"--cache={cache}"]
+            subprocess.run([*cmd, f"--rounds={rounds}"], check=False)
+        return 0
     from dew.runtime import start
 
     start()  # the platform, the compilation cache (the machine's)
@@ -258,15 +273,11 @@ def main(argv: list[str] | None = None) -> int:
                 row = measure(name, args.steps, args.rounds, args.peak_tflops, args.trace)
             except Exception as e:  # a run that does not fit or fails: said, and the next one runs
                 row = {"run": name, "error": " ".join(f"{type(e).__name__}: {e}".split())[:600]}
-            if args.one:
-                row["cache"] = "warm"
+            if args.cache:
+                row["cache"] = args.cache
             print(json.dumps(row), flush=True)
             out.write(json.dumps(row) + "\n")
             out.flush()
-    if args.warm and not args.one:
-        cmd = [sys.executable, os.path.abspath(__file__), f"--out={args.out}", f"--one={names[0]}"]
-        cmd += [f"--steps={args.steps}", "--rounds=1", f"--peak_tflops={args.peak_tflops}"]
-        subprocess.run(cmd, check=False)
     return 0
 
 

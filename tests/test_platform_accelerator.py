@@ -78,6 +78,7 @@ def test_attention_choice_is_flash_only_on_a_tpu():
     assert platform.attention_choice("xla", {"JAX_PLATFORMS": "tpu"}) == "xla"
     assert platform.attention_choice("auto", {"JAX_PLATFORMS": "tpu"}) == "xla"  # measured faster
     assert platform.attention_choice("flash", {"JAX_PLATFORMS": "tpu"}) == "tpu_flash"
+    assert platform.attention_choice("xla_float32_logits", cpu) == "xla_float32_logits"
     with pytest.raises(ValueError, match=r"config\.runtime\.attention='flash' is invalid here.*'cpu'"):
         platform.attention_choice("flash", cpu)
 

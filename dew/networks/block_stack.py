@@ -27,9 +27,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import haiku as hk
-from haiku.experimental import transparent_lift
 import jax
 import jax.numpy as jnp
+from haiku.experimental import transparent_lift
 
 from dew.networks.songunet import REMAT_POLICIES
 

@@ -64,11 +64,13 @@ CONFIG = Section(
         ),
         "attention": Key(
             "auto",
-            "how transformers compute attention: 'xla' (jax.nn.dot_product_attention's XLA path), "
-            "'flash' (the TPU's Pallas flash kernel for sequences of whole 128-token blocks; a TPU "
-            "only) or 'auto' (XLA's: on a TPU v5e SiT-B/2's bf16 step took 109 ms with it, 166 ms "
-            "with flash; dew.kernels.attention)",
-            choices=("auto", "xla", "flash"),
+            "how transformers compute attention: 'xla' (XLA's, the logits and probabilities in "
+            "memory in the inputs' dtype, the softmax's arithmetic in float32), 'xla_float32_logits' "
+            "(jax.nn.dot_product_attention's XLA path: float32 logits for bf16 inputs too), 'flash' "
+            "(the TPU's Pallas flash kernel for sequences of whole 128-token blocks; a TPU only) or "
+            "'auto' ('xla': on a TPU v5e SiT-B/2's bf16 step took 88.7 ms with it, 109.2 ms with "
+            "float32 logits, 166 ms with flash; dew.kernels.attention)",
+            choices=("auto", "xla", "xla_float32_logits", "flash"),
         ),
         "compilation_cache": Key(
             "",
@@ -156,16 +158,19 @@ def _batch_sizes(config: Any) -> list[int]:
 
 def attention_choice(setting: str, environ: Mapping[str, str] | None = None) -> str:
     """``KernelChoice.attention`` for ``config.runtime.attention``: the TPU's flash kernel when
-    asked (``flash``), XLA's otherwise (``auto``: measured faster for the DiT family's 256-token
-    sequences on a TPU v5e, benchmarks/RESULTS.md); ``flash`` where no TPU is expected is a
-    ValueError naming the key."""
+    asked (``flash``), XLA's with float32 logits when asked (``xla_float32_logits``), XLA's with
+    the logits in the inputs' dtype otherwise (``auto``: measured fastest for the DiT family's
+    256-token sequences on a TPU v5e, benchmarks/RESULTS.md); ``flash`` where no TPU is expected
+    is a ValueError naming the key."""
     platform_name = backend.expected_platform(environ)
     if setting == "flash" and platform_name != "tpu":
         raise ValueError(
             "config.runtime.attention='flash' is invalid here: the flash kernel runs on a TPU and "
             f"this process's backend will be {platform_name!r}; expected 'auto' or 'xla'"
         )
-    return "tpu_flash" if setting == "flash" else "xla"
+    if setting == "flash":
+        return "tpu_flash"
+    return "xla_float32_logits" if setting == "xla_float32_logits" else "xla"
 
 
 _started: Platform | None = None
