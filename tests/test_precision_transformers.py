@@ -1,6 +1,7 @@
 """bfloat16 for the transformer and one-step objectives (``config.precision.compute``): DiT's
 ``iddpm``, SiT's ``interpolant``, REPA's (the interpolant with its projector), ``meanflow`` (its
-JVP through the network in bfloat16) and ``imeanflow``. The float32 policy is each objective's
+JVP through the network in bfloat16), ``imeanflow`` and ``edm2`` (its U-Net's activations in
+bfloat16 on float32 weights normalised at use). The float32 policy is each objective's
 program unchanged; bfloat16 agrees with float32 within a bound derived from bf16's unit roundoff.
 
 The bound
@@ -50,6 +51,7 @@ RUNS = {
     ),
     "meanflow": ("meanflow.py:digits", {"dataset.batch_size": 8}),
     "imeanflow (iMF DiT)": ("meanflow.py:iMF-digits", {"dataset.batch_size": 8}),
+    "edm2 (its magnitude-preserving U-Net)": ("edm2.py:digits", {"dataset.batch_size": 8}),
 }
 
 

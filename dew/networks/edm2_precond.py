@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from typing import Any
 
 import chex
 import haiku as hk
@@ -78,8 +79,13 @@ class EDM2Precond(hk.Module):
         label: jax.Array | None = None,
         is_training: bool = False,
         return_logvar: bool = False,
+        activations: Any = jnp.float32,
     ) -> jax.Array | tuple[jax.Array, jax.Array]:
-        """x [B, H, W, C], σ [B] (or a scalar) -> D [B, H, W, C] (and u(σ) [B, 1, 1, 1])."""
+        """x [B, H, W, C], σ [B] (or a scalar) -> D [B, H, W, C] (and u(σ) [B, 1, 1, 1]).
+
+        ``activations``: the U-Net's dtype (its input cast once, as the reference's
+        ``x.to(dtype)`` under ``use_fp16``; every MPConv casts its float32-normalised weight to
+        it); c_in, c_skip, c_out, c_noise, the embeddings and the log-variance stay float32."""
         x = x.astype(jnp.float32)
         sigma = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32).reshape(-1), x.shape[:1])
         chex.assert_rank(x, 4)
@@ -90,7 +96,7 @@ class EDM2Precond(hk.Module):
         c_in = 1 / jnp.sqrt(sd**2 + s**2)
         c_noise = jnp.log(sigma) / 4
         unet = EDM2UNet(**self.unet_kwargs, name="unet")
-        f_x = unet(c_in * x, c_noise, label=label, is_training=is_training)
+        f_x = unet((c_in * x).astype(activations), c_noise, label=label, is_training=is_training)
         d_x = c_skip * x + c_out * f_x.astype(jnp.float32)
         if not return_logvar:
             return d_x

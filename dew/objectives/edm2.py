@@ -65,6 +65,8 @@ class EDM2(Diffusion):
     ln σ ~ N(``P_mean``, ``P_std``²) in training and the loss weight's ``sigma_data`` (EDM2Loss's
     arguments); every other argument is the ``diffusion`` objective's."""
 
+    precisions = ("float32", "bfloat16")
+
     def __init__(
         self,
         input_spec: InputSpec,
@@ -84,28 +86,36 @@ class EDM2(Diffusion):
         super().__init__(input_spec, process, model, encoders, condition_dropout, **options)
 
     def _accept(self, augment: Any, augment_labels: bool, compute_dtype: str) -> tuple[None, bool, str]:
-        """No augmentation, no augmentation labels, float32: EDM2 trains without EDM's
-        AugmentPipe (its loss below draws no augmentation), so one is refused rather than ignored
-        (``Diffusion.from_config`` hands every diffusion objective these); its network casts
-        itself (``config.model.use_fp16``, as the reference's Precond does)."""
+        """No augmentation, no augmentation labels: EDM2 trains without EDM's AugmentPipe (its
+        loss below draws no augmentation), so one is refused rather than ignored
+        (``Diffusion.from_config`` hands every diffusion objective these). float32, or bfloat16:
+        the U-Net's activations in bfloat16, as the reference's ``use_fp16`` runs them in float16
+        on CUDA (the input cast once, each MPConv weight normalised in float32 and cast at use,
+        the embeddings, σ arithmetic, log-variance and loss in float32); float16 is the
+        reference's own switch, ``config.model.use_fp16``, not this policy."""
         if augment is not None:
             raise ConfigError(
                 "config.objective.augment is enabled, which is invalid for the edm2 objective: EDM2 "
                 "trains without augmentation; expected config.objective.augment.p=0"
             )
-        if jnp.dtype(compute_dtype) != jnp.float32:
+        if jnp.dtype(compute_dtype) not in (jnp.float32, jnp.bfloat16):
             raise ConfigError(
-                f"config.precision.compute={compute_dtype!r} is invalid for the edm2 objective: its network "
-                "sets its own precision; expected 'float32' and config.model.use_fp16 for float16"
+                f"config.precision.compute={compute_dtype!r} is invalid for the edm2 objective: expected "
+                "'float32' or 'bfloat16' (float16 is the network's own config.model.use_fp16)"
             )
-        return None, False, "float32"
+        self._activations = jnp.dtype(compute_dtype)
+        return None, False, compute_dtype
 
     def _forward(self, model: ModuleFactory, encoders: Mapping[str, ModuleFactory]):
         """(x, σ, conditions, is_training) -> (D(x; σ), u(σ)): the Precond with its log-variance."""
 
         def forward(x: jax.Array, sigma: jax.Array, conditions: Mapping[str, jax.Array], is_training: bool):
             encoded = {k: encoders[k]()(v) for k, v in conditions.items()}
-            return model()(x, sigma, is_training=is_training, return_logvar=True, **encoded)
+            network = model()
+            activations = self._activations
+            return network(
+                x, sigma, is_training=is_training, return_logvar=True, activations=activations, **encoded
+            )
 
         return forward
 
