@@ -63,6 +63,7 @@ RUNS = {
     "MF-B/2 bf16": ("meanflow.py:MF-B/2", 64, "bfloat16", "none", (32, 8), 1000, None),
     "DDPM++ bf16": ("edm_paper.py:cifar10-cond-ddpmpp", 64, "bfloat16", None, (32, 3), 10, None),
     "EDM2-S f32": ("edm2.py:img512-s", 32, "float32", None, (64, 8), 1000, None),
+    "EDM2-S bf16": ("edm2.py:img512-s", 32, "bfloat16", None, (64, 8), 1000, None),
 }
 
 
