@@ -148,6 +148,23 @@ def _model_flops(name: str, flops: float) -> float:
     return flops * 3 / 4 if RUNS[name][3] == "blocks" else flops
 
 
+def compiled_cost(compiled) -> tuple[float, float | None]:
+    """(the compiled program's FLOPs by XLA's cost analysis, its memory in GB by
+    ``memory_analysis()``: arguments + outputs + temporaries − aliased; None where XLA has none)."""
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    memory = compiled.memory_analysis()
+    used = None
+    if memory is not None:
+        used = (
+            memory.argument_size_in_bytes
+            + memory.output_size_in_bytes
+            + memory.temp_size_in_bytes
+            - memory.alias_size_in_bytes
+        ) / 1e9
+    return float(cost.get("flops", 0.0)), used
+
+
 def _measure(name: str, steps: int, rounds: int, peak_tflops: float, trace: str | None) -> dict:
     import jax
     import numpy as np
@@ -167,18 +184,7 @@ def _measure(name: str, steps: int, rounds: int, peak_tflops: float, trace: str 
         state, stats = compiled(state, placed)
         jax.block_until_ready(stats)
         first = time.perf_counter() - began
-        cost = compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, list) else cost
-        flops = float(cost.get("flops", 0.0))
-        memory = compiled.memory_analysis()
-        used = None
-        if memory is not None:
-            used = (
-                memory.argument_size_in_bytes
-                + memory.output_size_in_bytes
-                + memory.temp_size_in_bytes
-                - memory.alias_size_in_bytes
-            ) / 1e9
+        flops, used = compiled_cost(compiled)
         times = []
         for _ in range(rounds):
             start = time.perf_counter()

@@ -153,19 +153,10 @@ def load_peer(checkout: str) -> types.SimpleNamespace:
 
 
 def _cost(compiled) -> tuple[float, float | None]:
-    """(the compiled program's FLOPs, its memory in GB: arguments + outputs + temporaries − aliased)."""
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
-    memory = compiled.memory_analysis()
-    used = None
-    if memory is not None:
-        used = (
-            memory.argument_size_in_bytes
-            + memory.output_size_in_bytes
-            + memory.temp_size_in_bytes
-            - memory.alias_size_in_bytes
-        ) / 1e9
-    return float(cost.get("flops", 0.0)), used
+    """(the compiled program's FLOPs, its memory in GB), as ``accelerator.py`` reports them."""
+    from benchmarks import accelerator
+
+    return accelerator.compiled_cost(compiled)
 
 
 class Side:
