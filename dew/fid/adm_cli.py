@@ -187,7 +187,10 @@ def run(args: argparse.Namespace) -> int:
         ).add_all(batches)
         scores = (
             adm_metrics.scores(
-                args.metrics, samples, embed_reference(reference, scorer, args.metrics, args.batch_size)
+                args.metrics,
+                samples,
+                embed_reference(reference, scorer, args.metrics, args.batch_size),
+                args.pr_arithmetic,
             )
             if reference
             else {}

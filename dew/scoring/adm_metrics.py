@@ -115,15 +115,19 @@ class AdmFeatures:
         }
 
 
-def scores(metrics: Sequence[str], samples: AdmFeatures, reference: dict[str, Any]) -> dict[str, float]:
+def scores(
+    metrics: Sequence[str], samples: AdmFeatures, reference: dict[str, Any], arithmetic: str = "float16"
+) -> dict[str, float]:
     """The requested metrics of ``samples`` against ``reference`` (``mu``, ``sigma``, ``mu_s``,
-    ``sigma_s``; ``pool`` rows for precision and recall), in ``metrics``' order."""
+    ``sigma_s``; ``pool`` rows for precision and recall), in ``metrics``' order; precision and
+    recall's distances in ``arithmetic`` (``adm_evaluator.precision_recall``)."""
     return scores_of(
         metrics,
         samples.statistics(),
         lambda: samples.pool,
         lambda: np.concatenate(samples.probs),
         reference,
+        arithmetic,
     )
 
 
@@ -133,9 +137,13 @@ def scores_of(
     pool: Callable[[], np.ndarray],
     probabilities: Callable[[], np.ndarray],
     reference: dict[str, Any],
+    arithmetic: str = "float16",
 ) -> dict[str, float]:
     """``scores`` from the samples' ``stats`` (``mu``, ``sigma``, ``mu_s``, ``sigma_s``), their
-    pool rows and softmax rows (each called only when a metric needs it), in ``metrics``' order."""
+    pool rows and softmax rows (each called only when a metric needs it), in ``metrics``' order.
+    ``arithmetic``: precision and recall's distances, ``float16`` (the evaluator's graph, as ADM's
+    numbers were computed) or ``float32`` (its float32 branch throughout, the same on every
+    platform); ``adm_evaluator``'s module docstring says what each reproduces."""
     from dew.scoring.distances import frechet_distance
 
     out: dict[str, float] = {}
@@ -151,7 +159,7 @@ def scores_of(
             out[name] = adm.inception_score(probabilities())
         else:
             if pr is None:
-                pr = adm.precision_recall(reference["pool"], pool())
+                pr = adm.precision_recall(reference["pool"], pool(), arithmetic=arithmetic)
             out[name] = pr[0] if name == "precision" else pr[1]
     return out
 
