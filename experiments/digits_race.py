@@ -140,7 +140,7 @@ def main() -> int:
             for module, leaves in tree.items()
             for leaf, value in leaves.items()
         }
-        np.savez(args.params_out, **flat)
+        np.savez(args.params_out, allow_pickle=False, **flat)
     for name, params in networks.items():
 
         @jax.jit

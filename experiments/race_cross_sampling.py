@@ -30,6 +30,7 @@ import os
 import pathlib
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -99,6 +100,7 @@ def reference_sampler(args: argparse.Namespace, state_dict: str, out: str) -> di
 
 
 def main() -> int:
+    assert __doc__ is not None  # the description is the module docstring
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--edm", required=True, help="an NVlabs/edm checkout")
     parser.add_argument("--torch_python", required=True)
@@ -128,7 +130,7 @@ def main() -> int:
     from dew.training.trainer import Trainer, resolve_config
 
     config = resolve_config(load_config(str(HERE / "edm.py")), ["config.eval.num_batches=1"])
-    objective = Trainer(config, os.path.join(args.workdir, "unused")).objective
+    objective: Any = Trainer(config, os.path.join(args.workdir, "unused")).objective  # a Diffusion
 
     template = load_npz_state_dict(args.reference_ema)
     with np.load(args.dew_params) as data:
