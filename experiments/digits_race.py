@@ -16,6 +16,10 @@ the race's (128, as in the reference's race).
 and no huge-pages restart, so what the Trainer applies by itself is what is measured.
 
     PYTHONPATH=. python experiments/digits_race.py --workdir=runs/digits_race [--budget=240] [--path=custom]
+
+``--max_steps=N`` also stops after N steps (an equal-steps comparison on a loaded machine).
+``--params_out=<npz>`` also keeps the two networks sampled, as ``ema/<module>/<name>`` and
+``raw/<module>/<name>`` arrays (haiku's parameter paths), for ``experiments/race_cross_sampling.py``.
 """
 
 from __future__ import annotations
@@ -59,10 +63,14 @@ def main() -> int:
     )
     parser.add_argument("--workdir", default="runs/digits_race")
     parser.add_argument("--budget", type=float, default=240.0, help="seconds, including build and compile")
+    parser.add_argument(
+        "--max_steps", type=int, default=0, help="also stop after this many steps (0: the budget alone)"
+    )
     parser.add_argument("--batch_size", type=int, default=128)
     parser.add_argument("--per_class", type=int, default=20)
     parser.add_argument("--points", type=int, default=18)
     parser.add_argument("--seed", type=int, default=1, help="sampling seed")
+    parser.add_argument("--params_out", help="also write the EMA and raw parameters sampled (.npz)")
     parser.add_argument("overrides", nargs="*", help="config.<key>=<value> (recorded in the result)")
     args = parser.parse_args()
 
@@ -114,7 +122,7 @@ def main() -> int:
         now = time.perf_counter() - start
         if first_step_done is None:
             first_step_done = now
-        if now >= args.budget:
+        if now >= args.budget or (args.max_steps and steps + 1 >= args.max_steps):
             jax.block_until_ready(stats["loss"])
             steps += 1
             break
@@ -123,7 +131,17 @@ def main() -> int:
 
     results, pictures = {}, {}
     labels = None
-    for name, params in (("ema", trainer.debiased_ema(state)), ("raw", state.params)):
+    networks = {"ema": trainer.debiased_ema(state), "raw": state.params}
+    if args.params_out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.params_out)), exist_ok=True)
+        flat = {
+            f"{name}/{module}/{leaf}": np.asarray(value)
+            for name, tree in jax.device_get(networks).items()
+            for module, leaves in tree.items()
+            for leaf, value in leaves.items()
+        }
+        np.savez(args.params_out, allow_pickle=False, **flat)
+    for name, params in networks.items():
 
         @jax.jit
         def draw(rng, params=params):

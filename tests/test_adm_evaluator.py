@@ -228,6 +228,28 @@ def test_float32_arithmetic_is_the_evaluators_float32_branch(float32_golden):
         adm.precision_recall(ref, sample, arithmetic="float64")
 
 
+def test_the_suites_scores_take_the_arithmetic_asked_for_precision_and_recall():
+    """``adm_metrics.scores_of`` (what ``python -m dew.fid --pr_arithmetic`` reaches) computes
+    precision and recall in the arithmetic it is given: on points where the two arithmetics
+    disagree (the float32 golden test's), float32 gives ``precision_recall``'s float32 numbers
+    exactly, and the default stays the evaluator's float16 graph."""
+    from dew.scoring.adm_metrics import scores_of
+
+    ref, sample = make.features("pr/ref", 400, 2048), make.features("pr/sample", 300, 2048)
+
+    def suite(*arithmetic: str) -> tuple[float, float]:
+        got = scores_of(("precision", "recall"), {}, lambda: sample, lambda: None, {"pool": ref}, *arithmetic)
+        return got["precision"], got["recall"]
+
+    float16, float32 = (
+        adm.precision_recall(ref, sample),
+        adm.precision_recall(ref, sample, arithmetic="float32"),
+    )
+    assert float16 != float32
+    assert suite("float32") == float32
+    assert suite() == suite("float16") == float16
+
+
 def test_the_evaluators_blocks_give_its_numbers(golden):
     """Rows and columns in blocks of 128 × 96 (the evaluator's loops, a block's float16/float32
     choice its own) give what the whole matrix gives, as in the evaluator."""

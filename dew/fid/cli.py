@@ -148,6 +148,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--save_dinov2_stats", help="write the images' DINOv2 statistics to this .npz")
     parser.add_argument("--save_ref_batch", help="ADM's suite: write the images' reference batch (.npz)")
     parser.add_argument(
+        "--pr_arithmetic",
+        choices=("float16", "float32"),
+        default="float16",
+        help="ADM's precision/recall distances: float16 (the evaluator's graph) or float32 (every platform)",
+    )
+    parser.add_argument(
         "--allow_unpinned_weights",
         action="store_true",
         help="accept weights not converted from the pinned standard file (tests; FID then not comparable)",
@@ -279,6 +285,12 @@ def protocol_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--step", type=int, help="the checkpoint (default: the latest)")
     parser.add_argument("--raw", action="store_true", help="live weights, not the EMA")
     parser.add_argument("--distributed", action="store_true", help="jax.distributed.initialize() first")
+    parser.add_argument(
+        "--pr_arithmetic",
+        choices=("float16", "float32"),
+        default="float16",
+        help="ADM's precision/recall distances: float16 (the evaluator's graph) or float32 (every platform)",
+    )
     parser.add_argument(
         "--metrics",
         default="fid",

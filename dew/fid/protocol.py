@@ -110,7 +110,7 @@ def _adm_report(
     from dew.scoring.adm_protocol import adm_report, adm_scores, write_adm_results
 
     embedded = embed_reference(reference, scorer, metrics, args.batch)
-    scores = adm_scores(metrics, tally, args.outdir, embedded, scorer.probabilities)
+    scores = adm_scores(metrics, tally, args.outdir, embedded, scorer.probabilities, args.pr_arithmetic)
     report = adm_report(scores, draw, reference, args.ref, _digest(args.ref))
     write_adm_results(args.outdir, tally, report, resolution)
     print(json.dumps(report, indent=1))

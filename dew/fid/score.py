@@ -112,7 +112,7 @@ def adm_suite(args: argparse.Namespace) -> int:
     scores = {}
     if reference:
         embedded = embed_reference(reference, scorer, args.metrics, args.batch_size)
-        scores = adm_metrics.scores(args.metrics, samples, embedded)
+        scores = adm_metrics.scores(args.metrics, samples, embedded, args.pr_arithmetic)
     print(f"{count} {what}")
     if args.save_ref_batch:
         from dew.scoring.adm_evaluator import write_reference_batch

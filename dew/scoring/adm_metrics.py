@@ -115,21 +115,30 @@ class AdmFeatures:
         }
 
 
-def scores(metrics: Sequence[str], samples: AdmFeatures, reference: dict[str, Any]) -> dict[str, float]:
+def scores(
+    metrics: Sequence[str], samples: AdmFeatures, reference: dict[str, Any], arithmetic: str = "float16"
+) -> dict[str, float]:
     """The requested metrics of ``samples`` against ``reference`` (``mu``, ``sigma``, ``mu_s``,
-    ``sigma_s``; ``pool`` rows for precision and recall), in ``metrics``' order."""
+    ``sigma_s``; ``pool`` rows for precision and recall), in ``metrics``' order; precision and
+    recall's distances in ``arithmetic`` (``adm_evaluator.precision_recall``)."""
     from dew.scoring.feature_set import FeatureSet
 
     return scores_of(
         metrics,
         FeatureSet.of_adm(samples.statistics(), lambda: samples.pool, lambda: np.concatenate(samples.probs)),
         FeatureSet.of_adm(reference, (lambda: reference["pool"]) if "pool" in reference else None),
+        arithmetic,
     )
 
 
-def scores_of(metrics: Sequence[str], samples: Any, reference: Any) -> dict[str, float]:
+def scores_of(
+    metrics: Sequence[str], samples: Any, reference: Any, arithmetic: str = "float16"
+) -> dict[str, float]:
     """ADM's ``metrics`` of two ``dew.scoring.feature_set.FeatureSet`` (rows read only when a
-    metric needs them; precision and recall computed once for both), in ``metrics``' order."""
+    metric needs them; precision and recall computed once for both), in ``metrics``' order.
+    ``arithmetic``: precision and recall's distances, ``float16`` (the evaluator's graph, as ADM's
+    numbers were computed) or ``float32`` (its float32 branch throughout, the same on every
+    platform); ``adm_evaluator``'s module docstring says what each reproduces."""
     from dew.scoring import feature_set
 
     out: dict[str, float] = {}
@@ -141,7 +150,7 @@ def scores_of(metrics: Sequence[str], samples: Any, reference: Any) -> dict[str,
             out[name] = feature_set.inception_score(samples)
         else:
             if pr is None:
-                pr = feature_set.precision_recall(samples, reference)
+                pr = feature_set.precision_recall(samples, reference, arithmetic)
             out[name] = pr[0] if name == "precision" else pr[1]
     return out
 

@@ -35,10 +35,12 @@ def adm_scores(
     outdir: str,
     reference: dict[str, Any],
     probabilities: Callable[[np.ndarray], np.ndarray],
+    arithmetic: str = "float16",
 ) -> dict[str, float]:
     """The requested metrics of a complete draw in ``outdir`` against ``reference``;
     ``probabilities`` maps pool rows [n, 2048] to softmax rows [n, 1008]
-    (``AdmScorer.probabilities``). ``FidInputError`` when a chunk file is not what the progress
+    (``AdmScorer.probabilities``); precision and recall's distances in ``arithmetic``.
+    ``FidInputError`` when a chunk file is not what the progress
     file recorded."""
     from dew.scoring.adm_metrics import scores_of
     from dew.scoring.feature_set import FeatureSet
@@ -56,7 +58,7 @@ def adm_scores(
         lambda: np.concatenate([probabilities(part) for part in chunks()]),
     )
     pool = (lambda: reference["pool"]) if "pool" in reference else None
-    return scores_of(metrics, samples, FeatureSet.of_adm(reference, pool))
+    return scores_of(metrics, samples, FeatureSet.of_adm(reference, pool), arithmetic)
 
 
 def adm_report(

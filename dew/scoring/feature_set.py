@@ -101,11 +101,16 @@ def inception_score(samples: FeatureSet) -> float:
     return adm_evaluator.inception_score(samples.probabilities())
 
 
-def precision_recall(samples: FeatureSet, reference: FeatureSet) -> tuple[float, float]:
-    """ADM's improved precision and recall between the sets' pool rows."""
+def precision_recall(
+    samples: FeatureSet, reference: FeatureSet, arithmetic: str = "float16"
+) -> tuple[float, float]:
+    """ADM's improved precision and recall between the sets' pool rows, their distances in
+    ``arithmetic`` (``adm_evaluator.precision_recall``)."""
     from dew.scoring import adm_evaluator
 
-    return adm_evaluator.precision_recall(reference.rows["pool"](), samples.rows["pool"]())
+    return adm_evaluator.precision_recall(
+        reference.rows["pool"](), samples.rows["pool"](), arithmetic=arithmetic
+    )
 
 
 __all__ = [

@@ -82,6 +82,7 @@ def test_bad_input_is_one_line_exit_2_writing_nothing(weights_file, tmp_path, ca
         ([ALL, f"--ref={images / '000.png'}"], "is not an .npz archive"),
         ([ALL, f"--save_ref_batch={tmp_path}"], "expected a path ending in .npz"),
         (["--metrics=fid", f"--save_ref_batch={out}", f"--ref={batch16}"], "--save_ref_batch applies to ADM"),
+        ([ALL, f"--ref={batch16}", "--pr_arithmetic=float64"], "--pr_arithmetic: invalid choice: 'float64'"),
     ]
     for change, message in cases:
         assert main([*common, *change]) == 2, change
@@ -97,7 +98,7 @@ def test_bad_input_is_one_line_exit_2_writing_nothing(weights_file, tmp_path, ca
 
 
 @pytest.mark.slow  # the Inception network at 299x299 on CPU, 10 images
-def test_the_suite_end_to_end_and_its_reference_batch_read_back(weights_file, tmp_path, capsys):
+def test_the_suite_end_to_end_and_its_reference_batch_read_back(weights_file, tmp_path, capsys, monkeypatch):
     from dew.fid import main
 
     samples = _folder(tmp_path / "samples", 5, seed=1)
@@ -127,3 +128,18 @@ def test_the_suite_end_to_end_and_its_reference_batch_read_back(weights_file, tm
     plain = tmp_path / "plain.npz"
     np.savez(plain, arr_0=first)
     assert scores(plain) == from_folder
+    # --pr_arithmetic reaches precision and recall (float16, the evaluator's graph, by default)
+    asked, computed = [], adm.precision_recall
+
+    def recording(reference, samples, estimator=None, arithmetic="float16"):
+        asked.append(arithmetic)
+        return computed(reference, samples, estimator, arithmetic)
+
+    monkeypatch.setattr(adm, "precision_recall", recording)
+    assert scores(batch) == from_folder and asked == ["float16"]
+    common.append("--pr_arithmetic=float32")
+    float32 = scores(batch)
+    assert asked == ["float16", "float32"]
+    assert {k: v for k, v in float32.items() if k not in ("Precision", "Recall")} == {
+        k: v for k, v in from_folder.items() if k not in ("Precision", "Recall")
+    }

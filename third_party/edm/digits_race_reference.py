@@ -18,7 +18,15 @@ dew's race.
 ``--state_dict_out`` also keeps the trained EMA network: its ``EDMPrecond`` state dict as
 ``param/<key>`` arrays in an ``.npz`` (no pickle), the form ``python -m dew.convert_edm
 --config=experiments/edm.py`` reads, so that the reference's trained weights can be sampled and
-fine-tuned in dew.
+fine-tuned in dew; ``--raw_state_dict_out`` keeps the raw (last) weights the same way.
+``--samples_out`` keeps what was scored: the initial noise (``latents``, NCHW), the labels and the
+``ema``/``raw`` samples (NHWC), for a sample-by-sample comparison with another sampler.
+
+``--max_steps=N`` also stops after N steps (an equal-steps comparison on a loaded machine).
+``--sample_state_dict=<npz>`` trains nothing: it loads that state dict (the ``param/<key>`` form
+above, from this script or from ``experiments/race_cross_sampling.py``'s export of a dew network)
+into the same ``EDMPrecond`` and draws and scores it as the race draws (reported as ``ema``), so
+the reference's sampler can be run on another trainer's network.
 
 The driver (dew's environment) writes the training digits, starts the trainer in PyTorch's
 environment (``--worker``, 2 threads) and scores what it returns.
@@ -68,10 +76,17 @@ def worker(args: argparse.Namespace) -> None:
         images = torch.from_numpy(data["image"]).permute(0, 3, 1, 2).contiguous()  # NHWC -> NCHW
         labels = torch.from_numpy(data["label"]).long()
     net = EDMPrecond(**NETWORK).train().requires_grad_(True)
+    eye = torch.eye(10)
+    if args.sample_state_dict:
+        with np.load(args.sample_state_dict) as given:
+            state = {k[6:]: torch.from_numpy(given[k]) for k in given.files if k.startswith("param/")}
+        net.load_state_dict(state, strict=True)
+        given_only = {"steps": 0, "trained_s": 0.0, "first_step_done_s": 0.0}
+        draw(args, edm_sampler, {"ema": net.eval()}, eye, extra=given_only)
+        return
     ema = copy.deepcopy(net).eval().requires_grad_(False)
     loss_fn = EDMLoss()
     optimizer = torch.optim.Adam(net.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8)
-    eye = torch.eye(10)
     generator = torch.Generator().manual_seed(0)
     order, cursor, steps, first_step_done = torch.randperm(len(images), generator=generator), 0, 0, None
     while True:
@@ -97,27 +112,37 @@ def worker(args: argparse.Namespace) -> None:
         now = time.perf_counter() - START
         if first_step_done is None:
             first_step_done = now
-        if now >= args.budget:
+        if now >= args.budget or (args.max_steps and steps >= args.max_steps):
             break
     trained = time.perf_counter() - START
+    raw = copy.deepcopy(net).eval()
+    for path, model in ((args.state_dict_out, ema), (args.raw_state_dict_out, raw)):
+        if path:
+            np.savez(path, **{f"param/{k}": v.numpy() for k, v in model.state_dict().items()})
+    extra = {"steps": steps, "trained_s": trained, "first_step_done_s": first_step_done}
+    draw(
+        args,
+        edm_sampler,
+        {"ema": ema, "raw": raw},
+        eye,
+        extra={**extra, "final_loss": float(loss.detach().mean())},
+    )
+
+
+def draw(args: argparse.Namespace, edm_sampler, models: dict, eye, extra: dict) -> None:
+    """Sample each network with the reference's ``edm_sampler`` (Heun, ``args.points`` points, no
+    churn, float64 as it runs) from the same latents, and write them with ``extra`` to ``args.out``."""
+    import numpy as np
+    import torch
+
     out = {}
     class_labels = torch.arange(10).repeat_interleave(args.per_class)
-    for name, model in (("ema", ema), ("raw", copy.deepcopy(net).eval())):
-        latents = torch.randn(len(class_labels), 1, 8, 8, generator=torch.Generator().manual_seed(args.seed))
+    latents = torch.randn(len(class_labels), 1, 8, 8, generator=torch.Generator().manual_seed(args.seed))
+    for name, model in models.items():
         with torch.no_grad():
             samples = edm_sampler(model, latents, eye[class_labels], num_steps=args.points)
         out[name] = samples.float().permute(0, 2, 3, 1).numpy()
-    if args.state_dict_out:
-        np.savez(args.state_dict_out, **{f"param/{k}": v.numpy() for k, v in ema.state_dict().items()})
-    np.savez(
-        args.out,
-        labels=class_labels.numpy(),
-        steps=steps,
-        trained_s=trained,
-        first_step_done_s=first_step_done,
-        final_loss=float(loss.detach().mean()),
-        **out,
-    )
+    np.savez(args.out, labels=class_labels.numpy(), latents=latents.numpy(), **extra, **out)
 
 
 def main() -> int:
@@ -125,6 +150,7 @@ def main() -> int:
     parser.add_argument("--edm", required=True, help="an NVlabs/edm checkout")
     parser.add_argument("--torch_python", default="/work/venv-torch/bin/python")
     parser.add_argument("--budget", type=float, default=240.0, help="seconds, from the trainer's start")
+    parser.add_argument("--max_steps", type=int, default=0, help="also stop after this many steps (0: none)")
     parser.add_argument("--batch_size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--ema_half_life", type=float, default=500.0, help="in updates")
@@ -135,6 +161,11 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="runs/digits_race_reference/race.json")
     parser.add_argument("--state_dict_out", help="also write the trained EMA network's state dict (.npz)")
+    parser.add_argument("--raw_state_dict_out", help="also write the raw (last) weights' state dict (.npz)")
+    parser.add_argument("--samples_out", help="also write the latents, labels and samples scored (.npz)")
+    parser.add_argument(
+        "--sample_state_dict", help="train nothing: sample this state dict (.npz) as the race does"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -151,10 +182,15 @@ def main() -> int:
         data, samples = os.path.join(tmp, "train.npz"), os.path.join(tmp, "samples.npz")
         train = digits("train")
         np.savez(data, image=train.fields["image"], label=train.fields["label"])
-        if args.state_dict_out:
-            args.state_dict_out = os.path.abspath(args.state_dict_out)
-            os.makedirs(os.path.dirname(args.state_dict_out), exist_ok=True)
-        passed = {k: v for k, v in vars(args).items() if k not in ("worker", "data", "out") and v is not None}
+        for key in ("state_dict_out", "raw_state_dict_out", "sample_state_dict"):
+            if getattr(args, key):
+                setattr(args, key, os.path.abspath(getattr(args, key)))
+                os.makedirs(os.path.dirname(getattr(args, key)), exist_ok=True)
+        passed = {
+            k: v
+            for k, v in vars(args).items()
+            if k not in ("worker", "data", "out", "samples_out") and v is not None
+        }
         flags = [f"--{k}={v}" for k, v in passed.items()]
         subprocess.run(
             [args.torch_python, __file__, "--worker", f"--data={data}", f"--out={samples}", *flags],
@@ -162,20 +198,28 @@ def main() -> int:
             env={**os.environ, "OMP_NUM_THREADS": str(args.threads)},
         )
         with np.load(samples) as result:
-            record = {k: result[k].item() for k in ("steps", "trained_s", "first_step_done_s", "final_loss")}
+            kept = ("steps", "trained_s", "first_step_done_s", "final_loss")
+            record = {k: result[k].item() for k in kept if k in result.files}
             for name in ("ema", "raw"):
-                predicted = classify_digits(np.clip(result[name], -1, 1))
-                record[f"accuracy_{name}"] = float(np.mean(predicted == result["labels"]))
+                if name in result.files:
+                    predicted = classify_digits(np.clip(result[name], -1, 1))
+                    record[f"accuracy_{name}"] = float(np.mean(predicted == result["labels"]))
+            if args.samples_out:
+                os.makedirs(os.path.dirname(os.path.abspath(args.samples_out)), exist_ok=True)
+                np.savez(args.samples_out, **{k: result[k] for k in result.files})
     record.update(
         budget_s=args.budget,
         batch_size=args.batch_size,
         samples=10 * args.per_class,
         load_average_1min=os.getloadavg()[0],
     )
+    shown = ", ".join(
+        f"{record[f'accuracy_{n}']:.1%} ({n})" for n in ("ema", "raw") if f"accuracy_{n}" in record
+    )
     print(
         f"NVlabs/edm: {record['steps']} steps in {record['trained_s']:.0f} s (first step done at "
         f"{record['first_step_done_s']:.1f} s); {record['samples']} Heun-{args.points} samples classified "
-        f"as their class: {record['accuracy_ema']:.1%} (EMA), {record['accuracy_raw']:.1%} (raw weights)"
+        f"as their class: {shown}"
     )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
