@@ -234,11 +234,14 @@ def test_the_suites_scores_take_the_arithmetic_asked_for_precision_and_recall():
     disagree (the float32 golden test's), float32 gives ``precision_recall``'s float32 numbers
     exactly, and the default stays the evaluator's float16 graph."""
     from dew.scoring.adm_metrics import scores_of
+    from dew.scoring.feature_set import FeatureSet
 
     ref, sample = make.features("pr/ref", 400, 2048), make.features("pr/sample", 300, 2048)
+    samples = FeatureSet.of_adm({}, lambda: sample)
+    reference = FeatureSet.of_adm({}, lambda: ref)
 
     def suite(*arithmetic: str) -> tuple[float, float]:
-        got = scores_of(("precision", "recall"), {}, lambda: sample, lambda: None, {"pool": ref}, *arithmetic)
+        got = scores_of(("precision", "recall"), samples, reference, *arithmetic)
         return got["precision"], got["recall"]
 
     float16, float32 = (
