@@ -30,7 +30,6 @@ from dew.runtime.platform import Platform, start
 from dew.runtime.workdir_lock import WorkdirLock, describe_stale
 from dew.schema import ConfigError
 from dew.training.preemption import Preempted
-from dew.training.traced_dots import run_dots
 from dew.training.trainer import Trainer
 from dew.training.trainer_config import check_workdir
 
@@ -59,7 +58,6 @@ def start_platform(
             config,
             workdir,
             group_flags=(coordinator, num_processes, process_id),
-            dots=run_dots,
             recorded=recorded_kernels(workdir),
             recorded_in=os.path.join(workdir, RUN_METADATA),
         )

@@ -35,7 +35,6 @@ from dew.training.preemption import PreemptionStage
 from dew.training.profile import ProfileWindow
 from dew.training.programs import Programs, debiased_ema
 from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage, SnapshotStage
-from dew.training.traced_dots import run_dots
 from dew.training.trainer_config import (
     check_step_to_restore,
     check_workdir,
@@ -75,7 +74,7 @@ class Trainer:
         if platform is None:  # built in a user's own code: dew.runtime.start as dew.main makes it
             workdir = check_workdir(workdir, c)  # and the config's checks before the platform's
             recorded = recorded_kernels(workdir)
-            start_for("Trainer", c, workdir, dots=run_dots, recorded=recorded)  # warns the caller
+            start_for("Trainer", c, workdir, recorded=recorded)  # warns the caller
             platform = started()
         else:  # a caller that started the platform: the step to restore is checked (again) here
             check_step_to_restore(c, workdir)
