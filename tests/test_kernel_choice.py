@@ -74,6 +74,25 @@ def test_a_resumed_run_keeps_its_recorded_choice_forms_included(machine):
     assert half.library == "eigen" and half.per_tap == frozenset() and "forced by config" in half.how
 
 
+@pytest.mark.parametrize(
+    "record",
+    [
+        ["ynnpack"],
+        {"library": "mkl"},
+        {"library": "eigen", "per_tap": [[32, 32, 64]]},
+        {"library": "eigen", "per_tap_from": True},
+        {"library": "eigen", "forms": [[*BIG, ["xla"], "xla"]]},
+        {"library": "eigen", "forms": [[*BIG, "xla", "winograd"]]},
+    ],
+    ids=["not-an-object", "library", "per_tap", "per_tap_from", "form-not-a-string", "unknown-form"],
+)
+def test_a_malformed_record_is_one_error_naming_the_file(machine, record):
+    """run.json is untrusted: a ``kernels`` record that ``Decision.record`` could not have written
+    is a ValueError naming the file (``dew.launch`` makes it one line and exit 2)."""
+    with pytest.raises(ValueError, match=r"^/w/run\.json is malformed: 'kernels"):
+        choose_with(recorded=record, recorded_in="/w/run.json")
+
+
 def test_an_accelerator_decides_nothing(machine):
     decision = choose_with(environ={"JAX_PLATFORMS": "cuda"})
     assert decision.library == "ynnpack" and "not the CPU" in decision.how

@@ -31,6 +31,13 @@ LIBRARY_CHOICES = flags.CHOICES  # auto, eigen, ynnpack
 WEIGHT_GRADIENT_CHOICES = ("auto", "xla", "per_tap")
 #: The convolution libraries ``auto`` chooses between, the default first.
 LIBRARIES = ("ynnpack", "eigen")
+#: A convolution gradient's forms (``dew.networks.conv_forms``), as a run records them.
+FORMS = ("xla", "per_tap", "im2col")
+
+
+def _shape_class(value: Any) -> bool:
+    """Whether ``value`` is a convolution shape class as recorded: a list of 6 ints >= 0."""
+    return isinstance(value, list) and len(value) == 6 and all(type(v) is int and v >= 0 for v in value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,15 +72,41 @@ class Decision:
         }
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any], how: str) -> Decision:
-        """A recorded decision; a ``dots`` entry (runs before dots were XLA's always) is not read."""
-        per_tap, forms = record.get("per_tap"), record.get("forms")
+    def from_record(cls, record: Any, how: str) -> Decision:
+        """A recorded decision (``record``: what ``record`` wrote, read from a run's file: any
+        JSON); a ``dots`` entry (runs before dots were XLA's always) is not read. Raises
+        ValueError saying what is malformed."""
+        if not isinstance(record, dict) or record.get("library") not in LIBRARIES:
+            raise ValueError(
+                f"'kernels' is {record!r:.80}, expected an object whose library is one of {LIBRARIES}"
+            )
+        per_tap, per_tap_from, forms = record.get("per_tap"), record.get("per_tap_from"), record.get("forms")
+        if per_tap is not None and not (isinstance(per_tap, list) and all(_shape_class(c) for c in per_tap)):
+            raise ValueError(
+                f"'kernels.per_tap' is {per_tap!r:.80}, expected a list of shape classes (6 ints)"
+            )
+        if per_tap_from is not None and not (type(per_tap_from) is int and per_tap_from >= 1):
+            raise ValueError(f"'kernels.per_tap_from' is {per_tap_from!r:.80}, expected an int >= 1")
+        if forms is not None and not (
+            isinstance(forms, list)
+            and all(
+                isinstance(f, list)
+                and len(f) == 8
+                and _shape_class(f[:6])
+                and f[6] in FORMS
+                and f[7] in FORMS
+                for f in forms
+            )
+        ):
+            raise ValueError(
+                f"'kernels.forms' is {forms!r:.80}, expected [6 ints, input form, weight form] rows"
+            )
         return cls(
             record["library"],
-            None if per_tap is None else frozenset(tuple(int(v) for v in c) for c in per_tap),
+            None if per_tap is None else frozenset(tuple(c) for c in per_tap),
             how,
-            record.get("per_tap_from"),
-            None if forms is None else frozenset((tuple(int(v) for v in f[:6]), f[6], f[7]) for f in forms),
+            per_tap_from,
+            None if forms is None else frozenset((tuple(f[:6]), f[6], f[7]) for f in forms),
         )
 
     def line(self) -> str:
@@ -148,8 +181,8 @@ def choose(
     ``cpu_weight_gradient``; ``XLA_FLAGS`` already choosing the library wins for the library.
     ``recorded``: the decision a resumed run recorded (``Decision.record``, from ``recorded_in``),
     used for the settings left at ``auto``; where it names oneDNN's dots, ``log`` says once that
-    they are not used. Otherwise the CPU-flag rule. Raises ValueError for an unknown setting, or
-    ``eigen`` on an XLA without its flag."""
+    they are not used. Otherwise the CPU-flag rule. Raises ValueError for an unknown setting,
+    ``eigen`` on an XLA without its flag, or a malformed ``recorded`` (naming ``recorded_in``)."""
     if library_setting not in LIBRARY_CHOICES:
         raise ValueError(
             f"config.runtime.cpu_convolutions must be one of {', '.join(map(repr, LIBRARY_CHOICES))}, "
@@ -177,9 +210,14 @@ def choose(
         how = "XLA_FLAGS and config" if flagged else "forced by config"
         return Decision(libraries[0], forced_gradient, how, forced_from)
     if recorded is not None:
-        if recorded.get("dots") == "onednn" and log is not None:
+        if isinstance(recorded, dict) and recorded.get("dots") == "onednn" and log is not None:
             log(ONEDNN_RECORDED.format(where=recorded_in))
-        chosen = Decision.from_record(recorded, f"recorded with the run's checkpoints in {recorded_in}")
+        try:
+            chosen = Decision.from_record(recorded, f"recorded with the run's checkpoints in {recorded_in}")
+        except ValueError as e:
+            raise ValueError(
+                f"{recorded_in} is malformed: {e}; move it aside to start the run's history anew"
+            ) from None
         library = chosen.library if len(libraries) > 1 else libraries[0]
         if gradient_setting != "auto":
             how = chosen.how + ", weight gradient forced by config"
