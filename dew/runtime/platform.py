@@ -187,6 +187,7 @@ def start_for(
     *,
     say: bool = True,
     warn: bool = True,
+    stacklevel: int = 3,
     **options: Any,
 ) -> Platform | None:
     """What a ``Trainer``, ``pipeline`` or ``evaluate`` built in a user's own code calls first:
@@ -196,7 +197,8 @@ def start_for(
     JAX started first, one ``PlatformNotApplied`` warning (once per caller, Python's default
     filter) saying what was missed and how to get it, unless not ``warn`` (a reader such as
     ``dew.pipeline``, inside commands that touch JAX first: it misses only the convolution
-    library's rule and the compilation cache). ``what`` names the caller. A setting this
+    library's rule and the compilation cache). ``what`` names the caller; the warning points at
+    the frame ``stacklevel`` (``warnings.warn``'s: 3 is the caller of ``start_for``'s caller). A setting this
     machine cannot honour is a ``ConfigError`` naming the key."""
     if _started is not None:
         return None
@@ -209,7 +211,7 @@ def start_for(
             "kernels); call dew.runtime.start(config, workdir) before anything touches a device, as "
             "python -m dew.main does",
             PlatformNotApplied,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
         return None
     try:
