@@ -1,9 +1,10 @@
 """``Run``: one training run as ``python -m dew.main`` makes it, each check in one place, once.
 
 In order: ``Run(name, config, workdir)`` checks the workdir and the config checks that need no
-measurement (``check_workdir``: a missing ``restore_dir``, a ``step_to_restore`` not stored); ``start`` reads
-its ``run.json`` (a damaged one stops here, named), sets up the process and its platform before
-JAX starts (``start_platform``: one call, one ``Platform`` value) and builds the ``Trainer`` with
+backend (``check_workdir``: a missing ``restore_dir``, a ``step_to_restore`` not stored);
+``start`` reads its ``run.json`` once (a damaged one stops here, named; the kernels it recorded
+are kept), sets up the process and its platform before JAX starts (``start_platform``: one call,
+one ``Platform`` value) and builds the ``Trainer`` with
 that value (it validates everything and writes nothing); ``train`` takes the workdir lock
 (process 0), checks that the resume fits the config (``Trainer.check_resumable``), routes the
 libraries' logs under ``<workdir>/logs``, prints the console lines and trains
