@@ -249,18 +249,10 @@ def choose_kernels(args):
     ``--cpu_convolutions``/``--cpu_weight_gradient`` (``auto``: the CPU-flag rule,
     ``dew.runtime.cpu.flags``), before JAX starts; returns the decision."""
     from dew import kernels
-    from dew.runtime.cpu import choice, devices, flags
+    from dew.runtime.cpu import choice, flags
 
-    decision = choice.choose(
-        args.cpu_convolutions,
-        args.cpu_weight_gradient,
-        shapes=None,
-        devices=devices.flagged_count(os.environ.get("XLA_FLAGS", "")) or 1,
-        cache=None,
-        log=lambda line: print(f"dew: {line}", flush=True),
-    )
+    decision = choice.choose(args.cpu_convolutions, args.cpu_weight_gradient)
     flags.route_convolutions(decision.library)
-    flags.route_dots(decision.dots)
     kernels.set_choice(decision.kernel_choice())
     from dew.runtime.cpu.memory import reuse_freed_memory
 

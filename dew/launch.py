@@ -1,9 +1,10 @@
 """``Run``: one training run as ``python -m dew.main`` makes it, each check in one place, once.
 
 In order: ``Run(name, config, workdir)`` checks the workdir and the config checks that need no
-measurement (``check_workdir``: a missing ``restore_dir``, a ``step_to_restore`` not stored); ``start`` reads
-its ``run.json`` (a damaged one stops here, named), sets up the process and its platform before
-JAX starts (``start_platform``: one call, one ``Platform`` value) and builds the ``Trainer`` with
+backend (``check_workdir``: a missing ``restore_dir``, a ``step_to_restore`` not stored);
+``start`` reads its ``run.json`` once (a damaged one stops here, named; the kernels it recorded
+are kept), sets up the process and its platform before JAX starts (``start_platform``: one call,
+one ``Platform`` value) and builds the ``Trainer`` with
 that value (it validates everything and writes nothing); ``train`` takes the workdir lock
 (process 0), checks that the resume fits the config (``Trainer.check_resumable``), routes the
 libraries' logs under ``<workdir>/logs``, prints the console lines and trains
@@ -24,13 +25,12 @@ import ml_collections
 
 from dew.contracts.state import TrainState
 from dew.failures import capture_library_logs, end_process, report
-from dew.run_records import RUN_METADATA, recorded_kernels, starts
+from dew.run_records import RUN_METADATA, read_run
 from dew.runtime import heartbeats
 from dew.runtime.platform import Platform, start
 from dew.runtime.workdir_lock import WorkdirLock, describe_stale
 from dew.schema import ConfigError
 from dew.training.preemption import Preempted
-from dew.training.traced_dots import run_dots
 from dew.training.trainer import Trainer
 from dew.training.trainer_config import check_workdir
 
@@ -46,11 +46,14 @@ def start_platform(
     coordinator: str | None = None,
     num_processes: str | None = None,
     process_id: str | None = None,
+    *,
+    recorded: dict | None = None,
 ) -> Platform:
     """The process and its platform, set up before JAX starts, as one value: the process group
     the flags (or ``DEW_*`` variables, or a cluster JAX detects) name, the CPU devices, the
-    convolution library, the kernels (a resumed run keeps those it recorded, for settings left at
-    ``auto``) and the compilation cache (``dew.runtime.start``). In a group, every process then
+    convolution library, the kernels (a resumed run keeps ``recorded``, the kernels its
+    ``run.json`` recorded, for settings left at ``auto``) and the compilation cache
+    (``dew.runtime.start``). In a group, every process then
     agrees on the config, and a lost peer stops this one with a report. A setting this machine
     cannot honour is a ``ConfigError``."""
     rt = config.runtime
@@ -59,8 +62,7 @@ def start_platform(
             config,
             workdir,
             group_flags=(coordinator, num_processes, process_id),
-            dots=run_dots,
-            recorded=recorded_kernels(workdir),
+            recorded=recorded,
             recorded_in=os.path.join(workdir, RUN_METADATA),
         )
     except ConfigError:  # a process group that cannot form keeps its own type
@@ -89,8 +91,10 @@ class Run:
     ) -> Trainer:
         """Everything before the first write: ``run.json`` read, the platform started, the
         Trainer built with it; returns the Trainer."""
-        starts(self.workdir)  # a damaged run.json stops here, named, before anything is written
-        self.platform = start_platform(self.config, self.workdir, coordinator, num_processes, process_id)
+        run = read_run(self.workdir) or {}  # a damaged run.json stops here, named, before any write
+        self.platform = start_platform(
+            self.config, self.workdir, coordinator, num_processes, process_id, recorded=run.get("kernels")
+        )
         self.trainer = Trainer(self.config, self.workdir, resolved=True, platform=self.platform)
         return self.trainer
 

@@ -28,15 +28,10 @@ def main(argv: list[str]) -> int:
     if args.num_examples < 1:
         print(f"tfds_mock_run.py: --num_examples={args.num_examples}: expected an int >= 1", file=sys.stderr)
         return 2
-    import os
 
     import tensorflow_datasets as tfds
 
     from dew import main as dew_main
-
-    # The mock lives in this process only: the kernel choice's measuring child (which builds the
-    # run's data source to trace its shapes) would open the real data set. The CPU-flag rule it is.
-    os.environ.setdefault("DEW_KERNELS_BY_RULE", "1")
 
     with tfds.testing.mock_data(num_examples=args.num_examples):
         return dew_main.main(argv[split + 1 :])

@@ -15,11 +15,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # per worker on two cores spin against each other (numpy's eigh in a 2048-d Fréchet distance: 6 s
 # with one thread, 29 s with two, the other core busy). Set before anything loads numpy.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-# Every run the suite starts takes the CPU-flag kernel rule instead of timing a transformer's dots
-# (hundreds of short runs of many shapes; tests/test_dot_choice.py covers the measurement).
-os.environ.setdefault("DEW_KERNELS_BY_RULE", "1")
-# Kernel decisions stay in each test's workdir: the suite never reads or writes the machine's
-# copy in ~/.cache/dew (tests/test_kernel_choice.py points it at a temporary folder).
+# The suite never reads or writes the machine's dew folder, ~/.cache/dew (tests that need one
+# point DEW_CACHE_DIR at a temporary folder).
 os.environ["DEW_CACHE_DIR"] = "off"
 # Eight CPU devices in every test process, so sharding tests need no process of their own.
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -109,13 +106,12 @@ def weights_file(tmp_path_factory):
 
 @pytest.fixture
 def machine(monkeypatch):
-    """For the kernel choice's tests: this jaxlib knows the Eigen route and oneDNN's dots; the CPU
-    and jaxlib are named as the test says (``dew.runtime.cpu.choice``, ``dew.runtime.cpu.dots``)."""
+    """For the kernel choice's tests: this jaxlib knows the Eigen route; the CPU and jaxlib are
+    named as the test says (``dew.runtime.cpu.choice``)."""
     from dew.runtime.cpu import choice as kernel_choice
     from dew.runtime.cpu import flags
 
     monkeypatch.setattr(flags, "xla_knows_the_flag", lambda: True)
-    monkeypatch.setattr(flags, "xla_knows_onednn_dots", lambda: True)
     monkeypatch.setattr(kernel_choice, "cpu_model", lambda: "Test CPU (family 1, model 1, 2 cores)")
     monkeypatch.setattr(kernel_choice, "jaxlib_version", lambda: "0.10.2")
     return monkeypatch

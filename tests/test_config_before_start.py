@@ -16,7 +16,6 @@ from dew.config import apply_overrides, load_config
 from dew.launch import Run
 from dew.main import main
 from dew.schema import ConfigError
-from dew.training import trainer as trainer_module
 from dew.training.trainer import Trainer
 from dew.training.trainer_config import check_before_start, check_workdir
 
@@ -150,10 +149,11 @@ def test_validation_batches_that_do_not_fit_are_refused_before_the_platform(tmp_
 def test_a_trainer_built_in_user_code_checks_them_before_it_starts_the_platform(
     tmp_path, monkeypatch, overrides, message
 ):
-    """The platform's start is where the kernels are measured (84 s on a CPU) and the machine
-    cache and the workdir's are written: the checks come first."""
+    """The platform's start presents the devices and opens the compilation cache: the checks come
+    first, and nothing is written."""
+    from dew.runtime import platform
 
-    monkeypatch.setattr(trainer_module, "start_for", started)
+    monkeypatch.setattr(platform, "start_for", started)
     with pytest.raises(ConfigError, match=re.escape(message)):
         Trainer(tiny_config(**overrides), str(tmp_path / "run"))
     assert os.listdir(tmp_path) == []

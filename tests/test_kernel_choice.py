@@ -1,8 +1,8 @@
 """The kernel choice (``dew.runtime.cpu.choice``): a forced setting wins (and ``XLA_FLAGS`` over
 it), a resumed run keeps what it recorded (per-class gradient forms included, handed to the
-layers), the CPU-flag rule decides otherwise and says why, an accelerator decides nothing, and
-``dew.runtime.start`` applies the decision, records it and starts no measurement child for a
-U-Net."""
+layers; oneDNN's dots a run once recorded said in one line and not followed), the CPU-flag rule
+decides otherwise and says why, an accelerator decides nothing, and ``dew.runtime.start``
+applies the decision and records it, and never hands a transformer's dots to oneDNN."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import os
 import pytest
 
 from dew import kernels
-from dew.runtime.cpu import cache as kernel_cache
+from dew.runtime import compilation_cache
 from dew.runtime.cpu import choice as kernel_choice
 from dew.runtime.cpu import flags as cpu_convolutions
 from dew.runtime.cpu.choice import Decision, choose
@@ -21,13 +21,8 @@ CPU = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_co
 BIG, SMALL = [32, 32, 64, 64, 3, 1], [8, 8, 32, 32, 3, 1]
 
 
-def never(*_):
-    raise AssertionError("no measurement child or trace for a run without a transformer's dots")
-
-
 def choose_with(library="auto", gradient="auto", **kw):
-    settings = {"shapes": None, "devices": 2, "cache": None, "environ": CPU, **kw}
-    return choose(library, gradient, runner=never, tracer=never, **settings)
+    return choose(library, gradient, **{"environ": CPU, **kw})
 
 
 def test_a_forced_choice_wins_and_xla_flags_win_over_it(machine):
@@ -48,25 +43,21 @@ def test_the_rule_decides_auto_and_says_why(machine):
     and without AVX-512), and its line says so; nothing is timed for convolutions."""
     machine.setattr(cpu_convolutions, "eigen_measured_faster", lambda features=None: False)
     ruled = choose_with()
-    assert ruled.library == "ynnpack" and ruled.how == "CPU-flag rule: convolutions are not timed"
+    assert ruled.library == "ynnpack" and ruled.how == "CPU-flag rule"
+    assert ruled.line().endswith("(CPU-flag rule)")
     machine.setattr(cpu_convolutions, "eigen_measured_faster", lambda features=None: True)
     assert choose_with().library == "eigen"
-    asked = choose_with(environ={**CPU, kernel_choice.BY_RULE_VARIABLE: "1"})
-    assert asked.how == f"CPU-flag rule: {kernel_choice.BY_RULE_VARIABLE}=1 asks for no measurement"
+    half = choose_with("auto", "per_tap")
+    assert half.library == "eigen" and half.how.startswith("weight gradient forced by config")
     # No XLA_FLAGS at all (a newcomer's environment) is no error.
-    assert choose("auto", "auto", shapes=None, devices=1, cache=None, environ={}).per_tap is None
+    assert choose("auto", "auto", environ={}).per_tap is None
 
 
 def test_a_resumed_run_keeps_its_recorded_choice_forms_included(machine):
     forms = frozenset({(tuple(BIG), "im2col", "per_tap"), (tuple(SMALL), "xla", "im2col")})
-    recorded = Decision("eigen", frozenset({tuple(BIG)}), "measured", None, forms, "onednn").record()
+    recorded = Decision("eigen", frozenset({tuple(BIG)}), "measured", None, forms).record()
     resumed = choose_with(recorded=json.loads(json.dumps(recorded)), recorded_in="/w/run.json")
-    assert (resumed.library, resumed.per_tap, resumed.forms, resumed.dots) == (
-        "eigen",
-        frozenset({tuple(BIG)}),
-        forms,
-        "onednn",
-    )
+    assert (resumed.library, resumed.per_tap, resumed.forms) == ("eigen", frozenset({tuple(BIG)}), forms)
     assert resumed.how == "recorded with the run's checkpoints in /w/run.json"
     assert "weight gradients per-tap for 1, im2col for 1 shape class(es)" in resumed.line()
     assert "input gradients im2col for 1 shape class(es)" in resumed.line()
@@ -83,77 +74,136 @@ def test_a_resumed_run_keeps_its_recorded_choice_forms_included(machine):
     assert half.library == "eigen" and half.per_tap == frozenset() and "forced by config" in half.how
 
 
+@pytest.mark.parametrize(
+    "record",
+    [
+        ["ynnpack"],
+        {"library": "mkl"},
+        {"library": "eigen", "per_tap": [[32, 32, 64]]},
+        {"library": "eigen", "per_tap_from": True},
+        {"library": "eigen", "forms": [[*BIG, ["xla"], "xla"]]},
+        {"library": "eigen", "forms": [[*BIG, "xla", "winograd"]]},
+    ],
+    ids=["not-an-object", "library", "per_tap", "per_tap_from", "form-not-a-string", "unknown-form"],
+)
+def test_a_malformed_record_is_one_error_naming_the_file(machine, record):
+    """run.json is untrusted: a ``kernels`` record that ``Decision.record`` could not have written
+    is a ValueError naming the file (``dew.launch`` makes it one line and exit 2)."""
+    with pytest.raises(ValueError, match=r"^/w/run\.json is malformed: 'kernels"):
+        choose_with(recorded=record, recorded_in="/w/run.json")
+
+
 def test_an_accelerator_decides_nothing(machine):
-    decision = choose_with(devices=1, environ={"JAX_PLATFORMS": "cuda"})
+    decision = choose_with(environ={"JAX_PLATFORMS": "cuda"})
     assert decision.library == "ynnpack" and "not the CPU" in decision.how
     assert not kernel_choice.cpu_backend_expected({"JAX_PLATFORMS": "tpu,cpu"})
     assert kernel_choice.cpu_backend_expected({"JAX_PLATFORMS": "cpu"})
 
 
-def test_start_applies_records_and_resumes_a_u_net_without_measuring(machine, tmp_path):
-    """``dew.runtime.start`` with a SongUNet run config: the rule's choice reaches the layers and
-    run.json's record, no child or trace runs and no kernel cache is written; a record resumes."""
+def run_config(model: dict):
+    """A resolved run config's sections that ``dew.runtime.start`` reads, for ``model``."""
     from ml_collections import ConfigDict
 
-    from dew.runtime import backend, platform
-    from dew.runtime.cpu import devices, dots, setup
+    runtime = {
+        "host_devices": 0,
+        "cpu_convolutions": "auto",
+        "cpu_weight_gradient": "auto",
+        "compilation_cache": "off",
+        "coordinator_timeout": 300,
+        "heartbeat_timeout": 100,
+    }
+    return ConfigDict(
+        {
+            "runtime": runtime,
+            "model": model,
+            "dataset": {"name": "digits", "batch_size": 64},
+            "train": {"accumulation": 1},
+        }
+    )
 
-    machine.setattr(dots, "run_probe", never)
+
+@pytest.fixture
+def unstarted(machine, tmp_path):
+    """``dew.runtime.start`` as before JAX starts, on a 2-device CPU whose rule picks Eigen, the
+    machine's cache in ``tmp_path / "machine"``; the kernel choice restored afterwards."""
+    from dew.runtime import backend
+    from dew.runtime.cpu import devices, setup
+
     machine.setattr(devices, "backend_started", lambda: False)
     machine.setattr(backend, "backend_started", lambda: False)
     machine.setattr(cpu_convolutions, "_backend_started", lambda: False)
     machine.setattr(cpu_convolutions, "eigen_measured_faster", lambda features=None: True)
     machine.setenv("XLA_FLAGS", CPU["XLA_FLAGS"])
     machine.setenv("JAX_PLATFORMS", "cpu")
-    machine.delenv(kernel_choice.BY_RULE_VARIABLE, raising=False)  # the suite's own setting
-    machine.setenv(kernel_cache.MACHINE_CACHE_VARIABLE, str(tmp_path / "machine"))
-    config = ConfigDict(
-        {
-            "runtime": {
-                "host_devices": 0,
-                "cpu_convolutions": "auto",
-                "cpu_weight_gradient": "auto",
-                "compilation_cache": "off",
-                "coordinator_timeout": 300,
-                "heartbeat_timeout": 100,
-            },
-            "model": {"name": "songunet", "model_channels": 32},
-            "dataset": {"name": "digits", "batch_size": 64},
-            "train": {"accumulation": 1},
-        }
-    )
+    machine.setenv(compilation_cache.MACHINE_VARIABLE, str(tmp_path / "machine"))
     previous, applied = kernels.current(), setup._applied
-    try:
-        first = platform.start(config, str(tmp_path), dots=lambda config, count: None)
-        assert first.decision is not None
-        assert first.convolutions == "eigen" and first.decision.library == "eigen"
-        assert os.environ["XLA_FLAGS"].endswith(cpu_convolutions.EIGEN_ROUTE)
-        assert any(line.startswith("kernel choice: convolutions on eigen") for line in first.lines())
-        record = first.kernels_record()
-        assert record is not None and record["library"] == "eigen" and record["cpu"].startswith("Test CPU")
-        assert not (tmp_path / "cache").exists() and not (tmp_path / "machine").exists()
-        machine.setenv("XLA_FLAGS", CPU["XLA_FLAGS"])
-        resumed = platform.start(config, str(tmp_path), recorded={"library": "ynnpack", "per_tap": [BIG]})
-        assert resumed.decision is not None
-        assert resumed.convolutions == "ynnpack" and "recorded" in resumed.decision.how
-        assert kernels.current().per_tap_convolutions == frozenset({tuple(BIG)})
-    finally:
-        kernels.set_choice(previous)
-        machine.setattr(setup, "_applied", applied)
+    yield machine
+    kernels.set_choice(previous)
+    machine.setattr(setup, "_applied", applied)
 
 
-def test_route_dots_adds_the_flags_once_and_leaves_the_users(monkeypatch):
-    monkeypatch.setattr(cpu_convolutions, "_backend_started", lambda: False)
-    monkeypatch.setattr(cpu_convolutions, "xla_knows_onednn_dots", lambda: True)
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
-    assert cpu_convolutions.route_dots("xla") == "xla"
-    assert "onednn" not in os.environ["XLA_FLAGS"]
-    assert cpu_convolutions.route_dots("onednn") == "onednn"
-    assert os.environ["XLA_FLAGS"].endswith(cpu_convolutions.ONEDNN_DOTS)
-    assert cpu_convolutions.route_dots("onednn") == "flags"  # already there: not added twice
-    assert os.environ["XLA_FLAGS"].count("xla_cpu_use_onednn") == 1
-    with pytest.raises(ValueError, match="dots must go to one of"):
-        cpu_convolutions.route_dots("mkl")
+def test_start_applies_records_and_resumes_a_u_net(unstarted, tmp_path):
+    """``dew.runtime.start`` with a SongUNet run config: the rule's choice reaches the layers and
+    run.json's record, and no kernel cache is written; a record resumes."""
+    from dew.runtime import platform
+
+    config = run_config({"name": "songunet", "model_channels": 32})
+    first = platform.start(config, str(tmp_path))
+    assert first.decision is not None
+    assert first.convolutions == "eigen" and first.decision.library == "eigen"
+    assert os.environ["XLA_FLAGS"].endswith(cpu_convolutions.EIGEN_ROUTE)
+    assert any(line.startswith("kernel choice: convolutions on eigen") for line in first.lines())
+    record = first.kernels_record()
+    assert record is not None and record["library"] == "eigen" and record["cpu"].startswith("Test CPU")
+    assert "dots" not in record
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "machine").exists()
+    unstarted.setenv("XLA_FLAGS", CPU["XLA_FLAGS"])
+    resumed = platform.start(config, str(tmp_path), recorded={"library": "ynnpack", "per_tap": [BIG]})
+    assert resumed.decision is not None
+    assert resumed.convolutions == "ynnpack" and "recorded" in resumed.decision.how
+    assert kernels.current().per_tap_convolutions == frozenset({tuple(BIG)})
+
+
+#: The ``kernels`` a transformer's run.json recorded where oneDNN's dots were measured faster
+#: (written by an earlier version on the AMD EPYC whose run then aborted compiling its step).
+ONEDNN_RECORD = {
+    "cpu": "AMD EPYC (family 25, model 17, 2 cores, flags 08328ec5)",
+    "dots": "onednn",
+    "forms": None,
+    "how": "CPU-flag rule: convolutions are not timed; dots cached for this machine in "
+    "/root/.cache/dew/kernel_choice.json: the step's matrix products xla 99 ms, onednn 67 ms",
+    "jaxlib": "0.10.2",
+    "library": "ynnpack",
+    "per_tap": None,
+    "per_tap_from": None,
+}
+
+
+def test_the_cpu_platform_never_hands_dots_to_onednn(unstarted, tmp_path, capsys):
+    """A transformer's run, fresh or resumed from a run.json that recorded oneDNN's dots, beside
+    the kernel caches an earlier version wrote (a oneDNN decision for this machine): XLA_FLAGS
+    after ``start`` name no oneDNN flag (``--xla_cpu_use_onednn``, its fusion type), the resumed
+    run says so in one line, and neither cache is read or written."""
+    from dew.runtime import platform
+
+    old_cache = json.dumps({"dot_decisions": {"k": {"times": {"onednn": {}}}}, "dot_shapes": {}})
+    for folder in (tmp_path / "machine", tmp_path / "cache"):
+        folder.mkdir()
+        (folder / "kernel_choice.json").write_text(old_cache)
+    config = run_config({"name": "SiT-S/2"})
+    fresh = platform.start(config, str(tmp_path))
+    assert "onednn" not in os.environ["XLA_FLAGS"].lower()
+    assert fresh.decision is not None and "onednn" not in fresh.decision.line().lower()
+    assert "onednn" not in capsys.readouterr().out.lower()
+    unstarted.setenv("XLA_FLAGS", CPU["XLA_FLAGS"])
+    resumed = platform.start(config, str(tmp_path), recorded=ONEDNN_RECORD, recorded_in="/w/run.json")
+    assert "onednn" not in os.environ["XLA_FLAGS"].lower()
+    said = [line for line in capsys.readouterr().out.splitlines() if "oneDNN" in line]
+    assert said == ["dew: " + kernel_choice.ONEDNN_RECORDED.format(where="/w/run.json")]
+    assert resumed.decision is not None and resumed.decision.library == "ynnpack"
+    assert "dots" not in (resumed.kernels_record() or {})
+    for folder in (tmp_path / "machine", tmp_path / "cache"):
+        assert (folder / "kernel_choice.json").read_text() == old_cache
 
 
 def test_the_layers_report_their_shape_classes():
@@ -172,13 +222,3 @@ def test_the_layers_report_their_shape_classes():
     with kernels.record_convolutions() as seen:
         jax.eval_shape(hk.transform(net).init, jax.random.PRNGKey(0), jnp.zeros((2, 5, 5, 3)))
     assert dict(seen) == {(5, 5, 3, 4, 3, 1): 1, (5, 5, 4, 4, 3, 1): 1}
-
-
-def test_a_cache_of_earlier_versions_convolution_parts_is_read_without_complaint(tmp_path):
-    """Files written when convolutions were timed hold ``decisions`` and ``shapes`` too: left
-    unread, nothing said, the dots parts kept."""
-    path = tmp_path / "kernel_choice.json"
-    path.write_text(json.dumps({"decisions": {"k": {"times": {}}}, "shapes": {"s": []}, "dot_shapes": {}}))
-    lines: list[str] = []
-    assert kernel_cache.read_cache(str(path), lines.append) == {"dot_decisions": {}, "dot_shapes": {}}
-    assert lines == []

@@ -3,7 +3,7 @@ CPU run's start-up; a repeat compile of a small step takes 0.1 s instead of 1.7 
 
 By default the cache is the machine's, shared by every workdir and every command
 (``machine_directory``: ``jax`` in ``$DEW_CACHE_DIR``, else ``$XDG_CACHE_HOME/dew``, else
-``~/.cache/dew``, beside the machine's kernel decisions), so a new workdir starts without
+``~/.cache/dew``), so a new workdir starts without
 compiling the programs this machine compiled before: a compiled program is a fact about the
 program, the XLA flags, the jaxlib and the devices (JAX's cache key), never about one run. It
 moves with ``DEW_CACHE_DIR`` or ``config.runtime.compilation_cache=<dir>``, and
@@ -23,7 +23,7 @@ MACHINE_VARIABLE = "DEW_CACHE_DIR"
 
 
 def machine_directory(environ: Mapping[str, str] | None = None) -> str | None:
-    """The machine's dew cache folder (kernel decisions, compiled programs): ``$DEW_CACHE_DIR``,
+    """The machine's dew cache folder (its compiled programs): ``$DEW_CACHE_DIR``,
     else ``$XDG_CACHE_HOME/dew``, else ``~/.cache/dew``; None for ``DEW_CACHE_DIR=off`` or empty."""
     environ = os.environ if environ is None else environ
     if MACHINE_VARIABLE in environ:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from dew import kernels
@@ -29,7 +29,6 @@ from dew.schema import ConfigError, Key, Section, at_least
 
 if TYPE_CHECKING:
     from dew.runtime.cpu.choice import Decision
-    from dew.runtime.cpu.dots import ShapeSource
 
 CONFIG = Section(
     "the process and its platform, set up by dew.runtime.platform before JAX starts",
@@ -193,6 +192,7 @@ def start_for(
     *,
     say: bool = True,
     warn: bool = True,
+    stacklevel: int = 3,
     **options: Any,
 ) -> Platform | None:
     """What a ``Trainer``, ``pipeline`` or ``evaluate`` built in a user's own code calls first:
@@ -202,7 +202,8 @@ def start_for(
     JAX started first, one ``PlatformNotApplied`` warning (once per caller, Python's default
     filter) saying what was missed and how to get it, unless not ``warn`` (a reader such as
     ``dew.pipeline``, inside commands that touch JAX first: it misses only the convolution
-    library's rule and the compilation cache). ``what`` names the caller. A setting this
+    library's rule and the compilation cache). ``what`` names the caller; the warning points at
+    the frame ``stacklevel`` (``warnings.warn``'s: 3 is the caller of ``start_for``'s caller). A setting this
     machine cannot honour is a ``ConfigError`` naming the key."""
     if _started is not None:
         return None
@@ -211,11 +212,11 @@ def start_for(
             return None
         warnings.warn(
             f"{what} built after JAX started, without dew.runtime.start: this process keeps XLA's "
-            "default devices and kernels (not one CPU device per core, not the measured convolution "
+            "default devices and kernels (not one CPU device per core, not the CPU-flag rule's convolution "
             "kernels); call dew.runtime.start(config, workdir) before anything touches a device, as "
             "python -m dew.main does",
             PlatformNotApplied,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
         return None
     try:
@@ -238,27 +239,22 @@ def start(
     processes: distributed.ProcessGroup | None = None,
     detect_processes: bool = True,
     group_flags: tuple[str | None, str | None, str | None] = (None, None, None),
-    dots: Callable[[Any, int], ShapeSource | None] | None = None,
     recorded: dict | None = None,
     recorded_in: str = "run.json",
 ) -> Platform:
     """Set up this process from a resolved run config's ``runtime`` section (None: its defaults) and
-    return what was chosen. ``workdir`` holds the kernel choice's own copy (without one, the
-    machine's cache serves; the compilation cache is the machine's by default:
-    ``compilation_cache``); ``present_devices=False`` leaves the CPU device count as it is (a reader
-    that samples on one device, as ``python -m dew.sample`` does). ``processes``: the process group
-    to join; None reads it from ``group_flags`` (``python -m dew.main``'s ``--coordinator``,
+    return what was chosen. ``workdir``: where the compilation cache goes with
+    ``DEW_CACHE_DIR=off`` (by default it is the machine's: ``compilation_cache``);
+    ``present_devices=False`` leaves the CPU device count as it is (a reader that samples on one
+    device, as ``python -m dew.sample`` does). ``processes``: the process group to join; None
+    reads it from ``group_flags`` (``python -m dew.main``'s ``--coordinator``,
     ``--num_processes``, ``--process_id``), the environment or a cluster JAX detects, unless
-    ``detect_processes=False`` (``distributed.requested``). ``dots(config,
-    devices)``: a transformer's matrix products, whose route the CPU platform measures
-    (``dew.training.traced_dots.run_dots``, handed over by the caller; None: XLA's dots).
-    ``recorded``: the kernel decision a resumed run recorded (``run.json``'s ``kernels``), kept
-    for settings left at ``auto``. In a process group (also one the caller joined with
-    ``jax.distributed.initialize``) nothing is measured. Raises ValueError for a setting this
-    machine cannot honour (e.g. ``cpu_convolutions='eigen'`` on an XLA without the flag), naming
-    the key; ``distributed.ProcessGroupError`` (a ValueError) for a process group that cannot be
-    formed, and ``ConfigError`` for ``config.mesh.devices`` that the process count does not
-    divide, before any peer is waited for."""
+    ``detect_processes=False`` (``distributed.requested``). ``recorded``: the kernel decision a
+    resumed run recorded (``run.json``'s ``kernels``), kept for settings left at ``auto``. Raises
+    ValueError for a setting this machine cannot honour (e.g. ``cpu_convolutions='eigen'`` on an
+    XLA without the flag), naming the key; ``distributed.ProcessGroupError`` (a ValueError) for a
+    process group that cannot be formed, and ``ConfigError`` for ``config.mesh.devices`` that the
+    process count does not divide, before any peer is waited for."""
     section = config.runtime if config is not None and "runtime" in config else _DEFAULTS
     attention = attention_choice(str(section.get("attention", "auto")))
     sizes = _batch_sizes(config or {})
@@ -285,11 +281,8 @@ def start(
         count_of = processes.num_processes if processes is not None else 1
         cpu = set_up(
             section,
-            workdir,
             batch_sizes=[size // count_of for size in sizes if size % count_of == 0],
             present_devices=present_devices,
-            grouped=processes is not None,
-            dots=None if dots is None else lambda devices: dots(config, devices),
             recorded=recorded,
             recorded_in=recorded_in,
         )

@@ -19,9 +19,9 @@ from dew.checkpointing.restore import RestorePolicy
 from dew.checkpointing.settings import checkpoint_settings
 from dew.contracts.objective import Objective
 from dew.contracts.state import TrainState
-from dew.run_records import record_start, recorded_kernels
+from dew.run_records import record_start
 from dew.runtime import heartbeats
-from dew.runtime.platform import Platform, start_for, started
+from dew.runtime.platform import Platform
 from dew.runtime.precompile import BackgroundCompile
 from dew.schema import ConfigError
 from dew.tracking.console import Progress
@@ -35,12 +35,11 @@ from dew.training.preemption import PreemptionStage
 from dew.training.profile import ProfileWindow
 from dew.training.programs import Programs, debiased_ema
 from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage, SnapshotStage
-from dew.training.traced_dots import run_dots
 from dew.training.trainer_config import (
-    check_step_to_restore,
     check_workdir,
     config_schema,
     make_optimizer,
+    platform_for,
     resolve_config,
 )
 
@@ -57,10 +56,10 @@ class Trainer:
     ``platform``: what ``dew.runtime.start`` set up for this config and workdir, from a caller
     that checked the workdir (``check_workdir``) and started the platform itself
     (``dew.launch.Run``, behind ``python -m dew.main``). Left None, a Trainer built in a user's
-    own code does both here (``start_for``: the same decision, caches and ``kernel choice:`` line,
-    keeping the kernels a resumed run recorded). Either way ``self.platform`` is that one value
-    (None only where JAX started first without ``dew.runtime.start``: ``start_for`` warned).
-    """
+    own code does both here (``trainer_config.platform_for``: the same decision and ``kernel
+    choice:`` line, keeping the kernels a resumed run recorded). Either way ``self.platform`` is
+    that one value (None only where JAX started first without ``dew.runtime.start``: one
+    ``PlatformNotApplied`` warning at the line that built the Trainer)."""
 
     def __init__(
         self,
@@ -72,13 +71,7 @@ class Trainer:
         platform: Platform | None = None,
     ):
         self.config = c = config if resolved else resolve_config(config)
-        if platform is None:  # built in a user's own code: dew.runtime.start as dew.main makes it
-            workdir = check_workdir(workdir, c)  # and the config's checks before the platform's
-            recorded = recorded_kernels(workdir)
-            start_for("Trainer", c, workdir, dots=run_dots, recorded=recorded)  # warns the caller
-            platform = started()
-        else:  # a caller that started the platform: the step to restore is checked (again) here
-            check_step_to_restore(c, workdir)
+        workdir, platform = platform_for(c, workdir, platform)  # started here if not given
         self.workdir, self.platform = workdir, platform
         self.mesh, self.layout = mesh_and_layout(c)  # bad input fails before any work
         self.train_source, self.val_source = (

@@ -16,6 +16,7 @@ from dew.averaging import ema as ema_lib
 from dew.checkpointing import settings as checkpoint_config
 from dew.contracts.objective import MODEL_CONFIG, OBJECTIVE_CONFIG
 from dew.data import config as data_config
+from dew.run_records import recorded_kernels
 from dew.runtime import platform as runtime_platform
 from dew.schema import ConfigError, Key, Section, at_least, resolve
 from dew.tracking import trackers as trackers_lib
@@ -222,9 +223,9 @@ def check_workdir(workdir: str, config: ml_collections.ConfigDict | None = None)
 
 
 def check_before_start(config: ml_collections.ConfigDict, workdir: str) -> None:
-    """The checks of a resolved ``config`` that need the workdir or the data but no measurement
-    and no JAX backend: run before the platform starts (the kernel measurement, the caches) and
-    before anything is created, so such bad input is one line and exit 2 with nothing written.
+    """The checks of a resolved ``config`` that need the workdir or the data but no JAX backend:
+    run before the platform starts (the devices, the compilation cache) and before anything is
+    created, so such bad input is one line and exit 2 with nothing written.
 
     - ``checkpoint.step_to_restore`` must name a step stored where the restore reads it: this
       run's checkpoints, or ``checkpoint.restore_dir``'s while this run has none (a remote
@@ -248,6 +249,25 @@ def check_before_start(config: ml_collections.ConfigDict, workdir: str) -> None:
             validation.check_first(config.eval.num_batches)
         except ValueError as e:
             raise ConfigError(f"config.eval.num_batches={config.eval.num_batches} is invalid: {e}") from None
+
+
+def platform_for(
+    config: ml_collections.ConfigDict, workdir: str, platform: runtime_platform.Platform | None
+) -> tuple[str, runtime_platform.Platform | None]:
+    """The workdir and the platform a ``Trainer`` of the resolved ``config`` runs with. Given the
+    caller's ``platform`` (``dew.launch.Run`` checked the workdir and started it), the step to
+    restore is checked again and both come back as they are. Without one (a Trainer built in a
+    user's own code): the workdir and the config's checks first (``check_workdir``: absolute
+    path), then ``dew.runtime.start`` as ``python -m dew.main`` applies it, keeping the kernels
+    the run's ``run.json`` recorded (``start_for``; the platform is None only where JAX started
+    first, and then the user's line that built the Trainer gets one warning)."""
+    if platform is not None:
+        check_step_to_restore(config, workdir)
+        return workdir, platform
+    workdir = check_workdir(workdir, config)
+    recorded = recorded_kernels(workdir)
+    runtime_platform.start_for("Trainer", config, workdir, stacklevel=4, recorded=recorded)
+    return workdir, runtime_platform.started()
 
 
 def check_step_to_restore(config: ml_collections.ConfigDict, workdir: str) -> None:

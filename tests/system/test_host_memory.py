@@ -144,7 +144,7 @@ def test_freed_memory_is_reused_by_the_next_step_without_a_restart():
     only the first step faults it in; with ``config.runtime.reuse_freed_memory=False`` every step
     maps it anew. Huge pages off in both, so the faults are 4 KiB pages; a process started with
     them keeps them alone."""
-    env = {**os.environ, "GLIBC_TUNABLES": f"{TUNABLE}=0", "DEW_KERNELS_BY_RULE": "1"}
+    env = {**os.environ, "GLIBC_TUNABLES": f"{TUNABLE}=0"}
     results = {}
     for mode, tunable in (("on", "0"), ("off", "0"), ("on", "1")):
         done = subprocess.run(

@@ -1,6 +1,6 @@
 """``dew.runtime.start`` reaches every entry point: a ``Trainer``, ``dew.pipeline`` or
 ``evaluate`` built in a user's own code before JAX started applies it itself (the clean-environment
-tier, ``tests/user_paths``, checks that with the measurement running); built after JAX started,
+tier, ``tests/user_paths``, checks that in a fresh environment); built after JAX started,
 one ``PlatformNotApplied`` warning says what was missed and how to get it."""
 
 from __future__ import annotations
@@ -25,6 +25,17 @@ def test_built_after_jax_started_one_warning_says_what_was_missed(not_started):
     with pytest.warns(platform.PlatformNotApplied, match=r"dew\.runtime\.start\(config, workdir\)") as seen:
         assert platform.start_for("Trainer") is None
     assert len(seen) == 1 and "Trainer built after JAX started" in str(seen[0].message)
+
+
+def test_a_trainer_built_after_jax_started_warns_at_the_line_that_built_it(not_started, config, tmp_path):
+    """The warning points at the user's line (``warnings``' default filter shows it once per line),
+    not at dew's own code."""
+    from dew.training.trainer import Trainer
+
+    with pytest.warns(platform.PlatformNotApplied, match="Trainer built after JAX started") as seen:
+        trainer = Trainer(config, str(tmp_path / "run"))
+    assert trainer.platform is None
+    assert [w.filename for w in seen] == [__file__]
 
 
 def test_evaluate_in_a_custom_loop_says_it_too(not_started):

@@ -2,7 +2,6 @@
 ``setup.set_up`` (``dew.runtime.start`` calls it; on an accelerator nothing here runs).
 
 - ``devices``: one XLA device per core; ``memory``: glibc's huge pages and freed-memory reuse;
-- ``flags``: XLA:CPU's convolution library and dot routes, and the CPU-flag rule;
-- ``choice``: the kernel decision (forced, recorded with a run, the rule, or a transformer's dots
-  measured: ``dots``, its cache files ``cache`` and its timing child ``probe``).
+- ``flags``: XLA:CPU's convolution library and the CPU-flag rule;
+- ``choice``: the kernel decision (forced, recorded with a run, or the rule). Dots are XLA's.
 """

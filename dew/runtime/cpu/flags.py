@@ -1,5 +1,5 @@
-"""XLA:CPU's flags for the kernels a run uses: the convolution library, where dots go, and the
-rule that picks them from the CPU's features.
+"""XLA:CPU's flags for the kernels a run uses: the convolution library, and the rule that picks
+it from the CPU's features.
 
 XLA:CPU hands each convolution to YNNPACK unless ``--xla_cpu_experimental_ynn_fusion_type=
 -individual_convolution`` routes them to Eigen's spatial convolution. On x86 CPUs with AVX2 and
@@ -8,9 +8,9 @@ AVX-512 CPUs whole steps are not (``benchmarks/RESULTS.md``). So ``route_convolu
 picks Eigen only on x86 CPUs with AVX2 and without AVX-512 and leaves XLA's default elsewhere;
 timing every shape class on the machine (the measured choice this rule once backed up) chose the
 same library on both CPUs it was compared on. ``weight_gradient_choice`` turns the library and
-the CPU into the per-tap weight-gradient choice the EDM layers receive (``dew.kernels``).
-``route_dots`` hands XLA's dots to oneDNN (``ONEDNN_DOTS``), where ``dew.runtime.cpu.dots``
-measured it faster for a transformer.
+the CPU into the per-tap weight-gradient choice the EDM layers receive (``dew.kernels``). Dots
+stay where XLA puts them: nothing here hands them to oneDNN (``benchmarks/RESULTS.md``: its
+dots aborted a transformer's run on an AVX-512 CPU).
 
 Every flag is read once, when JAX starts its CPU backend, so the routes are set before anything
 touches a device; ``XLA_FLAGS`` already setting one always wins, and a flag is added only when
@@ -94,45 +94,6 @@ def _jaxlib_has(*names: bytes) -> bool:
 def xla_knows_the_flag() -> bool:
     """Whether the installed jaxlib's XLA has the flag and its convolution value."""
     return _jaxlib_has(FLAG[2:].encode(), b"LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION")
-
-
-#: XLA:CPU's flags that hand dots (matmuls) to oneDNN, the library PyTorch runs on Intel CPUs:
-#: ``xla_cpu_use_onednn`` turns on its library fusions and the fusion type ``dot`` gives them the
-#: dots (XLA's default list is empty). Convolutions stay with their library: XLA rewrites a
-#: convolution to oneDNN only in builds with oneDNN's asynchronous runtime (its
-#: ``IsOneDnnCompatible``, a build option, not a CPU check), which jaxlib's wheels are not; on
-#: this jaxlib (0.10.2) ``xla_cpu_experimental_onednn_custom_call`` leaves every convolution as it
-#: was (``benchmarks/RESULTS.md``). The dots this moves are the per-tap and im2col gradient forms
-#: (``dew.networks.conv_forms``), the 1×1 convolutions, attention and linear layers.
-ONEDNN_DOTS = "--xla_cpu_use_onednn=true --xla_cpu_experimental_onednn_fusion_type=dot"
-DOTS_CHOICES = ("xla", "onednn")
-
-
-def onednn_in_flags(xla_flags: str) -> bool:
-    """Whether ``xla_flags`` already says anything about oneDNN (the user's setting wins)."""
-    return "onednn" in xla_flags
-
-
-def xla_knows_onednn_dots() -> bool:
-    """Whether the installed jaxlib's XLA has the oneDNN flags of ``ONEDNN_DOTS`` (XLA aborts the
-    process on a flag it does not know)."""
-    return _jaxlib_has(b"xla_cpu_use_onednn", b"xla_cpu_experimental_onednn_fusion_type")
-
-
-def route_dots(choice: str = "xla") -> str:
-    """Hand this process's dots to oneDNN (``choice="onednn"``: ``ONEDNN_DOTS`` added to
-    ``XLA_FLAGS``) or leave them where XLA puts them (``"xla"``). Returns where they go: nothing
-    changes where ``XLA_FLAGS`` already mentions oneDNN (``"flags"``), the backend has started, or
-    this XLA lacks the flags (``"xla"``). Raises ValueError for an unknown choice."""
-    if choice not in DOTS_CHOICES:
-        raise ValueError(f"dots must go to one of {DOTS_CHOICES}, got {choice!r}")
-    flags = os.environ.get("XLA_FLAGS", "")
-    if onednn_in_flags(flags):
-        return "flags"
-    if choice == "xla" or _backend_started() or not xla_knows_onednn_dots():
-        return "xla"
-    os.environ["XLA_FLAGS"] = f"{flags} {ONEDNN_DOTS}".strip()
-    return "onednn"
 
 
 def _backend_started() -> bool:

@@ -3,23 +3,20 @@ backend will be the CPU (``dew.runtime.backend.cpu_backend_expected``), before J
 
 In order: one XLA device per core (``devices``; as many as the batch sizes divide), glibc keeping
 a step's freed memory for the next one (``memory.reuse_freed_memory``, before XLA's threads
-exist), the kernel decision (``choice.choose``: forced, recorded, the CPU-flag rule, a
-transformer's dots measured) and the routes it sets in ``XLA_FLAGS`` (``flags``). Called after
-the backend started, it changes no device setting (XLA read its flags already) and keeps the
-rule's kernels.
+exist), the kernel decision (``choice.choose``: forced, recorded or the CPU-flag rule) and the
+convolution library it sets in ``XLA_FLAGS`` (``flags``). Dots stay XLA's. Called after the
+backend started, it changes no device setting (XLA read its flags already) and keeps the rule's
+kernels.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dew import kernels
-from dew.runtime.cpu import cache, choice, devices, flags, memory
-from dew.runtime.cpu.dots import ShapeSource
+from dew.runtime.cpu import choice, devices, flags, memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,51 +34,32 @@ class CpuSetup:
 
 def set_up(
     section: Mapping[str, Any],
-    workdir: str | None,
     *,
     batch_sizes: Sequence[int],
     present_devices: bool,
-    grouped: bool,
-    dots: Callable[[int], ShapeSource | None] | None,
     recorded: Mapping[str, Any] | None,
     recorded_in: str,
 ) -> CpuSetup:
     """Set this process up for XLA:CPU from ``config.runtime`` (``section``). ``batch_sizes``: the
     per-process batches the device count must divide; ``present_devices=False`` leaves the count
-    as it is. ``grouped``: this process is one of several (nothing is measured: each process would
-    time its own machine); ``dots(devices)``: a transformer's matrix products to measure (None:
-    none). ``recorded``: a resumed run's decision (``run.json``'s ``kernels``). Raises ValueError
-    for a setting this machine cannot honour, naming the key."""
+    as it is. ``recorded``: a resumed run's decision (``run.json``'s ``kernels``, read from
+    ``recorded_in``). Raises ValueError for a setting this machine cannot honour, naming the key."""
     presented = None
     if present_devices:
         count = devices.host_device_count(section["host_devices"], batch_sizes)
         presented = devices.present_host_devices(count)
-    count = devices.flagged_count(os.environ.get("XLA_FLAGS", "")) or 1
     decision, reuses = None, False
     if not devices.backend_started():  # after it, XLA read its flags already: nothing can change
         # Before XLA's threads exist: each takes its malloc arena when it first allocates.
         reuses = bool(section.get("reuse_freed_memory", True)) and memory.reuse_freed_memory()
-        import jax  # no backend: whether the user's code joined a process group itself
-
-        grouped = grouped or jax.distributed.is_initialized()
-        workdir_cache, machine_cache = cache.cache_path(workdir), cache.machine_cache_path()
         decision = choice.choose(
             section["cpu_convolutions"],
             section.get("cpu_weight_gradient", "auto"),
-            shapes=None if grouped or dots is None else dots(count),
-            devices=count,
-            cache=workdir_cache,
-            machine_cache=machine_cache,
             recorded=recorded,
             recorded_in=recorded_in,
             log=lambda line: print(f"dew: {line}", flush=True),
         )
     library = flags.route_convolutions(section["cpu_convolutions"] if decision is None else decision.library)
-    if decision is not None and flags.route_dots(decision.dots) == "onednn":
-        # XLA cannot store oneDNN's fusions in the compilation cache; the kernel choice's line
-        # says so once (``dots.NOT_CACHED``) instead of a warning for every program.
-        unstorable = r"Error writing persistent compilation cache entry .*onednn"
-        warnings.filterwarnings("ignore", message=unstorable, category=UserWarning)
     global _applied
     _applied = decision
     chosen = flags.weight_gradient_choice() if decision is None else decision.kernel_choice()
