@@ -93,7 +93,10 @@ _MISSING = object()
 
 
 def agree(
-    config: Any, timeout: float, heartbeat_timeout: float, stop: Callable[[BaseException], object] | None = None
+    config: Any,
+    timeout: float,
+    heartbeat_timeout: float,
+    stop: Callable[[BaseException], object] | None = None,
 ) -> str:
     """In a multi-process run (a no-op returning '' otherwise), check that every process resolved
     the same ``config`` (``config_entries``), exchanged through the coordinator's key-value

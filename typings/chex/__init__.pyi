@@ -9,7 +9,9 @@ from chex._src.asserts import assert_axis_dimension as assert_axis_dimension
 from chex._src.asserts import assert_equal_shape as assert_equal_shape
 from chex._src.asserts import assert_rank as assert_rank
 from chex._src.asserts import assert_shape as assert_shape
-from chex._src.asserts import assert_trees_all_equal_shapes_and_dtypes as assert_trees_all_equal_shapes_and_dtypes
+from chex._src.asserts import (
+    assert_trees_all_equal_shapes_and_dtypes as assert_trees_all_equal_shapes_and_dtypes,
+)
 from chex._src.asserts import assert_type as assert_type
 
 _T = TypeVar("_T")
