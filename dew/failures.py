@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import traceback
+from typing import TextIO
 
 from dew.registry import UnknownNameError
 from dew.schema import ConfigError
@@ -114,7 +115,7 @@ def write_traceback(error: BaseException, workdir: str | None) -> str | None:
     return None
 
 
-def report(error: BaseException, workdir: str | None, *, stream=None) -> int:
+def report(error: BaseException, workdir: str | None, *, stream: TextIO | None = None) -> int:
     """Print ``error`` for a person (see the module docstring); return the exit status."""
     stream = stream or sys.stderr
     code = exit_code(error)

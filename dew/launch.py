@@ -70,7 +70,10 @@ def start_platform(
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if platform.processes is not None:  # one config in every process; a lost peer stops this one
-        stop = lambda e: end_process(report(e, _existing(workdir)))  # noqa: E731
+
+        def stop(e: BaseException) -> None:
+            end_process(report(e, _existing(workdir)))
+
         heartbeats.agree(config, rt.coordinator_timeout, rt.heartbeat_timeout, stop)
     return platform
 

@@ -23,10 +23,14 @@ import shlex
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from dew.config import apply_overrides, describe_config, load_config
 from dew.failures import end_process, report
 from dew.runtime.cpu.memory import with_huge_pages
+
+if TYPE_CHECKING:
+    from dew.training.trainer import Trainer
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -48,7 +52,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     group.add_argument("--num_processes", help="how many processes the run has")
     group.add_argument("--process_id", help="this process's index, 0 .. num_processes - 1")
     args, rest = parser.parse_known_args(argv)
-    overrides = []
+    overrides: list[str] = []
     for item in rest:
         if not item.startswith("--config."):
             parser.error(f"unrecognised argument {item!r} (config keys are set with --config.<key>=<value>)")
@@ -90,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def interrupted(error: KeyboardInterrupt, trainer, argv: Sequence[str]) -> str:
+def interrupted(error: KeyboardInterrupt, trainer: Trainer | None, argv: Sequence[str]) -> str:
     """What a Ctrl-C that stopped the run leaves behind, for a person: the save it cut short
     (``preemption.Interrupted``), the newest checkpoint that landed (read as a reader would),
     and how to resume. Nothing is waited for: what is still being written is abandoned and

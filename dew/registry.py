@@ -140,13 +140,16 @@ def as_metric(component: Callable[..., float]) -> Metric:
     return component if isinstance(component, Metric) else Metric(component)
 
 
-datasets: Registry = Registry("datasets")
-encoders: Registry = Registry("encoders")
-metrics: Registry = Registry("metrics")
-models: Registry = Registry("models")
-presets: Registry = Registry("presets")
-samplers: Registry = Registry("samplers")
-objectives: Registry = Registry("objectives")
+# A component is whatever its module registered under the name (a class, a function, a preset):
+# known only when the name is looked up, so a lookup is Any and the caller checks what it got
+# (``dew.training.build.build_objective``: an Objective; ``as_metric``: a Metric).
+datasets: Registry[Any] = Registry("datasets")
+encoders: Registry[Any] = Registry("encoders")
+metrics: Registry[Any] = Registry("metrics")
+models: Registry[Any] = Registry("models")
+presets: Registry[Any] = Registry("presets")
+samplers: Registry[Any] = Registry("samplers")
+objectives: Registry[Any] = Registry("objectives")
 
 __all__ = [
     "Metric",

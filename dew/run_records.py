@@ -206,7 +206,7 @@ def record_start(
     return entry
 
 
-def recorded_kernels(workdir: str) -> dict | None:
+def recorded_kernels(workdir: str) -> dict[str, Any] | None:
     """The kernel decision a run recorded in its ``run.json`` (what a resume keeps), or None: no
     run there yet, or a ``run.json`` the restore reports on its own."""
     if not os.path.isdir(workdir):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import cast
 
 import jax
 import ml_collections
@@ -19,13 +20,14 @@ import numpy as np
 
 from dew.artifacts import ImageGrid
 from dew.checkpointing import read_run_metadata
+from dew.objectives.diffusion import Diffusion
 from dew.scoring.digits_classifier import classify_digits
 from dew.tracking.trackers import write_png
 from dew.training.trainer import Trainer
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--workdir", default="runs/edm")
     parser.add_argument("--per_class", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1)
@@ -38,25 +40,29 @@ def main() -> int:
         return 2
     config = ml_collections.ConfigDict(metadata["config"])
     trainer = Trainer(config, args.workdir)
-    step = trainer.checkpoints.latest_step()
+    checkpoints = trainer.checkpoints
+    assert checkpoints is not None, "the run keeps checkpoints"
+    objective = cast(Diffusion, trainer.objective)  # the run digits_accuracy reads: a diffusion run
+    step = checkpoints.latest_step()
     if step is None:
-        print(f"error: no checkpoint in {trainer.checkpoints.directory}", file=sys.stderr)
+        print(f"error: no checkpoint in {checkpoints.directory}", file=sys.stderr)
         return 2
     template = jax.eval_shape(trainer.programs.init, jax.random.PRNGKey(0), trainer.example_batch()).params
-    params = trainer.checkpoints.restore_ema(template, step)  # debiased as the checkpoint records
-    sampling = trainer.objective.sampling
+    params = checkpoints.restore_ema(template, step)  # debiased as the checkpoint records
+    sampling = objective.sampling
     steps = args.steps or sampling.steps
 
     @jax.jit
     def draw(rng):
-        return trainer.objective.draw(
+        return objective.draw(
             params,
             rng,
             per_class=args.per_class,
             steps=steps,
             solver=sampling.solver,
             guidance=sampling.guidance,
-            guidance_interval=sampling.guidance_interval,
+            # Sampling refuses an interval that is not () or a pair (diffusion_config._interval_ok).
+            guidance_interval=sampling.guidance_interval,  # pyright: ignore[reportArgumentType]
         )
 
     images, labels = jax.device_get(draw(jax.random.PRNGKey(args.seed)))

@@ -30,6 +30,7 @@ import os
 import pathlib
 import sys
 import time
+from typing import cast
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -54,7 +55,7 @@ def main() -> int:
 
         with_huge_pages()  # as python -m dew.main does: restarts this process once (same process id)
     start = time.perf_counter() - process_age()
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument(
         "--path",
         choices=("cli", "custom"),
@@ -79,6 +80,7 @@ def main() -> int:
 
     from dew.artifacts import ImageGrid
     from dew.config import load_config
+    from dew.objectives.diffusion import Diffusion
     from dew.runtime.platform import start as start_runtime
     from dew.scoring.digits_classifier import classify_digits
     from dew.tracking.media import write_png
@@ -145,7 +147,7 @@ def main() -> int:
 
         @jax.jit
         def draw(rng, params=params):
-            return trainer.objective.draw(
+            return cast(Diffusion, trainer.objective).draw(
                 params, rng, per_class=args.per_class, steps=args.points, solver="heun"
             )
 

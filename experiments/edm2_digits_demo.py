@@ -192,7 +192,7 @@ def score(args: argparse.Namespace) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("phase", choices=("train", "score"))
     parser.add_argument("--out", default="runs/edm2_demo")
     parser.add_argument("--budget", type=float, default=270.0, help="seconds of wall time per run")

@@ -62,7 +62,7 @@ and it draws a random seed unless given ``--seed`` (dew: ``seed`` = 0).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ml_collections import ConfigDict
 
@@ -88,7 +88,7 @@ class Row(NamedTuple):
     tick_kimg: int = 50  # --tick (logging and checkpoint cadence only)
 
 
-_64 = dict(batch=256, cres=(1, 2, 2, 2), lr=2e-4, augment=0.15)
+_64: dict[str, Any] = dict(batch=256, cres=(1, 2, 2, 2), lr=2e-4, augment=0.15)
 ROWS: dict[str, Row] = {
     "cifar10-cond-ddpmpp": Row("cifar10-32x32-cond-ddpmpp", "cifar10", True, "ddpmpp"),
     "cifar10-cond-ncsnpp": Row("cifar10-32x32-cond-ncsnpp", "cifar10", True, "ncsnpp"),

@@ -27,7 +27,7 @@ def to_8x8(images: np.ndarray) -> np.ndarray:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--workdir", default="runs/latent_digits")
     parser.add_argument("--vae_run", default="", help="also score the VAE's reconstructions")
     parser.add_argument("--per_class", type=int, default=50)

@@ -129,7 +129,7 @@ def held_out_psnr(codec, pixels: np.ndarray) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--dest", default="runs/latent_digits_data")
     parser.add_argument("--vae_run", default=None, help="workdir of experiments/latent_digits_vae.py")
     parser.add_argument("--weights", default=None, help="a VAE safetensors file of VAE's shape")

@@ -23,6 +23,7 @@ def _edm_config() -> ConfigDict:
     spec = importlib.util.spec_from_file_location(
         "_dew_latent_digits_vae_edm", pathlib.Path(__file__).with_name("edm.py")
     )
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config()

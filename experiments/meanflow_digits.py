@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +33,8 @@ import numpy as np
 
 from dew.artifacts import ImageGrid
 from dew.checkpointing import read_run_metadata
+from dew.objectives.diffusion import Diffusion
+from dew.objectives.meanflow import MeanFlow
 from dew.sampling import nfe, sample
 from dew.scoring.digits_classifier import classify_digits
 from dew.scoring.digits_features import digits_frechet_distance
@@ -68,11 +71,13 @@ def restore(workdir: str):
     if metadata is None:
         raise SystemExit(f"error: {workdir} has no run.json; train first")
     trainer = Trainer(ml_collections.ConfigDict(metadata["config"]), workdir)
-    step = trainer.checkpoints.latest_step()
+    checkpoints = trainer.checkpoints
+    assert checkpoints is not None, "the run keeps checkpoints"
+    step = checkpoints.latest_step()
     if step is None:
-        raise SystemExit(f"error: no checkpoint in {trainer.checkpoints.directory}")
+        raise SystemExit(f"error: no checkpoint in {checkpoints.directory}")
     template = jax.eval_shape(trainer.programs.init, jax.random.PRNGKey(0), trainer.example_batch()).params
-    return trainer, trainer.checkpoints.restore_ema(template, step), step
+    return trainer, checkpoints.restore_ema(template, step), step
 
 
 def score(name: str, images: np.ndarray, labels: np.ndarray, pictures: str) -> tuple[float, float]:
@@ -86,7 +91,7 @@ def score(name: str, images: np.ndarray, labels: np.ndarray, pictures: str) -> t
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--meanflow", required=True, help="workdir of an experiments/meanflow.py digits run")
     parser.add_argument("--edm", required=True, help="workdir of an experiments/edm.py run")
     parser.add_argument("--per_class", type=int, default=100)
@@ -100,7 +105,9 @@ def main() -> int:
     labels = np.repeat(np.arange(10), args.per_class)
     for evaluations, schedule in MEANFLOW_SCHEDULES.items():
         draw = jax.jit(
-            lambda p, r, s=schedule: trainer.objective.draw(p, r, per_class=args.per_class, schedule=s)
+            lambda p, r, s=schedule: cast(MeanFlow, trainer.objective).draw(
+                p, r, per_class=args.per_class, schedule=s
+            )
         )
         images = jax.device_get(draw(params, jax.random.PRNGKey(args.seed)))
         name = f"{args.prefix}_meanflow_{evaluations}nfe"
@@ -117,7 +124,7 @@ def main() -> int:
                     trainer.objective, params, jax.random.PRNGKey(args.seed), args.per_class
                 )
             )
-            sigmas = np.asarray(trainer.objective.process.sigmas(3))
+            sigmas = np.asarray(cast(Diffusion, trainer.objective).process.sigmas(3))
             sampler = (
                 "D(σ_max z; σ_max)" if evaluations == 1 else f"euler, σ {sigmas[0]:.0f} -> {sigmas[1]:.2f}"
             )
@@ -126,7 +133,9 @@ def main() -> int:
             assert nfe(solver, points) == evaluations, (solver, points)
 
             def draw(p, r, solver=solver, points=points):
-                return trainer.objective.draw(p, r, per_class=args.per_class, steps=points, solver=solver)
+                return cast(Diffusion, trainer.objective).draw(
+                    p, r, per_class=args.per_class, steps=points, solver=solver
+                )
 
             images, drawn = jax.device_get(jax.jit(draw)(params, jax.random.PRNGKey(args.seed)))
             sampler = f"{solver}, {points} points"

@@ -30,7 +30,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--workdir", default="runs/mixture2d")
     parser.add_argument("--n", type=int, default=2000)
     parser.add_argument("--sets", type=int, default=5)

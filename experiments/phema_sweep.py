@@ -37,7 +37,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--workdir", default="runs/phema_digits")
     parser.add_argument("--train_steps", type=int, default=1000)
     parser.add_argument("--snapshot_every", type=int, default=125)
@@ -92,10 +92,9 @@ def main() -> int:
     def flat(tree) -> np.ndarray:
         return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in jax.tree.leaves(tree)])
 
-    tracked = {
-        s: flat(jax.device_get(slot))
-        for s, slot in zip(trainer.averages.power.std_rels, state.power_ema, strict=True)
-    }
+    power, slots = trainer.averages.power, state.power_ema
+    assert power is not None and slots is not None, "the run tracks power-EMA profiles"
+    tracked = {s: flat(jax.device_get(slot)) for s, slot in zip(power.std_rels, slots, strict=True)}
     a, b = tracked.values()
     print(f"‖θ̂(0.05) − θ̂(0.10)‖ / ‖θ̂(0.10)‖ = {np.linalg.norm(a - b) / np.linalg.norm(b):.3e}")
     for sigma, theta in tracked.items():

@@ -59,7 +59,7 @@ def train_and_score(preset: str, steps: int, seed: int = 0) -> tuple[float, floa
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=1500)
     args = parser.parse_args()
     print(f"| preset | target | SW ratio to floor ({args.steps} steps) | wall s |\n|---|---|---|---|")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import cast
 
 import numpy as np
 
@@ -46,6 +47,7 @@ def score(args: argparse.Namespace) -> int:
     import ml_collections
 
     from dew.checkpointing import read_run_metadata
+    from dew.objectives.interpolant import Interpolant
     from dew.scoring.digits_classifier import digits_class_accuracy
     from dew.scoring.digits_features import digits_frechet_distance
     from dew.training.trainer import Trainer
@@ -57,11 +59,13 @@ def score(args: argparse.Namespace) -> int:
             print(f"error: {workdir} has no run.json", file=sys.stderr)
             return 2
         trainer = Trainer(ml_collections.ConfigDict(metadata["config"]), workdir)
-        step = trainer.checkpoints.latest_step()
+        checkpoints = trainer.checkpoints
+        assert checkpoints is not None, "the run keeps checkpoints"
+        step = checkpoints.latest_step()
         init = trainer.programs.init
         template = jax.eval_shape(init, jax.random.PRNGKey(0), trainer.example_batch()).params
-        params = trainer.checkpoints.restore_ema(template, step)  # debiased, as the checkpoint records
-        objective = trainer.objective
+        params = checkpoints.restore_ema(template, step)  # debiased, as the checkpoint records
+        objective = cast(Interpolant, trainer.objective)  # a REPA run: the interpolant objective
         labels = jnp.repeat(jnp.arange(10, dtype=jnp.int32), args.per_class)
         images = jax.jit(objective.generate)(params, jax.random.PRNGKey(args.seed), labels)
         images = np.clip(np.asarray(images, np.float32), -1, 1)
@@ -99,13 +103,13 @@ def write_side_by_side(panels: list[np.ndarray], path: str, scale: int = 4) -> N
         grids.append(np.concatenate(rows, 0))
     gap = np.full((grids[0].shape[0], 6), 255, np.uint8)
     picture = np.concatenate([x for g in grids for x in (g, gap)][:-1], axis=1)
-    Image.fromarray(picture).resize((picture.shape[1] * scale, picture.shape[0] * scale), Image.NEAREST).save(
-        path
-    )
+    Image.fromarray(picture).resize(
+        (picture.shape[1] * scale, picture.shape[0] * scale), Image.Resampling.NEAREST
+    ).save(path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     e = commands.add_parser("export", help="write a contrastive run's image_encoder weights")
     e.add_argument("--probe", required=True, help="the contrastive run's workdir")

@@ -43,6 +43,7 @@ def _dit():
     spec = importlib.util.spec_from_file_location(
         "experiments_dit", pathlib.Path(__file__).with_name("dit.py")
     )
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -33,7 +33,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--workdir", default="runs/text_digits")
     parser.add_argument("--train_steps", type=int, default=1500)
     parser.add_argument("--per_prompt", type=int, default=100)

@@ -27,7 +27,7 @@ PARAPHRASES = (
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--workdir", default="runs/text_to_image")
     parser.add_argument("--per_prompt", type=int, default=50)
     parser.add_argument("--seed", type=int, default=7)

@@ -22,7 +22,7 @@ def main(argv: list[str]) -> int:
         print("tfds_mock_run.py: expected '--' before the arguments for dew.main", file=sys.stderr)
         return 2
     split = argv.index("--")
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--num_examples", type=int, default=64, help="mock records per split")
     args = parser.parse_args(argv[:split])
     if args.num_examples < 1:

@@ -22,7 +22,7 @@ import numpy as np
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--per_class", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)

@@ -17,6 +17,7 @@ def random_state_dict() -> dict[str, np.ndarray]:
     """The parity test's deterministic weights under PyTorch names, plus what the official file
     also holds and the converter drops (the classifier's bias, batch counters)."""
     spec = importlib.util.spec_from_file_location("pytorch_fid_weights", HERE / "weights.py")
+    assert spec is not None and spec.loader is not None
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     with np.load(HERE / "inception_reference.npz") as ref:

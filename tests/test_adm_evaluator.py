@@ -26,6 +26,7 @@ U32, U16, EPS64 = 2.0**-24, 2.0**-11, 2.0**-53
 
 def _script():
     spec = importlib.util.spec_from_file_location("adm_goldens", HERE / "make_goldens.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

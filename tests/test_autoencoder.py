@@ -36,6 +36,7 @@ U = 2.0**-24  # float32 unit roundoff
 spec = importlib.util.spec_from_file_location(
     "latent_digits_data", ROOT / "experiments" / "latent_digits_data.py"
 )
+assert spec is not None and spec.loader is not None
 data_script = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(data_script)
 
@@ -221,6 +222,7 @@ def test_the_accuracy_script_undoes_the_upsampling_of_real_digits():
     spec = importlib.util.spec_from_file_location(
         "latent_digits_accuracy", ROOT / "experiments" / "latent_digits_accuracy.py"
     )
+    assert spec is not None and spec.loader is not None
     accuracy = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(accuracy)
     x = np.asarray(digits("train").fields["image"][:20], np.float64)

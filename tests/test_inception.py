@@ -19,6 +19,7 @@ HERE = pathlib.Path(__file__).resolve().parent.parent / "third_party" / "pytorch
 
 def _weights_module():
     spec = importlib.util.spec_from_file_location("pytorch_fid_weights", HERE / "weights.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

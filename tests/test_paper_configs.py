@@ -37,6 +37,7 @@ with open(os.path.join(ROOT, "third_party", "edm", "train_options.json")) as _fi
 ROUNDING = 4 * 2.0**-53  # two float64 roundings (module docstring)
 
 _spec = importlib.util.spec_from_file_location("edm_paper", EXPERIMENT)
+assert _spec is not None and _spec.loader is not None
 edm_paper = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(edm_paper)
 

@@ -41,6 +41,7 @@ def reference():
 def torch_arrays(reference):
     """diffusers' state_dict (its own names and shapes, stored) filled from weights.py."""
     spec = importlib.util.spec_from_file_location("sd_vae_weights_gen", HERE / "weights.py")
+    assert spec is not None and spec.loader is not None
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     names = json.loads(str(reference["state_dict"]))

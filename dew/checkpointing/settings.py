@@ -102,7 +102,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def checkpoint_settings(section: ml_collections.ConfigDict | dict) -> CheckpointSettings:
+def checkpoint_settings(section: ml_collections.ConfigDict | dict[str, Any]) -> CheckpointSettings:
     """Validate ``config.checkpoint``; keys it does not set take the defaults above."""
     values = dict(section.to_dict() if isinstance(section, ml_collections.ConfigDict) else section)
     unknown = sorted(set(values) - set(_FIELDS))

@@ -49,7 +49,7 @@ class Aux:
     """Everything a loss returns besides its statistics: per-example outputs a caller may want
     (e.g. predictions for a probe). Empty for most objectives."""
 
-    outputs: Mapping[str, jax.Array] = dataclasses.field(default_factory=dict)
+    outputs: Mapping[str, jax.Array] = dataclasses.field(default_factory=dict[str, jax.Array])
 
 
 jax.tree_util.register_dataclass(Aux, data_fields=["outputs"], meta_fields=[])

@@ -22,7 +22,7 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dew.runtime.distributed import ProcessGroupError, _print_and_exit
@@ -92,7 +92,12 @@ def disagreement(configs: Mapping[int, Sequence[tuple[str, Any]]]) -> str | None
 _MISSING = object()
 
 
-def agree(config: Any, timeout: float, heartbeat_timeout: float, stop=None) -> str:
+def agree(
+    config: Any,
+    timeout: float,
+    heartbeat_timeout: float,
+    stop: Callable[[BaseException], object] | None = None,
+) -> str:
     """In a multi-process run (a no-op returning '' otherwise), check that every process resolved
     the same ``config`` (``config_entries``), exchanged through the coordinator's key-value
     store; return the digest all agreed on. A difference shuts the group down in step and

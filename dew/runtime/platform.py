@@ -112,7 +112,7 @@ class Platform:
     reuses_freed_memory: bool = False
     cpu: bool = True
 
-    def kernels_record(self) -> dict | None:
+    def kernels_record(self) -> dict[str, Any] | None:
         """The kernel decision this process runs with, as the run's ``run.json`` records it (what
         a resume keeps: ``Decision.record`` with how it was made, the CPU and jaxlib); None when
         ``start`` made none."""
@@ -239,7 +239,7 @@ def start(
     processes: distributed.ProcessGroup | None = None,
     detect_processes: bool = True,
     group_flags: tuple[str | None, str | None, str | None] = (None, None, None),
-    recorded: dict | None = None,
+    recorded: dict[str, Any] | None = None,
     recorded_in: str = "run.json",
 ) -> Platform:
     """Set up this process from a resolved run config's ``runtime`` section (None: its defaults) and

@@ -15,6 +15,7 @@ from typing import Any
 import jax
 
 from dew.contracts.state import TrainState
+from dew.training import typed_jax
 from dew.training.stage import Stage, next_multiple
 from dew.training.steps import make_multi_step
 
@@ -47,11 +48,11 @@ class MultiStep(SingleStep):
     (``Layout.jit_multi_step``) to update the state in place."""
 
     def __init__(self, step_fn: StepFn, steps_per_call: int, multi_fn: MultiStepFn | None = None):
-        if not isinstance(steps_per_call, int) or steps_per_call < 1:
+        if not isinstance(steps_per_call, int) or steps_per_call < 1:  # pyright: ignore[reportUnnecessaryIsInstance] (any caller)
             raise ValueError(f"fit: steps_per_call must be an int >= 1, got {steps_per_call!r}")
         super().__init__(step_fn)
         self.k = steps_per_call
-        self.multi_fn = multi_fn or jax.jit(make_multi_step(step_fn, steps_per_call))
+        self.multi_fn = multi_fn or typed_jax.jit(make_multi_step(step_fn, steps_per_call))
         self._stages: Sequence[Stage] = ()
         self._num_steps = 0
         self._window = 0
@@ -76,7 +77,9 @@ class MultiStep(SingleStep):
         # A stage written without dew's base class (only every/due/observe/run/close) is due by
         # its ``every`` alone.
         dues = [
-            stage.next_due(step) if isinstance(stage, Stage) else next_multiple(step, stage.every)
+            stage.next_due(step)
+            if isinstance(stage, Stage)  # pyright: ignore[reportUnnecessaryIsInstance] (a duck-typed stage)
+            else next_multiple(step, stage.every)
             for stage in self._stages
         ]
         points = [self._num_steps, next_multiple(step, self._window), *dues]

@@ -64,7 +64,7 @@ def evaluate(
     count = agreed_count(len(prefix))
     if count == 0:
         raise ValueError("evaluate: the evaluation data is empty (on at least one process)")
-    per_batch = []
+    per_batch: list[Mapping[str, jax.Array]] = []
     for i, batch in enumerate(prefix[:count]):
         placed = place_batch(batch) if place_batch is not None else batch
         per_batch.append(eval_fn(state, placed, jax.random.fold_in(rng, i)))
@@ -87,7 +87,7 @@ class Evaluation:
 
     step: int
     metrics: Mapping[str, float]
-    previews: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    previews: Mapping[str, Any] = dataclasses.field(default_factory=dict[str, Any])
     dropped: int = 0
 
     @classmethod

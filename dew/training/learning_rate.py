@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -42,7 +43,7 @@ def inverse_sqrt(
             f"got {ref_lr}, {ref_batches}, {rampup_Mimg}, {images_per_update}"
         )
 
-    def schedule(count):
+    def schedule(count: jax.typing.ArrayLike) -> jax.Array:
         nimg = jnp.asarray(count, jnp.float32) * images_per_update
         lr = jnp.float32(ref_lr)
         if ref_batches > 0:

@@ -12,13 +12,14 @@ from collections.abc import Iterator, Sequence
 import jax
 
 from dew.contracts.state import TrainState
+from dew.training import typed_jax
 from dew.training.calls import Batch, SingleStep, StepFn
 from dew.training.nonfinite import NonFiniteGuard
 from dew.training.stage import Stage, StepContext, next_multiple
 
 #: Whether a profiler trace is being recorded (``TraceMe.is_enabled``: 0.1 µs, against ~2 µs
 #: for entering and leaving a step annotation that nothing records).
-_tracing = jax.profiler.TraceAnnotation.is_enabled
+_tracing = typed_jax.profiler_tracing
 
 
 def fit(

@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dew.training import typed_jax
+
 
 def _fold(sums: Any, chunk: list[Any], stacked: bool) -> Any:
     def one(total: jax.Array, *trees: jax.Array) -> jax.Array:
@@ -32,7 +34,15 @@ def _wide(x: jax.Array) -> jax.Array:
 
 def _zeros(tree: Any, stacked: bool) -> Any:
     """Zero sums for ``tree``'s statistics (one step's shape: a stacked tree's leading axis dropped)."""
-    return jax.tree.map(lambda x: jnp.zeros(x.shape[1:] if stacked else x.shape, _wide(x).dtype), tree)
+
+    def zero(x: jax.Array) -> jax.Array:
+        return jnp.zeros(x.shape[1:] if stacked else x.shape, _wide(x).dtype)
+
+    return jax.tree.map(zero, tree)
+
+
+def _sharding(x: jax.Array) -> jax.sharding.Sharding:
+    return x.sharding
 
 
 def _zeros_like(tree: Any) -> Any:
@@ -99,15 +109,15 @@ class DeviceSums:
             # fold keeps each call on jit's fast path (no re-dispatch through Python). Zeros
             # are made on the devices from the arrays themselves, not sent from the host: with
             # several processes the statistics are global arrays.
-            placement = jax.tree.map(lambda x: x.sharding, first)
-            self._make_zeros = jax.jit(_zeros, static_argnums=1, out_shardings=placement)
-            self._fold = jax.jit(_fold, static_argnums=2, donate_argnums=0, out_shardings=placement)
+            placement = jax.tree.map(_sharding, first)
+            self._make_zeros = typed_jax.jit(_zeros, static_argnums=1, out_shardings=placement)
+            self._fold = typed_jax.jit(_fold, static_argnums=2, donate_argnums=0, out_shardings=placement)
             self._structure, self._padding = jax.tree.structure(first), {}
         if stacked not in self._padding or _shapes(self._padding[stacked]) != _shapes(first):
             # The last, partial chunk is padded with zeros of the chunk's own shapes: one
             # compiled fold per kind of tree (one step's, or one multi-step call's).
-            placement = jax.tree.map(lambda x: x.sharding, first)
-            self._padding[stacked] = jax.jit(_zeros_like, out_shardings=placement)(first)
+            placement = jax.tree.map(_sharding, first)
+            self._padding[stacked] = typed_jax.jit(_zeros_like, out_shardings=placement)(first)
         sums = self._sums if self._sums is not None else self._make_zeros(first, stacked)
         chunk = self._slots[: self._filled] + [self._padding[stacked]] * (self.chunk - self._filled)
         self._sums = self._fold(sums, chunk, stacked)

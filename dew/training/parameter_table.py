@@ -14,11 +14,11 @@ import os
 import sys
 from typing import Any, TextIO
 
-import jax
 import numpy as np
 
 from dew.pytrees import leaf_path
 from dew.tracking.media import write_atomically
+from dew.training import typed_jax
 
 #: The file under the run's directory that keeps the table.
 PARAMETERS_FILE = "parameters.txt"
@@ -33,7 +33,7 @@ def parameter_table(params: Any, max_lines: int | None = None) -> str:
     (the total of every row, also of rows ``max_lines`` leaves out as ``[...]``)."""
     from clu import parameter_overview
 
-    leaves, _ = jax.tree_util.tree_flatten_with_path(params)
+    leaves, _ = typed_jax.tree_flatten_with_path(params)
     named = {leaf_path(path): leaf for path, leaf in leaves}
     if len(named) != len(leaves):
         raise ValueError("parameter_table: two parameters have the same path name")

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
-
 from dew.schema import Key, Section, at_least
 from dew.telemetry.profile import profile
+from dew.training import typed_jax
 from dew.training.stage import Stage, StepContext
 
 
@@ -51,7 +50,7 @@ class ProfileWindow(Stage):
             if self._seen >= self.warmup + self.steps:
                 self._capture.stop(block_on=ctx.state)
         elif self._seen >= self.warmup and not self.captured_steps:
-            jax.block_until_ready(ctx.state)  # the warm-up's work stays out of the window
+            typed_jax.block_until_ready(ctx.state)  # the warm-up's work stays out of the window
             self._capture.start()
 
     def next_due(self, step: int) -> int | None:

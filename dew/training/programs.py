@@ -20,6 +20,7 @@ from dew.averaging.ema import EMASpec
 from dew.contracts.objective import Objective
 from dew.contracts.state import TrainState, num_updates
 from dew.runtime.precompile import BackgroundCompile, abstract_like
+from dew.training import typed_jax
 from dew.training.calls import MultiStep, SingleStep
 from dew.training.precision import Precision
 from dew.training.sharding import Layout
@@ -62,12 +63,12 @@ class Programs:
             multi = make_multi_step(step, steps_per_call)
             self.multi_step = layout.jit_multi_step(multi, self.abstract, steps_per_call)
         self.steps_per_call = steps_per_call
-        self.eval = jax.jit(
+        self.eval = typed_jax.jit(
             make_eval(objective, averages, accumulation=accumulation),
             in_shardings=(self.state_shardings, layout.batch_sharding, layout.replicated),
             out_shardings=layout.replicated,
         )
-        self.debiased = jax.jit(
+        self.debiased = typed_jax.jit(
             functools.partial(_debias, spec=averages.spec, accumulation=accumulation),
             in_shardings=(self.state_shardings.ema, layout.replicated),
             out_shardings=layout.replicated,

@@ -29,7 +29,7 @@ class StepContext:
     state: TrainState
     stats: dict[str, jax.Array]
     final: bool
-    reports: dict[str, float] = dataclasses.field(default_factory=dict)
+    reports: dict[str, float] = dataclasses.field(default_factory=dict[str, float])
     steps: int = 1
 
     def advance(self, state: TrainState, stats: dict[str, jax.Array], steps: int, num_steps: int) -> None:

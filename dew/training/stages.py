@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 
@@ -156,9 +156,12 @@ class PreviewStage(Stage):
         self.progress = progress
 
     def run(self, ctx: StepContext) -> None:
-        preview = self.objective.preview(self.params_fn(ctx.state), self.rng)
-        artifacts = dict(preview) if isinstance(preview, Mapping) else {"samples": preview}
-        artifacts = {name: check_artifact(a, self.objective) for name, a in artifacts.items()}
+        # One artifact, or (an objective showing several) a mapping of names to artifacts.
+        preview: object = self.objective.preview(self.params_fn(ctx.state), self.rng)
+        named = (
+            cast("Mapping[str, object]", preview) if isinstance(preview, Mapping) else {"samples": preview}
+        )
+        artifacts = {name: check_artifact(a, self.objective) for name, a in named.items()}
         scores = self.objective.score(preview, self.metrics)
         event = Evaluation.hosted(ctx.step, scores, artifacts)
         shown_at: str | None = None  # this step's main file, where this process wrote one

@@ -19,6 +19,7 @@ from dew.averaging.ema import EMASpec
 from dew.averaging.power_ema import PowerEMA
 from dew.contracts.objective import Objective, Step
 from dew.contracts.state import TrainState, num_updates
+from dew.training import typed_jax
 from dew.training.names import GRAD_NORM, LOSS, LOSS_SCALE, LOSS_SCALE_OVERFLOWS, NONFINITE_FLAG
 from dew.training.precision import Precision
 
@@ -27,7 +28,8 @@ Stats = dict[str, jax.Array]
 
 
 def _check_accumulation(accumulation: int) -> None:
-    if not isinstance(accumulation, int) or accumulation < 1:
+    # A caller outside the checker may pass anything: the check is the refusal it gets.
+    if not isinstance(accumulation, int) or accumulation < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
         raise ValueError(f"accumulation must be an int >= 1 (micro-batches per update), got {accumulation!r}")
 
 
@@ -128,7 +130,7 @@ def make_step(
         if scale is not None:
             loss, stats, grads = _scaled_gradients(objective, scale, current, step_rng, batch, index)
         else:
-            grad_fn = jax.value_and_grad(objective.loss, has_aux=True)
+            grad_fn = typed_jax.value_and_grad(objective.loss, has_aux=True)
             (loss, (stats, _aux)), grads = grad_fn(current, step_rng, batch, Step(index=index))
         grad_norm = global_norm(grads)
         # The one check: a NaN or inf anywhere in the gradients makes their norm non-finite.
@@ -144,31 +146,42 @@ def make_step(
                 # donated buffers in place; a conditional there makes XLA keep a copy of the whole
                 # state (SiT-XL/2 on a TPU v5e: 17.45 GB of temporaries with the conditional,
                 # 5.52 GB with the select, at batch 8).
+                def keep_finite(new: jax.Array, old: jax.Array) -> jax.Array:
+                    return jnp.where(finite, new, old)
+
                 new_params, new_opt_state = apply(grads)
-                params = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new_params, current)
-                opt_state = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new_opt_state, state.opt_state)
+                params = jax.tree.map(keep_finite, new_params, current)
+                opt_state = jax.tree.map(keep_finite, new_opt_state, state.opt_state)
             else:
                 # The CPU: one branch on the one flag: the common (finite) path updates the donated
                 # buffers in place; a per-leaf select of new vs old would read every old buffer
                 # twice and make XLA:CPU copy all of them on every step.
-                params, opt_state = jax.lax.cond(finite, apply, lambda _: (current, state.opt_state), grads)
+                def keep(_grads: Any) -> tuple[Any, Any]:
+                    return current, state.opt_state
+
+                params, opt_state = typed_jax.cond(finite, apply, keep, grads)
             averaged = averages.update(state, params, index + 1)
             pending = state.pending
         else:
             assert state.pending is not None, "accumulation > 1 needs TrainState.pending (make_init sets it)"
-            total = jax.tree.map(
-                lambda s, g: s + jnp.where(finite, g, jnp.zeros_like(g)), state.pending["grads"], grads
-            )
+
+            def add_finite(sum_: jax.Array, g: jax.Array) -> jax.Array:
+                return sum_ + jnp.where(finite, g, jnp.zeros_like(g))
+
+            def mean(g: jax.Array) -> jax.Array:
+                return g / k
+
+            total = jax.tree.map(add_finite, state.pending["grads"], grads)
 
             def update_now() -> tuple[Any, Any, Any, Any]:
-                params, opt_state = apply(jax.tree.map(lambda g: g / k, total))
+                params, opt_state = apply(jax.tree.map(mean, total))
                 averaged = averages.update(state, params, index + 1)
                 return params, opt_state, averaged, jax.tree.map(jnp.zeros_like, total)
 
             def accumulate() -> tuple[Any, Any, Any, Any]:
                 return state.params, state.opt_state, averages.current(state), total
 
-            params, opt_state, averaged, total = jax.lax.cond(
+            params, opt_state, averaged, total = typed_jax.cond(
                 (state.step + 1) % k == 0, update_now, accumulate
             )
             pending = {"grads": total}
@@ -204,8 +217,12 @@ def _scaled_gradients(
         loss, (stats, _aux) = objective.loss(p, rng, batch, Step(index=index))
         return loss * scale, (loss, stats)
 
-    (_, (loss, stats)), grads = jax.value_and_grad(scaled_loss, has_aux=True)(params)
-    return loss, stats, jax.tree.map(lambda g: g / scale, grads)
+    (_, (loss, stats)), grads = typed_jax.value_and_grad(scaled_loss, has_aux=True)(params)
+
+    def unscale(g: jax.Array) -> jax.Array:
+        return g / scale
+
+    return loss, stats, jax.tree.map(unscale, grads)
 
 
 def make_multi_step(
@@ -219,7 +236,7 @@ def make_multi_step(
     short enough that dispatching it costs the host a noticeable share of it (small networks, or
     a fast accelerator), this pays the dispatch once per ``steps`` (``fit``'s ``steps_per_call``).
     """
-    if not isinstance(steps, int) or steps < 1:
+    if not isinstance(steps, int) or steps < 1:  # pyright: ignore[reportUnnecessaryIsInstance] (any caller)
         raise ValueError(f"make_multi_step: steps must be an int >= 1 (steps per call), got {steps!r}")
 
     def multi(state: TrainState, batches: tuple[Batch, ...]) -> tuple[TrainState, Stats]:
@@ -251,4 +268,4 @@ def make_eval(
 def abstract_state(init: Callable[[jax.Array, Batch], TrainState], batch: Batch) -> Any:
     """The state's shapes and dtypes (and shardings, for a sharded jitted ``init``) without
     computing it: the template a restore needs."""
-    return jax.eval_shape(init, jax.random.PRNGKey(0), batch)
+    return typed_jax.eval_shape(init, jax.random.PRNGKey(0), batch)

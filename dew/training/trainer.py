@@ -26,6 +26,7 @@ from dew.runtime.precompile import BackgroundCompile
 from dew.schema import ConfigError
 from dew.tracking.console import Progress
 from dew.tracking.trackers import LoggingCategory, Tracker, Trackers, make_trackers
+from dew.training import typed_jax
 from dew.training.build import build_objective, datasets, mesh_and_layout, open_split
 from dew.training.loop import Stage, fit
 from dew.training.nonfinite import NonFiniteGuard
@@ -191,13 +192,15 @@ class Trainer:
         # The EMA law this run's step applies (the checkpoint's, or none for one written before
         # states carried it): what its own saves then store beside the EMA.
         law = self.averages.ema.law(self.programs.abstract.params, self.accumulation)
-        state = state.replace(ema_law=jax.device_put(law, self.programs.state_shardings.ema_law))
+        state = state.replace(ema_law=typed_jax.device_put(law, self.programs.state_shardings.ema_law))
         # A checkpoint written under another precision policy: this run's dynamic loss scale
         # starts afresh where the checkpoint has none, and one this run does not use is dropped.
         if self.programs.abstract.loss_scale is None:
             return state.replace(loss_scale=None)
         if state.loss_scale is None:
-            scale = jax.device_put(self.precision.init_state(), self.programs.state_shardings.loss_scale)
+            scale = typed_jax.device_put(
+                self.precision.init_state(), self.programs.state_shardings.loss_scale
+            )
             state = state.replace(loss_scale=scale)
         return state
 

@@ -35,6 +35,7 @@ def bound(reference: np.ndarray) -> float:
 spec = importlib.util.spec_from_file_location(
     "latent_digits_data", ROOT / "experiments" / "latent_digits_data.py"
 )
+assert spec is not None and spec.loader is not None
 data_script = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(data_script)
 

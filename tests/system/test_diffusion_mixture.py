@@ -90,6 +90,7 @@ def test_every_preset_trains_on_the_mixture():
     spec = importlib.util.spec_from_file_location(
         "presets_mixture", ROOT / "experiments" / "presets_mixture.py"
     )
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     # Why these bounds: this test asks whether each preset learns at all, not how well. Each

@@ -14,6 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def _api_page_module():
     spec = importlib.util.spec_from_file_location("make_api_page", ROOT / "docs/reference/make_api_page.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

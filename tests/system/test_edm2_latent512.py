@@ -28,6 +28,7 @@ PRESETS = ("img512-xxs", "img512-xs", "img512-s", "img512-m", "img512-l", "img51
 spec = importlib.util.spec_from_file_location(
     "latent_digits_data", ROOT / "experiments" / "latent_digits_data.py"
 )
+assert spec is not None and spec.loader is not None
 data_script = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(data_script)
 

@@ -29,6 +29,7 @@ from dew.training.trainer import Trainer
 spec = importlib.util.spec_from_file_location(
     "latent_digits_data", ROOT / "experiments" / "latent_digits_data.py"
 )
+assert spec is not None and spec.loader is not None
 data_script = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(data_script)
 VAE = data_script.VAE
