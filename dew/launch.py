@@ -19,6 +19,7 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import ml_collections
@@ -47,7 +48,7 @@ def start_platform(
     num_processes: str | None = None,
     process_id: str | None = None,
     *,
-    recorded: dict | None = None,
+    recorded: dict[str, Any] | None = None,
 ) -> Platform:
     """The process and its platform, set up before JAX starts, as one value: the process group
     the flags (or ``DEW_*`` variables, or a cluster JAX detects) name, the CPU devices, the

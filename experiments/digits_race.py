@@ -157,6 +157,7 @@ def main() -> int:
         by_class = np.argsort(labels, kind="stable")  # one row per class, 0 at the top
         grid = ImageGrid(np.clip(images[by_class], -1, 1), columns=args.per_class)
         pictures[name] = write_png(os.path.join(args.workdir, f"samples_{name}.png"), grid)
+    assert labels is not None  # the loop above drew at least one network
     record = {
         "path": args.path,
         "steps": steps,

@@ -19,8 +19,7 @@ gradients, each a different XLA program for the same sums (float32 reassociation
   ``im2col``: the same as one [k·k·in, B·H·W] × [B·H·W, out] matmul over the k·k shifted windows
   of x_pad side by side.
 
-Matmul forms let XLA hand the work to its dot libraries (YNNPACK, or oneDNN where the process
-routes dots there: ``dew.runtime.cpu.flags.ONEDNN_DOTS``) instead of its convolution
+Matmul forms let XLA hand the work to its dot library (YNNPACK) instead of its convolution
 kernels; which is faster depends on the CPU and the shape, so nothing here decides it.
 ``convolve(x, w, pad, input_form, weight_form)`` with both forms ``xla`` is exactly XLA's
 convolution (the same program as ``xla_conv``).
