@@ -117,11 +117,11 @@ def bf16_roundings(objective, params, batch) -> int:
     return count(closed.jaxpr)
 
 
-@pytest.mark.parametrize("run", list(RUNS))
-def test_bfloat16_loss_and_gradients_agree_with_float32_within_the_roundoff_bound(run, request):
-    encoder = request.getfixturevalue("encoder_file")  # test_repa's: REPA's frozen encoder
-    reference, c32 = objective_for(run, "float32", encoder)
-    low, _ = objective_for(run, "bfloat16", encoder)
+def roundoff_errors(reference, low, c32) -> tuple[int, float, float]:
+    """(n_f, the loss's relative error, the gradient's norm-wise relative error) of the bfloat16
+    objective ``low`` against the float32 ``reference`` (config ``c32``) on a seeded batch at
+    perturbed parameters; checks that parameters and gradients are float32 under both, that the
+    bfloat16 program holds bfloat16 values and that its loss and gradients are finite."""
     assert "bfloat16" in type(low).precisions
     batch = batch_for(reference, c32)
     params = perturbed(reference.init(jax.random.PRNGKey(0), batch))
@@ -131,12 +131,19 @@ def test_bfloat16_loss_and_gradients_agree_with_float32_within_the_roundoff_boun
     assert {x.dtype for x in jax.tree.leaves(grads16)} == {jnp.dtype(jnp.float32)}
     n_f = bf16_roundings(low, params, batch)
     assert n_f > 0, "the bfloat16 program computes nothing in bfloat16"
-    loss_bound = 2 * math.sqrt(n_f / 3) * U
-    gradient_bound = 2 * math.sqrt(2 * n_f / 3) * U
     g32, g16 = flat(grads32), flat(grads16)
     assert np.all(np.isfinite(g16)) and math.isfinite(loss16)
-    loss_error = abs(loss16 - loss32) / abs(loss32)
-    gradient_error = np.linalg.norm(g16 - g32) / np.linalg.norm(g32)
+    return n_f, abs(loss16 - loss32) / abs(loss32), float(np.linalg.norm(g16 - g32) / np.linalg.norm(g32))
+
+
+@pytest.mark.parametrize("run", list(RUNS))
+def test_bfloat16_loss_and_gradients_agree_with_float32_within_the_roundoff_bound(run, request):
+    encoder = request.getfixturevalue("encoder_file")  # test_repa's: REPA's frozen encoder
+    reference, c32 = objective_for(run, "float32", encoder)
+    low, _ = objective_for(run, "bfloat16", encoder)
+    n_f, loss_error, gradient_error = roundoff_errors(reference, low, c32)
+    loss_bound = 2 * math.sqrt(n_f / 3) * U
+    gradient_bound = 2 * math.sqrt(2 * n_f / 3) * U
     assert loss_error <= loss_bound, (n_f, loss_error, loss_bound)
     assert gradient_error <= gradient_bound, (n_f, gradient_error, gradient_bound)
     assert gradient_error > 2.0**-20, "bfloat16 gave float32's gradients: the network ran in float32"

@@ -30,8 +30,9 @@ def compute_in(apply: Callable[..., Any], dtype: Any) -> Callable[..., Any]:
     """A transformed network's ``apply(params, rng, x, *rest, **options)`` under the precision
     policy: with ``dtype`` float32 ``apply`` itself (the step is unchanged, bit for bit);
     otherwise the network computes in ``dtype`` on the float32 parameters cast at use, with its
-    input ``x`` cast, and every floating leaf of its result returns to float32, so the loss, its
-    targets and the sampler's arithmetic stay float32. ``rest`` (times, labels, guidance
+    input ``x`` cast when it is floating (token ids stay integers), and every floating leaf of
+    its result returns to float32, so the loss, its targets and the sampler's arithmetic stay
+    float32. ``rest`` (times, labels, guidance
     settings) is passed as given: a network embeds its times in float32 and casts the
     embedding (e.g. ``dew.networks.dit_layers.TimestepEmbedder``), so t = 999 stays exact. Under
     ``jax.jvp`` the tangent follows the same casts: the JVP runs in ``dtype`` (MeanFlow's)."""
@@ -40,7 +41,7 @@ def compute_in(apply: Callable[..., Any], dtype: Any) -> Callable[..., Any]:
         return apply
 
     def mixed(params: Any, rng: Any, x: jax.Array, *rest: Any, **options: Any) -> Any:
-        out = apply(cast_floats(params, dtype), rng, x.astype(dtype), *rest, **options)
+        out = apply(cast_floats(params, dtype), rng, cast_floats(x, dtype), *rest, **options)
         return cast_floats(out, jnp.dtype(jnp.float32))
 
     return mixed

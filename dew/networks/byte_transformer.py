@@ -3,6 +3,11 @@
 Pre-norm blocks (LayerNorm, causal multi-head self-attention, LayerNorm, GELU MLP of 4x width),
 learned token and position embeddings, a final LayerNorm and an untied output projection.
 Position t attends to positions <= t only, so logits[:, t] predict token t + 1.
+
+Called on bfloat16 parameters (``config.precision.compute``), it computes in bfloat16 except
+its LayerNorms, whose statistics, normalisation and affine are float32 with the result cast
+back (as DiT's, ``dew.networks.dit_layers.layer_norm``); haiku's ``MultiHeadAttention`` computes
+its logits and softmax in the activations' dtype. On float32 parameters it is float32 throughout.
 """
 
 from __future__ import annotations
@@ -37,6 +42,11 @@ class ByteTransformer(hk.Module):
         self.vocab, self.width, self.depth, self.heads = vocab, width, depth, heads
         self.context, self.dropout = context, dropout
 
+    @staticmethod
+    def _norm(name: str, h: jax.Array) -> jax.Array:
+        """``hk.LayerNorm`` over the last axis computed in float32, returned in ``h``'s dtype."""
+        return hk.LayerNorm(-1, True, True, name=name)(h.astype(jnp.float32)).astype(h.dtype)
+
     def __call__(self, tokens: jax.Array, is_training: bool = False) -> jax.Array:
         if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
             raise TypeError(
@@ -52,16 +62,16 @@ class ByteTransformer(hk.Module):
         rate = self.dropout if is_training else 0.0
         out_init = hk.initializers.TruncatedNormal(0.02 / np.sqrt(2 * self.depth))
         for i in range(self.depth):
-            a = hk.LayerNorm(-1, True, True, name=f"ln_attn{i}")(h)
+            a = self._norm(f"ln_attn{i}", h)
             a = hk.MultiHeadAttention(self.heads, self.width // self.heads, w_init=out_init, name=f"attn{i}")(
                 a, a, a, mask=causal
             )
             h = h + (apply_dropout(hk.next_rng_key(), rate, a) if rate else a)
-            m = hk.LayerNorm(-1, True, True, name=f"ln_mlp{i}")(h)
+            m = self._norm(f"ln_mlp{i}", h)
             m = hk.Linear(4 * self.width, w_init=init, name=f"mlp{i}_in")(m)
             m = hk.Linear(self.width, w_init=out_init, name=f"mlp{i}_out")(jax.nn.gelu(m))
             h = h + (apply_dropout(hk.next_rng_key(), rate, m) if rate else m)
-        h = hk.LayerNorm(-1, True, True, name="ln_out")(h)
+        h = self._norm("ln_out", h)
         return hk.Linear(self.vocab, w_init=init, name="logits")(h)
 
 

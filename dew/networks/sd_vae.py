@@ -25,6 +25,12 @@ Images are NHWC here (diffusers: NCHW); the value range is whatever the caller f
 keys: ``encoder.down_blocks.0.resnets.1.conv1`` is the haiku module
 ``encoder__down_blocks__0__resnets__1__conv1`` (``haiku_name``), with ``w`` (HWIO) and ``b``, or
 ``scale``/``offset`` for a GroupNorm; ``params_from_torch_names`` maps a state_dict.
+
+Called on bfloat16 parameters and inputs (``config.precision.compute``, the ``autoencoder``
+objective) it computes in bfloat16, except each GroupNorm (statistics, normalisation and
+affine in float32, the result cast back) and the attention's logits and softmax (float32, the
+weights cast back before the product with v), as ``docs/precision.md`` states for EDM's
+networks. On float32 it is float32 throughout.
 """
 
 from __future__ import annotations
@@ -110,12 +116,12 @@ def group_norm(scope: str, x: jax.Array, groups: int) -> jax.Array:
     """``nn.GroupNorm(groups, C, eps=1e-6)``: statistics over H, W and the group's channels
     (biased variance), then the per-channel affine map."""
     n, h, w, c = x.shape
-    g = x.reshape(n, h, w, groups, c // groups)
+    g = x.astype(jnp.float32).reshape(n, h, w, groups, c // groups)  # float32 under every policy
     mean = jnp.mean(g, axis=(1, 2, 4), keepdims=True)
     var = jnp.mean(jnp.square(g - mean), axis=(1, 2, 4), keepdims=True)
     g = (g - mean) * jax.lax.rsqrt(var + GROUP_NORM_EPS)
     p = _params(scope, scale=(c,), offset=(c,))
-    return g.reshape(n, h, w, c) * p["scale"] + p["offset"]
+    return (g.reshape(n, h, w, c) * p["scale"] + p["offset"]).astype(x.dtype)
 
 
 def resnet(scope: str, x: jax.Array, channels: int, groups: int) -> jax.Array:
@@ -137,8 +143,10 @@ def attention(scope: str, x: jax.Array, groups: int) -> jax.Array:
         return jnp.einsum("ntc,cd->ntd", v, p["w"], precision=_HP) + p["b"]
 
     q, k, v = linear("to_q", t), linear("to_k", t), linear("to_v", t)
-    logits = jnp.einsum("ntc,nsc->nts", q, k, precision=_HP) * c**-0.5
-    out = jnp.einsum("nts,nsc->ntc", jax.nn.softmax(logits, axis=-1), v, precision=_HP)
+    f32 = jnp.float32  # the logits and softmax in float32 under every policy
+    logits = jnp.einsum("ntc,nsc->nts", q, k, precision=_HP, preferred_element_type=f32) * c**-0.5
+    weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    out = jnp.einsum("nts,nsc->ntc", weights, v, precision=_HP)
     return x + linear("to_out.0", out).reshape(n, h, w, c)
 
 

@@ -21,6 +21,12 @@ what a diffusion model then learns on. Stats: ``reconstruction`` (the per-pixel 
 
 Parameters are the union of both halves' haiku params (the names ``torch_state_dict`` exports),
 initialised here: GroupNorm scale 1 and offset 0, biases 0, kernels N(0, 1/fan_in).
+
+Precision (``config.precision.compute``, ``docs/precision.md``): under bfloat16 each half
+computes on its float32 parameters cast at use, its input cast on entry
+(``dew.contracts.precision.compute_in``; ``dew.networks.sd_vae`` keeps its GroupNorms and
+attention softmax in float32), and returns float32: the posterior's clipping and exp, the
+reparameterised draw, the reconstruction error, the KL and the loss are float32.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import numpy as np
 from dew import registry
 from dew.artifacts import ImageGrid
 from dew.contracts.objective import Aux, Batch, Objective, Params, Stats, Step
+from dew.contracts.precision import compute_dtype_of, compute_in
 from dew.inputs import Field, InputSpec
 from dew.networks import sd_vae
 from dew.objectives.latent_space import vae_config
@@ -70,8 +77,20 @@ def init_params(rng: jax.Array, config: sd_vae.VAEConfig) -> Params:
     return params
 
 
+def half(params: Params, prefixes: tuple[str, ...]) -> Params:
+    """The modules of ``params`` whose haiku names start with one of ``prefixes``."""
+    return {module: leaves for module, leaves in params.items() if module.startswith(prefixes)}
+
+
+ENCODER = ("encoder__", "quant_conv")  # the haiku modules of encode_moments
+DECODER = ("decoder__", "post_quant_conv")  # ... and of decode
+
+
 class Autoencoder(Objective, metaclass=BuiltWhole):
-    """Trains ``sd_vae``'s encoder and decoder at ``vae`` on the ``image`` field (module docstring)."""
+    """Trains ``sd_vae``'s encoder and decoder at ``vae`` on the ``image`` field (module
+    docstring); ``compute_dtype`` (float32 or bfloat16) is the dtype both halves compute in."""
+
+    precisions = ("float32", "bfloat16")
 
     def __init__(
         self,
@@ -79,11 +98,17 @@ class Autoencoder(Objective, metaclass=BuiltWhole):
         vae: sd_vae.VAEConfig,
         beta: float = 1e-4,
         preview_images: np.ndarray | None = None,
+        compute_dtype: str = "float32",
     ):
         if not beta >= 0:
             raise ValueError(f"Autoencoder: beta={beta} is invalid; expected a float >= 0")
         self.input_spec = InputSpec(Field("image", tuple(image_shape)))
         self.vae, self.beta, self.preview_images = vae, float(beta), preview_images
+        # the precision policy: each half on its own parameters, cast at use
+        self.compute_dtype = jnp.dtype(compute_dtype)
+        encoder, decoder = sd_vae.encoder_network(vae), sd_vae.decoder_network(vae)
+        self._encode = compute_in(lambda p, _, x: encoder.apply(p, x), self.compute_dtype)
+        self._decode = compute_in(lambda p, _, z: decoder.apply(p, z), self.compute_dtype)
 
     def init(self, rng: jax.Array, batch: Batch) -> Params:
         del batch
@@ -91,12 +116,12 @@ class Autoencoder(Objective, metaclass=BuiltWhole):
 
     def posterior(self, params: Params, images: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Images in [-1, 1] -> the posterior's (mean, std), [B, h, w, latent] each."""
-        moments = sd_vae.encoder_network(self.vae).apply(params, (images + 1.0) / 2.0)
+        moments = self._encode(half(params, ENCODER), None, (images + 1.0) / 2.0)
         return sd_vae.mean_and_std(moments)
 
     def decode(self, params: Params, z: jax.Array) -> jax.Array:
         """Latents -> images on the [-1, 1] scale (2y - 1 of the decoder's output y, unclipped)."""
-        return 2.0 * sd_vae.decoder_network(self.vae).apply(params, z) - 1.0
+        return 2.0 * self._decode(half(params, DECODER), None, z) - 1.0
 
     def loss(
         self, params: Params, rng: jax.Array, batch: Batch, step: Step
@@ -149,7 +174,13 @@ class Autoencoder(Objective, metaclass=BuiltWhole):
                 f"{vae.downsampling}"
             )
         held = open_split(config.dataset, "validation").fields["image"][:PREVIEW_IMAGES]
-        return cls(shape, vae, beta=o.beta, preview_images=np.asarray(held, np.float32))
+        return cls(
+            shape,
+            vae,
+            beta=o.beta,
+            preview_images=np.asarray(held, np.float32),
+            compute_dtype=compute_dtype_of(config),
+        )
 
     # --- inference ------------------------------------------------------------------------------
     def inference_options(self) -> dict[str, Any]:
@@ -204,4 +235,4 @@ def _reconstruct_jit(objective: Autoencoder):
 
 registry.objectives.register("autoencoder", Autoencoder)
 
-__all__ = ["CONFIG", "Autoencoder", "init_params", "kl_to_standard_normal"]
+__all__ = ["CONFIG", "DECODER", "ENCODER", "Autoencoder", "half", "init_params", "kl_to_standard_normal"]

@@ -8,6 +8,11 @@ what ``Representations`` holds) and a projection head (an MLP, normalised to the
 the loss is NT-Xent at ``temperature`` over the 2B views. The preview embeds a fixed probe set
 (its images unaugmented) as ``Representations``; ``score`` runs the registered ``linear_probe``
 on it and, as the baseline, the same probe on the raw pixels of the same records.
+
+Precision (``config.precision.compute``, ``docs/precision.md``): under bfloat16 the encoder and
+the head compute on their float32 parameters cast at use, with the views cast on entry
+(``dew.contracts.precision.compute_in``); the features and the head's output return to float32,
+where the projection onto the unit sphere, the similarities and NT-Xent are computed.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import numpy as np
 from dew import registry
 from dew.artifacts import Representations
 from dew.contracts.objective import Aux, Batch, Objective, Params, Stats, Step
+from dew.contracts.precision import compute_dtype_of, compute_in
 from dew.inputs import Field, InputSpec
 from dew.objectives.whole import BuiltWhole
 from dew.schema import ConfigError, Key, Section, at_least
@@ -74,7 +80,11 @@ def nt_xent(z: jax.Array, temperature: float) -> tuple[jax.Array, jax.Array]:
 
 
 class Contrastive(Objective, metaclass=BuiltWhole):
-    """Self-supervised encoder on the ``image`` field (labels are never used in training)."""
+    """Self-supervised encoder on the ``image`` field (labels are never used in training);
+    ``compute_dtype`` (float32 or bfloat16) is the dtype the network computes in (module
+    docstring)."""
+
+    precisions = ("float32", "bfloat16")
 
     def __init__(
         self,
@@ -87,6 +97,7 @@ class Contrastive(Objective, metaclass=BuiltWhole):
         shift: int = 1,
         mask: float = 0.2,
         noise: float = 0.1,
+        compute_dtype: str = "float32",
     ):
         for name, value, ok in (
             ("temperature", temperature, temperature > 0),
@@ -102,17 +113,24 @@ class Contrastive(Objective, metaclass=BuiltWhole):
 
         def forward(images: jax.Array) -> tuple[jax.Array, jax.Array]:
             features = encoder()(images)
-            head = hk.nets.MLP([2 * projection, projection], name="head")(jax.nn.relu(features))
-            return features, head / (jnp.linalg.norm(head, axis=-1, keepdims=True) + 1e-8)
+            return features, hk.nets.MLP([2 * projection, projection], name="head")(jax.nn.relu(features))
 
-        self._net = hk.without_apply_rng(hk.transform(forward))
+        self._net = hk.transform(forward)
+        self.compute_dtype = jnp.dtype(compute_dtype)
+        self._apply = compute_in(self._net.apply, self.compute_dtype)  # the precision policy
 
     def init(self, rng: jax.Array, batch: Batch) -> Params:
         return self._net.init(rng, batch["image"])
 
+    def embed(self, params: Params, images: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Images [B, H, W, C] -> (features [B, D], the head's output on the unit sphere [B, P]),
+        float32 under every policy (the projection onto the sphere computed in float32)."""
+        features, head = self._apply(params, None, images)
+        return features, head / (jnp.linalg.norm(head, axis=-1, keepdims=True) + 1e-8)
+
     def features(self, params: Params, images: jax.Array) -> jax.Array:
         """The encoder's representation [B, D] of (unaugmented) images."""
-        return self._net.apply(params, images)[0]
+        return self.embed(params, images)[0]
 
     def loss(
         self, params: Params, rng: jax.Array, batch: Batch, step: Step
@@ -123,7 +141,7 @@ class Contrastive(Objective, metaclass=BuiltWhole):
         views = jnp.concatenate(
             [augment(k, images, self.shift, self.mask, self.noise) for k in (a, b)], axis=0
         )
-        _, z = self._net.apply(params, views)
+        _, z = self.embed(params, views)
         loss, accuracy = nt_xent(z, self.temperature)
         return loss, ({"positive_top1": accuracy}, Aux())
 
@@ -169,6 +187,7 @@ class Contrastive(Objective, metaclass=BuiltWhole):
             shift=o.shift,
             mask=o.mask,
             noise=o.noise,
+            compute_dtype=compute_dtype_of(config),
         )
 
     # --- inference ------------------------------------------------------------------------------

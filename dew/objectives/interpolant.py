@@ -77,8 +77,8 @@ class Interpolant(Objective, metaclass=BuiltWhole):
     with ``repa.network_options()`` and must return ``(out, features)`` for ``return_features=True``
     (the DiT / SiT networks do).
     ``compute_dtype`` (``config.precision.compute``): the network computes in it on float32
-    parameters; t, the path, the loss and REPA's encoder targets stay float32
-    (``dew.contracts.precision.compute_in``).
+    parameters; t, the path and the loss stay float32 (``dew.contracts.precision.compute_in``);
+    REPA's frozen encoder computes in it too, its tokens returned as float32.
     """
 
     precisions = ("float32", "bfloat16")
@@ -175,7 +175,7 @@ class Interpolant(Objective, metaclass=BuiltWhole):
         if self.repa is None:
             terms = self.transport.training_losses(self.network(params, labels, key), x1, t, x0)
             return jnp.mean(terms["loss"]), ({}, Aux())
-        zs = (self.repa.targets(batch[self.repa.image_field]),)
+        zs = (self.repa.targets(batch[self.repa.image_field], self.compute_dtype),)
 
         def network(x: jax.Array, tt: jax.Array):
             return self._apply(params, key, x, tt, labels, True, key is not None)

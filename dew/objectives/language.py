@@ -5,6 +5,11 @@ A batch has ``tokens`` [B, T + 1] (int32 ids) and ``weights`` [B, T]: the model 
 ``tokens[:, :-1]`` and is scored on ``tokens[:, 1:]``, each target weighted 0 or 1 (0 for a
 document's first token, which nothing in its document predicts, and for padding). The loss is
 the weighted mean cross-entropy in nats; ``bits_per_byte`` is the same in bits.
+
+Precision (``config.precision.compute``, ``docs/precision.md``): under bfloat16 the network
+computes on its float32 parameters cast at use (``dew.contracts.precision.compute_in``; the
+token ids stay int32) and its logits return to float32 before the log-softmax, so the
+cross-entropy, its mean and the previews' sampling are float32.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import numpy as np
 from dew import registry
 from dew.artifacts import TextSamples, TokenScores
 from dew.contracts.objective import Aux, Batch, Objective, Params, Stats, Step
+from dew.contracts.precision import compute_dtype_of, compute_in
 from dew.inputs import Field, InputSpec
 from dew.objectives.whole import BuiltWhole
 from dew.schema import ConfigError, Key, Section, at_least
@@ -48,8 +54,11 @@ class LanguageModel(Objective, metaclass=BuiltWhole):
 
     ``score_rows`` (optional) are held-out batches rows (``tokens``, ``weights``) that the
     preview scores token by token (``TokenScores``); ``prompts`` are continued ``new_tokens``
-    bytes at ``temperature`` (0: greedy) for the preview's ``TextSamples``.
+    bytes at ``temperature`` (0: greedy) for the preview's ``TextSamples``. ``compute_dtype``
+    (float32 or bfloat16) is the dtype the network computes in (module docstring).
     """
+
+    precisions = ("float32", "bfloat16")
 
     def __init__(
         self,
@@ -60,6 +69,7 @@ class LanguageModel(Objective, metaclass=BuiltWhole):
         new_tokens: int = 96,
         temperature: float = 0.8,
         score_rows: dict[str, np.ndarray] | None = None,
+        compute_dtype: str = "float32",
     ):
         if temperature < 0:
             raise ValueError(f"LanguageModel: temperature must be >= 0, got {temperature}")
@@ -78,12 +88,15 @@ class LanguageModel(Objective, metaclass=BuiltWhole):
             return model()(tokens, is_training=is_training)
 
         self._net = hk.transform(forward)
+        self.compute_dtype = jnp.dtype(compute_dtype)
+        self._apply = compute_in(self._net.apply, self.compute_dtype)  # the precision policy
 
     # --- pure pieces ----------------------------------------------------------------------------
     def logits(
         self, params: Params, tokens: jax.Array, rng: jax.Array | None = None, is_training: bool = False
     ):
-        return self._net.apply(params, rng, tokens, is_training)
+        """[B, T] token ids -> [B, T, vocab] logits, float32 under every policy."""
+        return self._apply(params, rng, tokens, is_training)
 
     def init(self, rng: jax.Array, batch: Batch) -> Params:
         return self._net.init(rng, batch["tokens"][:, :-1], True)
@@ -189,6 +202,7 @@ class LanguageModel(Objective, metaclass=BuiltWhole):
             new_tokens=o.new_tokens,
             temperature=o.temperature,
             score_rows=score_rows,
+            compute_dtype=compute_dtype_of(config),
         )
 
     # --- inference ------------------------------------------------------------------------------

@@ -101,9 +101,12 @@ class Repa:
             "projector_hidden": self.projector_dim,
         }
 
-    def targets(self, images: jax.Array) -> jax.Array:
-        """The frozen encoder's tokens of ``images`` [B, T, D] (no gradient flows into them)."""
-        z = self.encoder.tokens(self.encoder_params, images, self.value_range, self.resolution)
+    def targets(self, images: jax.Array, compute_dtype: Any = "float32") -> jax.Array:
+        """The frozen encoder's tokens of ``images`` [B, T, D], float32 (no gradient flows into
+        them); the encoder computes in ``compute_dtype``, the run's (``repa_encoders``)."""
+        z = self.encoder.tokens(
+            self.encoder_params, images, self.value_range, self.resolution, compute_dtype=compute_dtype
+        )
         return jax.lax.stop_gradient(z.astype(jnp.float32))
 
 

@@ -22,6 +22,13 @@
 
 An encoder is loaded once, on the host (``load``), and then used as a pure function
 (``tokens(params, images)`` [B, T, D]) inside the jitted training step.
+
+Precision: ``tokens(..., compute_dtype=...)`` runs the encoder in the run's compute dtype
+(``config.precision.compute``, bfloat16 under the bfloat16 policy): the preprocessing (the
+value range, DINOv2's ImageNet normalisation and resize) is float32, then the network computes
+on its float32 weights cast at use (``dew.contracts.precision.cast_floats``: the loaded weights
+stay float32 in memory, as on disk) and its tokens return as float32, where REPA's alignment
+loss is computed. Under float32 the program is unchanged.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dew import registry
+from dew.contracts.precision import cast_floats
 
 Params = Any
 
@@ -47,9 +55,11 @@ class RepresentationEncoder:
 
     ``embed_dim`` is the token width (None: read from the loaded weights);
     ``load(path, allow_unpinned, resolution)`` reads its weights (host, once; ``path`` None: the
-    encoder's default file); ``tokens(params, images, value_range, resolution)`` maps images [B, H, W, C]
-    in ``value_range`` to patch tokens [B, T, embed_dim] (pure, jittable; ``resolution`` is the
-    side REPA's rules read, the images' own by default); ``num_tokens(image_shape)`` is T for
+    encoder's default file); ``tokens(params, images, value_range, resolution, compute_dtype)``
+    maps images [B, H, W, C] in ``value_range`` to float32 patch tokens [B, T, embed_dim] (pure,
+    jittable; ``resolution`` is the side REPA's rules read, the images' own by default;
+    ``compute_dtype`` the dtype the network computes in, float32 by default: module
+    docstring); ``num_tokens(image_shape)`` is T for
     images of shape [H, W, C] (raises ``ValueError`` for a shape the encoder cannot take).
     """
 
@@ -105,17 +115,21 @@ def dinov2_tokens(
     images: jax.Array,
     value_range: tuple[float, float] = (0.0, 255.0),
     resolution: int | None = None,
+    compute_dtype: Any = "float32",
 ) -> jax.Array:
-    """REPA's DINOv2 tokens: ``preprocess_raw_image`` then ``x_norm_patchtokens`` of the ViT
-    ``config`` (a ``dew.scoring.dinov2.ViTConfig`` or its name, ``vitb14``/``vitl14``) whose
-    params came from ``load`` (position grid already resampled): [B, (side/14)², embed_dim]."""
+    """REPA's DINOv2 tokens: ``preprocess_raw_image`` (float32) then ``x_norm_patchtokens`` of
+    the ViT ``config`` (a ``dew.scoring.dinov2.ViTConfig`` or its name, ``vitb14``/``vitl14``)
+    whose params came from ``load`` (position grid already resampled), computed in
+    ``compute_dtype`` on the params cast at use: [B, (side/14)², embed_dim] float32."""
     from dew.scoring import dinov2
 
     if isinstance(config, str):
         config = _dinov2_config(config)
     side = repa_resolution(resolution or images.shape[1])
-    x = dinov2.repa_preprocess(images, side, value_range)
-    return dinov2.network(dinov2.repa_config(config, side // 14), "patch").apply(params, x)
+    dtype = jnp.dtype(compute_dtype)
+    x = cast_floats(dinov2.repa_preprocess(images, side, value_range), dtype)
+    network = dinov2.network(dinov2.repa_config(config, side // 14), "patch")
+    return network.apply(cast_floats(params, dtype), x).astype(jnp.float32)
 
 
 for _name, _size, _dim in (("dinov2-vit-b", "vitb14", 768), ("dinov2-vit-l", "vitl14", 1024)):
@@ -147,19 +161,22 @@ def image_encoder_tokens(
     images: jax.Array,
     value_range: tuple[float, float] = (-1.0, 1.0),
     resolution: int | None = None,
+    compute_dtype: Any = "float32",
 ) -> jax.Array:
     """``ImageEncoder``'s conv stack (``conv0``, stride-2 ``conv1``, ``conv2``, each ReLU) on
-    images mapped to [−1, 1]: [B, (H/4)·(W/4), 2·width]."""
+    images mapped to [−1, 1] (float32), computed in ``compute_dtype`` on the params cast at
+    use: [B, (H/4)·(W/4), 2·width] float32."""
     del resolution
     lo, hi = value_range
     x = images.astype(jnp.float32)
     if (lo, hi) != (-1.0, 1.0):
         x = (x - lo) * (2.0 / (hi - lo)) - 1.0
-    p = params
+    dtype = jnp.dtype(compute_dtype)
+    x, p = cast_floats(x, dtype), cast_floats(params, dtype)
     h = jax.nn.relu(_conv(x, p["image_encoder/conv0"], 1))
     h = jax.nn.relu(_conv(h, p["image_encoder/conv1"], 2))
     h = jax.nn.relu(_conv(h, p["image_encoder/conv2"], 2))
-    return h.reshape(h.shape[0], -1, h.shape[-1])
+    return h.reshape(h.shape[0], -1, h.shape[-1]).astype(jnp.float32)
 
 
 def _image_encoder_num_tokens(image_shape: tuple[int, ...]) -> int:
