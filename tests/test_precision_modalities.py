@@ -40,7 +40,7 @@ from test_repa import TINY, _dino_params, dino, encoder_file  # noqa: F401 - tes
 from dew.config import load_config
 from dew.data.sources.digits import digits
 from dew.objectives import repa_encoders
-from dew.scoring import dinov2
+from dew.scoring import dinov2, dinov2_repa
 from dew.training.build import build_objective, open_split
 from dew.training.objective import Step
 from dew.training.trainer_config import resolve_config
@@ -138,7 +138,7 @@ def encoder_case(name: str, golden: dict, weights_file: str):
     images = golden["images"].transpose(0, 2, 3, 1)  # two 256x256 uint8 images
     if name == "dinov2-vit-b (ViT-B/14, seeded weights)":
         encoder = repa_encoders.representation_encoder("dinov2-vit-b")
-        params = seeded_vit_params(dinov2.repa_config(dinov2.VIT_B14, 16))
+        params = seeded_vit_params(dinov2_repa.repa_config(dinov2.VIT_B14, 16))
         return (
             lambda p, x, dtype: encoder.tokens(p, x, (0.0, 255.0), None, compute_dtype=dtype),
             params,

@@ -29,7 +29,7 @@ from dew.config import apply_overrides, load_config
 from dew.diffusion.transport import Transport
 from dew.objectives import repa, repa_encoders
 from dew.schema import ConfigError
-from dew.scoring import dinov2, dinov2_vitb14_weights
+from dew.scoring import dinov2, dinov2_repa, dinov2_vitb14_weights
 from dew.training.build import build_objective, open_split
 from dew.training.objective import Step
 from dew.training.trainer_config import resolve_config
@@ -145,7 +145,7 @@ def test_alignment_loss_normalises_per_token_and_means_over_tokens_then_examples
 def _dino_params(dino):
     weights = {k[len("weights/") :]: v for k, v in dino.items() if k.startswith("weights/")}
     params = dinov2.params_from_torch_names(weights, TINY)
-    return dinov2.resample_position_embeddings(params, TINY, 16)
+    return dinov2_repa.resample_position_embeddings(params, TINY, 16)
 
 
 def _aa_bound(in_size: int, out_size: int, magnitude: float) -> float:
@@ -185,7 +185,7 @@ def test_dinov2_tokens_match_repas_encoder(dino):
     assert np.abs(pos - dino["pos_embed_resampled"]).max() <= pos_bound
 
     images = dino["images"].transpose(0, 2, 3, 1)
-    x = jax.jit(dinov2.repa_preprocess, static_argnums=1)(images, 224)
+    x = jax.jit(dinov2_repa.repa_preprocess, static_argnums=1)(images, 224)
     got = np.asarray(x).transpose(0, 3, 1, 2).reshape(-1)[dino["preprocessed_index"]]
     pre_bound = _preprocess_bound(256, 224)
     assert np.abs(got - dino["preprocessed64"]).max() <= pre_bound

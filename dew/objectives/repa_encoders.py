@@ -98,7 +98,7 @@ def _dinov2_num_tokens(image_shape: tuple[int, ...]) -> int:
 
 
 def _dinov2_load(size: str, path: str | None = None, *, allow_unpinned: bool = False, resolution: int = 256):
-    from dew.scoring import dinov2
+    from dew.scoring import dinov2_repa
 
     config = _dinov2_config(size)
     if size == "vitl14":
@@ -106,7 +106,7 @@ def _dinov2_load(size: str, path: str | None = None, *, allow_unpinned: bool = F
     else:
         from dew.scoring import dinov2_vitb14_weights as weights
     params = weights.load_weights(path, allow_unpinned=allow_unpinned, config=config)
-    return dinov2.resample_position_embeddings(params, config, repa_resolution(resolution) // 14)
+    return dinov2_repa.resample_position_embeddings(params, config, repa_resolution(resolution) // 14)
 
 
 def dinov2_tokens(
@@ -121,14 +121,14 @@ def dinov2_tokens(
     the ViT ``config`` (a ``dew.scoring.dinov2.ViTConfig`` or its name, ``vitb14``/``vitl14``)
     whose params came from ``load`` (position grid already resampled), computed in
     ``compute_dtype`` on the params cast at use: [B, (side/14)², embed_dim] float32."""
-    from dew.scoring import dinov2
+    from dew.scoring import dinov2, dinov2_repa
 
     if isinstance(config, str):
         config = _dinov2_config(config)
     side = repa_resolution(resolution or images.shape[1])
     dtype = jnp.dtype(compute_dtype)
-    x = cast_floats(dinov2.repa_preprocess(images, side, value_range), dtype)
-    network = dinov2.network(dinov2.repa_config(config, side // 14), "patch")
+    x = cast_floats(dinov2_repa.repa_preprocess(images, side, value_range), dtype)
+    network = dinov2.network(dinov2_repa.repa_config(config, side // 14), "patch")
     return network.apply(cast_floats(params, dtype), x).astype(jnp.float32)
 
 

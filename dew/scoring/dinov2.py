@@ -154,17 +154,25 @@ class Block(hk.Module):
         n, t, d = x.shape
         hp = jax.lax.Precision.HIGHEST
 
-        def norm(name):
-            return hk.LayerNorm(axis=-1, create_scale=True, create_offset=True, eps=LAYER_NORM_EPS, name=name)
+        low = x.dtype != jnp.float32  # a low-precision run: statistics and softmax in float32
 
-        h = norm("norm1")(x)
+        def norm(name, y):
+            layer = hk.LayerNorm(
+                axis=-1, create_scale=True, create_offset=True, eps=LAYER_NORM_EPS, name=name
+            )
+            return layer(y.astype(jnp.float32)).astype(y.dtype) if low else layer(y)
+
+        h = norm("norm1", x)
         qkv = hk.Linear(3 * d, name="qkv")(h).reshape(n, t, 3, c.num_heads, d // c.num_heads)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [n, t, heads, d_head]
         logits = jnp.einsum("nthd,nshd->nhts", q, k, precision=hp) * (d // c.num_heads) ** -0.5
-        attn = jnp.einsum("nhts,nshd->nthd", jax.nn.softmax(logits, axis=-1), v, precision=hp)
+        probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(v.dtype) if low else None
+        attn = jnp.einsum(
+            "nhts,nshd->nthd", jax.nn.softmax(logits, axis=-1) if probs is None else probs, v, precision=hp
+        )
         h = hk.Linear(d, name="proj")(attn.reshape(n, t, d))
         x = x + h * hk.get_parameter("ls1", (d,), x.dtype, jnp.ones)
-        h = norm("norm2")(x)
+        h = norm("norm2", x)
         h = hk.Linear(c.mlp_ratio * d, name="fc1")(h)
         h = hk.Linear(d, name="fc2")(jax.nn.gelu(h, approximate=False))
         return x + h * hk.get_parameter("ls2", (d,), x.dtype, jnp.ones)
@@ -207,9 +215,9 @@ class DinoViT(hk.Module):
         tokens = tokens + self._position_embeddings(gh, gw, x.dtype)
         for i in range(c.depth):
             tokens = Block(c, name=f"block_{i}")(tokens)
-        tokens = hk.LayerNorm(
-            axis=-1, create_scale=True, create_offset=True, eps=LAYER_NORM_EPS, name="norm"
-        )(tokens)
+        final = hk.LayerNorm(axis=-1, create_scale=True, create_offset=True, eps=LAYER_NORM_EPS, name="norm")
+        dtype = tokens.dtype  # a low-precision run's statistics in float32, as the blocks'
+        tokens = final(tokens) if dtype == jnp.float32 else final(tokens.astype(jnp.float32)).astype(dtype)
         if self.output == "patch":
             return tokens[:, 1:]
         features = tokens[:, 0]
@@ -240,58 +248,6 @@ def _forward(x: jax.Array, config: ViTConfig, output: str) -> jax.Array:
 def network(config: ViTConfig = VIT_L14, output: str = "cls") -> hk.Transformed:
     """The haiku-transformed ``DinoViT`` (no randomness: ``apply(params, x)``)."""
     return hk.without_apply_rng(hk.transform(functools.partial(_forward, config=config, output=output)))
-
-
-# --- DINOv2 as REPA loads and feeds it (sihyun-yu/REPA utils.py load_encoders, train.py) ---------------
-
-
-def repa_config(config: ViTConfig, grid: int) -> ViTConfig:
-    """``config`` with its position grid resampled to ``grid`` (what ``resample_position_embeddings``
-    returns params for)."""
-    return dataclasses.replace(config, train_grid=grid)
-
-
-def resample_position_embeddings(params: hk.Params, config: ViTConfig, grid: int) -> hk.Params:
-    """REPA's ``encoder.pos_embed.data = timm.layers.pos_embed.resample_abs_pos_embed(pos_embed,
-    [grid, grid])``: the CLS position kept, the learned g×g grid resized to grid×grid by
-    ``F.interpolate(mode='bicubic', antialias=True)`` (PIL's bicubic, a = −0.5, support scaled
-    when shrinking). Host-side, once, in float64 then float32. The network for the result is
-    ``repa_config(config, grid)``: at a grid×grid input its ``interpolate_pos_encoding`` keeps them
-    as they are (``npatch == N and w == h``)."""
-    g = config.train_grid
-    pos = np.asarray(params["dinov2"]["pos_embed"], np.float64)
-    m = antialiased_bicubic_matrix(g, grid).astype(np.float64)
-    table = pos[0, 1:].reshape(g, g, -1)
-    table = np.einsum("ab,bcd->acd", m, table)
-    table = np.einsum("ec,acd->aed", m, table)
-    resized = np.concatenate([pos[:, :1], table.reshape(1, grid * grid, -1)], axis=1).astype(np.float32)
-    out = {k: dict(v) for k, v in params.items()}
-    out["dinov2"]["pos_embed"] = jnp.asarray(resized)
-    return out
-
-
-def repa_preprocess(
-    images: jax.Array, side: int, value_range: tuple[float, float] = (0.0, 255.0)
-) -> jax.Array:
-    """``preprocess_raw_image`` for DINOv2: x / 255, minus the ImageNet mean, over the std, then
-    ``F.interpolate(x, side, mode='bicubic')`` (no antialias; the output size given, so the scale
-    is in/out: source (i + 0.5)·in/out − 0.5, Keys' cubic A = −0.75, taps clamped). NHWC in
-    ``value_range``, one channel repeated to three; → [N, side, side, 3] float32."""
-    chex.assert_rank(images, 4)
-    if images.shape[-1] == 1:
-        images = jnp.repeat(images, 3, axis=-1)
-    chex.assert_axis_dimension(images, 3, 3)
-    lo, hi = value_range
-    x = images.astype(jnp.float32)
-    if (lo, hi) != (0.0, 255.0):
-        x = (x - lo) * (255.0 / (hi - lo))
-    x = x / 255.0
-    x = (x - jnp.asarray(IMAGENET_MEAN, jnp.float32)) / jnp.asarray(IMAGENET_STD, jnp.float32)
-    hp = jax.lax.Precision.HIGHEST
-    rows = jnp.asarray(bicubic_matrix(images.shape[1], side, side / images.shape[1]))
-    cols = jnp.asarray(bicubic_matrix(images.shape[2], side, side / images.shape[2]))
-    x = jnp.einsum("oh,nhwc->nowc", rows, x, precision=hp)
-    return jnp.einsum("pw,nowc->nopc", cols, x, precision=hp)
 
 
 def features(
@@ -416,7 +372,4 @@ __all__ = [
     "network",
     "params_from_torch_names",
     "preprocess",
-    "repa_config",
-    "repa_preprocess",
-    "resample_position_embeddings",
 ]
