@@ -88,7 +88,7 @@ def reference_sampler(args: argparse.Namespace, state_dict: str, out: str) -> di
             f"--sample_state_dict={state_dict}",
             f"--per_class={args.per_class}",
             f"--points={args.points}",
-            f"--seed={args.seed}",
+            f"--sample_seeds={args.seed}",
             f"--out={out}.json",
             f"--samples_out={out}.npz",
         ],
