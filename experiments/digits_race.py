@@ -4,12 +4,19 @@ The clock starts before anything is built, so the budget (default 240 s) include
 trainer, compiling and initialising; training steps run until it is spent (the step in flight
 finishes), each dispatched before the previous one is waited for, as ``fit`` runs them. Then
 200 class-conditional samples (20 per class, Heun with 18 points = 35 NFE, no guidance) are
-drawn from the debiased EMA and from the raw weights, and the independent digit classifier (an
-RBF SVM on all 1,797 real digits, ``dew/scoring/digits_classifier.py``) says how many show the
-class asked for; both sets are saved as ``samples_ema.png`` / ``samples_raw.png`` in the
-workdir, one row per class. Everything else is ``experiments/edm.py``'s defaults, run as
-``python -m dew.main`` runs it (each batch split over one CPU device per core); the batch size is
-the race's (128, as in the reference's race).
+drawn from the debiased EMA and from the raw weights, by dew's sampler (``Diffusion.denoiser``
+and ``dew.sampling.sample``), once for each of ``--sample_seeds`` (default 1,2,3), and the
+independent digit classifier (an RBF SVM on all 1,797 real digits,
+``dew/scoring/digits_classifier.py``) says how many show the class asked for. The starting
+noise and labels of each seed come from ``experiments/race_latents.py`` (one
+``np.random.default_rng(seed)`` draw, class-major labels), which the reference's race
+(``third_party/edm/digits_race_reference.py``) draws from too: for the same seeds both sides
+sample the very same latents, so the race's accuracies differ by what was trained, not by two
+noise draws. ``accuracy_ema`` / ``accuracy_raw`` are the means over the seeds,
+``accuracy_ema_seeds`` / ``accuracy_raw_seeds`` each seed's; the first seed's sets are saved as
+``samples_ema.png`` / ``samples_raw.png`` in the workdir, one row per class. Everything else is
+``experiments/edm.py``'s defaults, run as ``python -m dew.main`` runs it (each batch split over
+one CPU device per core); the batch size is the race's (128, as in the reference's race).
 
 ``--path=custom`` runs the same race as a user's own loop written as the API reference shows it:
 ``Trainer(config, workdir)`` and a loop over ``trainer.step``, with no ``dew.runtime.start`` call
@@ -25,12 +32,14 @@ and no huge-pages restart, so what the Trainer applies by itself is what is meas
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import pathlib
 import sys
 import time
-from typing import cast
+from types import ModuleType
+from typing import Any, cast
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -46,6 +55,15 @@ def process_age() -> float:
     except (OSError, ValueError, IndexError):
         return 0.0
     return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def load_race_latents() -> ModuleType:
+    """``experiments/race_latents.py`` (the shared sampling noise), loaded by path."""
+    spec = importlib.util.spec_from_file_location("race_latents", HERE / "race_latents.py")
+    assert spec is not None and spec.loader is not None  # a .py file next to this one
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main() -> int:
@@ -70,18 +88,27 @@ def main() -> int:
     parser.add_argument("--batch_size", type=int, default=128)
     parser.add_argument("--per_class", type=int, default=20)
     parser.add_argument("--points", type=int, default=18)
-    parser.add_argument("--seed", type=int, default=1, help="sampling seed")
+    parser.add_argument(
+        "--sample_seeds",
+        default="1,2,3",
+        help="seeds of the shared sampling noise (experiments/race_latents.py), comma-separated",
+    )
     parser.add_argument("--params_out", help="also write the EMA and raw parameters sampled (.npz)")
     parser.add_argument("overrides", nargs="*", help="config.<key>=<value> (recorded in the result)")
     args = parser.parse_args()
+    shared = load_race_latents()
+    try:
+        sample_seeds = shared.parse_seeds(args.sample_seeds)
+    except ValueError as error:
+        parser.error(str(error))
 
     import jax
     import numpy as np
 
     from dew.artifacts import ImageGrid
     from dew.config import load_config
-    from dew.objectives.diffusion import Diffusion
     from dew.runtime.platform import start as start_runtime
+    from dew.sampling import sample
     from dew.scoring.digits_classifier import classify_digits
     from dew.tracking.media import write_png
     from dew.training.trainer import Trainer, resolve_config
@@ -131,8 +158,8 @@ def main() -> int:
     trained = time.perf_counter() - start
     loss = float(stats["loss"])
 
-    results, pictures = {}, {}
-    labels = None
+    results: dict[str, list[float]] = {}
+    pictures = {}
     networks = {"ema": trainer.debiased_ema(state), "raw": state.params}
     if args.params_out:
         os.makedirs(os.path.dirname(os.path.abspath(args.params_out)), exist_ok=True)
@@ -143,21 +170,26 @@ def main() -> int:
             for leaf, value in leaves.items()
         }
         np.savez(args.params_out, allow_pickle=False, **flat)
+    objective = cast(Any, trainer.objective)  # a Diffusion
+    sigmas = objective.process.sigmas(args.points)
+
+    @jax.jit
+    def draw(params, noise, labels):
+        """dew's Heun sampler from the given standard-normal noise (scaled by σ_0 in ``sample``)."""
+        return sample(objective.denoiser(params, {"label": labels}), noise, sigmas, "heun")
+
+    shape = tuple(trainer.example_batch()["image"].shape[1:])
+    draws = [shared.race_latents(seed, args.per_class, shape) for seed in sample_seeds]
     for name, params in networks.items():
-
-        @jax.jit
-        def draw(rng, params=params):
-            return cast(Diffusion, trainer.objective).draw(
-                params, rng, per_class=args.per_class, steps=args.points, solver="heun"
-            )
-
-        images, labels = jax.device_get(draw(jax.random.PRNGKey(args.seed)))
-        predicted = classify_digits(np.clip(images, -1, 1))
-        results[name] = float(np.mean(predicted == labels))
-        by_class = np.argsort(labels, kind="stable")  # one row per class, 0 at the top
-        grid = ImageGrid(np.clip(images[by_class], -1, 1), columns=args.per_class)
-        pictures[name] = write_png(os.path.join(args.workdir, f"samples_{name}.png"), grid)
-    assert labels is not None  # the loop above drew at least one network
+        results[name] = []
+        for i, (noise, labels) in enumerate(draws):
+            images = np.asarray(draw(params, noise, labels))
+            predicted = classify_digits(np.clip(images, -1, 1))
+            results[name].append(float(np.mean(predicted == labels)))
+            if i == 0:  # the first seed's set, one row per class (class-major), 0 at the top
+                grid = ImageGrid(np.clip(images, -1, 1), columns=args.per_class)
+                pictures[name] = write_png(os.path.join(args.workdir, f"samples_{name}.png"), grid)
+    labels = draws[0][1]
     record = {
         "path": args.path,
         "steps": steps,
@@ -169,16 +201,25 @@ def main() -> int:
         "batch_size": args.batch_size,
         "final_loss": round(loss, 4),
         "samples": len(labels),
-        "accuracy_ema": results["ema"],
-        "accuracy_raw": results["raw"],
+        "accuracy_ema": float(np.mean(results["ema"])),
+        "accuracy_raw": float(np.mean(results["raw"])),
+        "sample_seeds": sample_seeds,
+        "accuracy_ema_seeds": results["ema"],
+        "accuracy_raw_seeds": results["raw"],
+        "latents": "experiments/race_latents.py: np.random.default_rng(seed), shared with the reference",
         "pictures": pictures,
         "overrides": args.overrides,
         "load_average_1min": os.getloadavg()[0],
     }
+
+    def seeds(name: str) -> str:
+        return ", ".join(f"{a:.1%}" for a in results[name])
+
     print(
         f"{steps} steps in {trained:.0f} s (first step done at {first_step_done:.0f} s); "
-        f"{len(labels)} Heun-{args.points} samples classified as their class: "
-        f"{results['ema']:.1%} (EMA), {results['raw']:.1%} (raw weights)"
+        f"{len(labels)} Heun-{args.points} samples per seed (seeds {args.sample_seeds}) classified as "
+        f"their class: {record['accuracy_ema']:.1%} (EMA; {seeds('ema')}), "
+        f"{record['accuracy_raw']:.1%} (raw weights; {seeds('raw')})"
     )
     os.makedirs(args.workdir, exist_ok=True)
     with open(os.path.join(args.workdir, "race.json"), "w") as f:

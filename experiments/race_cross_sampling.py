@@ -11,7 +11,8 @@ pair of race runs kept (the reference's EMA and raw ``EDMPrecond`` state dicts,
   there as state dicts (``to_state_dict``, the exact inverse of ``dew.networks.edm_weights``'
   layout conversion), and
 * with dew's sampler (``Diffusion.denoiser`` and ``dew.sampling.sample``, Heun, float32, σ from
-  ``Process.sigmas``), from the very latents the reference drew,
+  ``Process.sigmas``), from the very latents the reference drew (``--seed``'s draw of
+  ``experiments/race_latents.py``, the race's shared noise),
 
 and the same digit classifier scores all eight sets. Because the noise is shared, the two
 samplers are also compared sample by sample (largest pixel difference, classifier agreement).
@@ -88,7 +89,7 @@ def reference_sampler(args: argparse.Namespace, state_dict: str, out: str) -> di
             f"--sample_state_dict={state_dict}",
             f"--per_class={args.per_class}",
             f"--points={args.points}",
-            f"--seed={args.seed}",
+            f"--sample_seeds={args.seed}",
             f"--out={out}.json",
             f"--samples_out={out}.npz",
         ],

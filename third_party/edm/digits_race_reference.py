@@ -8,8 +8,14 @@ race, with the same settings as ``experiments/edm.py``'s (lr 2e-3, betas (0.9, 0
 half-life 500 updates with ramp-up 0.05, no label dropout, no augmentation). The clock starts
 when the training process starts, before torch is imported; steps run until the budget is spent.
 Then 200 samples (20 per class) are drawn with the reference's ``edm_sampler`` (Heun, 18 points,
-no churn) from the EMA and from the raw weights, and dew's digit classifier scores them, as in
-dew's race.
+no churn) from the EMA and from the raw weights, once for each of ``--sample_seeds`` (default
+1,2,3), and dew's digit classifier scores them, as in dew's race. The latents and labels of each
+seed are ``experiments/race_latents.py``'s (one ``np.random.default_rng(seed)`` standard-normal
+draw, class-major labels, built by the driver in dew's environment and handed to the trainer as
+NCHW arrays; ``edm_sampler`` scales them by its σ_max), the very latents dew's race samples for
+the same seeds, so the two sides differ by what was trained, not by the noise each drew.
+``accuracy_ema`` / ``accuracy_raw`` are the means over the seeds, ``accuracy_ema_seeds`` /
+``accuracy_raw_seeds`` each seed's.
 
     PYTHONPATH=. /work/venv/bin/python third_party/edm/digits_race_reference.py \\
         --edm=/tmp/edm_ref --torch_python=/work/venv-torch/bin/python [--budget=240] \\
@@ -20,7 +26,9 @@ dew's race.
 --config=experiments/edm.py`` reads, so that the reference's trained weights can be sampled and
 fine-tuned in dew; ``--raw_state_dict_out`` keeps the raw (last) weights the same way.
 ``--samples_out`` keeps what was scored: the initial noise (``latents``, NCHW), the labels and the
-``ema``/``raw`` samples (NHWC), for a sample-by-sample comparison with another sampler.
+``ema``/``raw`` samples (NHWC) of the first seed, for a sample-by-sample comparison with another
+sampler, and every seed's as ``latents_seeds`` / ``ema_seeds`` / ``raw_seeds`` (seed-major, in
+the order of ``sample_seeds``).
 
 ``--max_steps=N`` also stops after N steps (an equal-steps comparison on a loaded machine).
 ``--sample_state_dict=<npz>`` trains nothing: it loads that state dict (the ``param/<key>`` form
@@ -44,6 +52,10 @@ import os  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+from types import ModuleType  # noqa: E402
+
+RACE_LATENTS = Path(__file__).resolve().parents[2] / "experiments" / "race_latents.py"
 
 NETWORK = dict(
     img_resolution=8,
@@ -131,18 +143,60 @@ def worker(args: argparse.Namespace) -> None:
 
 def draw(args: argparse.Namespace, edm_sampler, models: dict, eye, extra: dict) -> None:
     """Sample each network with the reference's ``edm_sampler`` (Heun, ``args.points`` points, no
-    churn, float64 as it runs) from the same latents, and write them with ``extra`` to ``args.out``."""
+    churn, float64 as it runs) from every seed's latents in ``args.data`` (``sampling_inputs``),
+    and write them with ``extra`` to ``args.out``: ``<name>_seeds`` [seeds, n, H, W, C] and, for
+    the first seed, ``<name>``, ``latents`` (NCHW) and ``labels``."""
     import numpy as np
     import torch
 
+    with np.load(args.data) as data:
+        latents_seeds, labels, seeds = data["latents"], data["labels"], data["sample_seeds"]
+    class_labels = torch.from_numpy(labels).long()
     out = {}
-    class_labels = torch.arange(10).repeat_interleave(args.per_class)
-    latents = torch.randn(len(class_labels), 1, 8, 8, generator=torch.Generator().manual_seed(args.seed))
     for name, model in models.items():
-        with torch.no_grad():
-            samples = edm_sampler(model, latents, eye[class_labels], num_steps=args.points)
-        out[name] = samples.float().permute(0, 2, 3, 1).numpy()
-    np.savez(args.out, labels=class_labels.numpy(), latents=latents.numpy(), **extra, **out)
+        drawn = []
+        for latents in latents_seeds:
+            with torch.no_grad():
+                samples = edm_sampler(
+                    model, torch.from_numpy(latents), eye[class_labels], num_steps=args.points
+                )
+            drawn.append(samples.float().permute(0, 2, 3, 1).numpy())
+        out[name], out[f"{name}_seeds"] = drawn[0], np.stack(drawn)
+    np.savez(
+        args.out,
+        labels=labels,
+        latents=latents_seeds[0],
+        latents_seeds=latents_seeds,
+        sample_seeds=seeds,
+        **extra,
+        **out,
+    )
+
+
+def load_race_latents() -> ModuleType:
+    """``experiments/race_latents.py`` (the race's shared sampling noise), loaded by path."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("race_latents", RACE_LATENTS)
+    assert spec is not None and spec.loader is not None  # a .py file of this repository
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def sampling_inputs(seeds: list[int], per_class: int) -> dict:
+    """What the trainer samples from, as written to its data file: ``latents`` [seeds, n, 1, 8, 8]
+    float32 (``race_latents``' NHWC noise of each seed, as NCHW for ``EDMPrecond``), ``labels``
+    [n] int32 class-major, and ``sample_seeds``. Pure NumPy (dew's environment)."""
+    import numpy as np
+
+    shared = load_race_latents()
+    draws = [shared.race_latents(seed, per_class) for seed in seeds]
+    return {
+        "latents": np.stack([noise.transpose(0, 3, 1, 2) for noise, _ in draws]),
+        "labels": draws[0][1],
+        "sample_seeds": np.asarray(seeds, np.int64),
+    }
 
 
 def main() -> int:
@@ -157,7 +211,11 @@ def main() -> int:
     parser.add_argument("--ema_ramp_up", type=float, default=0.05)
     parser.add_argument("--per_class", type=int, default=20)
     parser.add_argument("--points", type=int, default=18)
-    parser.add_argument("--seed", type=int, default=1, help="sampling seed")
+    parser.add_argument(
+        "--sample_seeds",
+        default="1,2,3",
+        help="seeds of the shared sampling noise (experiments/race_latents.py), comma-separated",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="runs/digits_race_reference/race.json")
     parser.add_argument("--state_dict_out", help="also write the trained EMA network's state dict (.npz)")
@@ -172,6 +230,10 @@ def main() -> int:
     if args.worker:
         worker(args)
         return 0
+    try:
+        seeds = load_race_latents().parse_seeds(args.sample_seeds)
+    except ValueError as error:
+        parser.error(str(error))
 
     import numpy as np
 
@@ -181,7 +243,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         data, samples = os.path.join(tmp, "train.npz"), os.path.join(tmp, "samples.npz")
         train = digits("train")
-        np.savez(data, image=train.fields["image"], label=train.fields["label"])
+        np.savez(
+            data,
+            image=train.fields["image"],
+            label=train.fields["label"],
+            **sampling_inputs(seeds, args.per_class),
+        )
         for key in ("state_dict_out", "raw_state_dict_out", "sample_state_dict"):
             if getattr(args, key):
                 setattr(args, key, os.path.abspath(getattr(args, key)))
@@ -200,10 +267,18 @@ def main() -> int:
         with np.load(samples) as result:
             kept = ("steps", "trained_s", "first_step_done_s", "final_loss")
             record = {k: result[k].item() for k in kept if k in result.files}
+            record["sample_seeds"] = seeds
             for name in ("ema", "raw"):
-                if name in result.files:
-                    predicted = classify_digits(np.clip(result[name], -1, 1))
-                    record[f"accuracy_{name}"] = float(np.mean(predicted == result["labels"]))
+                if f"{name}_seeds" in result.files:
+                    per_seed = [
+                        float(np.mean(classify_digits(np.clip(drawn, -1, 1)) == result["labels"]))
+                        for drawn in result[f"{name}_seeds"]
+                    ]
+                    record[f"accuracy_{name}"] = float(np.mean(per_seed))
+                    record[f"accuracy_{name}_seeds"] = per_seed
+            record["latents"] = (
+                "experiments/race_latents.py: np.random.default_rng(seed), shared with dew's race"
+            )
             if args.samples_out:
                 os.makedirs(os.path.dirname(os.path.abspath(args.samples_out)), exist_ok=True)
                 np.savez(args.samples_out, **{k: result[k] for k in result.files})
@@ -214,12 +289,16 @@ def main() -> int:
         load_average_1min=os.getloadavg()[0],
     )
     shown = ", ".join(
-        f"{record[f'accuracy_{n}']:.1%} ({n})" for n in ("ema", "raw") if f"accuracy_{n}" in record
+        f"{record[f'accuracy_{n}']:.1%} ({n}; "
+        + ", ".join(f"{a:.1%}" for a in record[f"accuracy_{n}_seeds"])
+        + ")"
+        for n in ("ema", "raw")
+        if f"accuracy_{n}" in record
     )
     print(
         f"NVlabs/edm: {record['steps']} steps in {record['trained_s']:.0f} s (first step done at "
-        f"{record['first_step_done_s']:.1f} s); {record['samples']} Heun-{args.points} samples classified "
-        f"as their class: {shown}"
+        f"{record['first_step_done_s']:.1f} s); {record['samples']} Heun-{args.points} samples per seed "
+        f"(seeds {args.sample_seeds}) classified as their class: {shown}"
     )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
