@@ -8,17 +8,13 @@ own ``total``/``outer`` in ``<outdir>/fid-progress.npz``) and ADM's suite's
 under their SHA-256 digests, ``pool_sha256``).
 
 After each chunk (process 0) the chunk's rows file is written (a temporary file, flushed,
-renamed) and then the progress file: a progress file therefore never vouches for a rows file not
-yet on disk, and one left beyond ``chunks_done`` by a killed draw is rewritten. ``Tally.read``
-refuses, in one line naming the progress file and ending "delete it to start over", a progress
-file damaged or inconsistent as ``progress_file`` defines it, extra sums of another width or not
-finite, a digest list whose length is not ``chunks_done``, and a rows file that is missing,
-whose bytes do not hash to the recorded digest, or that is not float32 [rows of that chunk,
-width] of finite values (``ProgressDamaged``); ``Tally.resume`` (what a draw calls) sets such a
-file aside, saying so in one line, and the draw starts over: a damaged file dew wrote never
-stops a run. ``pool_rows`` reads the rows again at the report, checking each file's bytes
-against the same digests: the numbers reported come only from files the progress vouches for.
-The format's own names (``write_progress``, ``read_progress``, ...) are public here too.
+renamed), then the progress file, so a progress file never vouches for a rows file not yet on
+disk. ``Tally.read`` refuses what ``progress_file`` refuses, and extra sums of another width or
+not finite, a digest list whose length is not ``chunks_done``, or a rows file missing, not
+matching its digest, or not float32 [rows of that chunk, width] of finite values
+(``ProgressDamaged``, one line); ``Tally.resume`` sets such a file aside and starts over.
+``pool_rows`` reads the rows again at the report against the same digests. The format's own
+names (``write_progress``, ``read_progress``, ...) are public here too.
 """
 
 from __future__ import annotations
@@ -165,10 +161,8 @@ class Tally:
 
     def read(self, outdir: str, settings: dict[str, Any]) -> int:
         """Take the state of ``outdir``'s progress, every rows file checked against its digest;
-        the chunks done. ``ProgressDamaged`` in one line when it is damaged (module docstring:
-        also extra sums of another width or not finite, a digest list whose length is not
-        ``chunks_done``, a rows file missing, not matching its digest, or not float32 [rows of
-        that chunk, width] of finite values), ``FidInputError`` when it is another draw's."""
+        the chunks done. ``ProgressDamaged`` in one line when it is damaged (module docstring),
+        ``FidInputError`` when it is another draw's."""
         layout, extra = self.layout, {}
         for space in layout.spaces[1:]:
             extra[f"total{space.suffix}"] = Member("f", (space.width,))
