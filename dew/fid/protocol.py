@@ -89,13 +89,13 @@ def protocol(args: argparse.Namespace, metrics: tuple[str, ...]) -> int:
 
     if adm and jax.process_index() != 0:
         return 0  # process 0 reports (the metrics read every chunk file it wrote)
-    probabilities = None
+    embedded, probabilities = reference, None  # ADM's: the batch embedded where a metric needs it
     if adm:
         from dew.fid.score import embed_reference
 
-        reference = embed_reference(reference, scorer, metrics, args.batch)
+        embedded = embed_reference(reference, scorer, metrics, args.batch)
         probabilities = scorer.probabilities
-    scores = protocol_results.scores(metrics, tally, args.outdir, reference, probabilities)
+    scores = protocol_results.scores(metrics, tally, args.outdir, embedded, probabilities)
     report = protocol_results.report(scores, draw, reference, args.ref, _digest(args.ref))
     if jax.process_index() == 0:
         protocol_results.write_results(args.outdir, tally, report, resolution)
