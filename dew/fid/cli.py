@@ -72,6 +72,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from dew.fid.inputs import (  # noqa: F401  (list_images, read_batches, draw_batches: public here too)
     DEFAULT_NUM_SAMPLES,
@@ -109,10 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return adm_suite(check_adm(args))
         if args.save_ref_batch:
             raise FidError("--save_ref_batch applies to ADM's suite (--metrics=...,sfid,is,precision,recall)")
-        check(args)
+        references = check(args)
         from dew.fid.score import score
 
-        return score(args)
+        return score(args, references)
     except (FidError, FidInputError, ReferenceBatchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -161,10 +162,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def check(args: argparse.Namespace) -> None:
+def check(args: argparse.Namespace) -> dict[str, Any]:
     """The ``fid`` / ``fd_dinov2`` / KID mode's flags, checked before any work (``args.metrics``
-    parsed in place); ``FidError`` naming the flag otherwise."""
-    from dew.scoring.feature_metrics import check_flags, parse_metrics
+    parsed in place); ``FidError`` naming the flag otherwise. Returns the reference statistics
+    files it read, by metric name (``--ref`` for ``fid``, ``--dinov2_ref`` for ``fd_dinov2``)."""
+    from dew.scoring.feature_metrics import parse_metrics
 
     if not args.images and not args.workdir:
         raise FidError("give --images=<folder> or --workdir=<run>")
@@ -176,31 +178,57 @@ def check(args: argparse.Namespace) -> None:
         raise FidError(
             "give --ref=<stats.npz or folder> (or --dinov2_ref) to score against, or --save_stats=<out.npz>"
         )
-    try:
-        check_flags(args)
-    except ValueError as e:
-        raise FidError(str(e)) from None
+    references = _check_dinov2(args)
     if args.batch_size < 1 or args.keep_features < 0:
         raise FidError(f"--batch_size={args.batch_size} must be >= 1 and --keep_features >= 0")
     check_run_flags(args)
     if args.images:
         list_images(args.images, "--images")
     if "fid" in args.metrics:
-        _check_reference_and_weights(args)
+        references.update(_check_reference_and_weights(args))
     elif args.ref and os.path.isdir(args.ref):
         list_images(args.ref, "--ref")
+    return references
 
 
-def _check_reference_and_weights(args: argparse.Namespace) -> None:
-    """``--ref`` readable (with features for ``--kid``) and the Inception weights present."""
+def _check_dinov2(args: argparse.Namespace) -> dict[str, Any]:
+    """The FD_DINOv2 flags agree with ``args.metrics`` (parsed) and ``--dinov2_ref`` is readable
+    (returned as ``{"fd_dinov2": ...}``); the weights are checked when the scorers are built."""
+    from dew.scoring.statistics import load_statistics
+
+    wants = "fd_dinov2" in args.metrics
+    given = [f for f in ("dinov2_weights", "dinov2_ref", "save_dinov2_stats") if getattr(args, f)]
+    if given and not wants:
+        raise FidError(f"{', '.join('--' + f for f in given)} only apply with --metrics=...,fd_dinov2")
+    if not wants:
+        return {}
+    if args.kid and "fid" not in args.metrics:
+        raise FidError("--kid is computed in FID Inception features: add fid to --metrics")
+    if args.dinov2_ref:
+        try:
+            return {"fd_dinov2": load_statistics(args.dinov2_ref)}
+        except (OSError, ValueError) as e:
+            raise FidError(f"--dinov2_ref: {e}") from None
+    if not (args.ref and os.path.isdir(args.ref)) and not args.save_dinov2_stats:
+        raise FidError(
+            "--metrics=...,fd_dinov2 needs --dinov2_ref=<DINOv2 stats .npz>, a folder --ref, or "
+            "--save_dinov2_stats=<out.npz>"
+        )
+    return {}
+
+
+def _check_reference_and_weights(args: argparse.Namespace) -> dict[str, Any]:
+    """``--ref`` readable (with features for ``--kid``; returned as ``{"fid": ...}`` when a file)
+    and the Inception weights present."""
+    out = {}
     if args.ref and not os.path.isdir(args.ref):
         from dew.scoring.statistics import load_statistics
 
         try:
-            ref = load_statistics(args.ref)
+            out["fid"] = load_statistics(args.ref)
         except (OSError, ValueError) as e:
             raise FidError(f"--ref: {e}") from None
-        if args.kid and "features" not in ref:
+        if args.kid and "features" not in out["fid"]:
             raise FidError(
                 f"--ref={args.ref!r} holds no 'features' for --kid (save them with --keep_features)"
             )
@@ -218,6 +246,7 @@ def _check_reference_and_weights(args: argparse.Namespace) -> None:
             data.files  # noqa: B018  the archive's directory is read: a zip, not just named .npz
     except NotAnNpzError as e:
         raise FidError(f"{e}; convert them with python -m dew.scoring.convert_inception") from None
+    return out
 
 
 # --- ADM's suite ----------------------------------------------------------------------------------

@@ -8,12 +8,13 @@ reference checked against them, the detector, the ``Draw`` and its ``Tally`` (``
 pool sums in ``fid-progress.npz``; ADM's suite: ``dew.scoring.adm_progress.AdmTally``, the pool
 and spatial sums and each chunk's pool rows under their digests), a progress file of another
 draw or a damaged one refused or set aside before anything is drawn, then ``Draw.run_tally``
-(the same chunks, resume and log lines for both) and, when every chunk is in, the report.
+(the same chunks, resume and log lines for both) and, when every chunk is in, the report
+(``dew.scoring.protocol_results``: the same scores, report and files for both).
 
 ADM's suite: each chunk's images are embedded once (pool_3 and mixed_6/conv[..., :7], the images
 at their own size through the TF graph's resize: ``adm_progress.adm_detector``); at the end
 (process 0) the reference batch is embedded where it lacks what a metric needs
-(``dew.fid.score.embed_reference``), the metrics are computed (``dew.scoring.adm_protocol``) and
+(``dew.fid.score.embed_reference``), the metrics are computed (``dew.scoring.protocol_results``) and
 written to ``<outdir>/adm.json`` with the reference batch's SHA-256, the samples' statistics to
 ``<outdir>/adm-stats.npz``. A reference batch of another resolution, a damaged chunk file,
 ``--image_handling`` other than the graph's own (tf1) and every other bad input is one line and
@@ -35,6 +36,7 @@ def protocol(args: argparse.Namespace, metrics: tuple[str, ...]) -> int:
     ``FidError`` / ``FidInputError`` on bad input, before anything is written."""
     from dew.objectives.protocol_presets import preset_named, resolve
     from dew.scoring import fid_protocol as fp
+    from dew.scoring.adm_metrics import LABELS
     from dew.scoring.adm_progress import AdmTally
     from dew.scoring.fid_reference import check_reference, load_reference
     from dew.scoring.inception import FEATURE_DIM
@@ -58,7 +60,7 @@ def protocol(args: argparse.Namespace, metrics: tuple[str, ...]) -> int:
     shape = getattr(task.objective, "image_shape", None) or task.objective.input_spec.sample.shape
     resolution = (int(shape[0]), int(shape[1]))
     fp.model_classes(task.objective)
-    scorer = None
+    scorer: Any = None
     if adm:
         from dew.fid.score import reference_batch
 
@@ -83,39 +85,23 @@ def protocol(args: argparse.Namespace, metrics: tuple[str, ...]) -> int:
         return 0
     import jax
 
+    from dew.scoring import protocol_results
+
+    if adm and jax.process_index() != 0:
+        return 0  # process 0 reports (the metrics read every chunk file it wrote)
+    embedded, probabilities = reference, None  # ADM's: the batch embedded where a metric needs it
     if adm:
-        if jax.process_index() != 0:
-            return 0  # process 0 reports (the metrics read every chunk file it wrote)
-        return _adm_report(args, metrics, draw, tally, reference, scorer, resolution)
-    assert isinstance(tally, fp.FidTally)
-    report = fp.fid_report(tally.sums, draw, reference, args.ref, _digest(args.ref))
+        from dew.fid.score import embed_reference
+
+        embedded = embed_reference(reference, scorer, metrics, args.batch)
+        probabilities = scorer.probabilities
+    scores = protocol_results.scores(metrics, tally, args.outdir, embedded, probabilities, args.pr_arithmetic)
+    report = protocol_results.report(scores, draw, reference, args.ref, _digest(args.ref))
     if jax.process_index() == 0:
-        fp.write_results(args.outdir, tally.sums, report, resolution)
+        protocol_results.write_results(args.outdir, tally, report, resolution)
     print(json.dumps(report, indent=1))
-    print(f"FID {report['fid']!r}")
-    return 0
-
-
-def _adm_report(
-    args: argparse.Namespace,
-    metrics: tuple[str, ...],
-    draw: Any,
-    tally: Any,
-    reference: Any,
-    scorer: Any,
-    resolution: tuple[int, int],
-) -> int:
-    from dew.fid.score import embed_reference
-    from dew.scoring.adm_metrics import LABELS
-    from dew.scoring.adm_protocol import adm_report, adm_scores, write_adm_results
-
-    embedded = embed_reference(reference, scorer, metrics, args.batch)
-    scores = adm_scores(metrics, tally, args.outdir, embedded, scorer.probabilities, args.pr_arithmetic)
-    report = adm_report(scores, draw, reference, args.ref, _digest(args.ref))
-    write_adm_results(args.outdir, tally, report, resolution)
-    print(json.dumps(report, indent=1))
-    for name in metrics:
-        print(f"{LABELS[name]}: {report[name]!r}")
+    for name in metrics:  # FID's protocol prints its line as fid.py does
+        print(f"FID {report[name]!r}" if not adm else f"{LABELS[name]}: {report[name]!r}")
     return 0
 
 

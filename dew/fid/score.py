@@ -41,16 +41,18 @@ def _source(args: argparse.Namespace) -> tuple[int, str, Iterator[np.ndarray], t
     return args.num_samples, what, draw_batches(task, args.num_samples, seed, args.batch_size), (-1.0, 1.0)
 
 
-def score(args: argparse.Namespace) -> int:
+def score(args: argparse.Namespace, references: dict[str, Any]) -> int:
     """``--metrics`` of ``fid`` / ``fd_dinov2`` (and ``--kid``) of the images against their
-    references, the statistics saved where asked; ``FidError`` on bad input."""
+    references (``references``: the statistics files already read, by metric name; a folder
+    ``--ref`` is embedded here), the statistics saved where asked; ``FidError`` on bad input."""
     from dew.scoring.feature_metrics import LABELS, scorers, statistics_over
     from dew.scoring.feature_set import FeatureSet, frechet, kernel_distance
-    from dew.scoring.statistics import load_statistics, save_statistics
+    from dew.scoring.statistics import save_statistics
 
     count, what, batches, value_range = _source(args)
     try:
-        metric_scorers = scorers(args)
+        pinned = not args.allow_unpinned_weights
+        metric_scorers = scorers(args.metrics, args.weights, args.dinov2_weights, pinned=pinned)
     except (OSError, ValueError) as e:
         raise FidError(str(e)) from None
     keep = {"fid": max(args.keep_features, count if args.kid else 0)}
@@ -62,10 +64,7 @@ def score(args: argparse.Namespace) -> int:
             ref_keep = {"fid": len(ref_files) if args.kid else 0}
             batches = read_batches(ref_files, args.batch_size)
             refs = statistics_over(metric_scorers, batches, (0.0, 1.0), ref_keep)
-        elif args.ref and "fid" in metric_scorers:
-            refs["fid"] = load_statistics(args.ref)
-        if args.dinov2_ref:
-            refs["fd_dinov2"] = load_statistics(args.dinov2_ref)
+        refs.update(references)
         samples, reference = FeatureSet.of(stats), FeatureSet.of(refs)
         distances = {name: frechet(name, samples, reference) for name in stats if name in refs}
     except ValueError as e:

@@ -50,48 +50,23 @@ def dinov2_scorer(weights_path: str | None, *, allow_unpinned: bool) -> Any:
     return DINOv2Scorer(params=dinov2.params_from_torch_names(arrays, config), config=config)
 
 
-def check_flags(args: Any) -> None:
-    """``dew.fid``'s FD_DINOv2 flags agree with ``args.metrics`` (parsed) and its reference is
-    readable; ``ValueError`` (one line naming the flag) otherwise. The weights are checked when
-    the scorers are built."""
-    import os
-
-    wants = "fd_dinov2" in args.metrics
-    given = [f for f in ("dinov2_weights", "dinov2_ref", "save_dinov2_stats") if getattr(args, f)]
-    if given and not wants:
-        raise ValueError(f"{', '.join('--' + f for f in given)} only apply with --metrics=...,fd_dinov2")
-    if not wants:
-        return
-    if args.kid and "fid" not in args.metrics:
-        raise ValueError("--kid is computed in FID Inception features: add fid to --metrics")
-    if args.dinov2_ref:
-        from dew.scoring.statistics import load_statistics
-
-        try:
-            load_statistics(args.dinov2_ref)
-        except (OSError, ValueError) as e:
-            raise ValueError(f"--dinov2_ref: {e}") from None
-    elif not (args.ref and os.path.isdir(args.ref)) and not args.save_dinov2_stats:
-        raise ValueError(
-            "--metrics=...,fd_dinov2 needs --dinov2_ref=<DINOv2 stats .npz>, a folder --ref, or "
-            "--save_dinov2_stats=<out.npz>"
-        )
-
-
-def scorers(args: Any) -> dict[str, Any]:
-    """The scorers of ``args.metrics`` by name (``--weights``/``--dinov2_weights``,
-    ``--allow_unpinned_weights`` for both); missing or refused weights raise one line."""
+def scorers(
+    metrics: Iterable[str], weights: str | None, dinov2_weights: str | None, *, pinned: bool
+) -> dict[str, Any]:
+    """The scorers of ``metrics`` by name: the FID Inception on ``weights``, DINOv2 on
+    ``dinov2_weights`` (None: their default paths), both ``pinned`` or not; missing or refused
+    weights raise one line naming the flag."""
     from dew.scoring.inception_metrics import InceptionScorer
 
     out: dict[str, Any] = {}
-    for name in args.metrics:
+    for name in metrics:
         if name == "fid":
-            out[name] = InceptionScorer(weights_path=args.weights, pinned=not args.allow_unpinned_weights)
+            out[name] = InceptionScorer(weights_path=weights, pinned=pinned)
             continue
         try:
-            out[name] = dinov2_scorer(args.dinov2_weights, allow_unpinned=args.allow_unpinned_weights)
+            out[name] = dinov2_scorer(dinov2_weights, allow_unpinned=not pinned)
         except (OSError, ValueError) as e:
-            raise ValueError(f"{'--dinov2_weights' if args.dinov2_weights else 'FD_DINOv2'}: {e}") from None
+            raise ValueError(f"{'--dinov2_weights' if dinov2_weights else 'FD_DINOv2'}: {e}") from None
     return out
 
 
@@ -118,7 +93,6 @@ __all__ = [
     "DEFAULT_METRICS",
     "LABELS",
     "METRICS",
-    "check_flags",
     "dinov2_scorer",
     "parse_metrics",
     "scorers",

@@ -1,328 +1,287 @@
-"""The FID protocol's progress file, ``<outdir>/fid-progress.npz``: written after every chunk,
-read back on a rerun, and never trusted further than it can be checked.
+"""A protocol draw's tally: what ``Draw.run_tally`` accumulates chunk by chunk in seed order and
+records in its progress file (``dew.scoring.progress_file``) after each, so that an interrupted
+draw resumes to the same numbers. One implementation for every protocol, its files and spaces a
+``Layout``: FID's (``FidTally``: the float64 ``MomentSums`` of the features, the progress file's
+own ``total``/``outer`` in ``<outdir>/fid-progress.npz``) and ADM's suite's
+(``dew.scoring.adm_progress.AdmTally``: the pool sums there, the spatial sums as the extra
+``total_s``/``outer_s``, and each chunk's float32 pool rows as ``<outdir>/adm-pool-<chunk>.npy``
+under their SHA-256 digests, ``pool_sha256``).
 
-A draw of ``num`` images in chunks of ``chunk`` records, after its k-th chunk, the float64 sums
-of every feature row so far (``MomentSums``: ``count``, ``total`` Σ f [D], ``outer`` Σ f fᵀ
-[D, D]), ``chunks_done`` = k, the draw's settings (a JSON object) and ``digest``, the SHA-256
-of all of these (``dew.pinned_weights.content_sha256``: every name, dtype, shape and byte).
-
-``read_progress`` refuses, in one line naming the file and ending "delete it to start over",
-a file that is not an ``.npz``, lacks or adds an array, holds an array of another dtype or shape
-(an object array included: never unpickled), settings that are not a JSON object, contents that
-do not match the digest, counts that disagree with each other or with the settings
-(1 ≤ ``chunks_done`` ≤ ⌈num/chunk⌉, ``count`` = min(``chunks_done``·``chunk``, num)), sums of
-another feature width than the detector's, or sums that are not finite. A file whose digest holds
-but whose settings are another draw's is refused naming the settings that differ. So a resumed
-draw either continues exactly where the file says, or does not start: the published FID is
-never computed from sums the file does not vouch for. Damage (everything but another draw's
-settings) is ``ProgressDamaged``; a draw's ``FidTally.resume`` sets such a file aside
-(``set_aside``: renamed ``<name>.damaged-<UTC time>``, one line on stderr) and starts over, so a
-damaged file dew wrote never stops a run. Every array is read through ``dew.npz.read_npz``: its
-dtype and shape checked against the layout, its size bounded by the draw's settings and the
-detector's width before it is allocated, its CRC-32 checked.
-
-Progress is written to ``fid-progress.npz.tmp-<pid>`` and renamed over the old file; a process
-killed between the two leaves the temporary file behind, and ``remove_stale_temporaries``
-(called by the next draw on the same ``outdir``) removes those of processes no longer alive.
-
-Another protocol's progress (ADM's suite: ``dew.scoring.adm_progress``) is the same file under
-another ``name``, with ``extra`` arrays beside the sums (``write_progress(..., extra=...)``,
-``read_progress_arrays``): their dtype kinds and shapes are checked like the sums', they are in
-the digest, and the caller's ``check`` refuses what disagrees with the counts in the same line.
-``Tally`` is what a protocol draw accumulates and commits chunk by chunk (``Draw.run_tally``);
-``FidTally`` is FID's, the sums in this file.
+After each chunk (process 0) the chunk's rows file is written (a temporary file, flushed,
+renamed), then the progress file, so a progress file never vouches for a rows file not yet on
+disk. ``Tally.read`` refuses what ``progress_file`` refuses, and extra sums of another width or
+not finite, a digest list whose length is not ``chunks_done``, or a rows file missing, not
+matching its digest, or not float32 [rows of that chunk, width] of finite values
+(``ProgressDamaged``, one line); ``Tally.resume`` sets such a file aside and starts over.
+``pool_rows`` reads the rows again at the report against the same digests. The format's own
+names (``write_progress``, ``read_progress``, ...) are public here too.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
+import hashlib
+import io
 import math
 import os
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from dew.npz import Member, NotAnNpzError, read_npz
-from dew.pinned_weights import content_sha256
+from dew.npz import HEADER_BYTES, Member, NotAnNpzError, read_npy
 from dew.scoring.fid_reference import FidInputError, MomentSums
+from dew.scoring.progress_file import (
+    PROGRESS_FILE,
+    ProgressDamaged,
+    fingerprint,
+    read_progress,
+    read_progress_arrays,
+    remove_stale_temporaries,
+    set_aside,
+    write_progress,
+)
 
-PROGRESS_FILE = "fid-progress.npz"
-STATS_FILE = "fid-stats.npz"  # the finished draw's statistics (``fid_protocol.write_results``)
-_ARRAYS = ("settings", "chunks_done", "count", "total", "outer")
-_DIGEST = "digest"
-
-
-def fingerprint(settings: dict[str, Any]) -> str:
-    """The settings as the progress file stores them: JSON, keys sorted."""
-    return json.dumps(settings, sort_keys=True, default=str)
-
-
-def _arrays(settings: dict[str, Any], chunks_done: int, sums: MomentSums) -> dict[str, np.ndarray]:
-    return {
-        "settings": np.asarray(fingerprint(settings)),
-        "chunks_done": np.asarray(chunks_done, np.int64),
-        "count": np.asarray(sums.count, np.int64),
-        "total": np.asarray(sums.total, np.float64),
-        "outer": np.asarray(sums.outer, np.float64),
-    }
+STATS_FILE = "fid-stats.npz"  # the finished FID draw's statistics (``protocol_results.write_results``)
+REPORT_FILE = "fid.json"  # its report
 
 
-def write_progress(
-    outdir: str,
-    settings: dict[str, Any],
-    chunks_done: int,
-    sums: MomentSums,
-    *,
-    extra: dict[str, np.ndarray] | None = None,
-    name: str = PROGRESS_FILE,
-) -> None:
-    """The sums (and ``extra`` arrays) after ``chunks_done`` chunks with their digest, written
-    atomically as ``<outdir>/<name>`` (a temporary file, flushed to disk, then renamed over the
-    old one)."""
-    arrays = _arrays(settings, chunks_done, sums)
-    clash = set(arrays) & set(extra or {}) | {_DIGEST} & set(extra or {})
-    if clash:
-        raise ValueError(f"write_progress: extra arrays {sorted(clash)} would replace the file's own")
-    arrays.update(extra or {})
-    path = os.path.join(outdir, name)
+@dataclasses.dataclass(frozen=True)
+class Space:
+    """One feature space a tally sums, its columns side by side in the detector's rows: its
+    ``width`` (None: any), the ``suffix`` of its names (``total<suffix>``, ``outer<suffix>`` in
+    the progress file, ``mu<suffix>``, ``sigma<suffix>`` in the statistics) and its ``name`` in
+    refusals."""
+
+    width: int | None
+    suffix: str = ""
+    name: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A protocol's files and what its tally keeps: the feature ``spaces`` (the first one's sums
+    are the progress file's own ``total``/``outer``, the others its extra arrays), the
+    ``progress`` file (``what`` names it in refusals), the finished draw's ``stats`` and
+    ``report`` files, and ``rows``: the name of each chunk's first-space float32 rows file
+    (``str.format`` of the chunk index; None: no rows kept)."""
+
+    what: str
+    progress: str
+    stats: str
+    report: str
+    spaces: tuple[Space, ...]
+    rows: str | None = None
+
+
+ROW_DIGESTS = "pool_sha256"  # the progress file's SHA-256 of each chunk's rows file
+
+
+class Tally:
+    """What a protocol draw accumulates chunk by chunk in seed order (``Draw.run_tally``) and
+    records after each: every space's float64 ``MomentSums`` and, where the layout keeps rows,
+    each chunk's first-space rows on disk under the digests its progress file records (written
+    before the progress, so a progress file never vouches for a chunk file not yet on disk). Every
+    process adds every chunk, process 0 alone commits. ``num`` and ``chunk`` (the draw's images
+    and chunk size) are needed where rows are kept."""
+
+    def __init__(self, layout: Layout, num: int | None = None, chunk: int | None = None):
+        self.layout, self.num, self.chunk = layout, num, chunk
+        self._clear()
+
+    def _clear(self) -> None:
+        self.space_sums = [MomentSums() for _ in self.layout.spaces]
+        self.digests: list[str] = []
+        self._pending: tuple[int, np.ndarray] | None = None  # the last chunk's rows, unwritten
+
+    @property
+    def sums(self) -> MomentSums:
+        """The first space's sums (FID's; ADM's pool)."""
+        return self.space_sums[0]
+
+    @property
+    def count(self) -> int:
+        """Images added so far (resumed ones included)."""
+        return self.sums.count
+
+    def rows_in(self, index: int) -> int:
+        """Images in chunk ``index`` (the last one may be short)."""
+        assert self.num is not None and self.chunk is not None
+        return min(self.chunk, self.num - index * self.chunk)
+
+    def temporaries(self, num_chunks: int) -> tuple[str, ...]:
+        """The names of the files it writes (``<name>.tmp-<pid>`` leftovers get removed)."""
+        layout = self.layout
+        rows = tuple(layout.rows.format(i) for i in range(num_chunks)) if layout.rows else ()
+        return (layout.progress, layout.stats, layout.report, *rows)
+
+    def add(self, index: int, features: np.ndarray) -> None:
+        """Add chunk ``index``'s feature rows [n, every space's width], in seed order."""
+        f = np.asarray(features, np.float32) if self.layout.rows else features
+        widths = [s.width for s in self.layout.spaces]
+        if self.num is not None and None not in widths:
+            want = (self.rows_in(index), sum(w or 0 for w in widths))
+            if f.ndim != 2 or f.shape != want:
+                name = type(self).__name__
+                raise ValueError(f"{name}.add: chunk {index} needs features {want}, got {f.shape}")
+        start = 0
+        for sums, width in zip(self.space_sums, widths, strict=True):
+            sums.add(f if len(widths) == 1 else f[:, start : None if width is None else start + width])
+            start += width or 0
+        if self.layout.rows:
+            self._pending = (index, np.ascontiguousarray(f[:, : widths[0]]))
+
+    def commit(self, outdir: str, settings: dict[str, Any], chunks_done: int) -> None:
+        """Write the state after ``chunks_done`` chunks, atomically: the last chunk's rows file
+        (where kept), then the progress file."""
+        extra: dict[str, np.ndarray] = {}
+        for space, sums in zip(self.layout.spaces[1:], self.space_sums[1:], strict=True):
+            assert sums.total is not None and sums.outer is not None, "add the chunk first"
+            extra[f"total{space.suffix}"] = np.asarray(sums.total, np.float64)
+            extra[f"outer{space.suffix}"] = np.asarray(sums.outer, np.float64)
+        if self.layout.rows:
+            assert self._pending is not None and self._pending[0] == chunks_done - 1, "add the chunk first"
+            index, rows = self._pending
+            buffer = io.BytesIO()
+            np.save(buffer, np.ascontiguousarray(rows, np.float32), allow_pickle=False)
+            _write_atomically(os.path.join(outdir, self.layout.rows.format(index)), buffer.getvalue())
+            self.digests = [*self.digests[:index], hashlib.sha256(buffer.getvalue()).hexdigest()]
+            extra[ROW_DIGESTS] = np.asarray(self.digests, dtype="U64")
+        write_progress(outdir, settings, chunks_done, self.sums, extra=extra, name=self.layout.progress)
+
+    def resume(self, outdir: str, settings: dict[str, Any]) -> int:
+        """Take the state of ``outdir``'s progress (none: empty), the chunks done; a damaged one
+        is set aside (``set_aside``) and the draw starts over; another draw's is
+        ``FidInputError`` in one line."""
+        try:
+            return self.read(outdir, settings)
+        except ProgressDamaged as e:
+            set_aside(e)
+            self._clear()
+            return 0
+
+    def read(self, outdir: str, settings: dict[str, Any]) -> int:
+        """Take the state of ``outdir``'s progress, every rows file checked against its digest;
+        the chunks done. ``ProgressDamaged`` in one line when it is damaged (module docstring),
+        ``FidInputError`` when it is another draw's."""
+        layout, extra = self.layout, {}
+        for space in layout.spaces[1:]:
+            extra[f"total{space.suffix}"] = Member("f", (space.width,))
+            extra[f"outer{space.suffix}"] = Member("f", (space.width, space.width))
+        if layout.rows:
+            num_chunks = math.ceil(int(settings["num_images"]) / int(settings["chunk"]))
+            extra[ROW_DIGESTS] = Member("U", (None,), max_bytes=num_chunks * 4 * 64)  # one a chunk
+        chunks, first, arrays = read_progress_arrays(
+            outdir,
+            settings,
+            layout.spaces[0].width,
+            name=layout.progress,
+            what=layout.what,
+            extra=extra,
+            check=lambda done, arrays: self._check(outdir, done, arrays),
+        )
+        self._clear()
+        self.space_sums[0] = first
+        for i, space in enumerate(layout.spaces[1:] if chunks else (), start=1):
+            total, outer = arrays[f"total{space.suffix}"], arrays[f"outer{space.suffix}"]
+            self.space_sums[i] = MomentSums(first.count, total.astype(np.float64), outer.astype(np.float64))
+        self.digests = [str(d) for d in arrays.get(ROW_DIGESTS, ())]
+        return chunks
+
+    def _check(self, outdir: str, done: int, arrays: dict[str, np.ndarray]) -> str | None:
+        for space in self.layout.spaces[1:]:
+            if not all(np.isfinite(arrays[f"{k}{space.suffix}"]).all() for k in ("total", "outer")):
+                return f"its {space.name} sums are not finite"
+        if not self.layout.rows:
+            return None
+        digests = arrays[ROW_DIGESTS]
+        if digests.shape != (done,):
+            return f"{ROW_DIGESTS} holds {digests.shape} digests, expected one per chunk done ({done})"
+        for index, digest in enumerate(digests):
+            try:
+                self._read_rows(outdir, index, str(digest))
+            except FidInputError as e:
+                return str(e)
+        return None
+
+    def _read_rows(self, outdir: str, index: int, digest: str) -> np.ndarray:
+        """Chunk ``index``'s rows, its bytes checked against ``digest``; ``FidInputError`` (a
+        reason, without the file's context) when they are not what the progress recorded."""
+        assert self.layout.rows is not None
+        path = os.path.join(outdir, self.layout.rows.format(index))
+        want = (self.rows_in(index), self.layout.spaces[0].width)
+        most = 4 * want[0] * (want[1] or 0) + HEADER_BYTES  # float32 rows and a .npy header
+        try:
+            with open(path, "rb") as f:
+                data = f.read(most + 1)
+        except OSError as e:
+            raise FidInputError(f"its chunk file {path} cannot be read ({type(e).__name__})") from None
+        if len(data) > most:
+            raise FidInputError(f"its chunk file {path} holds more bytes than float32 {want} rows")
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise FidInputError(f"its chunk file {path} does not match the digest recorded for it (damaged)")
+        try:
+            rows = read_npy(data, f"its chunk file {path}", Member("f", want))
+        except NotAnNpzError as e:
+            raise FidInputError(str(e)) from None
+        if rows.dtype != np.float32:
+            raise FidInputError(
+                f"its chunk file {path} is {rows.dtype} {rows.shape}, expected float32 {want}"
+            )
+        if not np.isfinite(rows).all():
+            raise FidInputError(f"its chunk file {path} holds values that are not finite")
+        return rows
+
+    def pool_rows(self, outdir: str) -> list[np.ndarray]:
+        """Every chunk's first-space rows, in seed order, each file's bytes checked against the
+        progress file's digest; ``FidInputError`` naming ``outdir`` and the file otherwise."""
+        assert self.num is not None and self.chunk is not None
+        num_chunks = math.ceil(self.num / self.chunk)
+        if len(self.digests) != num_chunks:
+            raise FidInputError(f"--outdir={outdir!r}: {len(self.digests)} of {num_chunks} chunks drawn")
+        out = []
+        for index, digest in enumerate(self.digests):
+            try:
+                out.append(self._read_rows(outdir, index, digest))
+            except FidInputError as e:
+                raise FidInputError(
+                    f"--outdir={outdir!r}: the {self.layout.what} progress file "
+                    f"{os.path.join(outdir, self.layout.progress)} is unusable: {e}; delete it to start over"
+                ) from None
+        return out
+
+    def statistics(self) -> dict[str, np.ndarray]:
+        """Each space's ``mu<suffix>``, ``sigma<suffix>`` (``MomentSums.mu_sigma``)."""
+        out = {}
+        for space, sums in zip(self.layout.spaces, self.space_sums, strict=True):
+            out[f"mu{space.suffix}"], out[f"sigma{space.suffix}"] = sums.mu_sigma()
+        return out
+
+
+class FidTally(Tally):
+    """FID's tally: the float64 sums of the detector's ``dim`` features in ``fid-progress.npz``."""
+
+    def __init__(self, dim: int | None):
+        super().__init__(Layout("FID", PROGRESS_FILE, STATS_FILE, REPORT_FILE, (Space(dim),)))
+        self.dim = dim
+
+
+def _write_atomically(path: str, data: bytes) -> None:
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "wb") as f:
-        np.savez(f, **arrays, **{_DIGEST: np.asarray(content_sha256(arrays))}, allow_pickle=False)
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
-def _expected(dim: int | None, settings: dict[str, Any]) -> dict[str, Member]:
-    """The progress file's own arrays; their bytes bounded by what a draw can write: settings'
-    JSON as long as these (4 bytes a character) but for values such as a path (another draw's
-    are refused naming them: ``PATH_MAX`` more characters), one SHA-256 digest, sums of the
-    detector's width."""
-    return {
-        "settings": Member("U", (), max_bytes=4 * (len(fingerprint(settings)) + 4096)),
-        "chunks_done": Member("i", ()),
-        "count": Member("i", ()),
-        "total": Member("f", ("D",) if dim is None else (dim,)),
-        "outer": Member("f", ("D", "D") if dim is None else (dim, dim)),
-        _DIGEST: Member("U", (), max_bytes=4 * 64),
-    }
-
-
-class ProgressDamaged(FidInputError):
-    """The progress file is damaged or inconsistent (not another draw's): ``set_aside`` moves it
-    out of the way and the draw starts over. ``path`` is the file."""
-
-    def __init__(self, message: str, path: str):
-        super().__init__(message)
-        self.path = path
-
-
-def set_aside(damaged: ProgressDamaged) -> str:
-    """Rename the damaged progress file to ``<name>.damaged-<UTC time>[-<n>]`` and say so on stderr in
-    one line; returns the new name (the old one when another process set it aside first)."""
-    import datetime
-    import sys
-
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
-    aside, n = f"{damaged.path}.damaged-{stamp}", 0
-    while os.path.exists(aside):  # one set aside earlier this second is kept too
-        n += 1
-        aside = f"{damaged.path}.damaged-{stamp}-{n}"
-    try:
-        os.replace(damaged.path, aside)
-    except FileNotFoundError:  # another process of the draw set it aside already
-        return damaged.path
-    reason = str(damaged).removesuffix("; delete it to start over")
-    print(f"fid: {reason}; set it aside as {aside} and drawing from the start", file=sys.stderr, flush=True)
-    return aside
-
-
-def _read_arrays(path: str, refuse, schema: dict[str, Member], what: str) -> dict[str, np.ndarray]:
-    try:
-        arrays = read_npz(path, f"the {what} progress file", schema)
-    except NotAnNpzError as e:
-        reason = str(e).split(f"{path}", 1)[-1].lstrip(": ")
-        raise refuse(reason if reason.startswith("member") else f"it {reason}") from None
-    return {k: v for k, v in arrays.items() if isinstance(v, np.ndarray)}
-
-
-def read_progress(outdir: str, settings: dict[str, Any], dim: int | None = None) -> tuple[int, MomentSums]:
-    """(chunks done, their sums) from ``outdir``'s progress file, (0, empty) without one.
-
-    ``settings`` are the draw's (with ``num_images`` and ``chunk``), ``dim`` the detector's
-    feature width (None: not checked). ``FidInputError`` in one line naming the file when it is
-    damaged or inconsistent (module docstring), or was made with other settings."""
-    chunks, sums, _ = read_progress_arrays(outdir, settings, dim)
-    return chunks, sums
-
-
-Check = Callable[[int, dict[str, np.ndarray]], str | None]
-
-
-def read_progress_arrays(
-    outdir: str,
-    settings: dict[str, Any],
-    dim: int | None = None,
-    *,
-    name: str = PROGRESS_FILE,
-    what: str = "FID",
-    extra: dict[str, Member] | None = None,
-    check: Check | None = None,
-) -> tuple[int, MomentSums, dict[str, np.ndarray]]:
-    """``read_progress`` of ``<outdir>/<name>`` holding also the ``extra`` arrays (name ->
-    ``dew.npz.Member``: dtype kinds, shape, bytes): (chunks done, their sums, the extra arrays);
-    (0, empty, {}) without the file. After the file's own checks, ``check(chunks_done, extra
-    arrays)`` gives a reason to refuse it (or None). Refusals name the ``what`` progress file;
-    damage (everything but another draw's settings) is ``ProgressDamaged``."""
-    path = os.path.join(outdir, name)
-    if not os.path.exists(path):
-        return 0, MomentSums(), {}
-
-    def refuse(reason: str) -> ProgressDamaged:
-        return ProgressDamaged(
-            f"--outdir={outdir!r}: the {what} progress file {path} is unusable: {reason}; "
-            "delete it to start over",
-            path,
-        )
-
-    extra = dict(extra or {})
-    schema = {**_expected(dim, settings), **extra}
-    data = _read_arrays(path, refuse, schema, what)
-    arrays = {k: data[k] for k in schema if k != _DIGEST}
-    if content_sha256(arrays) != str(data[_DIGEST]):
-        raise refuse("its arrays do not match the digest it records (damaged or edited)")
-    stored = str(data["settings"])
-    try:
-        old = json.loads(stored)
-    except ValueError:
-        old = None
-    if not isinstance(old, dict):
-        raise refuse(f"its settings are not a JSON object ({stored[:60]!r})")
-    if stored != fingerprint(settings):
-        new = json.loads(fingerprint(settings))
-        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-        was = ", ".join(f"{k}={old.get(k)!r}" for k in diff)
-        now = ", ".join(f"{k}={new.get(k)!r}" for k in diff)
-        raise FidInputError(
-            f"--outdir={outdir!r} holds a draw with other settings ({was}; now {now}); "
-            f"use another --outdir or delete {name}"
-        )
-    chunks, count = int(data["chunks_done"]), int(data["count"])
-    total, outer = data["total"].astype(np.float64), data["outer"].astype(np.float64)
-    num, chunk = int(settings["num_images"]), int(settings["chunk"])
-    num_chunks = math.ceil(num / chunk)
-    if not 1 <= chunks <= num_chunks:
-        raise refuse(f"chunks_done={chunks}, expected 1..{num_chunks} ({num} images in chunks of {chunk})")
-    if count != min(chunks * chunk, num):
-        raise refuse(
-            f"count={count} images after {chunks} chunks of {chunk}, expected {min(chunks * chunk, num)}"
-        )
-    if total.ndim != 1 or outer.shape != (total.shape[0],) * 2:
-        raise refuse(f"total {total.shape} and outer {outer.shape} are not [D] and [D, D]")
-    if not (np.isfinite(total).all() and np.isfinite(outer).all()):
-        raise refuse("its sums are not finite")
-    extras = {k: data[k] for k in extra}
-    reason = check(chunks, extras) if check is not None else None
-    if reason:
-        raise refuse(reason)
-    return chunks, MomentSums(count, total, outer), extras
-
-
-class Tally(Protocol):
-    """What a draw accumulates chunk by chunk and records in its progress file after each:
-    ``FidTally`` (FID's sums) or ``dew.scoring.adm_progress.AdmTally`` (ADM's suite). Every
-    process adds every chunk's features, in chunk order; process 0 alone commits."""
-
-    @property
-    def count(self) -> int:
-        """Images added so far (resumed ones included)."""
-        ...
-
-    def temporaries(self, num_chunks: int) -> tuple[str, ...]:
-        """The names of the files it writes (``<name>.tmp-<pid>`` leftovers get removed)."""
-        ...
-
-    def resume(self, outdir: str, settings: dict[str, Any]) -> int:
-        """Take the state of ``outdir``'s progress (none: empty; a damaged one is set aside:
-        ``set_aside``), refusing another draw's with ``FidInputError``; the chunks done."""
-        ...
-
-    def add(self, index: int, features: np.ndarray) -> None:
-        """Add chunk ``index``'s feature rows [n, D], in seed order."""
-        ...
-
-    def commit(self, outdir: str, settings: dict[str, Any], chunks_done: int) -> None:
-        """Write the state after ``chunks_done`` chunks, atomically."""
-        ...
-
-
-class FidTally:
-    """FID's tally: the float64 ``MomentSums`` of the features, in ``fid-progress.npz``."""
-
-    def __init__(self, dim: int | None):
-        self.dim, self.sums = dim, MomentSums()
-
-    @property
-    def count(self) -> int:
-        return self.sums.count
-
-    def temporaries(self, num_chunks: int) -> tuple[str, ...]:
-        return (PROGRESS_FILE, STATS_FILE)
-
-    def resume(self, outdir: str, settings: dict[str, Any]) -> int:
-        try:
-            done, self.sums = read_progress(outdir, settings, self.dim)
-        except ProgressDamaged as e:
-            set_aside(e)
-            done, self.sums = 0, MomentSums()
-        return done
-
-    def add(self, index: int, features: np.ndarray) -> None:
-        self.sums.add(features)
-
-    def commit(self, outdir: str, settings: dict[str, Any], chunks_done: int) -> None:
-        write_progress(outdir, settings, chunks_done, self.sums)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def remove_stale_temporaries(outdir: str, names: tuple[str, ...] = (PROGRESS_FILE,)) -> list[str]:
-    """Remove ``<name>.tmp-<pid>`` files in ``outdir`` left by processes that are no longer
-    alive on this host (a draw killed between writing and renaming); returns what was removed.
-    A temporary file of a live process (another draw writing now) is left alone."""
-    removed = []
-    if not os.path.isdir(outdir):
-        return removed
-    for entry in sorted(os.listdir(outdir)):
-        for name in names:
-            prefix = f"{name}.tmp-"
-            if not entry.startswith(prefix):
-                continue
-            pid = entry[len(prefix) :]
-            if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
-                continue
-            try:
-                os.remove(os.path.join(outdir, entry))
-                removed.append(entry)
-            except FileNotFoundError:
-                pass
-    return removed
-
-
 __all__ = [
     "PROGRESS_FILE",
+    "REPORT_FILE",
     "STATS_FILE",
     "FidTally",
+    "Layout",
     "ProgressDamaged",
+    "Space",
     "Tally",
     "fingerprint",
     "read_progress",

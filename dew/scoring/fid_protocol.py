@@ -25,7 +25,7 @@ back to every host (``process_allgather``), in seed order.
 
 **Resume.** The seeds are cut into chunks of ``chunk`` images (independent of the device
 count). After each chunk the float64 sums (``MomentSums``) and the chunk count are written to
-``<outdir>/fid-progress.npz`` with their digest (``dew.scoring.fid_progress``; a temporary file
+``<outdir>/fid-progress.npz`` with their digest (``dew.scoring.progress_file``; a temporary file
 renamed over the old one, by process 0; temporary files of killed draws are removed at the next
 start); a
 rerun with the same settings (with several processes, ``outdir`` on a file system they all
@@ -33,8 +33,10 @@ read) continues after the last completed chunk, and since every chunk's
 features are summed in one fixed order, it ends with the same statistics, bit for bit, as a run
 never interrupted. A progress file made with other settings is refused, and so is one that is damaged or whose
 counts disagree with each other or the settings (one line naming it: delete it to start over).
-What a chunk adds and its progress file are the draw's ``Tally`` (``Draw.run_tally``): ``FidTally``
-for FID; ADM's suite's ``dew.scoring.adm_progress.AdmTally`` also keeps each chunk's pool rows.
+What a chunk adds and its progress file are the draw's ``Tally`` (``Draw.run_tally``;
+``dew.scoring.fid_progress``): ``FidTally`` for FID; ADM's suite's
+``dew.scoring.adm_progress.AdmTally`` also keeps each chunk's pool rows. The report and the
+statistics a finished draw writes are ``dew.scoring.protocol_results``'.
 
 **Preview.** With ``preview`` = k > 0, the first k images of the draw (seeds s₀ … s₀ + k − 1,
 the very uint8 images the detector embeds, out of the same program) are written as one grid,
@@ -44,7 +46,6 @@ the very uint8 images the detector embeds, out of the same program) are written 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import sys
@@ -56,6 +57,7 @@ import numpy as np
 
 from dew.scoring.fid_progress import (  # noqa: F401  (public here too, as before)
     PROGRESS_FILE,
+    REPORT_FILE,
     STATS_FILE,
     FidTally,
     Tally,
@@ -66,7 +68,6 @@ from dew.scoring.fid_progress import (  # noqa: F401  (public here too, as befor
 from dew.scoring.fid_reference import Detector, FidInputError, MomentSums
 
 PREVIEW_FILE = "preview.png"
-REPORT_FILE = "fid.json"
 
 
 class _Step(Protocol):
@@ -340,50 +341,6 @@ def write_preview(outdir: str, images: np.ndarray) -> str:
     return write_png(os.path.join(outdir, PREVIEW_FILE), ImageGrid(images.astype(np.float32) / 127.5 - 1.0))
 
 
-def fid_report(
-    sums: MomentSums, draw: Draw, ref: dict[str, Any], ref_path: str, ref_digest: str
-) -> dict[str, Any]:
-    """FID of the draw's statistics to ``ref`` (``dew.scoring.distances.frechet_distance``)
-    and every input it depends on."""
-    from dew.scoring.distances import frechet_distance
-
-    mu, sigma = sums.mu_sigma()
-    fid = float(frechet_distance(mu, sigma, ref["mu"], ref["sigma"]))
-    return {
-        "fid": fid,
-        "num_images": sums.count,
-        "seeds": [draw.first_seed, draw.first_seed + draw.num - 1],
-        "sampler": draw.sampler.settings(),
-        "model": draw.identity,
-        "detector": draw.detector.description,
-        "reference": {
-            "path": os.path.abspath(ref_path),
-            "sha256": ref_digest,
-            **{k: ref[k] for k in ("resolution", "num_images", "detector") if k in ref},
-        },
-    }
-
-
-def write_results(outdir: str, sums: MomentSums, report: dict[str, Any], resolution: tuple[int, int]) -> None:
-    """``<outdir>/fid-stats.npz`` (the samples' statistics in the reference format) and
-    ``<outdir>/fid.json`` (the report), each written atomically."""
-    from dew.scoring.fid_reference import save_reference
-
-    mu, sigma = sums.mu_sigma()
-    save_reference(
-        os.path.join(outdir, STATS_FILE),
-        mu,
-        sigma,
-        resolution=resolution,
-        num_images=sums.count,
-        detector=report["detector"],
-    )
-    path = os.path.join(outdir, REPORT_FILE)
-    with open(f"{path}.tmp", "w") as f:
-        json.dump(report, f, indent=1)
-    os.replace(f"{path}.tmp", path)
-
-
 __all__ = [
     "PRESETS",
     "Draw",
@@ -392,9 +349,7 @@ __all__ = [
     "SamplerPreset",
     "Tally",
     "draw_images",
-    "fid_report",
     "preset",
     "quantize",
     "write_preview",
-    "write_results",
 ]
