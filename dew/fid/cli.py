@@ -148,12 +148,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--dinov2_ref", help="FD_DINOv2 reference .npz; a folder --ref serves both")
     parser.add_argument("--save_dinov2_stats", help="write the images' DINOv2 statistics to this .npz")
     parser.add_argument("--save_ref_batch", help="ADM's suite: write the images' reference batch (.npz)")
-    parser.add_argument(
-        "--pr_arithmetic",
-        choices=("float16", "float32"),
-        default="float16",
-        help="ADM's precision/recall distances: float16 (the evaluator's graph) or float32 (every platform)",
-    )
+    _add_pr_arithmetic(parser)
     parser.add_argument(
         "--allow_unpinned_weights",
         action="store_true",
@@ -295,6 +290,16 @@ def check_adm(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+def _add_pr_arithmetic(parser: argparse.ArgumentParser) -> None:
+    """``--pr_arithmetic``, which both parsers take (the images/run mode and ``--preset``)."""
+    parser.add_argument(
+        "--pr_arithmetic",
+        choices=("float16", "float32"),
+        default="float16",
+        help="ADM's precision/recall distances: float16 (the evaluator's graph) or float32 (every platform)",
+    )
+
+
 # --- --preset and ref ---------------------------------------------------------------------------
 def protocol_args(argv: Sequence[str]) -> argparse.Namespace:
     """The ``--preset`` protocol's flags; a malformed or missing one raises ``FidError``."""
@@ -314,12 +319,7 @@ def protocol_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--step", type=int, help="the checkpoint (default: the latest)")
     parser.add_argument("--raw", action="store_true", help="live weights, not the EMA")
     parser.add_argument("--distributed", action="store_true", help="jax.distributed.initialize() first")
-    parser.add_argument(
-        "--pr_arithmetic",
-        choices=("float16", "float32"),
-        default="float16",
-        help="ADM's precision/recall distances: float16 (the evaluator's graph) or float32 (every platform)",
-    )
+    _add_pr_arithmetic(parser)
     parser.add_argument(
         "--metrics",
         default="fid",
