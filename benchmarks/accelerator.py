@@ -19,6 +19,8 @@ precision and remat policy of its row (``RUNS``). For each it reports, as one JS
   the ``flash-attention`` row forces the TPU's Pallas flash kernel);
 * ``memory_gb``: ``compiled.memory_analysis()`` (arguments + outputs + temporaries − aliased);
 * ``first_step_s``: from building the ``Trainer`` to the first step's result, in this process
+  (``first_step_parts_s``: building the ``Trainer``, its fresh state, lowering the step,
+  compiling it, running it once)
   (``--warm``: every row in its own child process, ``cache: cold`` on a fresh machine's empty
   compilation cache, then the first row once more, ``cache: warm``, with the cache it filled).
 
@@ -57,6 +59,16 @@ RUNS = {
         "xla_float32_logits",
     ),
     "SiT-XL/2 bf16 scanned": ("sit.py:SiT-XL/2", 32, "bfloat16", "blocks", (32, 8), 1000, None),
+    "SiT-B/2 bf16 save-dots scanned": (
+        "sit.py:SiT-B/2",
+        64,
+        "bfloat16",
+        "blocks_save_dots",
+        (32, 8),
+        1000,
+        None,
+    ),
+    "SiT-B/2 bf16 save-dots": ("sit.py:SiT-B/2", 64, "bfloat16", "blocks_save_dots", (32, 8), 1000, None),
     "DiT-B/2 bf16": ("dit.py:DiT-B/2", 64, "bfloat16", "none", (32, 8), 1000, None),
     "SiT-L/2 bf16": ("sit.py:SiT-L/2", 32, "bfloat16", "none", (32, 8), 1000, None),
     "SiT-XL/2 bf16": ("sit.py:SiT-XL/2", 32, "bfloat16", "blocks", (32, 8), 1000, None),
@@ -119,7 +131,9 @@ def config_for(name: str):
         config[section][key] = value
     if remat is not None:
         config.model.remat = remat
-    if name.endswith(" scanned"):  # the blocks as one scan (dew.networks.block_stack)
+    if name.endswith(" scanned"):  # the blocks as one scan (dew.networks.block_stack); its FLOPs
+        # are counted once by cost_analysis (the loop body), so its MFU is the unrolled row's
+        # model FLOPs over its step time
         config.model.scan_blocks = True
     objective = config.objective
     if "latent" in objective and objective.latent.get("encoder") is not None:
@@ -175,15 +189,25 @@ def _measure(name: str, steps: int, rounds: int, peak_tflops: float, trace: str 
     began = time.perf_counter()
     config = config_for(name)
     with tempfile.TemporaryDirectory() as workdir:
+        marks = [time.perf_counter()]
         trainer = Trainer(config, workdir)
+        marks.append(time.perf_counter())
         state = trainer.fresh_state()
+        jax.block_until_ready(state)
+        marks.append(time.perf_counter())
         source = trainer.train_source
         batch = {k: np.asarray(v[: config.dataset.batch_size]) for k, v in source.fields.items()}
         placed = trainer.programs.place(batch)
-        compiled = trainer.programs.step.lower(state, placed).compile()
+        lowered = trainer.programs.step.lower(state, placed)
+        marks.append(time.perf_counter())
+        compiled = lowered.compile()
+        marks.append(time.perf_counter())
         state, stats = compiled(state, placed)
         jax.block_until_ready(stats)
+        marks.append(time.perf_counter())
         first = time.perf_counter() - began
+        parts = ("trainer", "state", "lower", "compile", "run")
+        first_parts = {k: round(b - a, 1) for k, a, b in zip(parts, marks[:-1], marks[1:], strict=True)}
         flops, used = compiled_cost(compiled)
         times = []
         for _ in range(rounds):
@@ -213,6 +237,7 @@ def _measure(name: str, steps: int, rounds: int, peak_tflops: float, trace: str 
         "attention": kernels.current().attention,
         "memory_gb": None if used is None else round(used, 2),
         "first_step_s": round(first, 1),
+        "first_step_parts_s": first_parts,
         "loss": loss,
         "device": jax.devices()[0].device_kind,
         "jax": jax.__version__,

@@ -309,6 +309,25 @@ def build_dew(size: str, batch: int, precision: str, depth: int | None, remat: s
     return result
 
 
+def trace(side: Side, folder: str) -> None:
+    """Three of ``side``'s steps under ``jax.profiler``, kept as ``<folder>/<side>.xplane.pb``
+    (one file, for xprof or TensorBoard's profile plugin)."""
+    import glob
+    import shutil
+
+    import jax
+
+    with tempfile.TemporaryDirectory() as logdir:
+        jax.profiler.start_trace(logdir)
+        side.run(3)
+        jax.profiler.stop_trace()
+        found = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+        if not found:
+            raise RuntimeError(f"jax.profiler wrote no .xplane.pb under {logdir}")
+        os.makedirs(folder, exist_ok=True)
+        shutil.copy(found[0], os.path.join(folder, f"{side.name}.xplane.pb"))
+
+
 def _attempt(rows: dict[str, dict], name: str, work: Callable[..., Any], *args: Any) -> Any:
     """``work(*args)``, or None with its error as side ``name``'s line (the other side still runs)."""
     try:
@@ -356,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peak-tflops", type=float, default=197.0)
     parser.add_argument("--out", default="peer_step.jsonl")
     parser.add_argument("--sides", default="diffuse_nnx,dew", help="the sides to build (one: XL/2)")
+    parser.add_argument("--trace", help="after timing, a 3-step profiler trace of each side into this folder")
     args = parser.parse_args(argv)
     peer_name, _, checkout = args.peer.partition(":")
     if peer_name != "diffuse_nnx" or not checkout:
@@ -390,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
             if side.name not in rows:
                 line = _attempt(rows, side.name, row, side, args.batch, args.precision, args.peak_tflops)
                 rows[side.name] = line or rows[side.name]
+        if args.trace:
+            for side in sides:
+                _attempt(rows, f"{side.name} trace", trace, side, args.trace)
     peer, dew = rows.get("diffuse_nnx", {}), rows.get("dew", {})
     if "step_ms" in peer and "step_ms" in dew:  # the same batch: images/s over images/s
         dew["speedup"] = round(peer["step_ms"] / dew["step_ms"], 3)
@@ -398,7 +421,8 @@ def main(argv: list[str] | None = None) -> int:
         # learn_sigma's extra p² × 4 outputs of the final linear layer, weights and biases
         dew["param_gap_is_learn_sigma"] = dew["param_gap"] == (peer["hidden_size"] + 1) * 2 * 2 * 4
     with open(args.out, "a") as out:
-        for label in labels:
+        traced = [f"{label} trace" for label in labels if f"{label} trace" in rows]  # only failures
+        for label in labels + traced:
             line = json.dumps(rows.get(label, {"side": label, "error": "not built"}))
             print(line, flush=True)
             out.write(line + "\n")

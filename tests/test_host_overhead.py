@@ -3,6 +3,8 @@ non-finite check one scalar per check, the step's guard one branch on one flag."
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -97,13 +99,19 @@ def test_the_first_non_finite_step_is_named_whatever_the_window(every):
         fit(toy_state(), toy_step(nan_at=12), batches(), 30, [Every(every)])
 
 
-def test_global_norm_is_the_norm_of_all_leaves_and_flags_any_non_finite_leaf():
+@pytest.mark.parametrize("laid_end_to_end", [None, True, False])
+def test_global_norm_is_the_norm_of_all_leaves_and_flags_any_non_finite_leaf(laid_end_to_end):
     tree = {"a": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(4, jnp.bfloat16)}
     expected = np.sqrt(np.sum(np.arange(6.0) ** 2) + 4.0)
-    np.testing.assert_allclose(global_norm(tree), expected, rtol=1e-6)
-    np.testing.assert_allclose(global_norm(tree), optax.tree.norm(tree), rtol=1e-6)
+    norm = functools.partial(global_norm, laid_end_to_end=laid_end_to_end)
+    # float32 sums of 10 exact terms: exact, so any order of the additions gives the same norm
+    np.testing.assert_allclose(norm(tree), expected, rtol=1e-6)
+    np.testing.assert_allclose(norm(tree), optax.tree.norm(tree), rtol=1e-6)
     for bad in (jnp.nan, jnp.inf):
-        assert not np.isfinite(global_norm({**tree, "b": tree["b"].at[2].set(bad)}))
+        assert not np.isfinite(norm({**tree, "b": tree["b"].at[2].set(bad)}))
+    # the per-leaf form (an accelerator's) never builds the concatenated copy of the gradients
+    program = str(jax.make_jaxpr(norm)(tree))
+    assert ("concatenate" in program) == (laid_end_to_end is not False)
 
 
 # --- several steps per call -----------------------------------------------------------------------

@@ -74,3 +74,20 @@ def test_the_form_follows_the_backend_unless_forced(monkeypatch):
     assert steps.skip_by_select() is (jax.default_backend() != "cpu")
     monkeypatch.setattr(steps, "SKIP_BY_SELECT", True)
     assert steps.skip_by_select() is True
+
+
+def test_the_stop_policys_step_applies_every_update_and_still_flags_it(batches):
+    """skip_nonfinite=False: finite batches update exactly as the skipping step does, and the
+    non-finite one is applied (its NaN reaches the parameters) and flagged for the guard."""
+    objective, optimizer, ema = Quadratic(), optax.adam(1e-2), EMASpec(0.9)
+    state = steps.make_init(objective, optimizer, ema)(jax.random.key(0), batches[0])
+    applying = jax.jit(steps.make_step(objective, optimizer, ema, skip_nonfinite=False))
+    skipping = jax.jit(steps.make_step(objective, optimizer, ema))
+    after_applying, stats = applying(state, batches[0])
+    after_skipping, _ = skipping(state, batches[0])
+    assert int(stats["skipped_updates"]) == 0
+    for x, y in zip(jax.tree.leaves(after_applying), jax.tree.leaves(after_skipping), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    after_bad, stats = applying(after_applying, batches[1])
+    assert int(stats["skipped_updates"]) == 1
+    assert np.isnan(np.asarray(after_bad.params["w"])).all()

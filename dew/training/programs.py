@@ -35,6 +35,8 @@ class Programs:
     thread when it prepares batches ahead, or because several processes build global arrays
     from their shares); otherwise host batches go straight into the jitted step, which places
     them in C++ (a Python ``device_put`` costs the host more than the copy it would hide).
+    ``skip_nonfinite``: ``make_step``'s (the skip policy's step keeps the old state for a
+    flagged update; the stop policy's applies every update and flags it).
     """
 
     def __init__(
@@ -49,6 +51,7 @@ class Programs:
         steps_per_call: int = 1,
         places_ahead: bool = False,
         precision: Precision | None = None,
+        skip_nonfinite: bool = True,
     ):
         self.layout, self.example_batch, self.places_ahead = layout, example_batch, places_ahead
         averages = as_averages(averages)
@@ -56,7 +59,14 @@ class Programs:
         self.abstract = abstract_state(init, example_batch)
         self.state_shardings = layout.state_shardings(self.abstract)
         self.init = layout.jit_init(init, self.abstract)
-        step = make_step(objective, optimizer, averages, accumulation=accumulation, precision=precision)
+        step = make_step(
+            objective,
+            optimizer,
+            averages,
+            accumulation=accumulation,
+            precision=precision,
+            skip_nonfinite=skip_nonfinite,
+        )
         self.step = layout.jit_step(step, self.abstract)
         self.multi_step = None
         if steps_per_call > 1:

@@ -113,6 +113,9 @@ class Trainer:
                 steps_per_call=c.train.steps_per_call,
                 places_ahead=bool(self.train_data.prefetch) or jax.process_count() > 1,
                 precision=self.precision,
+                # "stop" ends the run at the first flagged step, before any stage could save
+                # state from after it: the step need not keep the old state beside the new
+                skip_nonfinite=c.train.nonfinite == "skip",
             )
         except (ValueError, TypeError) as e:  # e.g. a convolutional model given 2D points
             raise ConfigError(
