@@ -132,6 +132,14 @@ def report(error: BaseException, workdir: str | None, *, stream: TextIO | None =
     return code
 
 
+def stop_process(error: BaseException, workdir: str) -> None:
+    """End this process for ``error`` at once: one report (the traceback under
+    ``<workdir>/logs`` where that directory exists, else the temporary directory), then
+    ``end_process`` with the report's exit status. What a lost peer of a process group does."""
+    code = report(error, workdir if os.path.isdir(workdir) else None)
+    end_process(code)
+
+
 class _LazyFileHandler(logging.FileHandler):
     """A file handler that creates its file (and directory) at the first record, not before."""
 
@@ -185,5 +193,6 @@ __all__ = [
     "report",
     "root_cause",
     "short",
+    "stop_process",
     "write_traceback",
 ]

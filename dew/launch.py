@@ -2,14 +2,14 @@
 
 In order: ``Run(name, config, workdir)`` checks the workdir and the config checks that need no
 backend (``check_workdir``: a missing ``restore_dir``, a ``step_to_restore`` not stored);
-``start`` reads its ``run.json`` once (a damaged one stops here, named; the kernels it recorded
-are kept), sets up the process and its platform before JAX starts (``start_platform``: one call,
-one ``Platform`` value) and builds the ``Trainer`` with
-that value (it validates everything and writes nothing); ``train`` takes the workdir lock
-(process 0), checks that the resume fits the config (``Trainer.check_resumable``), routes the
-libraries' logs under ``<workdir>/logs``, prints the console lines and trains
-(``Trainer.train``, which records the run's start in ``run.json``). ``failed``, ``finished`` and
-``release`` are what ``dew.main`` says and undoes at the end.
+``train`` is the rest, once: ``start`` reads its ``run.json`` once (a damaged one stops here,
+named; the kernels it recorded are kept), sets up the process and its platform before JAX
+starts (``start_platform``: one call, one ``Platform`` value) and builds the ``Trainer`` with
+that value (it validates everything and writes nothing); then the workdir lock (process 0),
+the check that the resume fits the config (``Trainer.check_resumable``), the libraries' logs
+routed under ``<workdir>/logs``, the console lines, and training (``Trainer.train``, which
+records the run's start in ``run.json``); it returns the line a finished run ends with.
+``failed`` and ``release`` are what ``dew.main`` says and undoes at the end.
 """
 
 from __future__ import annotations
@@ -19,13 +19,11 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 import jax
 import ml_collections
 
-from dew.contracts.state import TrainState
-from dew.failures import capture_library_logs, end_process, report
+from dew.failures import capture_library_logs, report, stop_process
 from dew.run_records import RUN_METADATA, read_run
 from dew.runtime import heartbeats
 from dew.runtime.platform import Platform, start
@@ -47,17 +45,15 @@ def start_platform(
     coordinator: str | None = None,
     num_processes: str | None = None,
     process_id: str | None = None,
-    *,
-    recorded: dict[str, Any] | None = None,
 ) -> Platform:
     """The process and its platform, set up before JAX starts, as one value: the process group
     the flags (or ``DEW_*`` variables, or a cluster JAX detects) name, the CPU devices, the
-    convolution library, the kernels (a resumed run keeps ``recorded``, the kernels its
-    ``run.json`` recorded, for settings left at ``auto``) and the compilation cache
-    (``dew.runtime.start``). In a group, every process then
+    convolution library, the kernels (a resumed run keeps the kernels its ``run.json``
+    recorded, for settings left at ``auto``; a damaged ``run.json`` stops here, named, before
+    any write) and the compilation cache (``dew.runtime.start``). In a group, every process then
     agrees on the config, and a lost peer stops this one with a report. A setting this machine
     cannot honour is a ``ConfigError``."""
-    rt = config.runtime
+    recorded = (read_run(workdir) or {}).get("kernels")
     try:
         platform = start(
             config,
@@ -71,11 +67,12 @@ def start_platform(
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if platform.processes is not None:  # one config in every process; a lost peer stops this one
-
-        def stop(e: BaseException) -> None:
-            end_process(report(e, _existing(workdir)))
-
-        heartbeats.agree(config, rt.coordinator_timeout, rt.heartbeat_timeout, stop)
+        heartbeats.agree(
+            config,
+            config.runtime.coordinator_timeout,
+            config.runtime.heartbeat_timeout,
+            lambda e: stop_process(e, workdir),
+        )
     return platform
 
 
@@ -93,18 +90,19 @@ class Run:
     def start(
         self, coordinator: str | None = None, num_processes: str | None = None, process_id: str | None = None
     ) -> Trainer:
-        """Everything before the first write: ``run.json`` read, the platform started, the
-        Trainer built with it; returns the Trainer."""
-        run = read_run(self.workdir) or {}  # a damaged run.json stops here, named, before any write
-        self.platform = start_platform(
-            self.config, self.workdir, coordinator, num_processes, process_id, recorded=run.get("kernels")
-        )
+        """Everything before the first write: the platform started (``start_platform``, which
+        reads ``run.json``), the Trainer built with it; returns the Trainer."""
+        self.platform = start_platform(self.config, self.workdir, coordinator, num_processes, process_id)
         self.trainer = Trainer(self.config, self.workdir, resolved=True, platform=self.platform)
         return self.trainer
 
-    def train(self) -> TrainState:
-        """The run itself, after ``start``: returns the final state."""
-        trainer = self.trainer if self.trainer is not None else self.start()
+    def train(
+        self, coordinator: str | None = None, num_processes: str | None = None, process_id: str | None = None
+    ) -> str:
+        """The whole run: ``start`` (the flags name the process group), then the workdir lock,
+        the resume check, the console lines and ``Trainer.train``; returns the line a finished
+        run ends with (its step, where its checkpoints and previews are)."""
+        trainer = self.start(coordinator, num_processes, process_id)
         # One run per workdir (process 0 holds it for the whole run), taken before anything opens
         # the checkpoint directory: the run's first save cleans up unfinished saves, which would
         # be a live holder's save in progress (readers never clean up: Store.manager).
@@ -114,19 +112,12 @@ class Run:
         trainer.check_resumable()
         capture_library_logs(self.workdir)
         say(f"training {self.name} in {self.workdir}")
-        for line in self.platform_lines(trainer.layout.data_parallel_size):
+        # What the run says of its platform: every choice on a CPU; on an accelerator the devices
+        # and the compilation cache.
+        for line in trainer.platform.lines(trainer.layout.data_parallel_size) if trainer.platform else []:
             say(line)
-        return trainer.train()
-
-    def platform_lines(self, data_parallel: int) -> list[str]:
-        """What the run says of its platform (``Platform.lines``): every choice on a CPU; on an
-        accelerator the devices and the compilation cache."""
-        return [] if self.platform is None else self.platform.lines(data_parallel)
-
-    def finished(self, state: TrainState) -> str:
-        """The line a finished run ends with: its step, where its checkpoints and previews are."""
-        assert self.trainer is not None, "finished follows train"
-        checkpoints = self.trainer.checkpoints
+        state = trainer.train()
+        checkpoints = trainer.checkpoints
         where = checkpoints.directory if checkpoints else "none (checkpointing off)"
         previews = os.path.join(self.workdir, "previews")
         return f"done at step {int(state.step)}: checkpoints in {where}" + (

@@ -80,8 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from dew.launch import Run  # JAX and the trainer load once with_huge_pages restarted the process
 
         run = Run(args.config, apply_overrides(raw, overrides), args.workdir)  # the one resolution
-        run.start(args.coordinator, args.num_processes, args.process_id)  # the platform, the Trainer
-        done = run.finished(run.train())  # the workdir lock, the resume check, the console lines, fit
+        # the platform, the Trainer, the workdir lock, the resume check, the console lines, fit
+        done = run.train(args.coordinator, args.num_processes, args.process_id)
     except Exception as e:  # the CLI boundary: every failure becomes one short report
         return report(e, None) if run is None else run.failed(e, argv)
     except KeyboardInterrupt as e:  # Ctrl-C outside the preemption stage's handler, or a second one
