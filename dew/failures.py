@@ -20,10 +20,12 @@ import datetime
 import logging
 import os
 import re
+import shlex
 import sys
 import tempfile
 import threading
 import traceback
+from collections.abc import Sequence
 from typing import TextIO
 
 from dew.registry import UnknownNameError
@@ -140,6 +142,26 @@ def stop_process(error: BaseException, workdir: str) -> None:
     end_process(code)
 
 
+def run_failed(error: Exception, workdir: str, argv: Sequence[str]) -> int:
+    """The exit status of a run in ``workdir`` (``python -m dew.main`` with ``argv``) that raised
+    ``error``: a preempted run's (``dew.training.preemption.Preempted``: what was saved, on
+    stderr, and where one landed the command that resumes it), else one short ``report``
+    (the traceback under ``<workdir>/logs`` where that directory exists)."""
+    from dew.training.preemption import Preempted
+
+    if isinstance(error, Preempted):
+        print(f"dew: {error}", file=sys.stderr, flush=True)
+        if error.path is not None:
+            print(f"dew: resume with: {resume_command(argv)}", file=sys.stderr, flush=True)
+        return error.exit_code
+    return report(error, workdir if os.path.isdir(workdir) else None)
+
+
+def resume_command(argv: Sequence[str]) -> str:
+    """The command that resumes a run: the same ``python -m dew.main`` arguments."""
+    return " ".join(shlex.quote(a) for a in ["python", "-m", "dew.main", *argv])
+
+
 class _LazyFileHandler(logging.FileHandler):
     """A file handler that creates its file (and directory) at the first record, not before."""
 
@@ -191,7 +213,9 @@ __all__ = [
     "capture_library_logs",
     "exit_code",
     "report",
+    "resume_command",
     "root_cause",
+    "run_failed",
     "short",
     "stop_process",
     "write_traceback",

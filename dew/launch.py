@@ -9,27 +9,24 @@ that value (it validates everything and writes nothing); then the workdir lock (
 the check that the resume fits the config (``Trainer.check_resumable``), the libraries' logs
 routed under ``<workdir>/logs``, the console lines, and training (``Trainer.train``, which
 records the run's start in ``run.json``); it returns the line a finished run ends with.
-``failed`` and ``release`` are what ``dew.main`` says and undoes at the end.
+A run that fails has its checkpoint writer shut down and the lock let go before ``dew.main``
+reports it (``dew.failures.run_failed``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shlex
-import sys
-from collections.abc import Sequence
 
 import jax
 import ml_collections
 
-from dew.failures import capture_library_logs, report, stop_process
+from dew.failures import capture_library_logs, stop_process
 from dew.run_records import RUN_METADATA, read_run
 from dew.runtime import heartbeats
 from dew.runtime.platform import Platform, start
 from dew.runtime.workdir_lock import WorkdirLock, describe_stale
 from dew.schema import ConfigError
-from dew.training.preemption import Preempted
 from dew.training.trainer import Trainer
 from dew.training.trainer_config import check_workdir
 
@@ -93,7 +90,7 @@ class Run:
         """Everything before the first write: the platform started (``start_platform``, which
         reads ``run.json``), the Trainer built with it; returns the Trainer."""
         self.platform = start_platform(self.config, self.workdir, coordinator, num_processes, process_id)
-        self.trainer = Trainer(self.config, self.workdir, resolved=True, platform=self.platform)
+        self.trainer = Trainer.for_run(self.config, self.workdir, self.platform)
         return self.trainer
 
     def train(
@@ -103,20 +100,33 @@ class Run:
         the resume check, the console lines and ``Trainer.train``; returns the line a finished
         run ends with (its step, where its checkpoints and previews are)."""
         trainer = self.start(coordinator, num_processes, process_id)
-        # One run per workdir (process 0 holds it for the whole run), taken before anything opens
-        # the checkpoint directory: the run's first save cleans up unfinished saves, which would
-        # be a live holder's save in progress (readers never clean up: Store.manager).
-        self.lock = WorkdirLock(self.workdir).acquire() if jax.process_index() == 0 else None
-        if self.lock is not None and self.lock.stale:
-            say(describe_stale(self.lock.stale))
-        trainer.check_resumable()
-        capture_library_logs(self.workdir)
-        say(f"training {self.name} in {self.workdir}")
-        # What the run says of its platform: every choice on a CPU; on an accelerator the devices
-        # and the compilation cache.
-        for line in trainer.platform.lines(trainer.layout.data_parallel_size) if trainer.platform else []:
-            say(line)
-        state = trainer.train()
+        try:
+            # One run per workdir (process 0 holds it for the whole run), taken before anything
+            # opens the checkpoint directory: the run's first save cleans up unfinished saves,
+            # which would be a live holder's save in progress (readers never clean up:
+            # Store.manager).
+            self.lock = WorkdirLock(self.workdir).acquire() if jax.process_index() == 0 else None
+            if self.lock is not None and self.lock.stale:
+                say(describe_stale(self.lock.stale))
+            trainer.check_resumable()
+            say(f"training {self.name} in {self.workdir}")
+            # What the run says of its platform: every choice on a CPU; on an accelerator the
+            # devices and the compilation cache.
+            for line in trainer.platform.lines(trainer.layout.data_parallel_size) if trainer.platform else []:
+                say(line)
+            capture_library_logs(self.workdir)
+            state = trainer.train()
+        except Exception:
+            # The checkpoint writer and orbax managers shut down before the lock goes, so no async
+            # teardown runs at interpreter exit; what they raise now belongs to the failure
+            # ``dew.failures.run_failed`` reports.
+            if trainer.checkpoints is not None:
+                with contextlib.suppress(Exception):
+                    trainer.checkpoints.close()
+            raise
+        finally:
+            if self.lock is not None:  # let go of the workdir lock (when this process took it)
+                self.lock.release()
         checkpoints = trainer.checkpoints
         where = checkpoints.directory if checkpoints else "none (checkpointing off)"
         previews = os.path.join(self.workdir, "previews")
@@ -124,35 +134,5 @@ class Run:
             f", previews in {previews}" if self.config.preview.every else ""
         )
 
-    def failed(self, error: Exception, argv: Sequence[str]) -> int:
-        """The exit status of a run that raised ``error``: a preempted run's (saved; the command
-        to resume), else one short report (``dew.failures.report``). The checkpoint writer and
-        orbax managers are shut down first, so no async teardown runs at interpreter exit; what
-        they raise now belongs to the failure already reported."""
-        checkpoints = None if self.trainer is None else self.trainer.checkpoints
-        if checkpoints is not None:
-            with contextlib.suppress(Exception):  # the first failure is the one reported
-                checkpoints.close()
-        if isinstance(error, Preempted):
-            print(f"dew: {error}", file=sys.stderr, flush=True)
-            if error.path is not None:
-                print(f"dew: resume with: {resume_command(argv)}", file=sys.stderr, flush=True)
-            return error.exit_code
-        return report(error, _existing(self.workdir))
 
-    def release(self) -> None:
-        """Let go of the workdir lock (when this process took it)."""
-        if self.lock is not None:
-            self.lock.release()
-
-
-def resume_command(argv: Sequence[str]) -> str:
-    """The command that resumes this run: the same ``python -m dew.main`` arguments."""
-    return " ".join(shlex.quote(a) for a in ["python", "-m", "dew.main", *argv])
-
-
-def _existing(workdir: str) -> str | None:
-    return workdir if os.path.isdir(workdir) else None
-
-
-__all__ = ["Run", "resume_command", "start_platform"]
+__all__ = ["Run", "start_platform"]

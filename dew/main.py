@@ -19,14 +19,13 @@ checkpoint at the same step in all, and all exit with the preemption code.
 from __future__ import annotations
 
 import argparse
-import shlex
 import signal
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dew.config import apply_overrides, describe_config, load_config
-from dew.failures import end_process, report
+from dew.failures import end_process, report, resume_command, run_failed
 from dew.runtime.cpu.memory import with_huge_pages
 
 if TYPE_CHECKING:
@@ -83,13 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the platform, the Trainer, the workdir lock, the resume check, the console lines, fit
         done = run.train(args.coordinator, args.num_processes, args.process_id)
     except Exception as e:  # the CLI boundary: every failure becomes one short report
-        return report(e, None) if run is None else run.failed(e, argv)
+        return report(e, None) if run is None else run_failed(e, run.workdir, argv)
     except KeyboardInterrupt as e:  # Ctrl-C outside the preemption stage's handler, or a second one
         print(f"dew: {interrupted(e, run and run.trainer, argv)}", file=sys.stderr, flush=True)
         return 128 + signal.SIGINT
-    finally:
-        if run is not None:
-            run.release()
     print(done, flush=True)
     return 0
 
@@ -124,10 +120,9 @@ def interrupted(error: KeyboardInterrupt, trainer: Trainer | None, argv: Sequenc
         return text + ": nothing was saved"
     if not landed:
         return text + f": no checkpoint is saved in {checkpoints.directory}; a restart begins at step 0"
-    command = " ".join(shlex.quote(a) for a in ["python", "-m", "dew.main", *argv])
     return (
         text + f": the newest saved checkpoint is step {landed[-1]} in {checkpoints.path(landed[-1])}; "
-        f"resume from it with: {command}"
+        f"resume from it with: {resume_command(argv)}"
     )
 
 
