@@ -49,12 +49,14 @@ class Trainer:
     ``Objective`` contract and nothing else about what is learned.
 
     ``platform``: what ``dew.runtime.start`` set up for this config and workdir, from a caller
-    that checked the workdir (``check_workdir``) and started the platform itself
-    (``dew.launch.Run``, behind ``python -m dew.main``). Left None, a Trainer built in a user's
-    own code does both here (``trainer_config.platform_for``: the same decision and ``kernel
-    choice:`` line, keeping the kernels a resumed run recorded). Either way ``self.platform`` is
+    that started the platform itself (the step to restore is then checked again here). Left
+    None, a Trainer built in a user's own code checks the workdir and starts the platform here
+    (``trainer_config.platform_for``: the same decision and ``kernel choice:`` line, keeping the
+    kernels a resumed run recorded). Either way ``self.platform`` is
     that one value (None only where JAX started first without ``dew.runtime.start``: one
-    ``PlatformNotApplied`` warning at the line that built the Trainer)."""
+    ``PlatformNotApplied`` warning at the line that built the Trainer). ``for_run`` is the
+    constructor for a caller that resolved, checked and started all of it once already
+    (``dew.launch.Run``, behind ``python -m dew.main``)."""
 
     def __init__(
         self,
