@@ -9,6 +9,10 @@ when a peer process was lost, are part of it). Exit status: 2 for bad input (``C
 workdir that is busy or cannot be written; a damaged ``run.json``), which writes nothing; 1 for
 any other failure.
 
+A preempted run is no failure: ``run_failed`` says what was saved and the command that resumes
+it, with the preemption's exit status. A lost peer of a process group ends this process through
+``stop_process``: one report, then ``end_process``.
+
 Library warnings from orbax and absl (through Python ``logging``) go to
 ``<workdir>/logs/dew.log`` once a run has started (``capture_library_logs``), not to the
 console, so a failure is not buried in them.

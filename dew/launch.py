@@ -109,12 +109,12 @@ class Run:
             if self.lock is not None and self.lock.stale:
                 say(describe_stale(self.lock.stale))
             trainer.check_resumable()
+            capture_library_logs(self.workdir)
             say(f"training {self.name} in {self.workdir}")
             # What the run says of its platform: every choice on a CPU; on an accelerator the
             # devices and the compilation cache.
             for line in trainer.platform.lines(trainer.layout.data_parallel_size) if trainer.platform else []:
                 say(line)
-            capture_library_logs(self.workdir)
             state = trainer.train()
         except Exception:
             # The checkpoint writer and orbax managers shut down before the lock goes, so no async
