@@ -72,13 +72,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = None
     try:
         raw = load_config(args.config)
-        if args.help_config:
+        config = None if args.help_config else apply_overrides(raw, overrides)  # the one resolution
+        if config is None:
             print(f"# {args.config}: every key, as resolved (value, default if different, kind, doc)")
             print(describe_config(raw, overrides), end="")
             return 0
         from dew.launch import Run  # JAX and the trainer load once with_huge_pages restarted the process
 
-        run = Run(args.config, apply_overrides(raw, overrides), args.workdir)  # the one resolution
+        run = Run(args.config, config, args.workdir)
         # the platform, the Trainer, the workdir lock, the resume check, the console lines, fit
         done = run.train(args.coordinator, args.num_processes, args.process_id)
     except Exception as e:  # the CLI boundary: every failure becomes one short report
