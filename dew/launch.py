@@ -6,22 +6,23 @@ backend (``check_workdir``: a missing ``restore_dir``, a ``step_to_restore`` not
 named; the kernels it recorded are kept), sets up the process and its platform before JAX
 starts (``start_platform``: one call, one ``Platform`` value) and builds the ``Trainer`` with
 that value (it validates everything and writes nothing); then the workdir lock (process 0),
-the check that the resume fits the config (``Trainer.check_resumable``), the libraries' logs
-routed under ``<workdir>/logs``, the console lines, and training (``Trainer.train``, which
-records the run's start in ``run.json``); it returns the line a finished run ends with.
-A run that fails has its checkpoint writer shut down and the lock let go before ``dew.main``
-reports it (``dew.failures.run_failed``).
+the check that the resume fits the config (``Trainer.check_resumable``), the console lines,
+the libraries' logs routed under ``<workdir>/logs``, and training (``Trainer.train``, which
+records the run's start in ``run.json``); it prints the line a finished run ends with and
+returns the exit status. A run that fails has its checkpoint writer shut down, is reported
+(``dew.failures.run_failed``) and then lets go of the lock.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Sequence
 
 import jax
 import ml_collections
 
-from dew.failures import capture_library_logs, stop_process
+from dew.failures import capture_library_logs, run_failed, stop_process
 from dew.run_records import RUN_METADATA, read_run
 from dew.runtime import heartbeats
 from dew.runtime.platform import Platform, start
@@ -94,13 +95,19 @@ class Run:
         return self.trainer
 
     def train(
-        self, coordinator: str | None = None, num_processes: str | None = None, process_id: str | None = None
-    ) -> str:
-        """The whole run: ``start`` (the flags name the process group), then the workdir lock,
-        the resume check, the console lines and ``Trainer.train``; returns the line a finished
-        run ends with (its step, where its checkpoints and previews are)."""
-        trainer = self.start(coordinator, num_processes, process_id)
+        self,
+        argv: Sequence[str],
+        coordinator: str | None = None,
+        num_processes: str | None = None,
+        process_id: str | None = None,
+    ) -> int:
+        """The whole run of ``python -m dew.main`` with ``argv``: ``start`` (the flags name the
+        process group), then the workdir lock, the resume check, the console lines and
+        ``Trainer.train``. Returns the exit status: 0 with the line a finished run ends with (its
+        step, where its checkpoints and previews are), else what ``dew.failures.run_failed``
+        says of the failure, reported before the lock is let go."""
         try:
+            trainer = self.start(coordinator, num_processes, process_id)
             # One run per workdir (process 0 holds it for the whole run), taken before anything
             # opens the checkpoint directory: the run's first save cleans up unfinished saves,
             # which would be a live holder's save in progress (readers never clean up:
@@ -109,30 +116,33 @@ class Run:
             if self.lock is not None and self.lock.stale:
                 say(describe_stale(self.lock.stale))
             trainer.check_resumable()
-            capture_library_logs(self.workdir)
             say(f"training {self.name} in {self.workdir}")
             # What the run says of its platform: every choice on a CPU; on an accelerator the
             # devices and the compilation cache.
             for line in trainer.platform.lines(trainer.layout.data_parallel_size) if trainer.platform else []:
                 say(line)
+            capture_library_logs(self.workdir)
             state = trainer.train()
-        except Exception:
-            # The checkpoint writer and orbax managers shut down before the lock goes, so no async
-            # teardown runs at interpreter exit; what they raise now belongs to the failure
-            # ``dew.failures.run_failed`` reports.
-            if trainer.checkpoints is not None:
+        except Exception as e:
+            # The checkpoint writer and orbax managers are shut down first, so no async teardown
+            # runs at interpreter exit; what they raise now belongs to the failure reported.
+            checkpoints = None if self.trainer is None else self.trainer.checkpoints
+            if checkpoints is not None:
                 with contextlib.suppress(Exception):
-                    trainer.checkpoints.close()
-            raise
+                    checkpoints.close()
+            return run_failed(e, self.workdir, argv)
         finally:
             if self.lock is not None:  # let go of the workdir lock (when this process took it)
                 self.lock.release()
         checkpoints = trainer.checkpoints
         where = checkpoints.directory if checkpoints else "none (checkpointing off)"
         previews = os.path.join(self.workdir, "previews")
-        return f"done at step {int(state.step)}: checkpoints in {where}" + (
-            f", previews in {previews}" if self.config.preview.every else ""
+        print(
+            f"done at step {int(state.step)}: checkpoints in {where}"
+            + (f", previews in {previews}" if self.config.preview.every else ""),
+            flush=True,
         )
+        return 0
 
 
 __all__ = ["Run", "start_platform"]

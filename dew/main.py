@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dew.config import apply_overrides, describe_config, load_config
-from dew.failures import end_process, report, resume_command, run_failed
+from dew.failures import end_process, report, resume_command
 from dew.runtime.cpu.memory import with_huge_pages
 
 if TYPE_CHECKING:
@@ -80,15 +80,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from dew.launch import Run  # JAX and the trainer load once with_huge_pages restarted the process
 
         run = Run(args.config, config, args.workdir)
-        # the platform, the Trainer, the workdir lock, the resume check, the console lines, fit
-        done = run.train(args.coordinator, args.num_processes, args.process_id)
+        # the platform, the Trainer, the workdir lock, the resume check, the console lines, fit;
+        # its done line, or its failure reported (dew.failures.run_failed): the exit status
+        return run.train(argv, args.coordinator, args.num_processes, args.process_id)
     except Exception as e:  # the CLI boundary: every failure becomes one short report
-        return report(e, None) if run is None else run_failed(e, run.workdir, argv)
+        return report(e, None)
     except KeyboardInterrupt as e:  # Ctrl-C outside the preemption stage's handler, or a second one
         print(f"dew: {interrupted(e, run and run.trainer, argv)}", file=sys.stderr, flush=True)
         return 128 + signal.SIGINT
-    print(done, flush=True)
-    return 0
 
 
 def interrupted(error: KeyboardInterrupt, trainer: Trainer | None, argv: Sequence[str]) -> str:

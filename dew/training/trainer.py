@@ -27,9 +27,9 @@ from dew.tracking.console import Progress
 from dew.tracking.trackers import LoggingCategory, Tracker, Trackers, make_trackers
 from dew.training import typed_jax
 from dew.training.build import build_objective, check_cadences, mesh_and_data, open_split
+from dew.training.learning_rate import make_optimizer
 from dew.training.loop import Stage, fit
 from dew.training.nonfinite import NonFiniteGuard
-from dew.training.optimizer import make_optimizer
 from dew.training.parameter_table import report_parameters
 from dew.training.precision import from_config as precision_from_config
 from dew.training.preemption import PreemptionStage

@@ -1,5 +1,5 @@
 """The Trainer's config: the sections the trainer itself owns (train, eval, preview; the optimizer's
-in ``dew.training.optimizer``),
+in ``dew.training.learning_rate``),
 the whole schema they join (each other section declared by the code that owns it), and checking a
 config and a work directory before any work."""
 
@@ -20,8 +20,8 @@ from dew.schema import ConfigError, Key, Section, at_least, resolve
 from dew.tracking import trackers as trackers_lib
 from dew.training import precision as precision_lib
 from dew.training import sharding
+from dew.training.learning_rate import OPTIMIZER_CONFIG, finite_number, make_optimizer
 from dew.training.nonfinite import POLICIES as NONFINITE_POLICIES
-from dew.training.optimizer import OPTIMIZER_CONFIG, finite_number, make_optimizer
 from dew.training.profile import CONFIG as PROFILE_CONFIG
 
 TRAIN_CONFIG = Section(
