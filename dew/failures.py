@@ -9,6 +9,10 @@ when a peer process was lost, are part of it). Exit status: 2 for bad input (``C
 workdir that is busy or cannot be written; a damaged ``run.json``), which writes nothing; 1 for
 any other failure.
 
+A preempted run is no failure: ``run_failed`` says what was saved and the command that resumes
+it, with the preemption's exit status. A lost peer of a process group ends this process through
+``stop_process``: one report, then ``end_process``.
+
 Library warnings from orbax and absl (through Python ``logging``) go to
 ``<workdir>/logs/dew.log`` once a run has started (``capture_library_logs``), not to the
 console, so a failure is not buried in them.
@@ -20,10 +24,12 @@ import datetime
 import logging
 import os
 import re
+import shlex
 import sys
 import tempfile
 import threading
 import traceback
+from collections.abc import Sequence
 from typing import TextIO
 
 from dew.registry import UnknownNameError
@@ -132,6 +138,34 @@ def report(error: BaseException, workdir: str | None, *, stream: TextIO | None =
     return code
 
 
+def stop_process(error: BaseException, workdir: str) -> None:
+    """End this process for ``error`` at once: one report (the traceback under
+    ``<workdir>/logs`` where that directory exists, else the temporary directory), then
+    ``end_process`` with the report's exit status. What a lost peer of a process group does."""
+    code = report(error, workdir if os.path.isdir(workdir) else None)
+    end_process(code)
+
+
+def run_failed(error: Exception, workdir: str, argv: Sequence[str]) -> int:
+    """The exit status of a run in ``workdir`` (``python -m dew.main`` with ``argv``) that raised
+    ``error``: a preempted run's (``dew.training.preemption.Preempted``: what was saved, on
+    stderr, and where one landed the command that resumes it), else one short ``report``
+    (the traceback under ``<workdir>/logs`` where that directory exists)."""
+    from dew.training.preemption import Preempted
+
+    if isinstance(error, Preempted):
+        print(f"dew: {error}", file=sys.stderr, flush=True)
+        if error.path is not None:
+            print(f"dew: resume with: {resume_command(argv)}", file=sys.stderr, flush=True)
+        return error.exit_code
+    return report(error, workdir if os.path.isdir(workdir) else None)
+
+
+def resume_command(argv: Sequence[str]) -> str:
+    """The command that resumes a run: the same ``python -m dew.main`` arguments."""
+    return " ".join(shlex.quote(a) for a in ["python", "-m", "dew.main", *argv])
+
+
 class _LazyFileHandler(logging.FileHandler):
     """A file handler that creates its file (and directory) at the first record, not before."""
 
@@ -183,7 +217,10 @@ __all__ = [
     "capture_library_logs",
     "exit_code",
     "report",
+    "resume_command",
     "root_cause",
+    "run_failed",
     "short",
+    "stop_process",
     "write_traceback",
 ]

@@ -2,36 +2,32 @@
 
 In order: ``Run(name, config, workdir)`` checks the workdir and the config checks that need no
 backend (``check_workdir``: a missing ``restore_dir``, a ``step_to_restore`` not stored);
-``start`` reads its ``run.json`` once (a damaged one stops here, named; the kernels it recorded
-are kept), sets up the process and its platform before JAX starts (``start_platform``: one call,
-one ``Platform`` value) and builds the ``Trainer`` with
-that value (it validates everything and writes nothing); ``train`` takes the workdir lock
-(process 0), checks that the resume fits the config (``Trainer.check_resumable``), routes the
-libraries' logs under ``<workdir>/logs``, prints the console lines and trains
-(``Trainer.train``, which records the run's start in ``run.json``). ``failed``, ``finished`` and
-``release`` are what ``dew.main`` says and undoes at the end.
+``train`` is the rest, once: ``start`` reads its ``run.json`` once (a damaged one stops here,
+named; the kernels it recorded are kept), sets up the process and its platform before JAX
+starts (``start_platform``: one call, one ``Platform`` value) and builds the ``Trainer`` with
+that value (it validates everything and writes nothing); then the workdir lock (process 0),
+the check that the resume fits the config (``Trainer.check_resumable``), the console lines,
+the libraries' logs routed under ``<workdir>/logs``, and training (``Trainer.train``, which
+records the run's start in ``run.json``); it prints the line a finished run ends with and
+returns the exit status. A run that fails has its checkpoint writer shut down, is reported
+(``dew.failures.run_failed``) and then lets go of the lock.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shlex
-import sys
 from collections.abc import Sequence
-from typing import Any
 
 import jax
 import ml_collections
 
-from dew.contracts.state import TrainState
-from dew.failures import capture_library_logs, end_process, report
+from dew.failures import capture_library_logs, run_failed, stop_process
 from dew.run_records import RUN_METADATA, read_run
 from dew.runtime import heartbeats
 from dew.runtime.platform import Platform, start
 from dew.runtime.workdir_lock import WorkdirLock, describe_stale
 from dew.schema import ConfigError
-from dew.training.preemption import Preempted
 from dew.training.trainer import Trainer
 from dew.training.trainer_config import check_workdir
 
@@ -47,17 +43,15 @@ def start_platform(
     coordinator: str | None = None,
     num_processes: str | None = None,
     process_id: str | None = None,
-    *,
-    recorded: dict[str, Any] | None = None,
 ) -> Platform:
     """The process and its platform, set up before JAX starts, as one value: the process group
     the flags (or ``DEW_*`` variables, or a cluster JAX detects) name, the CPU devices, the
-    convolution library, the kernels (a resumed run keeps ``recorded``, the kernels its
-    ``run.json`` recorded, for settings left at ``auto``) and the compilation cache
-    (``dew.runtime.start``). In a group, every process then
+    convolution library, the kernels (a resumed run keeps the kernels its ``run.json``
+    recorded, for settings left at ``auto``; a damaged ``run.json`` stops here, named, before
+    any write) and the compilation cache (``dew.runtime.start``). In a group, every process then
     agrees on the config, and a lost peer stops this one with a report. A setting this machine
     cannot honour is a ``ConfigError``."""
-    rt = config.runtime
+    recorded = (read_run(workdir) or {}).get("kernels")
     try:
         platform = start(
             config,
@@ -71,11 +65,12 @@ def start_platform(
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if platform.processes is not None:  # one config in every process; a lost peer stops this one
-
-        def stop(e: BaseException) -> None:
-            end_process(report(e, _existing(workdir)))
-
-        heartbeats.agree(config, rt.coordinator_timeout, rt.heartbeat_timeout, stop)
+        heartbeats.agree(
+            config,
+            config.runtime.coordinator_timeout,
+            config.runtime.heartbeat_timeout,
+            lambda e: stop_process(e, workdir),
+        )
     return platform
 
 
@@ -93,75 +88,61 @@ class Run:
     def start(
         self, coordinator: str | None = None, num_processes: str | None = None, process_id: str | None = None
     ) -> Trainer:
-        """Everything before the first write: ``run.json`` read, the platform started, the
-        Trainer built with it; returns the Trainer."""
-        run = read_run(self.workdir) or {}  # a damaged run.json stops here, named, before any write
-        self.platform = start_platform(
-            self.config, self.workdir, coordinator, num_processes, process_id, recorded=run.get("kernels")
-        )
-        self.trainer = Trainer(self.config, self.workdir, resolved=True, platform=self.platform)
+        """Everything before the first write: the platform started (``start_platform``, which
+        reads ``run.json``), the Trainer built with it; returns the Trainer."""
+        self.platform = start_platform(self.config, self.workdir, coordinator, num_processes, process_id)
+        self.trainer = Trainer.for_run(self.config, self.workdir, self.platform)
         return self.trainer
 
-    def train(self) -> TrainState:
-        """The run itself, after ``start``: returns the final state."""
-        trainer = self.trainer if self.trainer is not None else self.start()
-        # One run per workdir (process 0 holds it for the whole run), taken before anything opens
-        # the checkpoint directory: the run's first save cleans up unfinished saves, which would
-        # be a live holder's save in progress (readers never clean up: Store.manager).
-        self.lock = WorkdirLock(self.workdir).acquire() if jax.process_index() == 0 else None
-        if self.lock is not None and self.lock.stale:
-            say(describe_stale(self.lock.stale))
-        trainer.check_resumable()
-        capture_library_logs(self.workdir)
-        say(f"training {self.name} in {self.workdir}")
-        for line in self.platform_lines(trainer.layout.data_parallel_size):
-            say(line)
-        return trainer.train()
-
-    def platform_lines(self, data_parallel: int) -> list[str]:
-        """What the run says of its platform (``Platform.lines``): every choice on a CPU; on an
-        accelerator the devices and the compilation cache."""
-        return [] if self.platform is None else self.platform.lines(data_parallel)
-
-    def finished(self, state: TrainState) -> str:
-        """The line a finished run ends with: its step, where its checkpoints and previews are."""
-        assert self.trainer is not None, "finished follows train"
-        checkpoints = self.trainer.checkpoints
+    def train(
+        self,
+        argv: Sequence[str],
+        coordinator: str | None = None,
+        num_processes: str | None = None,
+        process_id: str | None = None,
+    ) -> int:
+        """The whole run of ``python -m dew.main`` with ``argv``: ``start`` (the flags name the
+        process group), then the workdir lock, the resume check, the console lines and
+        ``Trainer.train``. Returns the exit status: 0 with the line a finished run ends with (its
+        step, where its checkpoints and previews are), else what ``dew.failures.run_failed``
+        says of the failure, reported before the lock is let go."""
+        try:
+            trainer = self.start(coordinator, num_processes, process_id)
+            # One run per workdir (process 0 holds it for the whole run), taken before anything
+            # opens the checkpoint directory: the run's first save cleans up unfinished saves,
+            # which would be a live holder's save in progress (readers never clean up:
+            # Store.manager).
+            self.lock = WorkdirLock(self.workdir).acquire() if jax.process_index() == 0 else None
+            if self.lock is not None and self.lock.stale:
+                say(describe_stale(self.lock.stale))
+            trainer.check_resumable()
+            say(f"training {self.name} in {self.workdir}")
+            # What the run says of its platform: every choice on a CPU; on an accelerator the
+            # devices and the compilation cache.
+            for line in trainer.platform.lines(trainer.layout.data_parallel_size) if trainer.platform else []:
+                say(line)
+            capture_library_logs(self.workdir)
+            state = trainer.train()
+        except Exception as e:
+            # The checkpoint writer and orbax managers are shut down first, so no async teardown
+            # runs at interpreter exit; what they raise now belongs to the failure reported.
+            checkpoints = None if self.trainer is None else self.trainer.checkpoints
+            if checkpoints is not None:
+                with contextlib.suppress(Exception):
+                    checkpoints.close()
+            return run_failed(e, self.workdir, argv)
+        finally:
+            if self.lock is not None:  # let go of the workdir lock (when this process took it)
+                self.lock.release()
+        checkpoints = trainer.checkpoints
         where = checkpoints.directory if checkpoints else "none (checkpointing off)"
         previews = os.path.join(self.workdir, "previews")
-        return f"done at step {int(state.step)}: checkpoints in {where}" + (
-            f", previews in {previews}" if self.config.preview.every else ""
+        print(
+            f"done at step {int(state.step)}: checkpoints in {where}"
+            + (f", previews in {previews}" if self.config.preview.every else ""),
+            flush=True,
         )
-
-    def failed(self, error: Exception, argv: Sequence[str]) -> int:
-        """The exit status of a run that raised ``error``: a preempted run's (saved; the command
-        to resume), else one short report (``dew.failures.report``). The checkpoint writer and
-        orbax managers are shut down first, so no async teardown runs at interpreter exit; what
-        they raise now belongs to the failure already reported."""
-        checkpoints = None if self.trainer is None else self.trainer.checkpoints
-        if checkpoints is not None:
-            with contextlib.suppress(Exception):  # the first failure is the one reported
-                checkpoints.close()
-        if isinstance(error, Preempted):
-            print(f"dew: {error}", file=sys.stderr, flush=True)
-            if error.path is not None:
-                print(f"dew: resume with: {resume_command(argv)}", file=sys.stderr, flush=True)
-            return error.exit_code
-        return report(error, _existing(self.workdir))
-
-    def release(self) -> None:
-        """Let go of the workdir lock (when this process took it)."""
-        if self.lock is not None:
-            self.lock.release()
+        return 0
 
 
-def resume_command(argv: Sequence[str]) -> str:
-    """The command that resumes this run: the same ``python -m dew.main`` arguments."""
-    return " ".join(shlex.quote(a) for a in ["python", "-m", "dew.main", *argv])
-
-
-def _existing(workdir: str) -> str | None:
-    return workdir if os.path.isdir(workdir) else None
-
-
-__all__ = ["Run", "resume_command", "start_platform"]
+__all__ = ["Run", "start_platform"]

@@ -1,4 +1,6 @@
-"""Learning-rate schedules the optimizer section names (``config.optimizer.schedule``).
+"""The optimizer a run trains with: ``config.optimizer`` (Adam, optional global-norm clipping,
+and the learning-rate schedule ``config.optimizer.schedule`` names) and ``make_optimizer``, which
+builds it from the resolved config. The schedules:
 
 * ``linear_warmup``: a linear ramp from 0 over ``warmup_steps`` updates, then constant (EDM's
   ``lr_rampup_kimg``; no ramp when ``warmup_steps`` is 0).
@@ -11,11 +13,22 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 
+from dew.schema import ConfigError, Key, Section
+
 SCHEDULES = ("linear_warmup", "inverse_sqrt")
+
+
+def finite_number(value: Any) -> bool:
+    """A real number that is neither inf nor NaN (checked before anything compiles)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def linear_warmup(learning_rate: float, warmup_steps: float) -> optax.Schedule | float:
@@ -53,3 +66,81 @@ def inverse_sqrt(
         return lr
 
     return schedule
+
+
+def _check_schedule(section: ml_collections.ConfigDict, path: str) -> None:
+    if section.schedule == "inverse_sqrt" and section.warmup_steps:
+        raise ConfigError(
+            f"config.{path}.warmup_steps={section.warmup_steps} is invalid with schedule='inverse_sqrt' "
+            "(its ramp-up is rampup_Mimg); expected 0"
+        )
+
+
+OPTIMIZER_CONFIG = Section(
+    "Adam with a learning-rate schedule (linear warm-up or EDM2's inverse square root) and "
+    "optional global-norm clipping",
+    {
+        "learning_rate": Key(
+            1e-3,
+            "peak learning rate",
+            check=lambda v: finite_number(v) and v > 0,
+            accepted="a finite float > 0",
+        ),
+        "warmup_steps": Key(
+            0,
+            "optimizer updates W of linear warm-up from 0: the n-th update (n = 0, 1, ...) takes "
+            "learning_rate·min(n/W, 1); W may be fractional (EDM's lr_rampup_kimg·1000 / images per "
+            "update), 0: off",
+            kind=float,
+            check=lambda v: finite_number(v) and v >= 0,
+            accepted="a finite number >= 0 (0: off)",
+        ),
+        "b1": Key(0.9, "Adam β1", check=lambda v: 0 <= v < 1, accepted="a float in [0, 1)"),
+        "b2": Key(0.999, "Adam β2", check=lambda v: 0 <= v < 1, accepted="a float in [0, 1)"),
+        "eps": Key(
+            1e-8,
+            "Adam ε, added to √v̂ in the update's denominator (torch.optim.Adam's eps, optax's eps)",
+            check=lambda v: finite_number(v) and v > 0,
+            accepted="a finite float > 0",
+        ),
+        "grad_clip": Key(
+            0.0,
+            "clip gradients to this global norm (0: off)",
+            check=lambda v: finite_number(v) and v >= 0,
+            accepted="a finite float >= 0 (0: off)",
+        ),
+        "schedule": Key(
+            "linear_warmup",
+            "learning-rate schedule: linear_warmup (warmup_steps, then constant) or inverse_sqrt "
+            "(EDM2: learning_rate / sqrt(max(updates / ref_batches, 1)), ramped up over rampup_Mimg)",
+            choices=SCHEDULES,
+        ),
+        "ref_batches": Key(
+            70000.0,
+            "inverse_sqrt: t_ref, the updates after which the rate decays as 1/sqrt (0: no decay)",
+            check=lambda v: finite_number(v) and v >= 0,
+            accepted="a finite float >= 0 (0: no decay)",
+        ),
+        "rampup_Mimg": Key(
+            10.0,
+            "inverse_sqrt: millions of training images of linear ramp-up from 0 (0: none)",
+            check=lambda v: finite_number(v) and v >= 0,
+            accepted="a finite float >= 0 (0: no ramp-up)",
+        ),
+    },
+    validate=_check_schedule,
+)
+
+
+def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    """Adam with linear warm-up (EDM's lr ramp-up) or EDM2's inverse-square-root schedule
+    (the schedules above; images per update = ``dataset.batch_size`` ×
+    ``train.accumulation``), and optional global-norm clipping."""
+    o = config.optimizer
+    if o.schedule == "inverse_sqrt":
+        images_per_update = config.dataset.batch_size * config.train.accumulation
+        schedule = inverse_sqrt(o.learning_rate, o.ref_batches, o.rampup_Mimg, images_per_update)
+    else:
+        schedule = linear_warmup(o.learning_rate, o.warmup_steps)
+    adam = optax.adam(schedule, b1=o.b1, b2=o.b2, eps=o.eps)
+    return optax.chain(optax.clip_by_global_norm(o.grad_clip), adam) if o.grad_clip > 0 else adam

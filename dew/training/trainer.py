@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 import jax
@@ -27,7 +26,8 @@ from dew.schema import ConfigError
 from dew.tracking.console import Progress
 from dew.tracking.trackers import LoggingCategory, Tracker, Trackers, make_trackers
 from dew.training import typed_jax
-from dew.training.build import build_objective, datasets, mesh_and_layout, open_split
+from dew.training.build import build_objective, check_cadences, mesh_and_data, open_split
+from dew.training.learning_rate import make_optimizer
 from dew.training.loop import Stage, fit
 from dew.training.nonfinite import NonFiniteGuard
 from dew.training.parameter_table import report_parameters
@@ -36,13 +36,7 @@ from dew.training.preemption import PreemptionStage
 from dew.training.profile import ProfileWindow
 from dew.training.programs import Programs, debiased_ema
 from dew.training.stages import CheckpointStage, EvalStage, MetricsStage, PreviewStage, SnapshotStage
-from dew.training.trainer_config import (
-    check_workdir,
-    config_schema,
-    make_optimizer,
-    platform_for,
-    resolve_config,
-)
+from dew.training.trainer_config import check_workdir, config_schema, platform_for, resolve_config
 
 
 class Trainer:
@@ -55,12 +49,14 @@ class Trainer:
     ``Objective`` contract and nothing else about what is learned.
 
     ``platform``: what ``dew.runtime.start`` set up for this config and workdir, from a caller
-    that checked the workdir (``check_workdir``) and started the platform itself
-    (``dew.launch.Run``, behind ``python -m dew.main``). Left None, a Trainer built in a user's
-    own code does both here (``trainer_config.platform_for``: the same decision and ``kernel
-    choice:`` line, keeping the kernels a resumed run recorded). Either way ``self.platform`` is
+    that started the platform itself (the step to restore is then checked again here). Left
+    None, a Trainer built in a user's own code checks the workdir and starts the platform here
+    (``trainer_config.platform_for``: the same decision and ``kernel choice:`` line, keeping the
+    kernels a resumed run recorded). Either way ``self.platform`` is
     that one value (None only where JAX started first without ``dew.runtime.start``: one
-    ``PlatformNotApplied`` warning at the line that built the Trainer)."""
+    ``PlatformNotApplied`` warning at the line that built the Trainer). ``for_run`` is the
+    constructor for a caller that resolved, checked and started all of it once already
+    (``dew.launch.Run``, behind ``python -m dew.main``)."""
 
     def __init__(
         self,
@@ -71,16 +67,40 @@ class Trainer:
         resolved: bool = False,
         platform: Platform | None = None,
     ):
-        self.config = c = config if resolved else resolve_config(config)
+        c = config if resolved else resolve_config(config)
         workdir, platform = platform_for(c, workdir, platform)  # started here if not given
-        self.workdir, self.platform = workdir, platform
-        self.mesh, self.layout = mesh_and_layout(c)  # bad input fails before any work
+        self._build(c, workdir, platform, trackers or [])
+
+    @classmethod
+    def for_run(
+        cls,
+        config: ml_collections.ConfigDict,
+        workdir: str,
+        platform: Platform,
+        trackers: list[Tracker] | None = None,
+    ) -> Trainer:
+        """The Trainer of a run whose caller did what ``__init__`` does before building:
+        ``config`` resolved, ``workdir`` checked with it (``check_workdir(workdir, config)``, which
+        returns the absolute path) and ``platform`` started for both (``dew.launch.Run``, behind
+        ``python -m dew.main``). Builds the same pieces and writes nothing."""
+        trainer = cls.__new__(cls)
+        trainer._build(config, workdir, platform, trackers or [])
+        return trainer
+
+    def _build(
+        self, c: ml_collections.ConfigDict, workdir: str, platform: Platform | None, trackers: list[Tracker]
+    ) -> None:
+        """Every piece, from the resolved config ``c``, in the order bad input is found in."""
+        self.config, self.workdir, self.platform, self.extra_trackers = c, workdir, platform, trackers
         self.train_source, self.val_source = (
             open_split(c.dataset, "train"),
             open_split(c.dataset, "validation"),
         )
-        self.train_data, self.val_data = datasets(c, self.layout, self.train_source, self.val_source)
         self.objective: Objective = build_objective(c, self.train_source)
+        # bad input fails before any work
+        self.mesh, self.layout, self.train_data, self.val_data = mesh_and_data(
+            c, self.train_source, self.val_source
+        )
         self.precision = precision_from_config(c.precision)
         if c.precision.compute not in self.objective.precisions:
             raise ConfigError(
@@ -91,24 +111,14 @@ class Trainer:
         self.optimizer = make_optimizer(c)
         self.averages = Averages.from_config(c)  # the classic EMA and, when configured, the power EMA
         self.accumulation = c.train.accumulation
-        self.programs = self._programs()
-        self.checkpoint_settings = cs = checkpoint_settings(c.checkpoint)
-        # Every checkpoint records the EMA it holds, so restore_ema debiases it on its own.
-        self.ema_record = self.averages.ema.record(self.programs.abstract.params, self.accumulation)
-        self.checkpoints: Checkpoints | None = cs.checkpoints(self.workdir, ema=self.ema_record)  # None: off
-        self.restore = RestorePolicy(self.checkpoints, cs, self.workdir, c.to_dict(), c.dataset.batch_size)
-        self.extra_trackers = trackers or []
-        self._check_cadences()
-
-    def _programs(self) -> Programs:
-        c = self.config
+        example = self.example_batch()
         try:
-            programs = Programs(
+            self.programs = Programs(
                 self.objective,
                 self.optimizer,
                 self.averages,
                 self.layout,
-                self.example_batch(),
+                example,
                 accumulation=self.accumulation,
                 steps_per_call=c.train.steps_per_call,
                 places_ahead=bool(self.train_data.prefetch) or jax.process_count() > 1,
@@ -124,38 +134,15 @@ class Trainer:
                 f"{str(e).splitlines()[0] if str(e) else ''}"
             ) from None
         try:
-            self.averages.ema.law_spec.check(programs.abstract.params)
+            self.averages.ema.law_spec.check(self.programs.abstract.params)
         except ValueError as e:
             raise ConfigError(f"config.ema.tracks={c.ema.tracks!r}: {e}") from e
-        return programs
-
-    def _check_cadences(self) -> None:
-        c = self.config
-        if c.preview.every and not self.objective.has_preview:
-            raise ConfigError(
-                f"config.preview.every={c.preview.every} is invalid: {type(self.objective).__name__} has no "
-                "preview; expected 0"
-            )
-        if c.preview.metrics:  # score(None, ...) checks the names without scoring anything
-            metrics = {name: registry.metrics[name] for name in c.preview.metrics}
-            self.objective.score(None, metrics)
-            for name, metric in metrics.items():  # e.g. fid's reference statistics and weights
-                try:
-                    registry.as_metric(metric).check_ready()
-                except (OSError, ValueError) as e:
-                    raise ConfigError(f"config.preview.metrics: {name!r} cannot be scored: {e}") from None
-        if c.eval.every:
-            try:  # fail now, not at the first evaluation
-                self.val_data.first(c.eval.num_batches)
-            except ValueError as e:
-                raise ConfigError(f"config.eval.num_batches={c.eval.num_batches} is invalid: {e}") from None
-        elif c.checkpoint.keep_best and c.checkpoint.best_metric == "loss" and c.checkpoint.every:
-            print(
-                "warning: config.checkpoint.keep_best=True but config.eval.every=0: without evaluation "
-                "there is no loss to rank checkpoints by, so no best checkpoint is kept",
-                file=sys.stderr,
-                flush=True,
-            )
+        self.checkpoint_settings = cs = checkpoint_settings(c.checkpoint)
+        # Every checkpoint records the EMA it holds, so restore_ema debiases it on its own.
+        self.ema_record = self.averages.ema.record(self.programs.abstract.params, self.accumulation)
+        self.checkpoints: Checkpoints | None = cs.checkpoints(self.workdir, ema=self.ema_record)  # None: off
+        self.restore = RestorePolicy(self.checkpoints, cs, self.workdir, c.to_dict(), c.dataset.batch_size)
+        check_cadences(c, self.objective)
 
     # --- pieces -----------------------------------------------------------------------------------
     def step(

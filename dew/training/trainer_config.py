@@ -1,16 +1,14 @@
-"""The Trainer's config: the sections the trainer itself owns (optimizer, train, eval, preview),
+"""The Trainer's config: the sections the trainer itself owns (train, eval, preview; the optimizer's
+in ``dew.training.learning_rate``),
 the whole schema they join (each other section declared by the code that owns it), and checking a
 config and a work directory before any work."""
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
-from typing import Any
 
 import ml_collections
-import optax
 
 from dew.averaging import ema as ema_lib
 from dew.checkpointing import settings as checkpoint_config
@@ -20,16 +18,11 @@ from dew.run_records import recorded_kernels
 from dew.runtime import platform as runtime_platform
 from dew.schema import ConfigError, Key, Section, at_least, resolve
 from dew.tracking import trackers as trackers_lib
-from dew.training import learning_rate, sharding
 from dew.training import precision as precision_lib
+from dew.training import sharding
+from dew.training.learning_rate import OPTIMIZER_CONFIG, finite_number, make_optimizer
 from dew.training.nonfinite import POLICIES as NONFINITE_POLICIES
 from dew.training.profile import CONFIG as PROFILE_CONFIG
-
-
-def _finite(value: Any) -> bool:
-    """A real number that is neither inf nor NaN (checked before anything compiles)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
 
 TRAIN_CONFIG = Section(
     "the loop",
@@ -61,72 +54,13 @@ TRAIN_CONFIG = Section(
             "the skip policy's brake: the fraction of a log_every window's updates it may drop before "
             "the run stops as 'stop' would, after saving the state (which no skipped update touched); "
             "1: no brake",
-            check=lambda v: _finite(v) and 0 <= v <= 1,
+            check=lambda v: finite_number(v) and 0 <= v <= 1,
             accepted="a fraction in [0, 1]",
         ),
     },
 )
 
 
-def _check_schedule(section: ml_collections.ConfigDict, path: str) -> None:
-    if section.schedule == "inverse_sqrt" and section.warmup_steps:
-        raise ConfigError(
-            f"config.{path}.warmup_steps={section.warmup_steps} is invalid with schedule='inverse_sqrt' "
-            "(its ramp-up is rampup_Mimg); expected 0"
-        )
-
-
-OPTIMIZER_CONFIG = Section(
-    "Adam with a learning-rate schedule (linear warm-up or EDM2's inverse square root) and "
-    "optional global-norm clipping",
-    {
-        "learning_rate": Key(
-            1e-3, "peak learning rate", check=lambda v: _finite(v) and v > 0, accepted="a finite float > 0"
-        ),
-        "warmup_steps": Key(
-            0,
-            "optimizer updates W of linear warm-up from 0: the n-th update (n = 0, 1, ...) takes "
-            "learning_rate·min(n/W, 1); W may be fractional (EDM's lr_rampup_kimg·1000 / images per "
-            "update), 0: off",
-            kind=float,
-            check=lambda v: _finite(v) and v >= 0,
-            accepted="a finite number >= 0 (0: off)",
-        ),
-        "b1": Key(0.9, "Adam β1", check=lambda v: 0 <= v < 1, accepted="a float in [0, 1)"),
-        "b2": Key(0.999, "Adam β2", check=lambda v: 0 <= v < 1, accepted="a float in [0, 1)"),
-        "eps": Key(
-            1e-8,
-            "Adam ε, added to √v̂ in the update's denominator (torch.optim.Adam's eps, optax's eps)",
-            check=lambda v: _finite(v) and v > 0,
-            accepted="a finite float > 0",
-        ),
-        "grad_clip": Key(
-            0.0,
-            "clip gradients to this global norm (0: off)",
-            check=lambda v: _finite(v) and v >= 0,
-            accepted="a finite float >= 0 (0: off)",
-        ),
-        "schedule": Key(
-            "linear_warmup",
-            "learning-rate schedule: linear_warmup (warmup_steps, then constant) or inverse_sqrt "
-            "(EDM2: learning_rate / sqrt(max(updates / ref_batches, 1)), ramped up over rampup_Mimg)",
-            choices=learning_rate.SCHEDULES,
-        ),
-        "ref_batches": Key(
-            70000.0,
-            "inverse_sqrt: t_ref, the updates after which the rate decays as 1/sqrt (0: no decay)",
-            check=lambda v: _finite(v) and v >= 0,
-            accepted="a finite float >= 0 (0: no decay)",
-        ),
-        "rampup_Mimg": Key(
-            10.0,
-            "inverse_sqrt: millions of training images of linear ramp-up from 0 (0: none)",
-            check=lambda v: _finite(v) and v >= 0,
-            accepted="a finite float >= 0 (0: no ramp-up)",
-        ),
-    },
-    validate=_check_schedule,
-)
 EVAL_CONFIG = Section(
     "the objective's held-out statistics on a fixed prefix of the validation split (debiased EMA)",
     {
@@ -290,17 +224,15 @@ def check_step_to_restore(config: ml_collections.ConfigDict, workdir: str) -> No
     )
 
 
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    """Adam with linear warm-up (EDM's lr ramp-up) or EDM2's inverse-square-root schedule
-    (``dew.training.learning_rate``; images per update = ``dataset.batch_size`` ×
-    ``train.accumulation``), and optional global-norm clipping."""
-    o = config.optimizer
-    if o.schedule == "inverse_sqrt":
-        images_per_update = config.dataset.batch_size * config.train.accumulation
-        schedule = learning_rate.inverse_sqrt(
-            o.learning_rate, o.ref_batches, o.rampup_Mimg, images_per_update
-        )
-    else:
-        schedule = learning_rate.linear_warmup(o.learning_rate, o.warmup_steps)
-    adam = optax.adam(schedule, b1=o.b1, b2=o.b2, eps=o.eps)
-    return optax.chain(optax.clip_by_global_norm(o.grad_clip), adam) if o.grad_clip > 0 else adam
+__all__ = [
+    "EVAL_CONFIG",
+    "PREVIEW_CONFIG",
+    "TRAIN_CONFIG",
+    "check_before_start",
+    "check_step_to_restore",
+    "check_workdir",
+    "config_schema",
+    "make_optimizer",
+    "platform_for",
+    "resolve_config",
+]
