@@ -55,10 +55,8 @@ class Programs:
     ):
         self.layout, self.example_batch, self.places_ahead = layout, example_batch, places_ahead
         averages = as_averages(averages)
+        # The pure functions first, then their shapes and shardings, then each one jitted.
         init = make_init(objective, optimizer, averages, accumulation=accumulation, precision=precision)
-        self.abstract = abstract_state(init, example_batch)
-        self.state_shardings = layout.state_shardings(self.abstract)
-        self.init = layout.jit_init(init, self.abstract)
         step = make_step(
             objective,
             optimizer,
@@ -67,14 +65,18 @@ class Programs:
             precision=precision,
             skip_nonfinite=skip_nonfinite,
         )
+        multi = make_multi_step(step, steps_per_call) if steps_per_call > 1 else None
+        evaluate = make_eval(objective, averages, accumulation=accumulation)
+        self.abstract = abstract_state(init, example_batch)
+        self.state_shardings = layout.state_shardings(self.abstract)
+        self.init = layout.jit_init(init, self.abstract)
         self.step = layout.jit_step(step, self.abstract)
         self.multi_step = None
-        if steps_per_call > 1:
-            multi = make_multi_step(step, steps_per_call)
+        if multi is not None:
             self.multi_step = layout.jit_multi_step(multi, self.abstract, steps_per_call)
         self.steps_per_call = steps_per_call
         self.eval = typed_jax.jit(
-            make_eval(objective, averages, accumulation=accumulation),
+            evaluate,
             in_shardings=(self.state_shardings, layout.batch_sharding, layout.replicated),
             out_shardings=layout.replicated,
         )
