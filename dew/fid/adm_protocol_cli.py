@@ -1,6 +1,17 @@
 """The name this module held before ``python -m dew.fid --preset`` ran FID and ADM's suite as one
-mode (``dew.fid.protocol``), kept so its import resolves."""
+mode (``dew.fid.protocol``), kept so its import resolves: ``_scorer_and_detector`` takes the
+``--preset`` flags (``dew.fid.cli.protocol_args``) as it did."""
 
-from dew.fid.protocol import scorer_and_detector as _scorer_and_detector
+import argparse
+from typing import Any
+
+
+def _scorer_and_detector(args: argparse.Namespace) -> tuple[Any, Any]:
+    """``dew.fid.protocol.scorer_and_detector`` on the weights and ``--batch`` of ``args``."""
+    from dew.fid.adm_reference import scorer_and_detector
+    from dew.fid.settings import weights_of
+
+    return scorer_and_detector(weights_of(args), args.batch)
+
 
 __all__ = ["_scorer_and_detector"]

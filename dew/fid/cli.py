@@ -58,8 +58,9 @@ Bad input (a missing folder, reference or weights; for ``--workdir`` no such run
 not a run, a run that does not draw images, no such step, ``--num_samples`` < 2) exits 2 with one
 line naming the flag, and writes nothing.
 
-This module is the command's one road: it reads every flag of every mode, checks what can be
-checked before work starts, and hands each mode to one function: ``dew.fid.score.score``
+This module is the command's one road: it parses every flag of every mode, has
+``dew.fid.settings`` check them before work starts and turn them into the mode's settings (no mode
+sees argparse), and hands each mode to one function: ``dew.fid.score.score``
 (``--metrics`` of ``fid``, ``fd_dinov2``, KID), ``dew.fid.score.adm_suite`` (ADM's suite on
 images or a run), ``dew.fid.protocol.protocol`` (``--preset``: FID or ADM's suite) and
 ``dew.fid.protocol.reference`` (``ref``). A mode's bad input is a ``FidError`` (or the scoring
@@ -72,23 +73,35 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from dew.fid.inputs import (  # noqa: F401  (list_images, read_batches, draw_batches: public here too)
     DEFAULT_NUM_SAMPLES,
     EXTENSIONS,
     FidError,
     Parser,
-    check_run_flags,
     draw_batches,
     list_images,
     load_pipeline,
     read_batches,
 )
+from dew.fid.settings import (
+    check,
+    check_adm,
+    parse_suite,  # noqa: F401  (public here too)
+    protocol_metrics,  # noqa: F401  (public here too)
+    protocol_run,
+    reference_job,
+    samples,
+    wants_adm,
+    weights_of,  # noqa: F401  (public here too)
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m dew.fid``: parse, check, hand the mode to its function; 0, or 2 with one line."""
+    """``python -m dew.fid``: parse, check, hand the mode to its function; 0, or 2 with one line.
+
+    Each mode's flags become, here and once, the plain values and typed settings its function
+    takes (paths, counts, ``Weights``, ``Samples``, ``ProtocolRun``); no mode sees argparse."""
     from dew.scoring.adm_evaluator import ReferenceBatchError
     from dew.scoring.fid_reference import FidInputError
 
@@ -97,23 +110,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv[:1] == ["ref"]:
             from dew.fid.protocol import reference
 
-            return reference(ref_args(argv[1:]))
+            job = reference_job(ref_args(argv[1:]))
+            return reference(job)
         if any(a == "--preset" or a.startswith("--preset=") for a in argv):
             from dew.fid.protocol import protocol
 
-            args = protocol_args(argv)
-            return protocol(args, protocol_metrics(args.metrics))
+            run = protocol_run(protocol_args(argv))
+            return protocol(run)
         args = parse_args(argv)
-        if wants_adm(args.metrics):
-            from dew.fid.score import adm_suite
+        job = check_adm(args) if wants_adm(args.metrics) else check(args)
+        images = samples(args)
+        from dew.fid.score import AdmJob, adm_suite, score
 
-            return adm_suite(check_adm(args))
-        if args.save_ref_batch:
-            raise FidError("--save_ref_batch applies to ADM's suite (--metrics=...,sfid,is,precision,recall)")
-        references = check(args)
-        from dew.fid.score import score
-
-        return score(args, references)
+        return adm_suite(images, job) if isinstance(job, AdmJob) else score(images, job)
     except (FidError, FidInputError, ReferenceBatchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -157,139 +166,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def check(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``fid`` / ``fd_dinov2`` / KID mode's flags, checked before any work (``args.metrics``
-    parsed in place); ``FidError`` naming the flag otherwise. Returns the reference statistics
-    files it read, by metric name (``--ref`` for ``fid``, ``--dinov2_ref`` for ``fd_dinov2``)."""
-    from dew.scoring.feature_metrics import parse_metrics
-
-    if not args.images and not args.workdir:
-        raise FidError("give --images=<folder> or --workdir=<run>")
-    try:
-        args.metrics = parse_metrics(args.metrics)
-    except ValueError as e:
-        raise FidError(str(e)) from None
-    if not args.ref and not args.dinov2_ref and not args.save_stats and not args.save_dinov2_stats:
-        raise FidError(
-            "give --ref=<stats.npz or folder> (or --dinov2_ref) to score against, or --save_stats=<out.npz>"
-        )
-    references = _check_dinov2(args)
-    if args.batch_size < 1 or args.keep_features < 0:
-        raise FidError(f"--batch_size={args.batch_size} must be >= 1 and --keep_features >= 0")
-    check_run_flags(args)
-    if args.images:
-        list_images(args.images, "--images")
-    if "fid" in args.metrics:
-        references.update(_check_reference_and_weights(args))
-    elif args.ref and os.path.isdir(args.ref):
-        list_images(args.ref, "--ref")
-    return references
-
-
-def _check_dinov2(args: argparse.Namespace) -> dict[str, Any]:
-    """The FD_DINOv2 flags agree with ``args.metrics`` (parsed) and ``--dinov2_ref`` is readable
-    (returned as ``{"fd_dinov2": ...}``); the weights are checked when the scorers are built."""
-    from dew.scoring.statistics import load_statistics
-
-    wants = "fd_dinov2" in args.metrics
-    given = [f for f in ("dinov2_weights", "dinov2_ref", "save_dinov2_stats") if getattr(args, f)]
-    if given and not wants:
-        raise FidError(f"{', '.join('--' + f for f in given)} only apply with --metrics=...,fd_dinov2")
-    if not wants:
-        return {}
-    if args.kid and "fid" not in args.metrics:
-        raise FidError("--kid is computed in FID Inception features: add fid to --metrics")
-    if args.dinov2_ref:
-        try:
-            return {"fd_dinov2": load_statistics(args.dinov2_ref)}
-        except (OSError, ValueError) as e:
-            raise FidError(f"--dinov2_ref: {e}") from None
-    if not (args.ref and os.path.isdir(args.ref)) and not args.save_dinov2_stats:
-        raise FidError(
-            "--metrics=...,fd_dinov2 needs --dinov2_ref=<DINOv2 stats .npz>, a folder --ref, or "
-            "--save_dinov2_stats=<out.npz>"
-        )
-    return {}
-
-
-def _check_reference_and_weights(args: argparse.Namespace) -> dict[str, Any]:
-    """``--ref`` readable (with features for ``--kid``; returned as ``{"fid": ...}`` when a file)
-    and the Inception weights present."""
-    out = {}
-    if args.ref and not os.path.isdir(args.ref):
-        from dew.scoring.statistics import load_statistics
-
-        try:
-            out["fid"] = load_statistics(args.ref)
-        except (OSError, ValueError) as e:
-            raise FidError(f"--ref: {e}") from None
-        if args.kid and "features" not in out["fid"]:
-            raise FidError(
-                f"--ref={args.ref!r} holds no 'features' for --kid (save them with --keep_features)"
-            )
-    elif args.ref:
-        list_images(args.ref, "--ref")
-    from dew.npz import NotAnNpzError, open_npz
-    from dew.scoring.convert_inception import HOW_TO_GET, default_path
-
-    weights = os.path.expanduser(args.weights) if args.weights else default_path()
-    if not os.path.isfile(weights):
-        raise FidError(f"FID Inception weights not found at {weights}: {HOW_TO_GET}")
-    flag = "--weights" if args.weights else "the FID Inception weights"
-    try:
-        with open_npz(weights, flag) as data:
-            data.files  # noqa: B018  the archive's directory is read: a zip, not just named .npz
-    except NotAnNpzError as e:
-        raise FidError(f"{e}; convert them with python -m dew.scoring.convert_inception") from None
-    return out
-
-
 # --- ADM's suite ----------------------------------------------------------------------------------
-def wants_adm(metrics: str) -> bool:
-    """``--metrics`` names one of ADM's own metrics (sFID, IS, precision, recall)."""
-    from dew.scoring.adm_metrics import ADM_ONLY
-
-    return any(name.strip() in ADM_ONLY for name in metrics.split(","))
-
-
-def parse_suite(text: str) -> tuple[str, ...]:
-    """``--metrics``' names of ADM's suite, in order; ``FidError`` for another name or a repeat."""
-    from dew.scoring.adm_metrics import METRICS
-
-    names = tuple(n.strip() for n in text.split(","))
-    if any(n not in METRICS for n in names) or len(set(names)) != len(names):
-        raise FidError(
-            f"--metrics={text!r}: ADM's suite is a comma-separated subset of {','.join(METRICS)} without "
-            "repeats (fd_dinov2 and --kid are scored on their own)"
-        )
-    return names
-
-
-def check_adm(args: argparse.Namespace) -> argparse.Namespace:
-    """ADM's suite's flags (``args.metrics`` parsed in place); ``FidError`` naming the flag."""
-    args.metrics = parse_suite(args.metrics)
-    other = [
-        f"--{f}"
-        for f in ("save_stats", "dinov2_weights", "dinov2_ref", "save_dinov2_stats")
-        if getattr(args, f)
-    ]
-    other += ["--kid"] * bool(args.kid) + ["--keep_features"] * bool(args.keep_features)
-    if other:
-        raise FidError(f"{', '.join(other)} do not apply to ADM's suite (--metrics={','.join(args.metrics)})")
-    if not args.images and not args.workdir:
-        raise FidError("give --images=<folder> or --workdir=<run>")
-    if not args.ref and not args.save_ref_batch:
-        raise FidError("give --ref=<ADM reference batch .npz or folder> or --save_ref_batch=<out.npz>")
-    if args.save_ref_batch and (
-        not args.save_ref_batch.endswith(".npz") or os.path.isdir(args.save_ref_batch)
-    ):
-        raise FidError(f"--save_ref_batch={args.save_ref_batch!r} is invalid: expected a path ending in .npz")
-    if args.batch_size < 1:
-        raise FidError(f"--batch_size={args.batch_size} must be >= 1")
-    check_run_flags(args)
-    return args
-
-
 def _add_pr_arithmetic(parser: argparse.ArgumentParser) -> None:
     """``--pr_arithmetic``, which both parsers take (the images/run mode and ``--preset``)."""
     parser.add_argument(
@@ -348,19 +225,6 @@ def protocol_args(argv: Sequence[str]) -> argparse.Namespace:
     if args.first_seed + args.num > 2**31:
         raise FidError(f"--first_seed + --num = {args.first_seed + args.num}: seeds must be < 2**31")
     return args
-
-
-def protocol_metrics(text: str) -> tuple[str, ...]:
-    """``("fid",)`` (the EDM protocol's FID) or ADM's suite (``parse_suite``); ``FidError`` for
-    anything else."""
-    if wants_adm(text):
-        return parse_suite(text)
-    if text.strip() != "fid":
-        raise FidError(
-            f"--metrics={text!r} is invalid with --preset: expected fid, or ADM's suite (a subset of "
-            "fid,sfid,is,precision,recall with at least one of sfid, is, precision, recall)"
-        )
-    return ("fid",)
 
 
 def ref_args(argv: Sequence[str]) -> argparse.Namespace:

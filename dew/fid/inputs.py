@@ -1,10 +1,12 @@
 """What every ``python -m dew.fid`` mode shares: its one error type, an argument parser whose usage
-errors are that error's one line, the run a ``--workdir`` names (checked to draw images) and
-its samples drawn in batches, and a folder of images read in batches."""
+errors are that error's one line, the Inception weights a mode embeds with (``Weights``), the
+run a ``--workdir`` names (checked to draw images) and the images a mode scores (``Samples``: a
+folder's files read in batches, or a run's samples drawn in batches)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import sys
@@ -26,25 +28,86 @@ class Parser(argparse.ArgumentParser):
         raise FidError(message)
 
 
-def load_pipeline(args: argparse.Namespace) -> Any:
-    """``dew.pipeline(--workdir, step=--step, raw=--raw)``, checked to draw images by
-    ``per_class`` and ``seed``; ``FidError`` naming the flag otherwise."""
+@dataclasses.dataclass(frozen=True)
+class Weights:
+    """The FID Inception weights a mode embeds with: ``path`` (``--weights``; None: the converted
+    default file), ``pinned`` (False with ``--allow_unpinned_weights``) and the detector's image
+    ``handling`` (``--image_handling``; the protocol and ``ref`` feed the detector with it)."""
+
+    path: str | None = None
+    pinned: bool = True
+    handling: str = "tf1"
+
+    @property
+    def flag(self) -> str:
+        """What a refusal of these weights names: ``--weights``, or the default file."""
+        return "--weights" if self.path else "the FID Inception weights"
+
+
+def load_pipeline(workdir: str, step: int | None = None, raw: bool = False) -> Any:
+    """``dew.pipeline(workdir, step=step, raw=raw)`` (``--workdir``, ``--step``, ``--raw``), checked
+    to draw images by ``per_class`` and ``seed``; ``FidError`` naming the flag otherwise."""
     from dew.inference import PipelineError, pipeline
 
-    flags = f"--workdir={args.workdir!r}" + ("" if args.step is None else f" --step={args.step}")
+    flags = f"--workdir={workdir!r}" + ("" if step is None else f" --step={step}")
     try:
-        task = pipeline(args.workdir, step=args.step, raw=args.raw)
+        task = pipeline(workdir, step=step, raw=raw)
     except PipelineError as e:
         raise FidError(f"{flags}: {str(e).removeprefix('pipeline: ').splitlines()[0]}") from None
     shape = getattr(getattr(getattr(task.objective, "input_spec", None), "sample", None), "shape", ())
     shape = getattr(task.objective, "image_shape", None) or shape  # a latent run: decoded images
     if not {"per_class", "seed"} <= set(task.options) or len(shape) != 3 or shape[-1] not in (1, 3):
         raise FidError(
-            f"--workdir={args.workdir!r} is a {type(task.objective).__name__} run drawing {shape or 'no'} "
+            f"--workdir={workdir!r} is a {type(task.objective).__name__} run drawing {shape or 'no'} "
             "samples; FID needs a run whose pipeline draws images [H, W, 1 or 3] by per_class and seed "
             "(e.g. diffusion)"
         )
     return task
+
+
+def image_resolution(task: Any) -> tuple[int, int]:
+    """[H, W] of the images ``task`` (a ``load_pipeline`` task) draws (a latent run's decoded ones)."""
+    shape = getattr(task.objective, "image_shape", None) or task.objective.input_spec.sample.shape
+    return int(shape[0]), int(shape[1])
+
+
+@dataclasses.dataclass(frozen=True)
+class Samples:
+    """The images a mode scores, ``count`` of them, ``what`` they are in its report line: a
+    folder's ``files`` (``--images``: in [0, 1]), or ``count`` samples of a run's pipeline ``task``
+    (``--workdir``: in [-1, 1]), draw ``i`` with seed ``seed + i`` (``draw_batches``); read or
+    drawn ``batch_size`` at a time, once per ``batches()``."""
+
+    count: int
+    what: str
+    batch_size: int
+    files: Sequence[str] = ()
+    task: Any = None
+    seed: int = 0
+
+    @property
+    def value_range(self) -> tuple[float, float]:
+        return (-1.0, 1.0) if self.task is not None else (0.0, 1.0)
+
+    def batches(self) -> Iterator[np.ndarray]:
+        """The images [n, H, W, C] float32 in ``value_range``, ``batch_size`` at a time."""
+        if self.task is not None:
+            return draw_batches(self.task, self.count, self.seed, self.batch_size)
+        return read_batches(self.files, self.batch_size)
+
+    def resolution(self) -> tuple[int, int]:
+        """[H, W]: the run's images', or the folder's first image's (decoded as ``read_batches``)."""
+        if self.task is not None:
+            return image_resolution(self.task)
+        from PIL import Image
+
+        from dew.scoring.fid_reference import decode_image
+
+        def size() -> tuple[int, int]:
+            with Image.open(self.files[0]) as image:
+                return image.size[1], image.size[0]
+
+        return decode_image(size, self.files[0])
 
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
@@ -86,19 +149,6 @@ def read_batches(files: Sequence[str], batch_size: int) -> Iterator[np.ndarray]:
                 )
             batch.append(array)
         yield np.stack(batch)
-
-
-def check_run_flags(args: argparse.Namespace) -> None:
-    """The ``--workdir`` flags: absent without it, ``--num_samples`` >= 2 with it (default 10000)."""
-    if not args.workdir:
-        given = [f"--{k}" for k in ("step", "num_samples", "seed") if getattr(args, k) is not None]
-        if given or args.raw:
-            raise FidError(f"{', '.join(given + ['--raw'] * args.raw)} only apply with --workdir=<run>")
-        return
-    if args.num_samples is None:
-        args.num_samples = DEFAULT_NUM_SAMPLES
-    if args.num_samples < 2:
-        raise FidError(f"--num_samples={args.num_samples}: need at least 2 samples")
 
 
 def draw_batches(task: Any, num_samples: int, seed: int, batch_size: int) -> Iterator[np.ndarray]:

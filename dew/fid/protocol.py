@@ -23,65 +23,102 @@ exit 2, nothing written.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 from typing import Any
 
-from dew.fid.inputs import FidError, load_pipeline
+from dew.fid.adm_reference import embed_reference, reference_batch, scorer_and_detector
+from dew.fid.inputs import FidError, Weights, image_resolution, load_pipeline
 
 
-def protocol(args: argparse.Namespace, metrics: tuple[str, ...]) -> int:
-    """``--preset``: draw (resuming), then report ``metrics`` (``("fid",)`` or ADM's suite);
+@dataclasses.dataclass(frozen=True)
+class ProtocolRun:
+    """The ``--preset`` mode's settings, from its checked flags: the run (``workdir``, ``step``,
+    ``raw``), the ``preset``, the reference ``ref``, the draw (``num`` images from ``first_seed``,
+    ``batch`` per device, ``chunk`` per progress record, ``max_chunks``, ``preview``) resumable in
+    ``outdir``, ``distributed``, the ``metrics`` (``("fid",)`` or ADM's suite), the ``weights``
+    and ADM's ``pr_arithmetic``."""
+
+    workdir: str
+    preset: str
+    ref: str
+    outdir: str
+    metrics: tuple[str, ...]
+    weights: Weights
+    num: int = 50_000
+    first_seed: int = 0
+    batch: int = 64
+    chunk: int = 1000
+    max_chunks: int | None = None
+    preview: int = 0
+    step: int | None = None
+    raw: bool = False
+    distributed: bool = False
+    pr_arithmetic: str = "float16"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceJob:
+    """The ``ref`` mode's settings, from its checked flags: the data set ``data`` (a directory or
+    ``.zip`` of images), the ``.npz`` to write (``dest``), images per step (``batch``) and the
+    ``weights``."""
+
+    data: str
+    dest: str
+    batch: int
+    weights: Weights
+
+
+def protocol(run: ProtocolRun) -> int:
+    """``--preset``: draw (resuming), then report ``run.metrics`` (``("fid",)`` or ADM's suite);
     ``FidError`` / ``FidInputError`` on bad input, before anything is written."""
     from dew.objectives.protocol_presets import preset_named, resolve
     from dew.scoring import fid_protocol as fp
     from dew.scoring.adm_metrics import LABELS
     from dew.scoring.adm_progress import AdmTally
-    from dew.scoring.fid_reference import check_reference, load_reference
+    from dew.scoring.fid_reference import check_reference, file_digest, load_reference
     from dew.scoring.inception import FEATURE_DIM
 
+    metrics, handling = run.metrics, run.weights.handling
     adm = metrics != ("fid",)
-    if adm and args.image_handling != "tf1":
+    if adm and handling != "tf1":
         raise FidError(
-            f"--image_handling={args.image_handling} does not apply to ADM's suite: its evaluator "
+            f"--image_handling={handling} does not apply to ADM's suite: its evaluator "
             "feeds the TF graph its own way (tf1)"
         )
-    preset_named(args.preset)  # an unknown name before the run loads
-    if adm and os.path.isdir(args.ref):
-        raise FidError(f"--ref={args.ref!r} is a folder; the protocol takes an ADM reference batch .npz")
-    reference: dict[str, Any] = {} if adm else load_reference(args.ref, dim=FEATURE_DIM)  # before the run
-    if args.distributed:
+    preset_named(run.preset)  # an unknown name before the run loads
+    if adm and os.path.isdir(run.ref):
+        raise FidError(f"--ref={run.ref!r} is a folder; the protocol takes an ADM reference batch .npz")
+    reference: dict[str, Any] = {} if adm else load_reference(run.ref, dim=FEATURE_DIM)  # before the run
+    if run.distributed:
         import jax
 
         jax.distributed.initialize()
-    task = load_pipeline(argparse.Namespace(workdir=args.workdir, step=args.step, raw=args.raw))
-    sampler = resolve(args.preset, task.objective)
-    shape = getattr(task.objective, "image_shape", None) or task.objective.input_spec.sample.shape
-    resolution = (int(shape[0]), int(shape[1]))
+    task = load_pipeline(run.workdir, run.step, run.raw)
+    sampler = resolve(run.preset, task.objective)
+    resolution = image_resolution(task)
     fp.model_classes(task.objective)
     scorer: Any = None
     if adm:
-        from dew.fid.score import reference_batch
-
-        reference = reference_batch(args.ref, metrics, resolution)
-        scorer, detector = scorer_and_detector(args)
+        reference = reference_batch(run.ref, metrics, resolution)
+        scorer, detector = scorer_and_detector(run.weights, run.batch)
     else:
-        check_reference(reference, args.ref, resolution, None, args.image_handling)
-        detector = _detector(args)
-        check_reference(reference, args.ref, resolution, detector.dim)
-    flags = {k: getattr(args, k) for k in ("num", "outdir", "first_seed", "batch", "chunk", "preview")}
-    identity = {"workdir": os.path.abspath(args.workdir), "step": task.step, "raw": bool(args.raw)}
+        check_reference(reference, run.ref, resolution, None, handling)
+        detector = _detector(run.weights)
+        check_reference(reference, run.ref, resolution, detector.dim)
+    flags = {k: getattr(run, k) for k in ("num", "outdir", "first_seed", "batch", "chunk", "preview")}
+    identity = {"workdir": os.path.abspath(run.workdir), "step": task.step, "raw": bool(run.raw)}
     draw = fp.Draw(task.objective, task.params, sampler, detector, identity=identity, **flags)
 
     def new_tally() -> fp.Tally:
-        return AdmTally(args.num, args.chunk) if adm else fp.FidTally(detector.dim)
+        return AdmTally(run.num, run.chunk) if adm else fp.FidTally(detector.dim)
 
-    if os.path.isdir(args.outdir):  # refuse a bad or other draw's progress now
-        new_tally().resume(args.outdir, draw.settings())
-    os.makedirs(args.outdir, exist_ok=True)
+    if os.path.isdir(run.outdir):  # refuse a bad or other draw's progress now
+        new_tally().resume(run.outdir, draw.settings())
+    os.makedirs(run.outdir, exist_ok=True)
     tally = new_tally()
-    if not draw.run_tally(tally, max_chunks=args.max_chunks):
+    if not draw.run_tally(tally, max_chunks=run.max_chunks):
         return 0
     import jax
 
@@ -91,71 +128,44 @@ def protocol(args: argparse.Namespace, metrics: tuple[str, ...]) -> int:
         return 0  # process 0 reports (the metrics read every chunk file it wrote)
     embedded, probabilities = reference, None  # ADM's: the batch embedded where a metric needs it
     if adm:
-        from dew.fid.score import embed_reference
-
-        embedded = embed_reference(reference, scorer, metrics, args.batch)
+        embedded = embed_reference(reference, scorer, metrics, run.batch)
         probabilities = scorer.probabilities
-    scores = protocol_results.scores(metrics, tally, args.outdir, embedded, probabilities, args.pr_arithmetic)
-    report = protocol_results.report(scores, draw, reference, args.ref, _digest(args.ref))
+    scores = protocol_results.scores(metrics, tally, run.outdir, embedded, probabilities, run.pr_arithmetic)
+    report = protocol_results.report(scores, draw, reference, run.ref, file_digest(run.ref))
     if jax.process_index() == 0:
-        protocol_results.write_results(args.outdir, tally, report, resolution)
+        protocol_results.write_results(run.outdir, tally, report, resolution)
     print(json.dumps(report, indent=1))
     for name in metrics:  # FID's protocol prints its line as fid.py does
         print(f"FID {report[name]!r}" if not adm else f"{LABELS[name]}: {report[name]!r}")
     return 0
 
 
-def _digest(path: str) -> str:
-    from dew.scoring.fid_reference import file_digest
-
-    return file_digest(path)
-
-
-def _detector(args: argparse.Namespace) -> Any:
-    """The FID Inception detector of ``--weights`` at ``--image_handling``; ``FidError`` naming
-    the weights otherwise."""
+def _detector(weights: Weights) -> Any:
+    """The FID Inception detector of ``weights`` at their image handling; ``FidError`` naming
+    ``--weights`` otherwise."""
     from dew.scoring.fid_reference import inception_detector
 
     try:
-        return inception_detector(
-            args.weights, pinned=not args.allow_unpinned_weights, handling=args.image_handling
-        )
+        return inception_detector(weights.path, pinned=weights.pinned, handling=weights.handling)
     except (OSError, ValueError) as e:
         raise FidError(f"--weights: {e}") from None
 
 
-def scorer_and_detector(args: argparse.Namespace) -> tuple[Any, Any]:
-    """ADM's scorer (the reference's embedding, the Inception Score's classifier) and the
-    protocol's detector over the same weights; ``FidError`` naming the weights otherwise."""
-    from dew.npz import open_npz
-    from dew.scoring.adm_metrics import AdmScorer
-    from dew.scoring.adm_progress import adm_detector
-    from dew.scoring.convert_inception import weights_file
-
-    flag = "--weights" if args.weights else "the FID Inception weights"
-    try:
-        scorer = AdmScorer(args.weights, pinned=not args.allow_unpinned_weights, batch=args.batch)
-        with open_npz(weights_file(args.weights), flag) as data:
-            digest = str(data["__content_sha256__"])
-    except (OSError, ValueError, KeyError) as e:
-        raise FidError(f"{flag}: {e}") from None
-    return scorer, adm_detector(scorer.params, digest)
-
-
-def reference(args: argparse.Namespace) -> int:
-    """``ref --data=DIR|ZIP --dest=FILE.npz``: a data set's reference statistics, as NVlabs/edm's
-    ``fid.py ref`` computes them; ``FidError`` / ``FidInputError`` on bad input."""
+def reference(job: ReferenceJob) -> int:
+    """``ref --data=DIR|ZIP --dest=FILE.npz``: the reference statistics of the data set
+    ``job.data`` embedded ``job.batch`` images at a time, as NVlabs/edm's ``fid.py ref`` computes
+    them, written to ``job.dest``; ``FidError`` / ``FidInputError`` on bad input."""
     from dew.scoring.fid_reference import dataset_files, reference_statistics, save_reference
 
-    files = dataset_files(args.data)
-    detector = _detector(args)
-    sums, resolution = reference_statistics(files, detector, args.batch)
+    files = dataset_files(job.data)
+    detector = _detector(job.weights)
+    sums, resolution = reference_statistics(files, detector, job.batch)
     mu, sigma = sums.mu_sigma()
     save_reference(
-        args.dest, mu, sigma, resolution=resolution, num_images=sums.count, detector=detector.description
+        job.dest, mu, sigma, resolution=resolution, num_images=sums.count, detector=detector.description
     )
-    print(f"{sums.count} images at {resolution[0]}x{resolution[1]} -> {args.dest}")
+    print(f"{sums.count} images at {resolution[0]}x{resolution[1]} -> {job.dest}")
     return 0
 
 
-__all__ = ["protocol", "reference", "scorer_and_detector"]
+__all__ = ["ProtocolRun", "ReferenceJob", "protocol", "reference", "scorer_and_detector"]

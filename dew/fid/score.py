@@ -20,59 +20,79 @@ Both modes print ``<count> <what>`` once the images are scored, then their lines
 
 from __future__ import annotations
 
-import argparse
-import os
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from dew.fid.inputs import FidError, draw_batches, list_images, load_pipeline, read_batches
+from dew.fid.adm_reference import adm_scorer, embed_reference, reference_batch
+from dew.fid.inputs import FidError, Samples, Weights, read_batches
 
 
-def _source(args: argparse.Namespace) -> tuple[int, str, Iterator[np.ndarray], tuple[float, float]]:
-    """The images to score: (count, what they are, their batches, their value range)."""
-    if args.images:
-        files = list_images(args.images, "--images")
-        return len(files), f"images in {args.images}", read_batches(files, args.batch_size), (0.0, 1.0)
-    task = load_pipeline(args)
-    seed = task.options["seed"] if args.seed is None else args.seed
-    what = f"samples from {task!r}, seed {seed}"
-    return args.num_samples, what, draw_batches(task, args.num_samples, seed, args.batch_size), (-1.0, 1.0)
+@dataclasses.dataclass(frozen=True)
+class ScoreJob:
+    """What ``score`` reports and writes, from its checked flags: ``metrics`` (``fid``,
+    ``fd_dinov2``), the reference statistics already read by metric name (``references``), a
+    folder ``--ref``'s files (``ref_files``, embedded here), ``--kid``, ``--keep_features``,
+    where to save the statistics, and the weights (None: the converted default files)."""
+
+    metrics: tuple[str, ...]
+    references: dict[str, Any]
+    ref_files: Sequence[str] | None = None
+    kid: bool = False
+    keep_features: int = 0
+    save_stats: str | None = None
+    save_dinov2_stats: str | None = None
+    weights: str | None = None
+    dinov2_weights: str | None = None
+    pinned: bool = True
 
 
-def score(args: argparse.Namespace, references: dict[str, Any]) -> int:
-    """``--metrics`` of ``fid`` / ``fd_dinov2`` (and ``--kid``) of the images against their
-    references (``references``: the statistics files already read, by metric name; a folder
-    ``--ref`` is embedded here), the statistics saved where asked; ``FidError`` on bad input."""
+@dataclasses.dataclass(frozen=True)
+class AdmJob:
+    """What ``adm_suite`` reports and writes, from its checked flags: ADM's ``metrics``, ``--ref``
+    (a reference batch ``.npz`` or a folder; None: none), ``--save_ref_batch``, the weights, the
+    embedding batch and ``--pr_arithmetic``."""
+
+    metrics: tuple[str, ...]
+    ref: str | None
+    save_ref_batch: str | None
+    weights: Weights
+    batch_size: int
+    pr_arithmetic: str = "float16"
+
+
+def score(samples: Samples, job: ScoreJob) -> int:
+    """``job.metrics`` (``fid`` / ``fd_dinov2``, and KID) of ``samples`` against their references
+    (``job.references`` read, ``job.ref_files`` embedded here), the statistics saved where asked;
+    ``FidError`` on bad input."""
     from dew.scoring.feature_metrics import LABELS, scorers, statistics_over
     from dew.scoring.feature_set import FeatureSet, frechet, kernel_distance
     from dew.scoring.statistics import save_statistics
 
-    count, what, batches, value_range = _source(args)
     try:
-        pinned = not args.allow_unpinned_weights
-        metric_scorers = scorers(args.metrics, args.weights, args.dinov2_weights, pinned=pinned)
+        metric_scorers = scorers(job.metrics, job.weights, job.dinov2_weights, pinned=job.pinned)
     except (OSError, ValueError) as e:
         raise FidError(str(e)) from None
-    keep = {"fid": max(args.keep_features, count if args.kid else 0)}
+    count = samples.count
+    keep = {"fid": max(job.keep_features, count if job.kid else 0)}
     refs: dict[str, Any] = {}
     try:
-        stats = statistics_over(metric_scorers, batches, value_range, keep)
-        if args.ref and os.path.isdir(args.ref):
-            ref_files = list_images(args.ref, "--ref")
-            ref_keep = {"fid": len(ref_files) if args.kid else 0}
-            batches = read_batches(ref_files, args.batch_size)
+        stats = statistics_over(metric_scorers, samples.batches(), samples.value_range, keep)
+        if job.ref_files is not None:
+            ref_keep = {"fid": len(job.ref_files) if job.kid else 0}
+            batches = read_batches(job.ref_files, samples.batch_size)
             refs = statistics_over(metric_scorers, batches, (0.0, 1.0), ref_keep)
-        refs.update(references)
-        samples, reference = FeatureSet.of(stats), FeatureSet.of(refs)
-        distances = {name: frechet(name, samples, reference) for name in stats if name in refs}
+        refs.update(job.references)
+        features, reference = FeatureSet.of(stats), FeatureSet.of(refs)
+        distances = {name: frechet(name, features, reference) for name in stats if name in refs}
     except ValueError as e:
         raise FidError(str(e)) from None
-    print(f"{count} {what}")
+    print(f"{count} {samples.what}")
     for name, path, kept_rows in (
-        ("fid", args.save_stats, args.keep_features),
-        ("fd_dinov2", args.save_dinov2_stats, 0),
+        ("fid", job.save_stats, job.keep_features),
+        ("fd_dinov2", job.save_dinov2_stats, 0),
     ):
         if path and name in stats:
             s = stats[name]
@@ -80,157 +100,45 @@ def score(args: argparse.Namespace, references: dict[str, Any]) -> int:
             print(f"{'' if name == 'fid' else LABELS[name] + ' '}statistics -> {path}")
     for name, value in distances.items():
         print(f"{LABELS[name]} {value!r}")  # in full, as pytorch-fid prints FID
-        if name == "fid" and args.kid:
-            mean, std = kernel_distance(samples, reference)
+        if name == "fid" and job.kid:
+            mean, std = kernel_distance(features, reference)
             print(f"KID {mean:.6f} ± {std:.6f}")
     return 0
 
 
-def adm_suite(args: argparse.Namespace) -> int:
-    """ADM's suite (``args.metrics`` parsed) of the images against ``--ref``, the reference batch
+def adm_suite(samples: Samples, job: AdmJob) -> int:
+    """ADM's suite (``job.metrics``) of ``samples`` against ``job.ref``, the reference batch
     written where asked; ``FidError`` on bad input."""
     from dew.scoring import adm_metrics
 
-    if args.images:
-        files = list_images(args.images, "--images")
-        resolution = _file_resolution(files[0])
-        count, what, batches = len(files), f"images in {args.images}", _image_batches(files, args.batch_size)
-    else:
-        task = load_pipeline(args)
-        shape = getattr(task.objective, "image_shape", None) or task.objective.input_spec.sample.shape
-        resolution = (int(shape[0]), int(shape[1]))
-        seed = task.options["seed"] if args.seed is None else args.seed
-        count, what = args.num_samples, f"samples from {task!r}, seed {seed}"
-        draws = draw_batches(task, count, seed, args.batch_size)
-        batches = (adm_metrics.quantize(b, (-1.0, 1.0)) for b in draws)
-    reference = reference_batch(args.ref, args.metrics, resolution) if args.ref else None
-    scorer = adm_scorer(args.weights, args.allow_unpinned_weights, args.batch_size)
-    samples = adm_metrics.AdmFeatures(
-        scorer, softmax="is" in args.metrics, keep_images=bool(args.save_ref_batch)
+    resolution = samples.resolution()
+    batches = (adm_metrics.quantize(b, samples.value_range) for b in samples.batches())
+    reference = reference_batch(job.ref, job.metrics, resolution) if job.ref else None
+    scorer = adm_scorer(job.weights, job.batch_size)
+    features = adm_metrics.AdmFeatures(
+        scorer, softmax="is" in job.metrics, keep_images=bool(job.save_ref_batch)
     ).add_all(batches)
     scores = {}
     if reference:
-        embedded = embed_reference(reference, scorer, args.metrics, args.batch_size)
-        scores = adm_metrics.scores(args.metrics, samples, embedded, args.pr_arithmetic)
-    print(f"{count} {what}")
-    if args.save_ref_batch:
+        embedded = embed_reference(reference, scorer, job.metrics, job.batch_size)
+        scores = adm_metrics.scores(job.metrics, features, embedded, job.pr_arithmetic)
+    print(f"{samples.count} {samples.what}")
+    if job.save_ref_batch:
         from dew.scoring.adm_evaluator import write_reference_batch
 
-        assert samples.resolution is not None  # set by the first batch added
+        assert features.resolution is not None  # set by the first batch added
         write_reference_batch(
-            args.save_ref_batch,
-            images=np.concatenate(samples.images),
-            pool=samples.pool,
-            stats=samples.statistics(),
-            resolution=samples.resolution,
+            job.save_ref_batch,
+            images=np.concatenate(features.images),
+            pool=features.pool,
+            stats=features.statistics(),
+            resolution=features.resolution,
             detector="dew inception_fid 2015-12-05 (ADM: pool_3, mixed_6/conv[..., :7]), image handling tf1",
         )
-        print(f"reference batch -> {args.save_ref_batch}")
+        print(f"reference batch -> {job.save_ref_batch}")
     for name, value in scores.items():
         print(f"{adm_metrics.LABELS[name]}: {value!r}")
     return 0
 
 
-def adm_scorer(weights: str | None, allow_unpinned: bool, batch: int) -> Any:
-    """ADM's scorer (``dew.scoring.adm_metrics.AdmScorer``); ``FidError`` naming the weights."""
-    from dew.scoring.adm_metrics import AdmScorer
-
-    try:
-        return AdmScorer(weights, pinned=not allow_unpinned, batch=batch)
-    except (OSError, ValueError) as e:
-        raise FidError(f"{'--weights' if weights else 'the FID Inception weights'}: {e}") from None
-
-
-def reference_batch(ref: str, metrics: tuple[str, ...], resolution: tuple[int, int]) -> dict[str, Any]:
-    """``--ref``: an ADM reference batch (``read_reference_batch``) or a folder of images, read
-    (not yet embedded), holding what ``metrics`` need and checked against the samples'
-    ``resolution``; ``FidError`` in one line otherwise."""
-    from dew.scoring.adm_evaluator import NHOOD_SIZES
-
-    if os.path.isdir(ref):
-        files = list_images(ref, "--ref")
-        ref_resolution = _file_resolution(files[0])
-        out: dict[str, Any] = {"files": files, "resolution": ref_resolution, "num_images": len(files)}
-    else:
-        from dew.scoring.adm_evaluator import ReferenceBatchError, read_reference_batch
-
-        try:
-            out = read_reference_batch(ref)
-        except ReferenceBatchError as e:
-            raise FidError(str(e)) from None
-        needs_rows = {"precision", "recall"} & set(metrics)
-        has_stats = all(k in out for k in ("mu", "sigma", "mu_s", "sigma_s"))
-        if needs_rows and "images" not in out and "pool" not in out:
-            raise FidError(f"--ref={ref!r} holds statistics only; precision and recall need its arr_0 images")
-        if not has_stats and "images" not in out and "pool" not in out:
-            raise FidError(f"--ref={ref!r} holds neither statistics nor images")
-        if not has_stats and "images" not in out and {"fid", "sfid"} & set(metrics):
-            raise FidError(
-                f"--ref={ref!r} holds pool rows only; fid and sfid need its mu, sigma, mu_s, sigma_s "
-                "or its arr_0 images"
-            )
-    needs_rows = {"precision", "recall"} & set(metrics)
-    rows = out.get("num_images") if ("images" in out or "pool" in out or "files" in out) else None
-    if needs_rows and rows is not None and rows < max(NHOOD_SIZES) + 1:  # each point, k neighbours
-        raise FidError(
-            f"--ref={ref!r} holds {rows} images; precision and recall need at least "
-            f"{max(NHOOD_SIZES) + 1} (each image's {max(NHOOD_SIZES)} nearest neighbours)"
-        )
-    recorded = out.get("resolution")
-    if recorded is not None and tuple(recorded) != tuple(resolution):
-        raise FidError(
-            f"--ref={ref!r} is a reference batch at {recorded[0]}x{recorded[1]}, the samples are "
-            f"{resolution[0]}x{resolution[1]}; ADM's metrics compare images of one resolution"
-        )
-    return out
-
-
-def embed_reference(
-    reference: dict[str, Any], scorer: Any, metrics: tuple[str, ...], batch: int
-) -> dict[str, Any]:
-    """mu/sigma/mu_s/sigma_s (stored ones first, as the evaluator's ``read_statistics``) and the
-    pool rows precision and recall need (stored ``pool``, else ``arr_0`` or the folder embedded)."""
-    from dew.scoring import adm_metrics
-
-    stored = {k: reference[k] for k in ("mu", "sigma", "mu_s", "sigma_s") if k in reference}
-    needs_rows = bool({"precision", "recall"} & set(metrics))
-    out: dict[str, Any] = {}
-    if len(stored) == 4 and (not needs_rows or "pool" in reference):
-        out.update(stored)
-        if "pool" in reference:
-            out["pool"] = reference["pool"]
-        return out
-    features = adm_metrics.AdmFeatures(scorer, softmax=False)
-    if "files" in reference:
-        features.add_all(_image_batches(reference["files"], batch))
-    elif "images" in reference:
-        features.add_all(reference["images"].batches(batch))
-    else:  # stored statistics and pool rows
-        out.update(stored, pool=reference["pool"])
-        return out
-    out.update(features.statistics())
-    out.update(stored)  # the batch's own statistics win, as in the evaluator
-    out["pool"] = features.pool
-    return out
-
-
-def _file_resolution(path: str) -> tuple[int, int]:
-    from PIL import Image
-
-    from dew.scoring.fid_reference import decode_image
-
-    def size() -> tuple[int, int]:
-        with Image.open(path) as image:
-            return image.size[1], image.size[0]
-
-    return decode_image(size, path)
-
-
-def _image_batches(files: list[str], batch: int) -> Iterator[np.ndarray]:
-    from dew.scoring.adm_metrics import quantize
-
-    for images in read_batches(files, batch):
-        yield quantize(images, (0.0, 1.0))
-
-
-__all__ = ["adm_scorer", "adm_suite", "embed_reference", "reference_batch", "score"]
+__all__ = ["AdmJob", "ScoreJob", "adm_scorer", "adm_suite", "embed_reference", "reference_batch", "score"]

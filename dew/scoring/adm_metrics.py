@@ -38,16 +38,19 @@ def quantize(images: np.ndarray, value_range: tuple[float, float]) -> np.ndarray
 
 
 class AdmScorer:
-    """The FID Inception's pool and ``mixed_6/conv`` features and the classifier's softmax."""
+    """The FID Inception's pool and ``mixed_6/conv`` features and the classifier's softmax, from
+    the converted weights at ``weights_path`` read once (``digest``: their content digest)."""
 
     def __init__(self, weights_path: str | None = None, *, pinned: bool = True, batch: int = 50):
         import jax
 
         from dew.scoring import inception
-        from dew.scoring.convert_inception import load_classifier, load_weights
+        from dew.scoring.convert_inception import classifier, content_sha256, read_checked
 
-        self.params = load_weights(weights_path, pinned=pinned)
-        self.classifier = load_classifier(weights_path, pinned=pinned)
+        path, arrays = read_checked(weights_path, pinned=pinned)  # the file read once, checked
+        self.params = inception.params_from_torch_names(arrays)
+        self.classifier = classifier(path, arrays)
+        self.digest = content_sha256(arrays)  # the converted file's __content_sha256__, verified
         self.batch = batch
         self._features = jax.jit(inception.adm_features)
         self._logits = jax.jit(inception.logits)

@@ -66,6 +66,20 @@ def weights_file(path: str | None = None) -> str:
     return pinned_weights.existing_file(path, default_path, "FID Inception weights", HOW_TO_GET)
 
 
+def read_checked(path: str | None = None, *, pinned: bool = True, scores: str = "FID") -> tuple[str, dict]:
+    """(the file, its arrays by PyTorch name) of the converted ``.npz`` at ``path`` (default
+    ``default_path()``), read once and checked as ``load_weights`` says; ``scores`` names what
+    would not be comparable in the refusal of an unpinned file."""
+    path = weights_file(path)
+    arrays, source = pinned_weights.read_npz(path, "FID Inception weights")
+    if pinned and source != SOURCE_SHA256:
+        raise ValueError(
+            f"FID Inception weights {path} were converted from a file with SHA-256 {source}, not the "
+            f"standard {SOURCE_NAME} ({SOURCE_SHA256}); {scores} from them would not be comparable"
+        )
+    return path, arrays
+
+
 def load_weights(path: str | None = None, *, pinned: bool = True):
     """The haiku params of the FID Inception from a converted ``.npz`` (default: ``$DEW_INCEPTION_WEIGHTS``
     or ``~/.cache/dew/inception_fid_2015-12-05.npz``).
@@ -75,29 +89,20 @@ def load_weights(path: str | None = None, *, pinned: bool = True):
     ``pinned``) it was not made from the pinned source file."""
     from dew.scoring.inception import params_from_torch_names
 
-    path = weights_file(path)
-    arrays, source = pinned_weights.read_npz(path, "FID Inception weights")
-    if pinned and source != SOURCE_SHA256:
-        raise ValueError(
-            f"FID Inception weights {path} were converted from a file with SHA-256 {source}, not the "
-            f"standard {SOURCE_NAME} ({SOURCE_SHA256}); FID from them would not be comparable"
-        )
-    return params_from_torch_names(arrays)
+    return params_from_torch_names(read_checked(path, pinned=pinned)[1])
 
 
 def load_classifier(path: str | None = None, *, pinned: bool = True) -> np.ndarray:
     """The graph's classifier weight ``fc.weight`` [1008, 2048] (``softmax/weights`` transposed)
     from the converted ``.npz``, checked as ``load_weights`` checks it; ``ValueError`` saying to
     convert again when the file was converted without it (by a dew from before ADM's metrics)."""
+    return classifier(*read_checked(path, pinned=pinned, scores="scores"))
+
+
+def classifier(path: str, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+    """``fc.weight`` of the arrays ``read_checked`` read from ``path``, as ``load_classifier``."""
     from dew.scoring.inception import CLASSES, FEATURE_DIM
 
-    path = weights_file(path)
-    arrays, source = pinned_weights.read_npz(path, "FID Inception weights")
-    if pinned and source != SOURCE_SHA256:
-        raise ValueError(
-            f"FID Inception weights {path} were converted from a file with SHA-256 {source}, not the "
-            f"standard {SOURCE_NAME} ({SOURCE_SHA256}); scores from them would not be comparable"
-        )
     weight = arrays.get("fc.weight")
     if weight is None or weight.shape != (CLASSES, FEATURE_DIM):
         raise ValueError(

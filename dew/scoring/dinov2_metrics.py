@@ -8,7 +8,7 @@ batches: it holds the converted ViT-L/14 weights (``dinov2_weights``) and a jitt
 The registered metric ``fd_dinov2`` (for ``config.preview.metrics``) scores generated images in
 [−1, 1] against reference statistics named by ``$DEW_FD_DINOV2_REFERENCE`` (an ``.npz`` with
 ``mu`` [1024] and ``sigma`` [1024, 1024], the layout of FID's, written by
-``DINOv2Scorer(...).statistics(real batches).save(path)``). It loads the weights and the
+``DINOv2Scorer(params).statistics(real batches).save(path)``). It loads the weights and the
 reference on first use and raises, saying what to set, when either is missing; the weights'
 source digest is not published, so it needs ``$DEW_DINOV2_ALLOW_UNPINNED=1`` until one is
 pinned (see ``dinov2_weights``).
@@ -35,22 +35,15 @@ REFERENCE_ENV = "DEW_FD_DINOV2_REFERENCE"
 class DINOv2Scorer(FeatureScorer):
     """FD_DINOv2 features for NHWC image batches in ``value_range``, streamed into statistics."""
 
-    def __init__(
-        self,
-        params: Any = None,
-        weights_path: str | None = None,
-        *,
-        allow_unpinned: bool = False,
-        config=None,
-    ):
+    def __init__(self, params: Any, *, config=None):
+        """``params``: the ViT's haiku params (``dinov2_weights.load_weights``, or
+        ``dinov2.params_from_torch_names`` of the converted arrays) of ``config`` (default
+        ViT-L/14)."""
         import jax
 
         from dew.scoring import dinov2
-        from dew.scoring.dinov2_weights import load_weights
 
         self.config = config or dinov2.VIT_L14
-        if params is None:
-            params = load_weights(weights_path, allow_unpinned=allow_unpinned, config=self.config)
         self.params = params
         self._features = jax.jit(dinov2.features, static_argnames=("value_range", "config"))
 
@@ -69,7 +62,9 @@ def _allow_unpinned() -> bool:
 
 @functools.cache
 def _scorer() -> DINOv2Scorer:
-    return DINOv2Scorer(allow_unpinned=_allow_unpinned())
+    from dew.scoring.dinov2_weights import load_weights
+
+    return DINOv2Scorer(load_weights(allow_unpinned=_allow_unpinned()))
 
 
 @functools.cache

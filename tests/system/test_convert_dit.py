@@ -6,7 +6,6 @@ resolution are one line, exit 2, nothing written."""
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -111,7 +110,7 @@ def test_the_references_checkpoint_becomes_a_run_that_samples(data, tmp_path, ch
     # python -m dew.fid --workdir reads it: the run draws decoded images by per_class and seed
     from dew.fid.inputs import draw_batches, load_pipeline
 
-    fid_task = load_pipeline(argparse.Namespace(workdir=str(workdir), step=None, raw=False))
+    fid_task = load_pipeline(str(workdir))
     batches = list(draw_batches(fid_task, 12, seed=0, batch_size=8))
     assert [b.shape for b in batches] == [(8, 32, 32, 3), (2, 32, 32, 3), (2, 32, 32, 3)]
     record = json.loads((workdir / "run.json").read_text())

@@ -5,7 +5,6 @@ network, interrupted and rerun, reports exactly what the uninterrupted command d
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 
@@ -97,7 +96,7 @@ def _settings(run, argv) -> dict:  # noqa: F811
     from dew.scoring import fid_protocol as fp
 
     args = _protocol_args(argv)
-    task = load_pipeline(argparse.Namespace(workdir=run, step=None, raw=False))
+    task = load_pipeline(run)
     _, detector = _scorer_and_detector(args)
     identity = {"workdir": os.path.abspath(run), "step": task.step, "raw": False}
     flags = {k: getattr(args, k) for k in ("num", "outdir", "first_seed", "batch", "chunk", "preview")}
@@ -204,7 +203,7 @@ def test_the_command_interrupted_and_rerun_reports_the_uninterrupted_suite(run, 
     assert back["resolution"] == (8, 8) and back["num_images"] == 6
     # the chunk files: the pool rows of seeds 0..5's images as ADM's scorer embeds them (another
     # program, another batch: test_inception_adm's bound for another summation order)
-    task = load_pipeline(argparse.Namespace(workdir=run, step=None, raw=False))
+    task = load_pipeline(run)
     images = np.asarray(
         jax.jit(lambda p, s: fp.draw_images(task.objective, p, s, fp.preset("cifar10")))(
             task.params, jnp.arange(6, dtype=jnp.int32)

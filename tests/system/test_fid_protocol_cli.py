@@ -159,7 +159,7 @@ def test_a_damaged_progress_file_is_set_aside_in_one_line_and_redrawn(run, tmp_p
     from dew.fid.protocol_cli import _detector, _protocol_args
 
     args = _protocol_args(argv)
-    task = load_pipeline(args)
+    task = load_pipeline(args.workdir, args.step, args.raw)
     draw = fp.Draw(
         task.objective,
         task.params,

@@ -1,0 +1,71 @@
+"""``python -m dew.fid``'s flags become each mode's settings in one place (``dew.fid.settings``):
+every ``--preset`` flag reaches ``ProtocolRun``, and ADM's scorer reads the Inception weights
+once, keeping the digest the protocol's detector records."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from dew.fid.cli import protocol_args, ref_args
+from dew.fid.inputs import Weights
+from dew.fid.protocol import ProtocolRun
+from dew.fid.settings import protocol_run, reference_job
+
+
+def test_every_preset_flag_reaches_the_protocols_settings(tmp_path):
+    given = {
+        "workdir": "runs/x",
+        "preset": "cifar10",
+        "ref": "ref.npz",
+        "outdir": str(tmp_path / "out"),
+        "num": 5000,
+        "first_seed": 7,
+        "batch": 16,
+        "chunk": 500,
+        "max_chunks": 3,
+        "preview": 9,
+        "step": 1200,
+        "pr_arithmetic": "float32",
+        "metrics": "fid,sfid,is",
+        "weights": "w.npz",
+        "image_handling": "tf1",
+    }  # every value differs from its default, so a flag dropped on the way reads as its default
+    switches = ["--raw", "--distributed", "--allow_unpinned_weights"]
+    run = protocol_run(protocol_args([f"--{k}={v}" for k, v in given.items()] + switches))
+    assert run.metrics == ("fid", "sfid", "is")
+    assert run.weights == Weights("w.npz", pinned=False, handling="tf1")
+    assert run.raw and run.distributed
+    plain = {f.name for f in dataclasses.fields(ProtocolRun)} - {"metrics", "weights", "raw", "distributed"}
+    assert plain == set(given) - {"metrics", "weights", "image_handling"}
+    for name in plain:
+        assert str(getattr(run, name)) == str(given[name]), name
+
+
+def test_ref_flags_become_the_reference_job():
+    argv = ["--data=d.zip", "--dest=o.npz", "--batch=3", "--image_handling=pytorch_fid"]
+    job = reference_job(ref_args(argv))
+    assert (job.data, job.dest, job.batch) == ("d.zip", "o.npz", 3)
+    assert job.weights == Weights(None, pinned=True, handling="pytorch_fid")
+    assert job.weights.flag == "the FID Inception weights" and Weights("w.npz").flag == "--weights"
+
+
+def test_adm_scorer_reads_the_weights_once_and_keeps_their_digest(tmp_path, monkeypatch):
+    from helpers_fid import random_state_dict
+
+    from dew import pinned_weights
+    from dew.npz import open_npz
+    from dew.scoring import convert_inception
+    from dew.scoring.adm_metrics import AdmScorer
+
+    weights = str(tmp_path / "w.npz")
+    convert_inception.convert(random_state_dict(), weights, "0" * 64)
+    reads = []
+    read_npz = pinned_weights.read_npz
+    monkeypatch.setattr(pinned_weights, "read_npz", lambda *a: reads.append(a) or read_npz(*a))
+    scorer = AdmScorer(weights, pinned=False)
+    assert len(reads) == 1
+    with open_npz(weights, "w") as data:
+        assert scorer.digest == str(data["__content_sha256__"])
+    np.testing.assert_array_equal(scorer.classifier, convert_inception.load_classifier(weights, pinned=False))
