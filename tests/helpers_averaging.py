@@ -18,7 +18,8 @@ import optax
 
 from dew.averaging.ema import EMASpec
 from dew.averaging.power_ema import PowerEMA
-from dew.training.objective import Objective
+from dew.inputs import Field, InputSpec
+from dew.training.objective import Aux, Objective
 from dew.training.steps import make_init, make_step
 
 SPEC = EMASpec(half_life=3.0, ramp_up=0.5, tracks=lambda path: path.startswith("w"))
@@ -26,14 +27,14 @@ STD_RELS = (0.05, 0.1)
 
 
 class Elementwise(Objective):
-    input_spec = None
+    input_spec = InputSpec(Field("x", (4,)))
 
     def init(self, rng, batch):
         return {"w": jax.random.normal(rng, (3, 4)), "b": jnp.ones(4)}
 
     def loss(self, params, rng, batch, step):
         residual = params["w"] * batch["x"] + params["b"] - jnp.sin(batch["x"])
-        return jnp.sum(residual**2), ({}, None)
+        return jnp.sum(residual**2), ({}, Aux())
 
 
 def tiny_run(accumulation: int = 1, power: bool = True, steps: int = 6, **averaging):

@@ -122,7 +122,7 @@ def main(workdir: str, num_steps: int, final: str | None) -> None:
     state = fit(state, jax.jit(step, donate_argnums=0), iter(data), num_steps, stages)
     if final:
         leaves = {f"leaf_{i}": np.asarray(x) for i, x in enumerate(jax.tree.leaves(state))}
-        np.savez(final, position=np.frombuffer(data.save_position(), np.uint8), **leaves)
+        np.savez(final, allow_pickle=True, position=np.frombuffer(data.save_position(), np.uint8), **leaves)
     checkpoints.close()
 
 

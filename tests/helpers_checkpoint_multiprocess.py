@@ -18,6 +18,7 @@ if __name__ == "__main__":  # only as a process of its own: tests import host_st
     os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -35,11 +36,11 @@ def host_state(step: int) -> TrainState:
     opt_state = optax.adam(1e-3).init(params)
     opt_state = jax.tree.map(lambda x: np.asarray(x) + step, opt_state)
     return TrainState(
-        step=np.int32(step),
+        step=jnp.asarray(np.int32(step)),
         params=params,
         opt_state=opt_state,
         ema={k: v * 0.5 for k, v in params.items()},
-        rng=np.array([step, 7], np.uint32),
+        rng=jnp.asarray(np.array([step, 7], np.uint32)),
     )
 
 

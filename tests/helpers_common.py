@@ -9,9 +9,23 @@ tests/conftest.py does the suite's set-up.
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import jax
+    from numpy.typing import ArrayLike
 
 #: The repository's root folder (the parent of ``tests/``).
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def device_batch(batch: Mapping[str, ArrayLike]) -> dict[str, jax.Array]:
+    """A host batch (numpy arrays, as a data source yields it) as an objective's pure functions
+    take it: a ``Batch`` of jax arrays, converted as a jitted call converts its numpy arguments."""
+    import jax.numpy as jnp
+
+    return {name: jnp.asarray(value) for name, value in batch.items()}
 
 
 def tiny_config(**overrides):

@@ -10,6 +10,7 @@ same for every network, and this one compiles in a second instead of the U-Net's
 from __future__ import annotations
 
 import sys
+from typing import cast
 
 import jax
 
@@ -21,11 +22,13 @@ import numpy as np  # noqa: E402
 from helpers_cli import TINY_MIXTURE  # noqa: E402
 from helpers_common import ROOT  # noqa: E402
 from jax._src import distributed  # noqa: E402  (the coordination-service client, for a barrier)
+from jax.stages import Wrapped  # noqa: E402
 
 from dew.artifacts import ImageGrid  # noqa: E402
 from dew.config import apply_overrides, load_config  # noqa: E402
 from dew.training.evaluation import Evaluation, evaluate  # noqa: E402
 from dew.training.loop import fit  # noqa: E402
+from dew.training.stage import Stage  # noqa: E402
 from dew.training.trainer import Trainer  # noqa: E402
 
 assert jax.process_count() == 2 and jax.device_count() == 4, (jax.process_count(), jax.device_count())
@@ -46,7 +49,7 @@ initial = jax.device_get(jax.tree.map(lambda x: x.addressable_data(0), state.par
 losses = []
 
 
-class RecordLoss:
+class RecordLoss(Stage):
     every = 0
 
     def due(self, ctx):
@@ -66,8 +69,11 @@ local = {
     k: np.zeros((trainer.train_data.batch_size, *v.shape[1:]), v.dtype)
     for k, v in trainer.train_source.fields.items()
 }
-compiled = trainer.programs.step.lower(state, trainer.layout.place_batch(local)).compile()
-distributed.global_state.client.wait_at_barrier("step_compiled", 600_000)
+# Programs types its jitted programs as plain callables; they are jax's jitted functions
+compiled = cast(Wrapped, trainer.programs.step).lower(state, trainer.layout.place_batch(local)).compile()
+client = distributed.global_state.client
+assert client is not None  # jax.distributed.initialize above started it
+client.wait_at_barrier("step_compiled", 600_000)
 
 
 def step(state, batch):
@@ -97,14 +103,15 @@ moved = max(
 # Compile the eval program first and meet again, for the same reason as the step.
 val = trainer.val_data.first(3)
 rng = jax.random.PRNGKey(0)
-trainer.programs.eval.lower(state, trainer.layout.place_batch(val[0]), rng).compile()
-distributed.global_state.client.wait_at_barrier("eval_compiled", 600_000)
+cast(Wrapped, trainer.programs.eval).lower(state, trainer.layout.place_batch(val[0]), rng).compile()
+client.wait_at_barrier("eval_compiled", 600_000)
 offered = val if process_id == 0 else val[:2]
 result = evaluate(trainer.programs.eval, state, iter(offered), 3, rng, place_batch=trainer.layout.place_batch)
 grid = ImageGrid(np.zeros((4, 8, 8, 1), np.float32))
 hosted = Evaluation.hosted(int(state.step), result, {"samples": grid})
 np.savez(
     out,
+    allow_pickle=True,  # savez's default, named so that no array binds to it
     losses=np.array(losses),
     moved=np.array(moved),
     step=np.array(int(state.step)),

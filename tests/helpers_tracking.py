@@ -49,9 +49,11 @@ def wandb_records(path: str) -> list[Any]:
             pending += chunk
         elif kind == _LAST:
             records.append(pending + chunk)
+    # wandb builds its protobuf classes when the module is imported: no stub declares Record
+    record_class: Any = vars(wandb_internal_pb2)["Record"]
     parsed = []
     for raw in records:
-        record = wandb_internal_pb2.Record()
+        record = record_class()
         record.ParseFromString(raw)
         parsed.append(record)
     return parsed

@@ -13,6 +13,7 @@ import numpy as np
 
 from dew.inputs import Field, InputSpec
 from dew.objectives.base import Aux, Objective, Step
+from dew.training.state import TrainState
 
 
 class Regression(Objective):
@@ -41,6 +42,11 @@ class Regression(Objective):
         if self.nan_at is not None:
             loss = jnp.where(step.index == self.nan_at, jnp.nan, loss)
         return loss, ({"mse_fit": loss}, Aux())
+
+
+def empty_state(step: int = 0) -> TrainState:
+    """A state at ``step`` holding no parameters (and a zero key): for a stage that reads none."""
+    return TrainState(step=jnp.int32(step), params={}, opt_state=(), ema={}, rng=jnp.zeros(2, jnp.uint32))
 
 
 def regression_batches(batch_size: int, num_batches: int, seed: int = 0) -> list[dict[str, np.ndarray]]:

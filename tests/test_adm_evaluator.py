@@ -10,6 +10,7 @@ import math
 import pathlib
 import zipfile
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -65,7 +66,7 @@ def _softmax_rows(pool: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """dew's softmax of ``pool @ (scale · fc.weight).T`` and the per-row bound on |Δ logit|
     against TF's float32 matmul of the same inputs (γ₂₀₄₈·Σ|p||w| for each side)."""
     w = make.classifier()
-    logits = np.asarray(inception.logits(pool, w))
+    logits = np.asarray(inception.logits(jnp.asarray(pool), w))
     return adm.softmax(logits), 2 * 2048 * U32 * (np.abs(pool) @ np.abs(w).T).max(1)
 
 

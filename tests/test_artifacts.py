@@ -11,7 +11,7 @@ import pathlib
 import numpy as np
 import pytest
 from helpers_tracking import event_accumulator, offline_run_dirs, wandb_history
-from PIL import Image
+from PIL import GifImagePlugin, Image
 
 from dew.artifacts import LIMITS, ImageGrid, Representations, TextSamples, TokenScores, VideoGrid
 from dew.tracking.render import PALETTE, heat_colour, token_scores_html
@@ -52,7 +52,7 @@ from dew.tracking.trackers import LocalTracker, MLflowTracker, TensorBoardTracke
             r"ImageGrid\.captions: got 1 entries, expected one per row \(2\)",
         ),
         (
-            lambda: ImageGrid(np.zeros((2, 4, 4, 1)), captions="ab"),
+            lambda: ImageGrid(np.zeros((2, 4, 4, 1)), captions="ab"),  # pyright: ignore[reportArgumentType]  # the refusal under test
             ValueError,
             r"ImageGrid\.captions: got a single str",
         ),
@@ -261,7 +261,7 @@ def test_local_tracker_writes_every_artifact_in_its_natural_form(tmp_path):
     strip = np.asarray(grid)[66:100, 2:100]
     assert (strip < 80).any()
     gif = Image.open(tmp_path / "videos" / "clip_00000007.gif")
-    assert (gif.format, gif.n_frames) == ("GIF", 3)
+    assert isinstance(gif, GifImagePlugin.GifImageFile) and gif.n_frames == 3
     assert "0: [def ] pass" in (tmp_path / "text" / "text_00000007.txt").read_text()
     assert "<b>x = </b>&lt;b&gt;&amp;" in (tmp_path / "text" / "text_00000007.html").read_text()
     _check_scores_html((tmp_path / "scores" / "scores_00000007.html").read_text(), ARTIFACTS["scores"])

@@ -188,8 +188,9 @@ def autoencoder_config(folder, **overrides):
 def test_the_experiment_config_builds_on_an_image_folder_and_previews_originals_over_reconstructions(folder):
     config = autoencoder_config(folder)
     objective = build_objective(config, open_split(config.dataset, "train"))
+    assert isinstance(objective, Autoencoder)
     assert objective.vae == TINY and objective.input_spec.sample.shape == SHAPE
-    params = objective.init(jax.random.PRNGKey(0), None)
+    params = objective.init(jax.random.PRNGKey(0), {})  # the autoencoder's init reads no batch
     grid = objective.preview(params, jax.random.PRNGKey(1))
     assert grid.images.shape == (12, *SHAPE) and grid.columns == 6
     np.testing.assert_array_equal(grid.images[:6], objective.preview_images)

@@ -121,6 +121,7 @@ def test_averages_thread_both_as_one():
     assert set(fields) == {"ema", "power_ema", "ema_law"}
     state = type("S", (), fields)
     updated = averages.update(state, theta, 1)
+    assert averages.power is not None
     np.testing.assert_array_equal(updated["ema"]["w"], ClassicEMA(SPEC).update(fields["ema"], theta, 1)["w"])
     for got, want in zip(
         updated["power_ema"], averages.power.update(fields["power_ema"], theta, 1), strict=True
@@ -170,7 +171,7 @@ def test_a_checkpoint_written_before_the_interface_restores(tmp_path):
         restored, _ = ckpt.restore(jax.tree.map(np.asarray, expected))
         assert int(restored.step) == 4
         assert digest(restored) == digest(expected)
-        assert len(restored.power_ema) == len(STD_RELS)
+        assert restored.power_ema is not None and len(restored.power_ema) == len(STD_RELS)
         debiased = ckpt.restore_ema(expected.params)
     finally:
         ckpt.close()

@@ -83,7 +83,8 @@ def test_the_default_writes_a_small_state_directly_and_a_larger_one_through_orba
     for step in (1, 2):
         again.verify(step)
         assert same(again.restore(step=step)[0].params, tiny_state(step).params)
-    assert Store.__init__.__kwdefaults__["ocdbt"] is None  # chosen by size: benchmarks/checkpoint.py
+    kwdefaults = Store.__init__.__kwdefaults__
+    assert kwdefaults is not None and kwdefaults["ocdbt"] is None  # chosen by size: benchmarks/checkpoint.py
 
 
 def test_a_direct_step_restores_through_every_path_and_through_orbax_alone(tmp_path):
@@ -91,7 +92,13 @@ def test_a_direct_step_restores_through_every_path_and_through_orbax_alone(tmp_p
     save(tmp_path / "c", state, ocdbt=None).close()
     c = Checkpoints(str(tmp_path / "c"), read_only=True)
     c.verify(4)
-    assert c.all_steps() == [4] and c.metrics(4) == {"loss": 0.5} and c.ema_record(4)["decay"] == 0.9
+    record = c.ema_record(4)
+    assert (
+        c.all_steps() == [4]
+        and c.metrics(4) == {"loss": 0.5}
+        and record is not None
+        and record["decay"] == 0.9
+    )
     restored, position = c.resume(tiny_state(0), share=DataPartition(0, 1))
     assert same(restored.replace(ema_law=None), state) and position == POSITION
     host, _ = c.restore()  # no template: host arrays

@@ -41,7 +41,7 @@ def test_a_checkpoint_written_by_729b5abs_code_restores_whole(tmp_path):
     fresh = tiny_state(0)
     state, position = c.resume(fresh, share=DataPartition(0, 1))
     assert same(state.replace(ema_law=None), tiny_state(3)) and state.ema_law is not None
-    assert json.loads(position) == {"epoch": 0, "batch": 3}
+    assert position is not None and json.loads(position) == {"epoch": 0, "batch": 3}
     # its law is in extra: restore_ema needs no argument
     float32_rounding = 8 * 2**-24 / (1 - 0.9**3)  # 3 roundings in 0.9**3 and a few in the division
     np.testing.assert_allclose(
@@ -151,7 +151,11 @@ def test_the_writer_names_the_writes_still_pending_until_they_finish():
 
     release = threading.Event()
     writer = Writer(asynchronous=True)
-    writer.submit(release.wait, label=8)
+
+    def held_write() -> None:
+        release.wait()
+
+    writer.submit(held_write, label=8)
     assert writer.pending == [8]  # queued or running: a second Ctrl-C names it
     release.set()
     writer.wait()

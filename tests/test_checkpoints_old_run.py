@@ -47,12 +47,12 @@ def test_the_stored_checkpoint_restores_state_position_dataset_state_and_ema(tmp
     state, position = c.resume(tiny_state(0), share=DataPartition(0, 1))
     law = ema_lib.law(ema_lib.EMASpec(decay=0.9), state.params)
     assert same(state, tiny_state(3).replace(ema_law=law))
-    assert json.loads(position) == POSITION
+    assert position is not None and json.loads(position) == POSITION
     dataset = c.restore_dataset_state(
         {"epoch": 0, "name": "", "seen": np.int64(0), "order": np.zeros(4, np.int32)}, 3
     )
     assert dataset["epoch"] == 1 and dataset["name"] == "digits"
-    assert isinstance(dataset["seen"], np.int64) and dataset["seen"] == 42
+    assert type(dataset["seen"]) is np.int64 and dataset["seen"] == 42
     assert dataset["order"].dtype == np.int32 and np.array_equal(dataset["order"], DATASET_STATE["order"])
     # float32: 3 roundings in 0.9**3 and a few more in the product and the division
     float32_rounding = 8 * 2**-24 / (1 - 0.9**3)
@@ -63,7 +63,8 @@ def test_the_stored_checkpoint_restores_state_position_dataset_state_and_ema(tmp
 
 def test_the_stored_run_records_read_back_as_written(tmp_path):
     workdir = str(copied(tmp_path))
-    assert read_run(workdir)["ema"] == EMA
+    run = read_run(workdir)
+    assert run is not None and run["ema"] == EMA
     [start] = starts(workdir)
     assert start["time"] == TIME and start["config"] == CONFIG and start["processes"] == 1
     assert writer_of(workdir, 3) == start and writer_of(workdir, 0) is None

@@ -84,7 +84,9 @@ def test_restore_ema_works_for_a_hand_built_state_saved_through_the_io_handler(t
     np.testing.assert_allclose(
         reader.restore_ema(template, step=3, decay=0.9)["w"], 1.5 / (1 - 0.9**3), rtol=debias_rtol(0.9, 3)
     )
-    restored, _ = reader.restore(hand_built(0))
+    pair = reader.restore(hand_built(0))
+    assert pair is not None
+    restored, _ = pair
     assert same(restored, hand_built(4)) and restored.ema_law is None  # the state round-trips as given
 
 
@@ -104,8 +106,10 @@ def test_save_checkpoint_honours_step_number_as_the_key_with_async_writes(tmp_pa
     h.save_checkpoint(hand_built(1), 10, 1.0)  # a loop that counts its own steps
     h.save_checkpoint(hand_built(2), 20, 0.5)
     h.wait_until_finished()
-    assert h.checkpointer.all_steps() == [10, 20]
-    restored, _ = h.checkpointer.restore(hand_built(0), step=10)
+    assert h.checkpointer is not None and h.checkpointer.all_steps() == [10, 20]
+    pair = h.checkpointer.restore(hand_built(0), step=10)
+    assert pair is not None
+    restored, _ = pair
     assert same(restored, hand_built(1))  # the state as saved, at its own step count
     np.testing.assert_allclose(
         h.checkpointer.restore_ema(None, step=20)["b"],
@@ -121,7 +125,7 @@ def test_a_refused_save_is_refused_at_the_call_and_loses_no_other_checkpoint(tmp
         h.save_checkpoint(hand_built(1), 1, 1.0)  # already on disk: refused before it is queued
     h.save_checkpoint(hand_built(2), 2, 1.0)  # the next save is not the one that pays
     h.wait_until_finished()
-    assert h.checkpointer.all_steps() == [1, 2]
+    assert h.checkpointer is not None and h.checkpointer.all_steps() == [1, 2]
 
 
 # --- 3. step_to_restore restores; the directory changes when the run saves past it -----------------
@@ -142,6 +146,7 @@ def test_step_to_restore_leaves_the_directory_until_the_run_saves_past_it(tmp_pa
     lines = [line for line in capsys.readouterr().out.splitlines() if "moved" in line]
     (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("c.rolled-back-")]
     assert len(lines) == 1 and "[4, 6]" in lines[0] and str(aside) in lines[0]
+    assert h.checkpointer is not None
     assert sorted(os.listdir(aside)) == ["4", "6"] and h.checkpointer.all_steps() == [2, 3, 4]
 
 

@@ -22,7 +22,7 @@ U = np.finfo(np.float32).eps / 2
 def _gamma(n: int) -> float:
     """γ_n = n u / (1 − n u): the relative bound on a float32 sum of n products in any order
     (Higham, Accuracy and Stability of Numerical Algorithms, eq. 3.5)."""
-    return n * U / (1 - n * U)
+    return float(n * U / (1 - n * U))
 
 
 def _exact(x, w, g, pad):

@@ -61,7 +61,7 @@ def test_conv_takes_the_per_tap_gradient_from_32x32_up_where_xlas_is_slow(monkey
 
 
 def test_only_ynnpack_convolutions_on_x86_cpus_without_avx512_count_as_slow(monkeypatch):
-    from numpy._core import _multiarray_umath
+    import numpy._core._multiarray_umath as _multiarray_umath
 
     from dew.runtime.cpu.flags import EIGEN_ROUTE
 

@@ -24,8 +24,8 @@ def test_preconditioning_matches_table_1():
     np.testing.assert_allclose(EDM.c_noise(sigma), np.log(sigma) / 4, rtol=1e-6)
     np.testing.assert_allclose(EDM.loss_weight(sigma), (sigma**2 + sd**2) / (sigma * sd) ** 2, rtol=1e-6)
     # At σ = σ_data the skip and output scales balance: c_skip = 1/2, c_out = σ_data/√2.
-    assert float(EDM.c_skip(0.5)) == pytest.approx(0.5)
-    assert float(EDM.c_out(0.5)) == pytest.approx(0.5 / np.sqrt(2))
+    assert float(EDM.c_skip(jnp.asarray(0.5))) == pytest.approx(0.5)
+    assert float(EDM.c_out(jnp.asarray(0.5))) == pytest.approx(0.5 / np.sqrt(2))
 
 
 def test_training_sigma_is_lognormal_with_the_preset_moments():

@@ -66,7 +66,7 @@ def test_v_target_matches_table_1_vp_frame_in_float64():
     reference = alpha_t[:, None] * eps - sigma_t[:, None] * y  # float64
     got = np.asarray(
         targets.ground_truth(
-            "v", jnp.asarray(y, jnp.float32), jnp.asarray(eps, jnp.float32), sigma.astype(np.float32)
+            "v", jnp.asarray(y, jnp.float32), jnp.asarray(eps, jnp.float32), jnp.asarray(sigma, jnp.float32)
         ),
         np.float64,
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pathlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -123,8 +124,8 @@ def test_fd_dinov2_features_match_edm2_with_the_official_vit(reference, params, 
 def test_value_range_maps_to_the_uint8_scale(params):
     """Images in [−1, 1] are the uint8 values mapped linearly: x = v/127.5 − 1 scores as v."""
     v = np.random.default_rng(0).integers(0, 256, (1, 20, 20, 3)).astype(np.uint8)
-    a = np.asarray(dinov2.preprocess(v))
-    b = np.asarray(dinov2.preprocess(v.astype(np.float32) / 127.5 - 1, value_range=(-1.0, 1.0)))
+    a = np.asarray(dinov2.preprocess(jnp.asarray(v)))
+    b = np.asarray(dinov2.preprocess(jnp.asarray(v.astype(np.float32) / 127.5 - 1), value_range=(-1.0, 1.0)))
     np.testing.assert_allclose(a, b, atol=64 * U32 * 255 / (255 * 0.224))
 
 

@@ -46,7 +46,12 @@ def test_training_checkpoint_layouts_pick_ema(tmp_path):
     state = read_checkpoint(STATE_NPZ)
     noisy = {k: v + 1.0 for k, v in state.items()}
     path = tmp_path / "ckpt.npz"
-    np.savez(path, **{f"ema/{k}": v for k, v in state.items()}, **{f"model/{k}": v for k, v in noisy.items()})
+    np.savez(
+        path,
+        allow_pickle=True,  # savez's default, named so that no array binds to it
+        **{f"ema/{k}": v for k, v in state.items()},
+        **{f"model/{k}": v for k, v in noisy.items()},
+    )
     for key, value in read_checkpoint(path).items():
         np.testing.assert_array_equal(value, state[key])
     np.testing.assert_array_equal(

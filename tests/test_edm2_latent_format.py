@@ -119,7 +119,7 @@ def test_bad_edm2_sets_are_one_line_naming_the_path_and_what_is_accepted(tmp_pat
     name = sorted(os.listdir(os.path.join(extracted, "00100")))[0]
     os.remove(os.path.join(extracted, "00100", name))  # its label stays: edm2 looks labels up by name
     rows, labels = open_latent_dataset(extracted)
-    assert len(rows) == len(labels) == 5 and f"00100/{name}" not in rows.files.images
+    assert labels is not None and len(rows) == len(labels) == 5 and f"00100/{name}" not in rows.files.images
     shutil.move(os.path.join(extracted, "00000"), os.path.join(extracted, "moved"))
     with pytest.raises(
         LatentDatasetError, match=r"dataset\.json has no label for 'moved/img-mean-std-00000000\.npy'"

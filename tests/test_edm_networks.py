@@ -128,6 +128,7 @@ def test_conditioning_inputs_are_checked():
         embed_conditions("SongUNet", None, 0, None, jnp.zeros((2, 9)), 2)
     # A conditional network without a label sees zeros (EDMPrecond's class_labels=None).
     zeros, augment = embed_conditions("SongUNet", 4, 9, None, None, 2)
+    assert zeros is not None and augment is not None
     assert zeros.shape == (2, 4) and not np.any(zeros) and augment.shape == (2, 9) and not np.any(augment)
 
 

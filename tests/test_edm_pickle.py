@@ -53,6 +53,7 @@ def test_reader_recovers_the_constructor_arguments_and_weights(name):
     )
     assert count_parameters(params) == int(ref["num_parameters"])
     assert snapshot.loss is not None and snapshot.loss.class_name == "EDMLoss"
+    assert snapshot.dataset_kwargs is not None
     assert snapshot.dataset_kwargs["class_name"] == "training.dataset.ImageFolderDataset"
 
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers_common import tiny_config
+from helpers_common import device_batch, tiny_config
 from helpers_trainer import Regression, regression_batches
 
 from dew.averaging import ema
@@ -72,8 +72,8 @@ def test_evaluation_reads_the_debiased_ema_not_the_live_params():
         state, _ = step(state, batch)
     rng = jax.random.PRNGKey(1)
     got = jax.jit(make_eval(objective, spec))(state, batches[0], rng)
-    want = objective.evaluate(ema.debias(state.ema, spec, 6), rng, batches[0])
-    live = objective.evaluate(state.params, rng, batches[0])
+    want = objective.evaluate(ema.debias(state.ema, spec, 6), rng, device_batch(batches[0]))
+    live = objective.evaluate(state.params, rng, device_batch(batches[0]))
     np.testing.assert_allclose(float(got["loss"]), float(want["loss"]), rtol=1e-5)
     assert abs(float(got["loss"]) - float(live["loss"])) > 1e-6
 

@@ -94,7 +94,7 @@ def _scipy_fid(mu_a, sigma_a, mu_b, sigma_b, eps=1e-6):
             offset = np.eye(len(mu_a)) * eps
             covmean = scipy.linalg.sqrtm((sigma_a + offset) @ (sigma_b + offset))
     diff = mu_a - mu_b
-    return float(diff @ diff + np.trace(sigma_a) + np.trace(sigma_b) - 2 * np.trace(covmean.real))
+    return float(diff @ diff + np.trace(sigma_a) + np.trace(sigma_b) - 2 * np.trace(np.real(covmean)))
 
 
 @pytest.mark.parametrize("d,null,decades", [(64, 16, 0), (200, 100, 10), (256, 64, 8)])

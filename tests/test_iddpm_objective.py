@@ -41,6 +41,7 @@ def built(objective=None, **model) -> tuple[IDDPM, dict, dict]:
     config = digits_config(objective, **model)
     source = open_split(config.dataset, "train")
     obj = build_objective(config, source)
+    assert isinstance(obj, IDDPM)
     batch = {"image": jax.random.normal(jax.random.key(0), (6, 8, 8, 1)), "label": jnp.arange(6) % 10}
     params = obj.init(jax.random.key(1), batch)
     # off the zero-initialised adaLN and final layers, so every term depends on the weights
@@ -75,8 +76,8 @@ def test_the_loss_is_the_hybrid_loss_on_the_same_draws_with_uniform_integer_t():
 
     terms = obj.diffusion.training_losses(model, batch["image"], t, noise)
     # the same float32 graph: agreement to a few ulps of the loss (~1: eps * 8 roundings)
-    np.testing.assert_allclose(loss, jnp.mean(terms["loss"]), rtol=8 * np.finfo(np.float32).eps)
-    np.testing.assert_allclose(stats["vb"], jnp.mean(terms["vb"]), rtol=8 * np.finfo(np.float32).eps)
+    np.testing.assert_allclose(loss, jnp.mean(terms["loss"]), rtol=8 * float(np.finfo(np.float32).eps))
+    np.testing.assert_allclose(stats["vb"], jnp.mean(terms["vb"]), rtol=8 * float(np.finfo(np.float32).eps))
     assert float(stats["vb"]) > 0 and float(stats["mse"]) > 0
 
 
@@ -87,7 +88,7 @@ def test_class_dropout_acts_while_training_only():
     train, _ = obj.loss(params, rng, batch, Step(jnp.int32(0), is_training=True))
     null, _ = obj.loss(params, rng, dropped, Step(jnp.int32(0), is_training=False))
     held, _ = obj.loss(params, rng, batch, Step(jnp.int32(0), is_training=False))
-    np.testing.assert_allclose(train, null, rtol=8 * np.finfo(np.float32).eps)
+    np.testing.assert_allclose(train, null, rtol=8 * float(np.finfo(np.float32).eps))
     assert abs(float(held) - float(train)) > 1e-4
 
 

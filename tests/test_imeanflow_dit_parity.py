@@ -182,4 +182,5 @@ def test_the_imeanflow_objective_builds_the_registered_network_from_a_config():
 
     config = ConfigDict({"model": {"name": "iMF-B/2"}})
     model = network_factory(config, "imeanflow", ("h", "omega", "t_min", "t_max"))
+    assert isinstance(model, functools.partial)
     assert label_input(model) == "y" and model.keywords["time_inputs"] == ("h",)

@@ -6,6 +6,7 @@ import importlib.util
 import pathlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -65,7 +66,7 @@ def test_resize_matches_the_half_pixel_bilinear_formula():
     −0.25 (clamped to 0), 0.25, 0.75, 1.25 (neighbour clamped) -> [a, 0.75a+0.25b, 0.25a+0.75b, b]."""
     a, b = 1.0, 3.0
     x = np.array([a, b], np.float32).reshape(1, 2, 1, 1) * np.ones((1, 1, 2, 1), np.float32)
-    got = np.asarray(inception.resize_bilinear(x, (4, 2)))[0, :, 0, 0]
+    got = np.asarray(inception.resize_bilinear(jnp.asarray(x), (4, 2)))[0, :, 0, 0]
     np.testing.assert_allclose(got, [a, 0.75 * a + 0.25 * b, 0.25 * a + 0.75 * b, b], rtol=1e-6)
 
 

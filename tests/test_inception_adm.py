@@ -9,6 +9,7 @@ from __future__ import annotations
 import pathlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -47,7 +48,7 @@ def test_logits_of_the_references_pool_are_its_logits(golden):
     for case in ("cifar", "imagenet"):
         pool, want = golden[f"pool/{case}"], golden[f"logits/{case}"]
         assert np.std(want) > 0.1  # a classifier head that is not zero: the check can fail
-        got = np.asarray(inception.logits(pool, w))
+        got = np.asarray(inception.logits(jnp.asarray(pool), jnp.asarray(w)))
         assert got.shape == (len(pool), inception.CLASSES)
         assert np.all(np.abs(got - want) <= _dot_bound(pool, w)), case
 
@@ -76,7 +77,7 @@ def test_adm_features_match_torch_fidelitys_extractor(golden, tmp_path):
             > 1e-2
         )
         # logits through dew's pool: the dot's own bound plus the pool's error carried by |w|
-        logits = np.asarray(inception.logits(pool, w))
+        logits = np.asarray(inception.logits(jnp.asarray(pool), jnp.asarray(w)))
         bound = _dot_bound(pool, w) + FEATURE_ATOL * (1 + np.abs(pool)) @ np.abs(w).T
         assert np.all(np.abs(logits - golden[f"logits/{case}"]) <= bound), case
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pathlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -41,8 +42,9 @@ def golden():
 def test_tf1_resize_matches_torch_fidelity(golden, case):
     """Up (32 -> 299, 12x10 -> 29x31), down (41x37 -> 13x11) and mixed; measured bit-exact on
     this CPU. pytorch-fid's half-pixel resize is off by > 100 (of 255) on the same inputs."""
-    x = golden[f"resize_input/{case}"].transpose(0, 2, 3, 1).astype(np.float32)
-    size = tuple(int(v) for v in golden[f"resize_size/{case}"])
+    x = jnp.asarray(golden[f"resize_input/{case}"].transpose(0, 2, 3, 1).astype(np.float32))
+    height, width = (int(v) for v in golden[f"resize_size/{case}"])
+    size = (height, width)
     want = golden[f"resize/{case}"]
     got = np.asarray(inception.resize_bilinear_tf1(x, size)).transpose(0, 3, 1, 2)
     assert got.shape == want.shape
@@ -56,16 +58,18 @@ def test_tf1_resize_formula_by_hand():
     last pixel) -> [a, (a + b)/2, b, b]; 4 -> 2: sources 0 and 2 -> [v0, v2]."""
     a, b = 1.0, 3.0
     up = np.array([a, b], np.float32).reshape(1, 2, 1, 1) * np.ones((1, 1, 2, 1), np.float32)
-    got = np.asarray(inception.resize_bilinear_tf1(up, (4, 2)))[0, :, 0, 0]
+    got = np.asarray(inception.resize_bilinear_tf1(jnp.asarray(up), (4, 2)))[0, :, 0, 0]
     np.testing.assert_array_equal(got, [a, (a + b) / 2, b, b])
     down = np.arange(4, dtype=np.float32).reshape(1, 4, 1, 1)
-    np.testing.assert_array_equal(np.asarray(inception.resize_bilinear_tf1(down, (2, 1)))[0, :, 0, 0], [0, 2])
+    np.testing.assert_array_equal(
+        np.asarray(inception.resize_bilinear_tf1(jnp.asarray(down), (2, 1)))[0, :, 0, 0], [0, 2]
+    )
 
 
 def test_tf1_scaling_is_the_graphs():
     """(x − 128) / 128 on pixel values: 0 -> −1, 128 -> 0, 255 -> 127/128 (pytorch-fid's
     x / 255 · 2 − 1 gives 1); [−1, 1] images reach the same pixel values first."""
-    pixels = np.array([0, 128, 255], np.float32).reshape(1, 1, 3, 1)
+    pixels = jnp.asarray(np.array([0, 128, 255], np.float32).reshape(1, 1, 3, 1))
     got = np.asarray(inception.preprocess(pixels, (0.0, 255.0), resize=False, handling="tf1"))[0, 0, :, 0]
     np.testing.assert_array_equal(got, [-1.0, 0.0, 127 / 128])
     other = np.asarray(inception.preprocess(pixels, (0.0, 255.0), resize=False))[0, 0, :, 0]

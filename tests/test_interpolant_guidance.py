@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import TypedDict
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +22,14 @@ from dew.objectives.interpolant import Guidance, Interpolant, Preview, transport
 
 TINY = {"depth": 1, "hidden_size": 32, "num_heads": 2, "patch_size": 2, "num_classes": 10}
 # float32 roundoff of the same arithmetic batched two ways, over 4 steps of unit-scale values
-TOL = {"atol": 1e-5, "rtol": 1e-5}
+
+
+class Tolerance(TypedDict):
+    atol: float
+    rtol: float
+
+
+TOL: Tolerance = {"atol": 1e-5, "rtol": 1e-5}
 
 
 def objective(sampler: str = "transport_sde", **preview) -> tuple[Interpolant, dict]:
@@ -153,5 +161,5 @@ def test_class_dropout_acts_while_training_only():
     train, _ = obj.loss(params, rng, batch, Step(jnp.int32(0), is_training=True))
     dropped, _ = obj.loss(params, rng, null, Step(jnp.int32(0), is_training=False))
     held, _ = obj.loss(params, rng, batch, Step(jnp.int32(0), is_training=False))
-    np.testing.assert_allclose(train, dropped, rtol=8 * np.finfo(np.float32).eps)
+    np.testing.assert_allclose(train, dropped, rtol=8 * float(np.finfo(np.float32).eps))
     assert abs(float(train) - float(held)) > 1e-4

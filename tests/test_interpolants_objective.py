@@ -49,6 +49,7 @@ def test_config_builds_the_transport_and_the_registered_network():
 def test_the_loss_is_the_transport_loss_on_the_same_draws():
     config = mixture_config(path="VP", prediction="score", loss_weight="velocity")
     objective = build_objective(config, open_split(config.dataset, "train"))
+    assert isinstance(objective, Interpolant)
     batch = {"x": jax.random.normal(jax.random.key(0), (16, 2))}
     params = objective.init(jax.random.key(1), batch)
     params = jax.tree.map(lambda p: p + 0.1, params)  # off the zero-initialised output layer
@@ -104,6 +105,7 @@ def test_learn_sigma_networks_lose_their_variance_half_as_sits_forward_does():
 def test_training_lowers_the_loss_and_every_registered_sampler_draws():
     config = mixture_config()
     objective = build_objective(config, open_split(config.dataset, "train"))
+    assert isinstance(objective, Interpolant)
     source = open_split(config.dataset, "train")
     batch = {"x": jnp.asarray(source.fields["x"][:256])}
     params = objective.init(jax.random.key(0), batch)

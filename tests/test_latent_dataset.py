@@ -82,6 +82,7 @@ def test_encodes_to_edm2s_layout_with_the_codecs_values(tmp_path, codec):
         labels = json.load(f)["labels"]
     assert labels == [[latent_dataset.latent_name(i), i % 3] for i in range(5)]
     raw, read_labels = latent_dataset.read_latent_dataset(str(dest))
+    assert read_labels is not None
     assert raw.shape == (5, 8, 8, 8) and list(read_labels) == [i % 3 for i in range(5)]
     assert np.all(raw[..., 4:] > 0)  # the std half
 

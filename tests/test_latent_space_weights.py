@@ -4,6 +4,8 @@ a run that decodes while it trains (previews)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -11,12 +13,18 @@ import numpy as np
 import pytest
 
 from dew.objectives import latent_space
-from dew.schema import ConfigError
+from dew.schema import ConfigError, Key, Section
+
+
+def default(key: Key | Section) -> Any:
+    """A key's default (the latent section holds keys only, no nested section)."""
+    assert isinstance(key, Key)
+    return key.default
 
 
 def section(weights: str) -> ml_collections.ConfigDict:
     """``config.objective.latent`` at its defaults, the stability VAE, ``weights``."""
-    config = ml_collections.ConfigDict({name: key.default for name, key in latent_space.CONFIG.keys.items()})
+    config = ml_collections.ConfigDict({name: default(key) for name, key in latent_space.CONFIG.keys.items()})
     config.encoder = "stability_vae"
     config.weights = weights
     return config
@@ -27,6 +35,7 @@ def test_the_latent_draw_needs_no_weights_file_and_decoding_names_it(tmp_path):
     with pytest.raises(ConfigError, match=r"config\.objective\.latent\.weights=.*no-such-vae"):
         latent_space.from_config(section(missing))  # a run that previews: read at once
     space = latent_space.from_config(section(missing), decodes=False)
+    assert space is not None
     raw = jnp.ones((2, 4, 4, 8), jnp.float32)
     drawn = space.draw(raw, jax.random.key(0))
     assert drawn.shape == (2, 4, 4, 4) and bool(jnp.all(jnp.isfinite(drawn)))

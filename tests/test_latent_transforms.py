@@ -123,6 +123,7 @@ def test_encode_with_a_transform_encodes_the_transformed_images(tmp_path):
     per_call = -(-3 // len(jax.devices())) * len(jax.devices())
     padded = np.concatenate([want_pixels, np.repeat(want_pixels[-1:], per_call - 3, axis=0)])
     want = np.asarray(_sharded_encoder(codec)(jnp.asarray(padded)))[:3]
+    assert labels is not None
     assert raw.shape == (3, 8, 8, 8) and list(labels) == [0, 1, 2]
     np.testing.assert_array_equal(raw, want)
     assert json.loads((tmp_path / "latents" / "encode.json").read_text())["transform"] == [

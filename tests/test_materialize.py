@@ -48,8 +48,8 @@ def test_values_and_both_derivatives_are_exactly_those_without_it(inputs):
     for g, g_ref in zip(grads, grads_ref, strict=True):
         np.testing.assert_array_equal(g, g_ref)
     tangents = (jnp.ones_like(x), jnp.full_like(w, 0.5), jnp.float32(2.0))
-    _, forward = jax.jvp(lambda *p: _model(*p, True), inputs, tangents)
-    _, forward_ref = jax.jvp(lambda *p: _model(*p, False), inputs, tangents)
+    _, forward = jax.jvp(lambda x, w, a: _model(x, w, a, True), inputs, tangents)
+    _, forward_ref = jax.jvp(lambda x, w, a: _model(x, w, a, False), inputs, tangents)
     np.testing.assert_array_equal(forward, forward_ref)
 
 
@@ -89,7 +89,9 @@ def test_the_token_gets_no_gradient_and_a_batched_token_still_returns_the_value(
 
 
 def _optimized_hlo(fn, *args) -> str:
-    return jax.jit(fn).lower(*args).compile().as_text()
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    assert text is not None
+    return text
 
 
 def test_on_xla_cpu_the_chain_is_computed_in_one_kernel_not_in_the_weight_gradients_transposes(inputs):
@@ -121,6 +123,7 @@ def _marks(fn, *args) -> tuple[int, int, int]:
     program = str(jax.make_jaxpr(fn)(*args))
     gradient = jax.grad(lambda *a: jnp.sum(fn(*a)), argnums=tuple(range(len(args))))
     compiled = jax.jit(gradient).lower(*args).compile().as_text()
+    assert compiled is not None
     return program.count("custom_jvp_call"), program.count("cond["), compiled.count(" conditional(")
 
 

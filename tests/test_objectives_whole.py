@@ -30,6 +30,7 @@ from dew.inputs import Condition, Field, InputSpec
 from dew.objectives import diffusion_network, diffusion_preview, diffusion_sampling, diffusion_scoring
 from dew.objectives.diffusion import Diffusion
 from dew.objectives.diffusion_config import Sampling
+from dew.objectives.edm2 import EDM2
 from dew.objectives.whole import BuiltWhole
 from dew.sampling import CFG
 from dew.schema import ConfigError
@@ -117,15 +118,19 @@ def test_an_objective_built_by_from_config_holds_what_its_constructor_left(case,
     changed = [k for k in now if now[k] is not before[k]]
     assert not changed, f"{name}: {changed} were replaced after the constructor returned"
     if name == "edm2":  # EDM2Loss's settings are constructor arguments, from config.objective
+        assert isinstance(objective, EDM2)
         assert (objective.P_mean, objective.P_std, objective.sigma_data) == (
             config.objective.P_mean,
             config.objective.P_std,
             config.objective.sigma_data,
         )
     if case == "diffusion, text":
+        assert isinstance(objective, Diffusion)
+        assert objective.class_prompts is not None
         assert objective.class_prompts[7] == "a handwritten seven" and objective.num_classes == 10
     if case == "diffusion, points":
-        assert objective.extent > 0 and objective.num_classes is None
+        assert isinstance(objective, Diffusion)
+        assert objective.extent is not None and objective.extent > 0 and objective.num_classes is None
 
 
 def _points_objective(**options) -> Diffusion:
@@ -146,7 +151,7 @@ def test_dew_objectives_refuse_an_attribute_set_after_construction():
     with pytest.raises(AttributeError, match=r"Diffusion\.latent cannot be deleted"):
         del objective.latent
     with pytest.raises(AttributeError, match=r"Diffusion\.novel cannot be set"):
-        objective.novel = 1
+        objective.novel = 1  # pyright: ignore[reportAttributeAccessIssue]  # the refusal under test
     assert objective.extent == 2.0 and objective.latent is None
     for name in _dew_objectives():
         assert isinstance(registry.objectives[name], BuiltWhole), name
@@ -227,9 +232,10 @@ def test_previews_scores_and_inference_leave_every_attribute_as_it_was():
     before = dict(vars(objective))
     params = objective.init(jax.random.PRNGKey(0), {"x": jnp.zeros((4, 2))})
     grid = objective.preview(params, jax.random.PRNGKey(0))
-    assert grid.images.shape == (1, 96, 96, 1)  # one scatter plot
+    assert isinstance(grid, ImageGrid) and grid.images.shape == (1, 96, 96, 1)  # one scatter plot
     assert objective.score(grid, {}) == {} and objective.score(None, {}) == {}
     again = objective.infer(params, **objective.inference_options())  # seed 0: the preview's own draw
+    assert isinstance(again, ImageGrid)
     np.testing.assert_array_equal(again.images, grid.images)
     objective.infer(params, **{**objective.inference_options(), "steps": 4})
     diverged = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), params)
@@ -375,6 +381,7 @@ def test_to_artifact_picks_the_artifact_by_the_samples_rank():
     clips = diffusion_preview.to_artifact(np.full((2, 3, 4, 4, 1), 2.0), None, 2)
     assert isinstance(clips, VideoGrid) and clips.fps == 4 and clips.clips.max() == 1.0
     images = diffusion_preview.to_artifact(np.full((2, 4, 4, 1), -3.0), ("a", "b"), 1)
+    assert isinstance(images, ImageGrid)
     assert images.captions == ("a", "b") and images.columns == 1 and images.images.min() == -1.0
 
 

@@ -402,9 +402,10 @@ def test_learning_rate_ramp_is_the_reference_formula():
         config.dataset.batch_size,
     )
     fn = linear_warmup(lr, w)
+    assert callable(fn)  # a ramp: the config warms up
     for n in (0, 1, 2, 1000, 2441, 2442, 5000):
         reference = lr * min(n * batch_size / (edm_paper.LR_RAMPUP_KIMG * 1000), 1)
-        got = float(fn(np.int32(n)))
+        got = float(np.asarray(fn(np.int32(n))))
         # float32: the quotient and the product each round once (2⁻²⁴ relative), lr itself once.
         assert math.isclose(got, reference, rel_tol=3 * 2.0**-24, abs_tol=0.0), (n, got, reference)
 

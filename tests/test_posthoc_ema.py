@@ -106,7 +106,7 @@ def test_reconstruction_recovers_a_tracked_profile():
     snapshots = []
     for step, value in zip(t, theta, strict=True):
         emas = [
-            float(ph.power_update(np.float32(e), np.float32(value), g, step))
+            float(ph.power_update(np.float32(e), np.float32(value), g, int(step)))
             for e, g in zip(emas, gammas, strict=True)
         ]
         if step % every == 0:

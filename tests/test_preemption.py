@@ -74,6 +74,7 @@ def test_a_signal_mid_interval_saves_that_step_and_the_resumed_run_is_bit_identi
 
     data, fresh, step = run_parts()
     resumed_state, position = Checkpoints(str(tmp_path / "c")).resume(fresh, share=data.share)
+    assert position is not None
     data.read_position(position)
     assert int(resumed_state.step) == 5  # from the step it was at, not the last periodic save (4)
     resumed = fit(resumed_state, step, iter(data), 12, [])

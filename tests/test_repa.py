@@ -28,6 +28,7 @@ from dew import pinned_weights, registry
 from dew.config import apply_overrides, load_config
 from dew.diffusion.transport import Transport
 from dew.objectives import repa, repa_encoders
+from dew.objectives.interpolant import Interpolant
 from dew.schema import ConfigError
 from dew.scoring import dinov2, dinov2_repa, dinov2_vitb14_weights
 from dew.training.build import build_objective, open_split
@@ -262,6 +263,7 @@ def test_recorded_sampling_is_the_readmes_generate_command():
     from importlib import util
 
     spec = util.spec_from_file_location("repa_experiment", ROOT / "experiments" / "repa.py")
+    assert spec is not None and spec.loader is not None
     module = util.module_from_spec(spec)
     spec.loader.exec_module(module)
     generate = json.loads((HERE / "args.json").read_text())["generate"]
@@ -318,6 +320,7 @@ def digits_config(encoder_file, **overrides):
 def test_objective_trains_the_network_only_and_adds_the_weighted_alignment(encoder_file):
     config = digits_config(encoder_file)
     objective = build_objective(config, open_split(config.dataset, "train"))
+    assert isinstance(objective, Interpolant) and objective.repa is not None
     assert objective.repa.embed_dim == 16 and objective.repa.num_tokens == 4
     images = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (4, 8, 8, 1)), jnp.float32)
     batch = {"image": images, "label": jnp.arange(4, dtype=jnp.int32)}
@@ -453,6 +456,7 @@ def test_the_imagenet_preset_trains_on_latents_with_the_images_beside(tmp_path):
     config = resolve_config(apply_overrides(config, texts))
     source = open_split(config.dataset, "train")
     objective = build_objective(config, source)
+    assert isinstance(objective, Interpolant) and objective.repa is not None
     assert objective.repa.image_field == "pixels" and objective.repa.value_range == (0.0, 255.0)
     batch = {k: jnp.asarray(v) for k, v in next(Dataset(source, 2, seed=0)).items()}
     assert batch["image"].shape == (2, 8, 8, 8) and batch["pixels"].dtype == jnp.uint8

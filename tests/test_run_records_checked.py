@@ -69,7 +69,8 @@ def test_a_history_this_module_wrote_and_an_older_one_read_as_they_are(tmp_path)
     record_start(str(tmp_path), {"dataset": {"batch_size": 8}}, 0, processes=2)
     record_start(str(tmp_path), {"dataset": {"batch_size": 16}}, 6)
     assert [s["resumed_from"] for s in starts(str(tmp_path))] == [0, 6]
-    assert writer_of(str(tmp_path), 4)["processes"] == 2
+    writer = writer_of(str(tmp_path), 4)
+    assert writer is not None and writer["processes"] == 2
     (tmp_path / "run.json").write_text(json.dumps({"config": {"seed": 1}, "label": "old"}))  # before starts
     assert starts(str(tmp_path))[0]["config"] == {"seed": 1}
 

@@ -5,6 +5,7 @@ third_party/k_diffusion/README.md); this test needs no PyTorch."""
 from __future__ import annotations
 
 import pathlib
+from typing import TypedDict
 
 import jax
 import numpy as np
@@ -18,7 +19,16 @@ from dew.sampling import DPMSolverPP2M, EDMStochastic, trajectory
 pytestmark = pytest.mark.default_compiler
 
 REFERENCE = pathlib.Path(__file__).resolve().parent.parent / "third_party" / "k_diffusion" / "reference.npz"
-CHURN = {"s_churn": 40.0, "s_tmin": 0.05, "s_tmax": 50.0, "s_noise": 1.003}
+
+
+class Churn(TypedDict):
+    s_churn: float
+    s_tmin: float
+    s_tmax: float
+    s_noise: float
+
+
+CHURN: Churn = {"s_churn": 40.0, "s_tmin": 0.05, "s_tmax": 50.0, "s_noise": 1.003}
 
 
 @pytest.fixture(scope="module")

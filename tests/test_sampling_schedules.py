@@ -7,6 +7,7 @@ from __future__ import annotations
 import pathlib
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -9,6 +9,7 @@ import json
 import pathlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -150,13 +151,13 @@ def test_latent_scaling_is_edm2s(reference):
     bound = _gamma(4) * (magnitude + np.abs(scaling.bias).max())
     assert np.abs(got - want).max() <= bound, (np.abs(got - want).max(), bound)
     # unscale inverts it to the decoder's input edm2 computes
-    z = _nchw(scaling.unscale(_nhwc(want)))
+    z = _nchw(scaling.unscale(jnp.asarray(_nhwc(want))))
     assert np.abs(z - reference["decoder/z"]).max() <= _gamma(4) * np.abs(reference["decoder/z"]).max()
 
 
 def test_encode_draws_noise_from_the_key(params):
     codec = stability_vae.StabilityVAECodec(params, TINY)
-    pixels = np.random.default_rng(0).integers(0, 256, (1, 16, 16, 3), dtype=np.uint8)
+    pixels = jnp.asarray(np.random.default_rng(0).integers(0, 256, (1, 16, 16, 3), dtype=np.uint8))
     a = codec.encode(pixels, jax.random.PRNGKey(0))
     b = codec.encode(pixels, jax.random.PRNGKey(0))
     c = codec.encode(pixels, jax.random.PRNGKey(1))

@@ -12,11 +12,15 @@ import optax
 import pytest
 
 from dew.averaging.ema import EMASpec
+from dew.inputs import Field, InputSpec
 from dew.training import steps
+from dew.training.objective import Aux, Objective
 
 
-class Quadratic:
+class Quadratic(Objective):
     """loss = mean((w·x − y)²) over a [n, 3] batch; params {"w": [3]}."""
+
+    input_spec = InputSpec(Field("x", (3,)))
 
     def init(self, rng, batch):
         return {"w": jax.random.normal(rng, (3,))}
@@ -26,7 +30,7 @@ class Quadratic:
 
     def loss(self, params, rng, batch, step):
         residual = batch["x"] @ params["w"] - batch["y"]
-        return jnp.mean(residual**2), ({}, None)
+        return jnp.mean(residual**2), ({}, Aux())
 
 
 def run(select: bool, batches):

@@ -88,7 +88,7 @@ def convert_state_dict(
     return params
 
 
-def count_parameters(params: Mapping[str, Mapping[str, np.ndarray]]) -> int:
+def count_parameters(params: Mapping[str, Mapping[str, np.typing.ArrayLike]]) -> int:
     """Trainable parameters (the reference's ``sum(p.numel() for p in net.parameters())``); any
     leaf with a ``.size`` (arrays, ``jax.ShapeDtypeStruct``) counts."""
     return sum(int(np.size(v)) for m in params.values() for k, v in m.items() if k not in BUFFERS)

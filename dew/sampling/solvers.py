@@ -341,7 +341,7 @@ def _run(denoise, noise, sigmas, solver, rng, keep_states: bool, callback: Callb
 def trajectory(
     denoise: Denoiser,
     noise: jax.Array,
-    sigmas: jax.Array,
+    sigmas: jax.Array | np.ndarray,
     solver: str | Solver = "heun",
     *,
     rng: jax.Array | None = None,
@@ -357,7 +357,7 @@ def trajectory(
 def sample(
     denoise: Denoiser,
     noise: jax.Array,
-    sigmas: jax.Array,
+    sigmas: jax.Array | np.ndarray,
     solver: str | Solver = "heun",
     *,
     rng: jax.Array | None = None,

@@ -27,7 +27,7 @@ POSITION = {"epoch": 0, "batch": 3}
 TIME = "2026-12-05T03:30:00+00:00"
 
 if __name__ == "__main__":
-    from dew.checkpointing.run_history import record_start
+    from dew.checkpointing.run_history import record_start  # pyright: ignore[reportMissingImports]  # commit 0a2f708's module
 
     from dew.averaging import ema as ema_lib
     from dew.checkpointing import Checkpoints

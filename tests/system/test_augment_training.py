@@ -11,6 +11,7 @@ import pytest
 from helpers_common import tiny_config
 from test_training import assert_states_identical
 
+from dew.objectives.diffusion import Diffusion
 from dew.schema import ConfigError
 from dew.training.build import build_objective, open_split
 from dew.training.objective import Step
@@ -45,6 +46,7 @@ def _objective_and_batch(**overrides):
     config = tiny_config(**overrides)
     source = open_split(config.dataset, "train")
     objective = build_objective(config, source)
+    assert isinstance(objective, Diffusion)
     field = source.sample_field
     batch = {
         field: jnp.asarray(np.asarray(source.fields[field][:8]), jnp.float32),
@@ -56,6 +58,7 @@ def _objective_and_batch(**overrides):
 def test_the_batch_is_augmented_the_labels_reach_map_augment_and_sampling_sees_zeros():
     augmented, batch = _objective_and_batch(**PAPER)
     plain, _ = _objective_and_batch(**{**PAPER, "objective.augment.p": 0.0})
+    assert augmented.augment is not None
     assert augmented.augment.label_dim == 9 and augmented.feeds_augment_labels
     assert plain.augment is None and not plain.feeds_augment_labels  # p=0: the loss of before
     params = jax.jit(augmented.init)(jax.random.PRNGKey(0), batch)
@@ -69,8 +72,9 @@ def test_the_batch_is_augmented_the_labels_reach_map_augment_and_sampling_sees_z
         loss, grads = jax.value_and_grad(lambda q: augmented.loss(q, key, batch, step)[0])(p)
         plain_loss = plain.loss(p, key, batch, step)[0]
         zeros = jnp.zeros((x.shape[0], 9))
-        without = augmented.denoiser(p, conditions)(x, 1.0)
-        with_zeros = augmented.denoiser(p, conditions, None, False, zeros)(x, 1.0)
+        sigma = jnp.float32(1.0)
+        without = augmented.denoiser(p, conditions)(x, sigma)
+        with_zeros = augmented.denoiser(p, conditions, None, False, zeros)(x, sigma)
         return loss, grads, plain_loss, without, with_zeros
 
     loss, grads, plain_loss, without, with_zeros = jax.jit(everything)(params)

@@ -35,7 +35,14 @@ TINY = {
 }
 
 
-def start(workdir, **overrides) -> subprocess.Popen:
+def found(pattern: str, text: str) -> re.Match[str]:
+    """The first match of ``pattern`` in ``text``, which the test expects to hold one."""
+    match = re.search(pattern, text)
+    assert match is not None, (pattern, text)
+    return match
+
+
+def start(workdir, **overrides) -> subprocess.Popen[str]:
     flags = [f"--config.{k}={v}" for k, v in {**TINY, **overrides}.items()]
     command = [
         sys.executable,
@@ -81,9 +88,7 @@ def test_sigterm_mid_interval_saves_that_step_and_the_restart_ends_bit_identical
     run.send_signal(signal.SIGTERM)
     out, err = run.communicate(timeout=300)
     assert run.returncode == 143, (out, err)
-    stopped = int(
-        re.search(r"preempted by SIGTERM at step (\d+): checkpoint of step \1 saved in", err).group(1)
-    )
+    stopped = int(found(r"preempted by SIGTERM at step (\d+): checkpoint of step \1 saved in", err).group(1))
     assert 2 <= stopped < 14, err
     assert f"resume with: python -m dew.main --config=experiments/edm.py --workdir={tmp_path / 'run'}" in err
     assert Checkpoints(str(tmp_path / "run" / "checkpoints")).all_steps() == [stopped]
@@ -92,6 +97,7 @@ def test_sigterm_mid_interval_saves_that_step_and_the_restart_ends_bit_identical
     out, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err
     assert f"resuming from step {stopped}" in out
+    assert straight.stderr is not None
     assert straight.wait(timeout=600) == 0, straight.stderr.read()
     a, b = final_leaves(tmp_path / "straight", 14), final_leaves(tmp_path / "run", 14)
     assert len(a) == len(b)
@@ -115,13 +121,14 @@ def test_a_second_run_on_a_held_workdir_exits_2_and_a_killed_holders_lock_is_tak
     first.send_signal(signal.SIGKILL)
     first.wait()
     latest = Checkpoints(str(workdir / "checkpoints")).latest_step()
+    assert latest is not None  # step 2 had landed before the kill
     third = start(workdir, **{**steps, "train.num_steps": latest + 2})  # a short finish: lock released
     out, err = third.communicate(timeout=600)
     assert third.returncode == 0, err
     assert f"taking over a stale lock: the run that held it (pid {first.pid} on host" in out
     # The kill can land mid-save: then the newest step is set aside as incomplete (said so) and
     # the run resumes from the one before it, as the crash tests require.
-    resumed = int(re.search(r"resuming from step (\d+)", out).group(1))
+    resumed = int(found(r"resuming from step (\d+)", out).group(1))
     set_aside = f"checkpoint step {latest} is damaged or incomplete" in out
     assert resumed == latest or (set_aside and resumed < latest), out
     assert (workdir / "run.lock").read_text() == ""  # released on a clean exit

@@ -25,7 +25,7 @@ NUM_STEPS = 40  # enough that ten kills of at most a few steps each never reach 
 KILLS = 10
 
 
-def start(workdir, final=None, hold_at=None) -> subprocess.Popen:
+def start(workdir, final=None, hold_at=None) -> subprocess.Popen[str]:
     args = [sys.executable, HELPER, str(workdir), str(NUM_STEPS)] + ([str(final)] if final else [])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if hold_at is not None:
@@ -58,6 +58,7 @@ def test_sigkill_at_random_moments_then_resume_ends_bit_identical_to_a_straight_
         mid_write = kill % 2 == 0
         hold_at = (latest or 0) + rng.randint(2, 3) if mid_write else None
         child = start(workdir, hold_at=hold_at)
+        assert child.stdout is not None and child.stderr is not None  # both piped
         first = child.stdout.readline().split()
         assert first[:1] == ["resumed"], (first, child.stderr.read())
         resumed_from.append(int(first[1]))
@@ -68,6 +69,7 @@ def test_sigkill_at_random_moments_then_resume_ends_bit_identical_to_a_straight_
             else:
                 pytest.fail(f"the write of step {hold_at} was never held: {child.stderr.read()}")
         else:
+            line = ""
             for _ in range(rng.randint(2, 4)):
                 line = child.stdout.readline()
                 assert line.startswith("step "), (line, child.stderr.read())
@@ -86,6 +88,7 @@ def test_sigkill_at_random_moments_then_resume_ends_bit_identical_to_a_straight_
         checkpoints = Checkpoints(str(directory), keep=2)
         latest = checkpoints.latest_step()
         if mid_write:
+            assert hold_at is not None
             assert latest is None or latest < hold_at  # the held step never became latest
         if latest is not None:
             state, _ = checkpoints.restore(None, latest)
@@ -93,6 +96,7 @@ def test_sigkill_at_random_moments_then_resume_ends_bit_identical_to_a_straight_
         checkpoints.close()
 
     last = start(workdir, tmp_path / "crashed.npz")
+    assert last.stderr is not None and straight.stderr is not None
     assert last.wait(timeout=120) == 0, last.stderr.read()
     assert straight.wait(timeout=120) == 0, straight.stderr.read()
 

@@ -41,6 +41,7 @@ def run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("run")
     trainer = Trainer(tiny_config(**EMA), str(workdir))
     state = trainer.run()
+    assert trainer.checkpoints is not None
     trainer.checkpoints.wait()
     return trainer, state, workdir
 
@@ -105,7 +106,9 @@ def test_checkpointer_save_of_the_state_alone_then_restore_ema_of_a_template(run
     drop_metadata_record(tmp_path / "c" / "6")
     template = jax.eval_shape(lambda: state.params)
     assert_the_live_correction(trainer, state, checkpointer.restore_ema(template))
-    restored, _ = checkpointer.restore(state)
+    pair = checkpointer.restore(state)
+    assert pair is not None
+    restored, _ = pair
     assert all(
         np.array_equal(a, b)
         for a, b in zip(jax.tree.leaves(restored.ema_law), jax.tree.leaves(state.ema_law), strict=True)
@@ -113,7 +116,8 @@ def test_checkpointer_save_of_the_state_alone_then_restore_ema_of_a_template(run
     # a state without a law is saved with an assumed default in the metadata record only: with
     # that record gone there is nothing to debias with (the record was what made it work)
     checkpointer.save(state.replace(ema_law=None, step=state.step + 3), 9, 0.5)
-    assert checkpointer.checkpoints.ema_record(9)["assumed"] is True
+    record = checkpointer.checkpoints.ema_record(9)
+    assert record is not None and record["assumed"] is True
     drop_metadata_record(tmp_path / "c" / "9")
     with pytest.raises(ValueError, match="records no EMA law"):
         checkpointer.restore_ema(template, step=9)
@@ -126,4 +130,5 @@ def test_training_io_handler_save_checkpoint_writes_the_law_into_extra(run, tmp_
     handler.wait_until_finished()
     drop_metadata_record(tmp_path / "c" / "6")
     template = jax.eval_shape(lambda: state.params)
+    assert handler.checkpointer is not None
     assert_the_live_correction(trainer, state, handler.checkpointer.restore_ema(template))

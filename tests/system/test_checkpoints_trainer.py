@@ -85,6 +85,7 @@ def saved_run(tmp_path) -> tuple[Trainer, TrainState, TrainState]:
     saved = fresh.replace(
         step=jnp.int32(2), params=bump(fresh.params), opt_state=bump(fresh.opt_state), rng=fresh.rng + 1
     )
+    assert trainer.checkpoints is not None
     trainer.checkpoints.save(2, saved, POSITION, share=trainer.train_data.share)
     trainer.checkpoints.wait()
     return trainer, fresh, saved
@@ -144,7 +145,7 @@ def test_a_run_that_does_not_restore_refuses_old_checkpoints_unless_it_clears_th
         str(tmp_path / "a"),
     )
     assert int(clear.initial_state().step) == 0
-    assert clear.checkpoints.latest is None
+    assert clear.checkpoints is not None and clear.checkpoints.latest is None
 
 
 def counting_run():
@@ -230,7 +231,7 @@ def test_rolling_back_from_6_to_2_then_training_to_8_continues_with_one_history(
     )
     state = rolled.run()  # no error when the run reaches steps 4 and 6 again
     assert int(state.step) == 8 and rolled.restored_step == 2
-    assert rolled.checkpoints.all_steps() == [2, 4, 6, 8]
+    assert rolled.checkpoints is not None and rolled.checkpoints.all_steps() == [2, 4, 6, 8]
     (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("checkpoints.rolled-back-")]
     assert sorted(os.listdir(aside)) == ["4", "6"]  # the abandoned continuation, kept aside
     train = [step for category, step in scalars(tmp_path) if category == "train"]

@@ -7,7 +7,6 @@ The runs are the tiny 2D mixture's (``helpers_cli.TINY_MIXTURE``)."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -25,7 +24,10 @@ import dew
 from dew import convert_edm, fid
 from dew.inference import PipelineError
 
-cli = functools.partial(cli_on, experiment="mixture")
+
+def cli(workdir, **overrides) -> subprocess.CompletedProcess:
+    """``helpers_cli.cli`` on the tiny 2-D mixture run, with dotted config ``overrides``."""
+    return cli_on(workdir, experiment="mixture", **overrides)
 
 
 @pytest.fixture(scope="module")

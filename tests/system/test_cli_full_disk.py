@@ -6,7 +6,6 @@ network."""
 
 from __future__ import annotations
 
-import functools
 import json
 import pathlib
 import subprocess
@@ -19,7 +18,10 @@ from helpers_cli import dew_stderr, rows
 
 from dew.checkpointing import Checkpoints
 
-cli = functools.partial(cli_on, experiment="mixture")
+
+def cli(workdir, **overrides) -> subprocess.CompletedProcess:
+    """``helpers_cli.cli`` on the tiny 2-D mixture run, with dotted config ``overrides``."""
+    return cli_on(workdir, experiment="mixture", **overrides)
 
 
 @pytest.fixture

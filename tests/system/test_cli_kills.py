@@ -155,6 +155,7 @@ def test_twenty_kills_at_random_moments_then_resumes_end_bit_identical_to_a_stra
             stderr=subprocess.PIPE,
             text=True,
         )
+        assert child.stderr is not None  # piped
         if i in at_startup:
             # A moment of the start-up the run itself marks: right after launch (the interpreter
             # starting), once it holds the workdir's lock, or once run.json records its start.

@@ -183,6 +183,7 @@ def test_a_pair_trains_stops_together_on_sigterm_resumes_bit_exactly_and_resumes
     doomed = launch(
         doomed_dir,
         cache,
+        own=None,
         **{"train.num_steps": 10**6, "checkpoint.every": 0, "runtime.heartbeat_timeout": heartbeat},
     )
     wait_for(
@@ -318,7 +319,7 @@ def test_a_stopped_peer_stops_the_other_process_with_one_line_exit_1_and_a_trace
     file (JAX's client would abort it with SIGABRT and a C++ stack)."""
     cache, heartbeat = str(tmp_path / "cache"), 10
     long_run = {"train.num_steps": 10**6, "checkpoint.every": 0, "runtime.heartbeat_timeout": heartbeat}
-    pairs = {stopped: launch(tmp_path / f"stop{stopped}", cache, **long_run) for stopped in (1, 0)}
+    pairs = {stopped: launch(tmp_path / f"stop{stopped}", cache, own=None, **long_run) for stopped in (1, 0)}
     try:
         for stopped, pair in pairs.items():
             wait_for(
@@ -366,7 +367,9 @@ def test_process_0_refused_after_the_group_formed_stops_its_peer_in_one_line_and
     workdir.mkdir()
     with open(workdir / "run.lock", "w") as held:  # another live run's lock
         fcntl.flock(held, fcntl.LOCK_EX)
-        results = finish(launch(workdir, str(tmp_path / "cache"), **{"runtime.heartbeat_timeout": 10}), 300)
+        results = finish(
+            launch(workdir, str(tmp_path / "cache"), own=None, **{"runtime.heartbeat_timeout": 10}), 300
+        )
     (code0, _, err0), (code1, _, err1) = results
     lines0, lines1 = (
         [x for x in dew_stderr(subprocess.CompletedProcess([], c, o, e)) if not x.startswith("warning: ")]

@@ -9,7 +9,6 @@ third of the launch time; ``test_training`` resumes the README's image experimen
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import pathlib
@@ -26,7 +25,10 @@ from helpers_common import ROOT
 from dew.checkpointing import Checkpoints
 from dew.data.dataset import DataPartition
 
-cli = functools.partial(cli_on, experiment="mixture")
+
+def cli(workdir, **overrides) -> subprocess.CompletedProcess:
+    """``helpers_cli.cli`` on the tiny 2-D mixture run, with dotted config ``overrides``."""
+    return cli_on(workdir, experiment="mixture", **overrides)
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +143,7 @@ def test_a_changed_batch_size_is_named_and_the_data_position_carried_over_by_exa
     # ... and the run went on from there: 4 more batches of 32 end at batch 8 of epoch 0.
     state, position = Checkpoints(str(workdir / "checkpoints")).restore(share=DataPartition())
     assert int(state.step) == 12
-    assert json.loads(position) == {"epoch": 0, "batch": 8}
+    assert position is not None and json.loads(position) == {"epoch": 0, "batch": 8}
 
 
 @pytest.mark.parametrize(

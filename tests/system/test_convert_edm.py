@@ -16,6 +16,7 @@ import dew
 from dew import convert_edm
 from dew.checkpointing import Checkpoints
 from dew.config import load_config
+from dew.objectives.diffusion import Diffusion
 from dew.training.trainer import Trainer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -53,7 +54,9 @@ def test_converted_checkpoint_samples_like_the_reference(tmp_path):
     with np.load(REFERENCE, allow_pickle=False) as data:
         x = jnp.asarray(data["x"].transpose(0, 2, 3, 1))
         sigma, expected = jnp.asarray(data["sigma"]), data["denoised"].transpose(0, 2, 3, 1)
-    denoised = jax.jit(lambda p: trainer.objective.denoiser(p, {})(x, sigma))(params)
+    objective = trainer.objective
+    assert isinstance(objective, Diffusion)
+    denoised = jax.jit(lambda p: objective.denoiser(p, {})(x, sigma))(params)
     # Same bound as tests/test_edm_networks.py (float32 summation order), plus the EMA's
     # multiply-then-divide by 1 − β (two roundings, ~1e-7 relative).
     np.testing.assert_allclose(np.asarray(denoised), expected, atol=1e-5, rtol=0)

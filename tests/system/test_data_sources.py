@@ -93,7 +93,7 @@ def test_the_mixture_toy_and_its_exact_denoiser():
     x = jax.random.normal(jax.random.PRNGKey(0), (16, 2)) * 1.5
     for sigma in (0.05, 0.5, 5.0):
         tweedie = x + sigma**2 * jax.vmap(jax.grad(log_p), (0, None))(x, sigma)
-        np.testing.assert_allclose(RING.denoise(x, sigma), tweedie, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(RING.denoise(x, jnp.asarray(sigma)), tweedie, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="weights must sum to 1"):
         GaussianMixture(((0.0, 0.0),), (1.0,), (0.5,))
 
@@ -102,10 +102,12 @@ def test_digits_are_load_digits_read_without_importing_scikit_learn(monkeypatch)
     import subprocess
 
     from sklearn.datasets import load_digits
+    from sklearn.utils import Bunch
 
     from dew.data.sources import digits as digits_module
 
     raw = load_digits()
+    assert isinstance(raw, Bunch)  # not return_X_y
     pixels, labels = digits_module.load_pixels_and_labels()
     np.testing.assert_array_equal(pixels, raw.data)
     np.testing.assert_array_equal(labels, raw.target)

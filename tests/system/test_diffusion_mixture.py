@@ -14,6 +14,7 @@ from PIL import Image
 
 from dew.config import apply_overrides, load_config
 from dew.data.sources.mixture import RING
+from dew.objectives.diffusion import Diffusion
 from dew.scoring.sliced_wasserstein import ratio_to_noise_floor
 from dew.training.trainer import Trainer
 
@@ -42,13 +43,16 @@ def test_trained_edm_on_the_mixture_is_within_1_25x_of_the_noise_floor(tmp_path)
     ]
     assert [r["step"] for r in evals] == [1000, 1500]
     best = min(evals, key=lambda r: r["loss"])["step"]
+    assert trainer.checkpoints is not None
     assert trainer.checkpoints.best == best and trainer.checkpoints.latest == 1500
     picture = np.asarray(Image.open(tmp_path / "run" / "previews" / "samples.png").convert("L"), np.float64)
     h, w = picture.shape
     yy, xx = np.mgrid[:h, :w]
     # The plot spans ±extent (1.15 x the largest |coordinate| of the data): the unit circle lies
     # at radius h/2/extent pixels; the ring's mass is within ±0.45 (3 std) of it, none near 0.
+    assert isinstance(trainer.objective, Diffusion)
     extent = trainer.objective.extent
+    assert extent is not None  # the 2-D points' plot range
     radius = np.hypot(yy - h / 2, xx - w / 2) / (h / 2) * extent
     assert picture[np.abs(radius - 1.0) < 0.15].mean() < picture[radius < 0.4].mean() - 20  # darker ring
     params = trainer.debiased_ema(state)

@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -119,7 +120,7 @@ def test_each_image_is_a_function_of_its_seed_alone(model, name):
 
 def _draw(model, outdir, devices, **kw) -> fp.Draw:
     objective, params = model
-    settings = dict(num=11, first_seed=20, batch=2, chunk=5)
+    settings: dict[str, Any] = dict(num=11, first_seed=20, batch=2, chunk=5)
     settings.update(kw)
     return fp.Draw(
         objective,
@@ -131,6 +132,13 @@ def _draw(model, outdir, devices, **kw) -> fp.Draw:
         log=lambda line: None,
         **settings,
     )
+
+
+def _completed(draw: fp.Draw) -> MomentSums:
+    """``draw.run()`` with no ``max_chunks``: the complete sums it must then give."""
+    sums = draw.run()
+    assert sums is not None
+    return sums
 
 
 def _features_directly(model, seeds) -> np.ndarray:
@@ -146,8 +154,8 @@ def _features_directly(model, seeds) -> np.ndarray:
 
 def test_a_draw_sharded_over_8_devices_equals_one_device_and_the_seeds_features(model, tmp_path):
     assert jax.device_count() >= 8
-    eight = _draw(model, tmp_path / "eight", jax.devices()[:8]).run()
-    one = _draw(model, tmp_path / "one", jax.devices()[:1]).run()
+    eight = _completed(_draw(model, tmp_path / "eight", jax.devices()[:8]))
+    one = _completed(_draw(model, tmp_path / "one", jax.devices()[:1]))
     assert eight.count == one.count == 11
     np.testing.assert_array_equal(eight.total, one.total)
     np.testing.assert_array_equal(eight.outer, one.outer)
@@ -161,14 +169,14 @@ def test_a_draw_sharded_over_8_devices_equals_one_device_and_the_seeds_features(
 
 def test_an_interrupted_draw_resumed_ends_with_the_uninterrupted_statistics(model, tmp_path):
     os.makedirs(tmp_path / "whole")
-    whole = _draw(model, tmp_path / "whole", jax.devices()[:2]).run()
+    whole = _completed(_draw(model, tmp_path / "whole", jax.devices()[:2]))
     os.makedirs(tmp_path / "cut")
     assert _draw(model, tmp_path / "cut", jax.devices()[:2]).run(max_chunks=1) is None
     with np.load(tmp_path / "cut" / fp.PROGRESS_FILE) as progress:
         assert int(progress["chunks_done"]) == 1 and int(progress["count"]) == 5
     assert os.listdir(tmp_path / "cut") == [fp.PROGRESS_FILE]  # no temporary file left behind
     # a fresh process's view: a new Draw reading the progress file, on other devices
-    resumed = _draw(model, tmp_path / "cut", jax.devices()[4:8]).run()
+    resumed = _completed(_draw(model, tmp_path / "cut", jax.devices()[4:8]))
     assert resumed.count == whole.count == 11
     np.testing.assert_array_equal(resumed.total, whole.total)
     np.testing.assert_array_equal(resumed.outer, whole.outer)
@@ -186,7 +194,7 @@ def test_the_preview_is_the_first_seeds_images_the_detector_embedded(model, tmp_
     from dew.artifacts import ImageGrid
     from dew.tracking.render import image_pixels
 
-    sums = _draw(model, tmp_path, jax.devices()[:2], preview=5).run()
+    sums = _completed(_draw(model, tmp_path, jax.devices()[:2], preview=5))
     assert sums.count == 11
     objective, params = model
     images = np.asarray(
@@ -235,7 +243,7 @@ def test_two_processes_each_draw_their_seed_share_and_get_the_one_process_sums(m
     for i, p in enumerate(procs):
         assert p.returncode == 0, f"process {i} failed:\n{logs[i][-3000:]}"
     # the same per-device batch (2) on 4 devices of 2 processes as on 4 devices of this one
-    single = _draw(model, tmp_path / "single", jax.devices()[:4]).run()
+    single = _completed(_draw(model, tmp_path / "single", jax.devices()[:4]))
     for out in outs:
         with np.load(out) as got:
             assert int(got["count"]) == single.count == 11

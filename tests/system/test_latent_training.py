@@ -19,9 +19,11 @@ from helpers_common import ROOT
 from test_training import assert_states_identical
 
 import dew
+from dew.artifacts import ImageGrid
 from dew.config import apply_overrides, load_config
 from dew.networks.sd_vae_weights import load_weights
 from dew.objectives import latent_space
+from dew.objectives.diffusion import Diffusion
 from dew.schema import ConfigError
 from dew.training.build import build_objective, open_split
 from dew.training.trainer import Trainer
@@ -88,6 +90,7 @@ def test_training_draws_edm2s_final_latents_from_the_step_key(data):
     config = latent_config(data)
     source = open_split(config.dataset, "train")
     objective = build_objective(config, source)
+    assert isinstance(objective, Diffusion)
     raw = jnp.asarray(source.fields["image"][:4])
     assert raw.shape == (4, 8, 8, 8) and objective.input_spec.sample.shape == (8, 8, 4)
     assert objective.image_shape == (32, 32, 3)
@@ -116,12 +119,14 @@ def test_preview_decodes_sampled_latents_through_the_vae(data):
     config = latent_config(data)
     source = open_split(config.dataset, "train")
     objective = build_objective(config, source)
+    assert isinstance(objective, Diffusion)
     batch = {
         "image": jnp.asarray(source.fields["image"][:2]),
         "label": jnp.asarray(source.fields["label"][:2]),
     }
     params = objective.init(jax.random.PRNGKey(0), batch)
     grid = objective.preview(params, jax.random.PRNGKey(1))
+    assert isinstance(grid, ImageGrid)
     assert grid.images.shape == (10, 32, 32, 3)  # one per class, the VAE's pixel shape
     # edm2's decode: uint8 pixels u, shown as u / 127.5 - 1
     u = (grid.images + 1.0) * 127.5
@@ -130,6 +135,7 @@ def test_preview_decodes_sampled_latents_through_the_vae(data):
     draw = objective._jitted[("draw", objective.sampling)]
     latents, _ = draw(params, jax.random.PRNGKey(1))
     assert latents.shape == (10, 8, 8, 4)
+    assert objective.latent is not None
     pixels = np.asarray(jax.jit(objective.latent.codec.decode)(latents))
     np.testing.assert_array_equal(np.round(u).astype(np.uint8), pixels)
 

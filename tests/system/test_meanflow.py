@@ -188,6 +188,7 @@ class LabelsAsInts(hk.Module):
         self.num_classes = num_classes
 
     def __call__(self, x, t, y, *, h=None, is_training=False):
+        assert h is not None  # the objective passes its second time input
         table = hk.get_parameter("table", (self.num_classes + 1, 4), init=hk.initializers.RandomNormal())
         c = jnp.concatenate([jnp.stack([t, h], -1), table[y]], -1)
         return x * hk.Linear(1)(c)[:, :, None, None] + hk.Linear(x.shape[-1])(c)[:, None, None, :]

@@ -8,10 +8,11 @@ import json
 import pathlib
 
 import numpy as np
-from PIL import Image
+from PIL import GifImagePlugin, Image
 
 import dew
 from dew.config import apply_overrides, load_config
+from dew.objectives.contrastive import Contrastive
 from dew.scoring.linear_probe import linear_probe, probe_accuracy
 from dew.training.trainer import Trainer
 
@@ -83,7 +84,7 @@ def test_video_diffusion_previews_gifs_of_moving_digit_clips(tmp_path):
         ],
     )
     gif = Image.open(workdir / "tracking" / "videos" / "samples_00000002.gif")
-    assert gif.format == "GIF" and gif.n_frames == 8
+    assert isinstance(gif, GifImagePlugin.GifImageFile) and gif.n_frames == 8
     # The preview's own setting: the pipeline reuses its program (explicit classes take the image
     # path's code, covered by test_pipeline).
     clips = dew.pipeline(str(workdir))()
@@ -111,6 +112,7 @@ def test_contrastive_encoder_emits_representations_scored_by_the_linear_probe(tm
     assert reps.features.shape == (220, 8)
     # The recorded score is the probe on these representations (the even rows held out) ...
     assert scored["linear_probe"] == linear_probe(reps)
+    assert isinstance(trainer.objective, Contrastive) and trainer.objective.probe_images is not None
     assert scored["linear_probe_pixels"] == probe_accuracy(trainer.objective.probe_images, reps.labels)
     # ... and reads the labels from them: a probe whose predictions ignored the labels would score
     # the share q of the held-out rows' commonest label on average, with a standard deviation of at

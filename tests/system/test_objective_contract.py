@@ -20,7 +20,7 @@ from dew import registry
 from dew.artifacts import TextSamples
 from dew.inputs import Field, InputSpec
 from dew.schema import ConfigError, Key, Section
-from dew.training.objective import Aux, Objective, Step
+from dew.training.objective import Artifact, Aux, Objective, Step
 
 NAME = "test_digit_classifier"
 
@@ -52,10 +52,10 @@ class DigitClassifier(Objective):
         )
 
     @classmethod
-    def from_config(cls, config, dataset):
+    def from_config(cls, config, source):
         n = config.objective.shown
         return cls(
-            config.objective.hidden, np.asarray(dataset.fields["image"][:n]), dataset.fields["label"][:n]
+            config.objective.hidden, np.asarray(source.fields["image"][:n]), source.fields["label"][:n]
         )
 
     def init(self, rng, batch):
@@ -77,7 +77,7 @@ class DigitClassifier(Objective):
         accuracy = jnp.mean(jnp.argmax(logits, -1) == batch["label"])
         return jnp.mean(nll), ({"accuracy": accuracy}, Aux())
 
-    def preview(self, params, rng):
+    def preview(self, params, rng) -> Artifact:
         predicted = np.asarray(jnp.argmax(self.logits(params, jnp.asarray(self.shown)), -1))
         text = tuple(f"true {t} predicted {p}" for t, p in zip(self.truth, predicted, strict=True))
         return TextSamples(predicted[:, None].astype(np.int32), text=text)
@@ -160,9 +160,10 @@ def test_a_classifier_trains_evaluates_previews_and_resumes_through_the_trainer(
     ]
     # The best checkpoint is ranked by the evaluation loss and kept beside the latest.
     trainer = Trainer(classifier_config(), str(workdir))
+    assert trainer.checkpoints is not None
     best = trainer.checkpoints.best
     losses = {r["step"]: r["loss"] for r in evals}
-    assert best == min(losses, key=losses.get)
+    assert best == min(losses, key=lambda step: losses[step])
     assert trainer.checkpoints.latest == 60
 
     # Stopped at 40 and resumed: the same final state, bit for bit.
@@ -254,5 +255,5 @@ def test_restore_ema_debiases_a_half_life_accumulation_run_on_its_own(tmp_path):
     with pytest.raises(ValueError, match="contradicts the 2 micro-batches"):
         reader.restore_ema(template, accumulation=1)
     with pytest.raises(TypeError, match="step must be an int"):
-        reader.restore_ema(template, 0.9)
+        reader.restore_ema(template, 0.9)  # pyright: ignore[reportArgumentType]  # the refusal under test
     assert reader.restore_ema(template, decay=spec, accumulation=2)["w2"].shape == (16, 10)

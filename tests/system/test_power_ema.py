@@ -49,7 +49,7 @@ def test_power_ema_config_is_validated():
 def test_slots_snapshots_and_phema_checkpoint(tmp_path, capsys):
     trainer, state = _trained(tmp_path)
     run = trainer.workdir
-    assert len(state.power_ema) == 2
+    assert state.power_ema is not None and len(state.power_ema) == 2
     store = PowerEMASnapshots(os.path.join(run, "power_ema"), read_only=True)
     assert store.steps() == [2, 4, 6]
     snapshots = store.snapshots()
@@ -108,7 +108,7 @@ def test_slots_snapshots_and_phema_checkpoint(tmp_path, capsys):
     )
     resumed = Trainer(config, run)
     start = resumed.initial_state()
-    assert int(start.step) == 6
+    assert int(start.step) == 6 and start.power_ema is not None
     for slot, snap in zip(start.power_ema, snapshots[-2:], strict=True):
         jax.tree.map(np.testing.assert_array_equal, jax.device_get(slot), snap.params)
     resumed.run()
@@ -121,21 +121,22 @@ def test_power_slots_update_only_at_accumulation_boundaries():
     """With k micro-batches per update the slots move once per k steps, with β at update n."""
     import optax
 
-    from dew.objectives.base import EMASpec, Objective
+    from dew.inputs import Field, InputSpec
+    from dew.objectives.base import Aux, EMASpec, Objective
     from dew.training.steps import make_init, make_step
 
     class Quadratic(Objective):
-        input_spec = None
+        input_spec = InputSpec(Field("x", (3,)))
 
         def init(self, rng, batch):
             return {"w": jax.numpy.ones(3)}
 
         def loss(self, params, rng, batch, step):
-            return jax.numpy.sum((params["w"] - batch["x"].mean(0)) ** 2), ({}, None)
+            return jax.numpy.sum((params["w"] - batch["x"].mean(0)) ** 2), ({}, Aux())
 
     power = PowerEMA((0.05, 0.1), 1)
     objective, opt = Quadratic(), optax.sgd(0.1)
-    batch = {"x": np.arange(6.0).reshape(2, 3)}
+    batch = {"x": jax.numpy.asarray(np.arange(6.0).reshape(2, 3))}
     init = make_init(objective, opt, EMASpec(0.9), accumulation=2, power_ema=power)
     step = jax.jit(make_step(objective, opt, EMASpec(0.9), accumulation=2, power_ema=power))
     state = init(jax.random.PRNGKey(0), batch)

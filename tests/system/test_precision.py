@@ -217,11 +217,12 @@ def test_resume_is_bit_exact_under_a_dynamic_scale_and_works_across_policies(tmp
     straight = Trainer(
         tiny_config(**quiet, **f16, **{"train.num_steps": 8}), str(tmp_path / "straight")
     ).run()
-    assert float(straight.loss_scale["scale"]) < 2.0**40  # it backed off
+    assert straight.loss_scale is not None and float(straight.loss_scale["scale"]) < 2.0**40  # it backed off
     Trainer(tiny_config(**quiet, **f16, **{"train.num_steps": 4}), str(tmp_path / "resumed")).run()
     resumed = Trainer(tiny_config(**quiet, **f16, **{"train.num_steps": 8}), str(tmp_path / "resumed")).run()
     _states_equal(straight, resumed)
     stored = Trainer(tiny_config(**quiet, **f16, **{"train.num_steps": 8}), str(tmp_path / "resumed"))
+    assert stored.checkpoints is not None
     assert {np.dtype(x.dtype) for x in jax.tree.leaves(stored.checkpoints.stored().params)} == {
         np.dtype(np.float32)
     }

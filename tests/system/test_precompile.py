@@ -35,7 +35,7 @@ def compile_log():
     handler = CompileLog()
     logger = logging.getLogger("jax")
     logger.addHandler(handler)
-    previous = jax.config.jax_log_compiles
+    previous = jax.config.values["jax_log_compiles"]
     jax.config.update("jax_log_compiles", True)
     yield handler
     jax.config.update("jax_log_compiles", previous)

@@ -29,7 +29,9 @@ TINY = [
 def readme_loop() -> str:
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## Using the pieces in your own loop") :]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    block = re.search(r"```python\n(.*?)```", section, re.S)
+    assert block is not None, "the README's loop section holds no python block"
+    return block.group(1)
 
 
 def test_the_readme_loop_runs_as_written(tmp_path):

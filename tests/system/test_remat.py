@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers_common import tiny_config
+from helpers_common import device_batch, tiny_config
 
 from dew.schema import ConfigError
 from dew.training.build import build_objective, open_split
@@ -47,7 +47,7 @@ def loss_and_gradient(objective, params, batch):
     return float(loss), np.concatenate([np.ravel(np.asarray(g, np.float64)) for g in jax.tree.leaves(grads)])
 
 
-def digits_batch() -> tuple[dict[str, np.ndarray], np.random.Generator]:
+def digits_batch() -> tuple[dict[str, jax.Array], np.random.Generator]:
     """16 seeded 8×8×1 images (σ 0.5) with labels in 0..9, the batch both equivalence tests use,
     and the generator after drawing it (the tests perturb the parameters from it next)."""
     rng = np.random.default_rng(0)
@@ -55,7 +55,7 @@ def digits_batch() -> tuple[dict[str, np.ndarray], np.random.Generator]:
         "image": (0.5 * rng.normal(size=(16, 8, 8, 1))).astype(np.float32),
         "label": rng.integers(0, 10, 16).astype(np.int32),
     }
-    return batch, rng
+    return device_batch(batch), rng
 
 
 @pytest.mark.parametrize("remat", ["blocks", "blocks_save_dots"])
@@ -79,6 +79,6 @@ def test_an_unknown_remat_policy_is_refused():
     with pytest.raises((ConfigError, ValueError)) as e:
         objective_for("everything").init(
             jax.random.PRNGKey(0),
-            {"image": np.zeros((2, 8, 8, 1), np.float32), "label": np.zeros(2, np.int32)},
+            device_batch({"image": np.zeros((2, 8, 8, 1), np.float32), "label": np.zeros(2, np.int32)}),
         )
     assert "remat" in str(e.value) and "blocks" in str(e.value)

@@ -11,7 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers_trainer import empty_state
 
+from dew.artifacts import ImageGrid
 from dew.checkpointing.restore import (
     ResumeMismatchError,
     config_changes,
@@ -77,8 +79,9 @@ def test_run_json_keeps_every_start_and_names_the_writer_of_a_step(tmp_path):
     ]
     metadata = json.loads((tmp_path / "run.json").read_text())
     assert metadata["config"]["optimizer"]["learning_rate"] == 2e-3  # the latest start's
-    assert writer_of(str(tmp_path), 40)["config"]["optimizer"]["learning_rate"] == 1e-3
-    assert writer_of(str(tmp_path), 60)["config"]["optimizer"]["learning_rate"] == 2e-3
+    at_40, at_60 = writer_of(str(tmp_path), 40), writer_of(str(tmp_path), 60)
+    assert at_40 is not None and at_40["config"]["optimizer"]["learning_rate"] == 1e-3
+    assert at_60 is not None and at_60["config"]["optimizer"]["learning_rate"] == 2e-3
     assert writer_of(str(tmp_path), 0) is None
 
 
@@ -86,6 +89,7 @@ def test_setting_records_aside_moves_them_whole(tmp_path):
     (tmp_path / "tracking").mkdir()
     (tmp_path / "tracking" / "scalars.jsonl").write_text('{"step": 1}\n')
     aside = set_aside_records(str(tmp_path))
+    assert aside is not None
     assert not (tmp_path / "tracking").exists()
     assert pathlib.Path(aside, "tracking", "scalars.jsonl").read_text() == '{"step": 1}\n'
     assert set_aside_records(str(tmp_path)) is None
@@ -112,6 +116,7 @@ def test_a_preview_with_nonfinite_samples_reports_them_instead_of_scoring(tmp_pa
         raise AssertionError("a metric was asked to score NaN samples")
 
     grid = trainer.objective.preview(diverged, jax.random.PRNGKey(1))
+    assert isinstance(grid, ImageGrid)
     assert np.isfinite(grid.images).all()  # drawn (grey), not refused by ImageGrid
     assert trainer.objective.score(grid, {"accuracy": metric}) == {
         "nonfinite_samples": float(len(grid.images))
@@ -159,7 +164,9 @@ def test_a_window_resumed_in_its_middle_is_marked_partial_and_whole_ones_are_not
     tracker = Collect()
     stage = MetricsStage(tracker, every=4, batch_size=16)
     for step in range(6, 13):  # resumed from step 5: the window 5..8 was only partly seen
-        ctx = StepContext(step=step, state=None, stats={"loss": jnp.asarray(float(step))}, final=False)
+        ctx = StepContext(
+            step=step, state=empty_state(step), stats={"loss": jnp.asarray(float(step))}, final=False
+        )
         stage.observe(ctx)
         if step % 4 == 0:
             stage.run(ctx)

@@ -39,7 +39,9 @@ def tiny_run(tmp_path_factory):
 
 
 def _total(table: str) -> tuple[int, int]:
-    count, size = re.fullmatch(r"Total: ([\d,]+) -- ([\d,]+) bytes", table.splitlines()[-1]).groups()
+    total = re.fullmatch(r"Total: ([\d,]+) -- ([\d,]+) bytes", table.splitlines()[-1])
+    assert total is not None, table
+    count, size = total.groups()
     return int(count.replace(",", "")), int(size.replace(",", ""))
 
 

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers_common import tiny_config
+from helpers_common import device_batch, tiny_config
 from test_remat import U32, digits_batch, loss_and_gradient
 
 from dew.schema import ConfigError
@@ -97,8 +97,8 @@ def test_a_config_with_scanned_blocks_trains_through_the_trainer(tmp_path):
 
 def test_a_scan_blocks_value_that_is_not_a_bool_is_refused():
     with pytest.raises((ConfigError, ValueError)) as e:
-        objective_for("sometimes").init(  # type: ignore[arg-type]
+        objective_for("sometimes").init(  # pyright: ignore[reportArgumentType]  # the refusal under test
             jax.random.PRNGKey(0),
-            {"image": np.zeros((2, 8, 8, 1), np.float32), "label": np.zeros(2, np.int32)},
+            device_batch({"image": np.zeros((2, 8, 8, 1), np.float32), "label": np.zeros(2, np.int32)}),
         )
     assert "scan_blocks" in str(e.value) and "sometimes" in str(e.value)

@@ -355,7 +355,7 @@ def test_autoguidance_sweeps_the_guides_ema_length(run_dir, tmp_path, capsys):
     coarse = {r["guide_sigma_rel"]: r["score"] for r in result["records"] if r["pass"] == "coarse"}
     fine = {r["guide_sigma_rel"] for r in result["records"] if r["pass"] == "fine"}
     assert set(coarse) == {0.05, 0.16} and coarse[0.05] != coarse[0.16]  # the guide's EMA matters
-    best = max(coarse, key=coarse.get)
+    best = max(coarse, key=lambda sigma_rel: coarse[sigma_rel])
     assert fine == {best, round(math.sqrt(0.05 * 0.16), 6)}
     assert result["settings"]["guide"] == os.path.abspath(run_dir)
 

@@ -16,7 +16,7 @@ import threading
 import numpy as np
 import pytest
 from helpers_tracking import event_accumulator, offline_run_dirs, wandb_history
-from PIL import Image
+from PIL import GifImagePlugin, Image
 
 from dew.artifacts import ImageGrid, TextSamples, VideoGrid
 from dew.tracking.background import BackgroundTracker
@@ -148,7 +148,7 @@ def test_tensorboard_video_and_text_are_gif_and_text_summaries(tmp_path):
     events = event_accumulator(str(tmp_path))
     (clip,) = events.Images("clip")
     gif = Image.open(io.BytesIO(clip.encoded_image_string))
-    assert (gif.format, gif.n_frames) == ("GIF", 3)
+    assert isinstance(gif, GifImagePlugin.GifImageFile) and gif.n_frames == 3
     (text,) = events.Tensors("text")
     assert "0: a cat" in text.tensor_proto.string_val[0].decode()
 
@@ -245,7 +245,8 @@ def test_local_tracker_writes_gif_and_text_and_drops_what_follows_a_restored_ste
         tracker.log(TRAIN, {"loss": float(step)}, step)
         tracker.log_artifact("clip", moving_clips(3), step)
         tracker.log_artifact("text", TextSamples(np.array([[1, 2]]), text=("hi",), prompt="p"), step)
-    assert Image.open(tmp_path / "videos" / "clip_00000003.gif").n_frames == 3
+    gif = Image.open(tmp_path / "videos" / "clip_00000003.gif")
+    assert isinstance(gif, GifImagePlugin.GifImageFile) and gif.n_frames == 3
     assert (tmp_path / "text" / "text_00000003.txt").read_text() == "prompt: p\n\n0: hi\n"
     tracker.log(CLEANUP, {}, 1)
     tracker.log(TRAIN, {"loss": 20.0}, 2)
@@ -258,6 +259,7 @@ def test_local_tracker_writes_gif_and_text_and_drops_what_follows_a_restored_ste
 
 def test_rmse_is_the_root_of_the_window_mean_through_the_metrics_stage():
     import jax.numpy as jnp
+    from helpers_trainer import empty_state
 
     from dew.training.loop import StepContext
     from dew.training.stages import MetricsStage
@@ -272,7 +274,7 @@ def test_rmse_is_the_root_of_the_window_mean_through_the_metrics_stage():
     recording = Recording()
     stage = MetricsStage(recording, every=2, batch_size=4)
     for step, mse in ((1, 0.01), (2, 0.09)):
-        ctx = StepContext(step=step, state=None, stats={"mse_x": jnp.float32(mse)}, final=False)
+        ctx = StepContext(step=step, state=empty_state(step), stats={"mse_x": jnp.float32(mse)}, final=False)
         stage.observe(ctx)
     stage.run(ctx)
     ((values, step),) = [(values, step) for category, values, step in recording.seen if category == TRAIN]

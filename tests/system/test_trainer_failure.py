@@ -40,6 +40,7 @@ def test_a_nan_loss_stops_the_run_naming_step_statistic_and_last_good_checkpoint
     with pytest.raises(NonFiniteError) as caught:
         trainer.run()
     message = str(caught.value)
+    assert trainer.checkpoints is not None
     assert f"non-finite loss (nan) at step {BAD_STEP}" in message
     assert f"Last good checkpoint: {trainer.checkpoints.path(4)}" in message
     # Nothing saved after the bad step; what was saved is intact and finite.
@@ -61,6 +62,6 @@ def test_the_skip_policy_drops_the_update_counts_it_and_profiles_a_window(tmp_pa
     rows = [json.loads(line) for line in (workdir / "tracking" / "scalars.jsonl").read_text().splitlines()]
     skips = {r["step"]: r["skipped_updates"] for r in rows if r["category"] == "train"}
     assert skips == {2: 0, 4: 0, 6: 1, 8: 0}
-    assert trainer.checkpoints.latest == 8
+    assert trainer.checkpoints is not None and trainer.checkpoints.latest == 8
     # The profile knob: one window of steps 4 and 5 (after 3 warm-up steps) under <workdir>/profile.
     assert trace_steps(workdir / "profile") == [4, 5]

@@ -42,7 +42,7 @@ def test_four_steps_per_call_resumed_mid_span_equal_single_steps(tmp_path):
         first = mixture(tmp_path / f"k{k}", 15, k).run()
         assert int(first.step) == 15
         resumed = mixture(tmp_path / f"k{k}", 30, k)
-        assert resumed.checkpoints.latest == 15
+        assert resumed.checkpoints is not None and resumed.checkpoints.latest == 15
         ends[k] = resumed.run()
     assert_states_identical(ends[1], ends[4])
 
@@ -59,4 +59,6 @@ def test_four_steps_per_call_resumed_mid_span_equal_single_steps(tmp_path):
         for key in (k for k, v in x.items() if not isinstance(v, str)):
             # Window sums of the same positive float32 values, added in another grouping: each
             # addition rounds by at most eps, so the means differ by at most LOG_EVERY eps.
-            np.testing.assert_allclose(y[key], x[key], rtol=LOG_EVERY * np.finfo(np.float32).eps, err_msg=key)
+            np.testing.assert_allclose(
+                y[key], x[key], rtol=LOG_EVERY * float(np.finfo(np.float32).eps), err_msg=key
+            )

@@ -30,7 +30,7 @@ def test_a_stopped_and_resumed_run_ends_bit_identical_to_a_straight_run(tmp_path
     first = Trainer(tiny_config(**{"train.num_steps": 4, "checkpoint.every": 2}), str(interrupted)).run()
     assert int(first.step) == 4
     resumed_trainer = Trainer(tiny_config(**{"train.num_steps": 6}), str(interrupted))
-    assert resumed_trainer.checkpoints.latest == 4
+    assert resumed_trainer.checkpoints is not None and resumed_trainer.checkpoints.latest == 4
     resumed = resumed_trainer.run()
 
     assert_states_identical(straight, resumed)
@@ -64,7 +64,9 @@ def test_a_run_leaves_checkpoints_metrics_previews_and_metadata(tmp_path):
 
 def test_the_command_line_trains_and_a_second_call_resumes(tmp_path):
     def run(num_steps: int) -> subprocess.CompletedProcess:
-        return cli(tmp_path / "cli", **{"train.num_steps": num_steps, "checkpoint.every": 2})
+        return cli(
+            tmp_path / "cli", experiment="edm", **{"train.num_steps": num_steps, "checkpoint.every": 2}
+        )
 
     first = run(4)
     assert first.returncode == 0, first.stderr

@@ -24,12 +24,12 @@ time.sleep(600)
 """
 
 
-def hold(workdir) -> subprocess.Popen:
+def hold(workdir) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
     child = subprocess.Popen(
         [sys.executable, "-c", HOLD, str(workdir)], stdout=subprocess.PIPE, text=True, env=env
     )
-    assert child.stdout.readline().strip() == "held"
+    assert child.stdout is not None and child.stdout.readline().strip() == "held"
     return child
 
 

@@ -134,13 +134,15 @@ def test_the_pipeline_in_a_script(trained, home):
 
 def test_resume_and_a_new_workdir_measure_nothing(trained, home, tmp_path):
     workdir, _ = trained
-    resumed = train(workdir, home, **{"train.num_steps": 6})
+    resumed = train(workdir, home, config="experiments/edm.py", **{"train.num_steps": 6})
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "timing" not in resumed.stdout and "recorded with the run's checkpoints" in kernel_line(
         resumed.stdout
     )
     assert "done at step 6" in resumed.stdout
-    fresh = train(tmp_path / "other", home, **{"train.num_steps": 1, "checkpoint.every": 0})
+    fresh = train(
+        tmp_path / "other", home, config="experiments/edm.py", **{"train.num_steps": 1, "checkpoint.every": 0}
+    )
     assert fresh.returncode == 0, fresh.stdout + fresh.stderr
     assert "timing" not in fresh.stdout and kernel_line(fresh.stdout).endswith("(CPU-flag rule)")
 
