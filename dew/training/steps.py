@@ -44,7 +44,7 @@ def global_norm(tree: Any, *, laid_end_to_end: bool | None = None) -> jax.Array:
     leaves = [x.astype(jnp.float32) for x in jax.tree.leaves(tree)]
     if laid_end_to_end is None:
         laid_end_to_end = jax.default_backend() == "cpu"
-    if True:
+    if laid_end_to_end or len(leaves) == 1:
         flat = [jnp.ravel(x) for x in leaves]
         return jnp.sqrt(jnp.sum(jnp.square(jnp.concatenate(flat) if len(flat) > 1 else flat[0])))
     return jnp.sqrt(sum((jnp.sum(jnp.square(x)) for x in leaves), start=jnp.zeros((), jnp.float32)))
