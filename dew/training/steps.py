@@ -3,6 +3,10 @@
 These functions do no I/O and hold no Python state; jit them (``dew.training.sharding.Layout``
 gives the in/out shardings) and thread the ``TrainState`` through any loop.
 ``dew.training.loop.fit`` is one such loop.
+
+``make_init`` / ``make_step`` / ``make_eval`` take the averages in any form ``as_averages``
+accepts; ``init_program`` / ``step_program`` / ``eval_program`` build the same functions from the
+run's ``Averages`` as they are (``Programs``, which builds them once).
 """
 
 from __future__ import annotations
@@ -63,8 +67,22 @@ def make_init(
     tree (``ema``: the run's ``Averages``, or an ``EMASpec`` with ``power_ema`` beside it; the
     classic EMA zero, its law in ``ema_law``, the power-EMA slots zero), (with ``accumulation``
     > 1) zero pending gradient sums and (with a dynamic loss scale) its starting state."""
+    return init_program(
+        objective, optimizer, as_averages(ema, power_ema), accumulation=accumulation, precision=precision
+    )
+
+
+def init_program(
+    objective: Objective,
+    optimizer: optax.GradientTransformation,
+    averages: Averages,
+    *,
+    accumulation: int = 1,
+    precision: Precision | None = None,
+) -> Callable[[jax.Array, Batch], TrainState]:
+    """``make_init``'s ``init`` for the run's ``Averages`` as they are (``Programs`` builds them
+    once, ``Averages.from_config``)."""
     _check_accumulation(accumulation)
-    averages = as_averages(ema, power_ema)
 
     def init(rng: jax.Array, batch: Batch) -> TrainState:
         rng = jax.random.key_data(rng) if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) else rng
@@ -132,9 +150,28 @@ def make_step(
     product that computes its gradient (SiT-B/2 on a TPU v5e: the update's 6.6 ms of separate
     passes over the state, per step, hide under the products).
     """
+    return step_program(
+        objective,
+        optimizer,
+        as_averages(ema, power_ema),
+        accumulation=accumulation,
+        precision=precision,
+        skip_nonfinite=skip_nonfinite,
+    )
+
+
+def step_program(
+    objective: Objective,
+    optimizer: optax.GradientTransformation,
+    averages: Averages,
+    *,
+    accumulation: int = 1,
+    precision: Precision | None = None,
+    skip_nonfinite: bool = True,
+) -> Callable[[TrainState, Batch], tuple[TrainState, Stats]]:
+    """``make_step``'s ``step`` (its contract there) for the run's ``Averages`` as they are."""
     _check_accumulation(accumulation)
     k = accumulation
-    averages = as_averages(ema, power_ema)
     # The precision policy when it scales the loss, else None (one name the checker can narrow).
     scaling = precision if precision is not None and precision.loss_scale != "none" else None
 
@@ -276,7 +313,13 @@ def make_eval(
     The rng is the caller's (a fixed key gives comparable numbers across evaluations); the
     state's own key is not consumed, so evaluating never changes the training trajectory.
     """
-    averages = as_averages(ema)
+    return eval_program(objective, as_averages(ema), accumulation=accumulation)
+
+
+def eval_program(
+    objective: Objective, averages: Averages, *, accumulation: int = 1
+) -> Callable[[TrainState, Batch, jax.Array], Stats]:
+    """``make_eval``'s ``eval`` for the run's ``Averages`` as they are."""
 
     def evaluate(state: TrainState, batch: Batch, rng: jax.Array) -> Stats:
         params = averages.evaluated(state, num_updates(state.step, accumulation))
