@@ -175,6 +175,24 @@ def step_program(
     # The precision policy when it scales the loss, else None (one name the checker can narrow).
     scaling = precision if precision is not None and precision.loss_scale != "none" else None
 
+    def scaled_gradients(
+        scale: jax.Array, params: Any, rng: jax.Array, batch: Batch, index: jax.Array
+    ) -> tuple[jax.Array, Stats, Any]:
+        """The loss, its statistics and d(loss)/d(params), differentiated as scale × loss (so
+        float16 gradients inside the network stay above its subnormals) and divided by the scale
+        in float32."""
+
+        def scaled_loss(p: Any) -> tuple[jax.Array, tuple[jax.Array, Stats]]:
+            loss, (stats, _aux) = objective.loss(p, rng, batch, Step(index=index))
+            return loss * scale, (loss, stats)
+
+        (_, (loss, stats)), grads = typed_jax.value_and_grad(scaled_loss, has_aux=True)(params)
+
+        def unscale(g: jax.Array) -> jax.Array:
+            return g / scale
+
+        return loss, stats, jax.tree.map(unscale, grads)
+
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, Stats]:
         rng, step_rng = jax.random.split(state.rng)
         index = num_updates(state.step, k)
@@ -183,7 +201,7 @@ def step_program(
         current = objective.project(state.params)
         scale = None if scaling is None else scaling.current_scale(state.loss_scale)
         if scale is not None:
-            loss, stats, grads = _scaled_gradients(objective, scale, current, step_rng, batch, index)
+            loss, stats, grads = scaled_gradients(scale, current, step_rng, batch, index)
         else:
             grad_fn = typed_jax.value_and_grad(objective.loss, has_aux=True)
             (loss, (stats, _aux)), grads = grad_fn(current, step_rng, batch, Step(index=index))
@@ -262,24 +280,6 @@ def step_program(
         return new_state, {**stats, NONFINITE_FLAG: skipped}
 
     return step
-
-
-def _scaled_gradients(
-    objective: Objective, scale: jax.Array, params: Any, rng: jax.Array, batch: Batch, index: jax.Array
-) -> tuple[jax.Array, Stats, Any]:
-    """The loss, its statistics and d(loss)/d(params), differentiated as scale × loss (so float16
-    gradients inside the network stay above its subnormals) and divided by the scale in float32."""
-
-    def scaled_loss(p: Any) -> tuple[jax.Array, tuple[jax.Array, Stats]]:
-        loss, (stats, _aux) = objective.loss(p, rng, batch, Step(index=index))
-        return loss * scale, (loss, stats)
-
-    (_, (loss, stats)), grads = typed_jax.value_and_grad(scaled_loss, has_aux=True)(params)
-
-    def unscale(g: jax.Array) -> jax.Array:
-        return g / scale
-
-    return loss, stats, jax.tree.map(unscale, grads)
 
 
 def make_multi_step(
