@@ -12,8 +12,10 @@ and names where that tree lives: ``field`` (the ``TrainState`` field) and ``item
 checkpoint item), and ``name`` (what records and ``read`` call it). Two implement it:
 ``ClassicEMA`` (zero-initialised, debiased when read; ``dew.averaging.ema``) and ``PowerEMA``
 (EDM2's power-function profiles, no debiasing; ``dew.averaging.power_ema``). ``Averages`` is
-the run's set of them, built once from ``config.ema``: what ``make_init`` / ``make_step`` /
-``make_eval``, the snapshot stage and the checkpoint layout take as one argument.
+the run's set of them, built once from ``config.ema``: what ``Programs`` (its ``init_program`` /
+``step_program`` / ``eval_program``), the snapshot stage and the checkpoint layout take as one
+argument; ``as_averages`` makes one from the older forms ``make_init`` / ``make_step`` /
+``make_eval`` accept.
 
 State and checkpoint layout (the one rule, ``FIELDS``): the classic EMA's tree is
 ``TrainState.ema`` / item ``ema_params`` (the raw EMA; its law, ``ema.law``, in

@@ -15,7 +15,7 @@ import jax
 import optax
 
 from dew.averaging import ema as ema_lib
-from dew.averaging.averager import Averages, as_averages
+from dew.averaging.averager import Averages
 from dew.averaging.ema import EMASpec
 from dew.contracts.objective import Objective
 from dew.contracts.state import TrainState, num_updates
@@ -24,12 +24,13 @@ from dew.training import typed_jax
 from dew.training.calls import MultiStep, SingleStep
 from dew.training.precision import Precision
 from dew.training.sharding import Layout
-from dew.training.steps import abstract_state, make_eval, make_init, make_multi_step, make_step
+from dew.training.steps import abstract_state, eval_program, init_program, make_multi_step, step_program
 
 
 class Programs:
-    """The jitted pure stages of one run (see the module docstring). ``abstract`` is the state's
-    shapes and dtypes; ``state_shardings`` where each leaf lives.
+    """The jitted pure stages of one run (see the module docstring). ``averages``: the run's
+    ``Averages`` (``Averages.from_config``), handed to every stage as they are. ``abstract`` is
+    the state's shapes and dtypes; ``state_shardings`` where each leaf lives.
 
     ``places_ahead``: batches are placed on the mesh before the step (by the data stream's
     thread when it prepares batches ahead, or because several processes build global arrays
@@ -43,7 +44,7 @@ class Programs:
         self,
         objective: Objective,
         optimizer: optax.GradientTransformation,
-        averages: Averages | EMASpec,
+        averages: Averages,
         layout: Layout,
         example_batch: dict[str, Any],
         *,
@@ -54,10 +55,11 @@ class Programs:
         skip_nonfinite: bool = True,
     ):
         self.layout, self.example_batch, self.places_ahead = layout, example_batch, places_ahead
-        averages = as_averages(averages)
-        # The pure functions first, then their shapes and shardings, then each one jitted.
-        init = make_init(objective, optimizer, averages, accumulation=accumulation, precision=precision)
-        step = make_step(
+        # The pure functions first (init with the state's shapes it gives), then the state's
+        # shardings, then each function jitted.
+        init = init_program(objective, optimizer, averages, accumulation=accumulation, precision=precision)
+        self.abstract = abstract_state(init, example_batch)
+        step = step_program(
             objective,
             optimizer,
             averages,
@@ -66,8 +68,7 @@ class Programs:
             skip_nonfinite=skip_nonfinite,
         )
         multi = make_multi_step(step, steps_per_call) if steps_per_call > 1 else None
-        evaluate = make_eval(objective, averages, accumulation=accumulation)
-        self.abstract = abstract_state(init, example_batch)
+        evaluate = eval_program(objective, averages, accumulation=accumulation)
         self.state_shardings = layout.state_shardings(self.abstract)
         self.init = layout.jit_init(init, self.abstract)
         self.step = layout.jit_step(step, self.abstract)

@@ -3,6 +3,10 @@
 These functions do no I/O and hold no Python state; jit them (``dew.training.sharding.Layout``
 gives the in/out shardings) and thread the ``TrainState`` through any loop.
 ``dew.training.loop.fit`` is one such loop.
+
+``make_init`` / ``make_step`` / ``make_eval`` take the averages in any form ``as_averages``
+accepts; ``init_program`` / ``step_program`` / ``eval_program`` build the same functions from the
+run's ``Averages`` as they are (``Programs``, which builds them once).
 """
 
 from __future__ import annotations
@@ -63,8 +67,22 @@ def make_init(
     tree (``ema``: the run's ``Averages``, or an ``EMASpec`` with ``power_ema`` beside it; the
     classic EMA zero, its law in ``ema_law``, the power-EMA slots zero), (with ``accumulation``
     > 1) zero pending gradient sums and (with a dynamic loss scale) its starting state."""
+    return init_program(
+        objective, optimizer, as_averages(ema, power_ema), accumulation=accumulation, precision=precision
+    )
+
+
+def init_program(
+    objective: Objective,
+    optimizer: optax.GradientTransformation,
+    averages: Averages,
+    *,
+    accumulation: int = 1,
+    precision: Precision | None = None,
+) -> Callable[[jax.Array, Batch], TrainState]:
+    """``make_init``'s ``init`` for the run's ``Averages`` as they are (``Programs`` builds them
+    once, ``Averages.from_config``)."""
     _check_accumulation(accumulation)
-    averages = as_averages(ema, power_ema)
 
     def init(rng: jax.Array, batch: Batch) -> TrainState:
         rng = jax.random.key_data(rng) if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) else rng
@@ -132,11 +150,48 @@ def make_step(
     product that computes its gradient (SiT-B/2 on a TPU v5e: the update's 6.6 ms of separate
     passes over the state, per step, hide under the products).
     """
+    return step_program(
+        objective,
+        optimizer,
+        as_averages(ema, power_ema),
+        accumulation=accumulation,
+        precision=precision,
+        skip_nonfinite=skip_nonfinite,
+    )
+
+
+def step_program(
+    objective: Objective,
+    optimizer: optax.GradientTransformation,
+    averages: Averages,
+    *,
+    accumulation: int = 1,
+    precision: Precision | None = None,
+    skip_nonfinite: bool = True,
+) -> Callable[[TrainState, Batch], tuple[TrainState, Stats]]:
+    """``make_step``'s ``step`` (its contract there) for the run's ``Averages`` as they are."""
     _check_accumulation(accumulation)
     k = accumulation
-    averages = as_averages(ema, power_ema)
     # The precision policy when it scales the loss, else None (one name the checker can narrow).
     scaling = precision if precision is not None and precision.loss_scale != "none" else None
+
+    def scaled_gradients(
+        scale: jax.Array, params: Any, rng: jax.Array, batch: Batch, index: jax.Array
+    ) -> tuple[jax.Array, Stats, Any]:
+        """The loss, its statistics and d(loss)/d(params), differentiated as scale × loss (so
+        float16 gradients inside the network stay above its subnormals) and divided by the scale
+        in float32."""
+
+        def scaled_loss(p: Any) -> tuple[jax.Array, tuple[jax.Array, Stats]]:
+            loss, (stats, _aux) = objective.loss(p, rng, batch, Step(index=index))
+            return loss * scale, (loss, stats)
+
+        (_, (loss, stats)), grads = typed_jax.value_and_grad(scaled_loss, has_aux=True)(params)
+
+        def unscale(g: jax.Array) -> jax.Array:
+            return g / scale
+
+        return loss, stats, jax.tree.map(unscale, grads)
 
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, Stats]:
         rng, step_rng = jax.random.split(state.rng)
@@ -146,7 +201,7 @@ def make_step(
         current = objective.project(state.params)
         scale = None if scaling is None else scaling.current_scale(state.loss_scale)
         if scale is not None:
-            loss, stats, grads = _scaled_gradients(objective, scale, current, step_rng, batch, index)
+            loss, stats, grads = scaled_gradients(scale, current, step_rng, batch, index)
         else:
             grad_fn = typed_jax.value_and_grad(objective.loss, has_aux=True)
             (loss, (stats, _aux)), grads = grad_fn(current, step_rng, batch, Step(index=index))
@@ -227,24 +282,6 @@ def make_step(
     return step
 
 
-def _scaled_gradients(
-    objective: Objective, scale: jax.Array, params: Any, rng: jax.Array, batch: Batch, index: jax.Array
-) -> tuple[jax.Array, Stats, Any]:
-    """The loss, its statistics and d(loss)/d(params), differentiated as scale × loss (so float16
-    gradients inside the network stay above its subnormals) and divided by the scale in float32."""
-
-    def scaled_loss(p: Any) -> tuple[jax.Array, tuple[jax.Array, Stats]]:
-        loss, (stats, _aux) = objective.loss(p, rng, batch, Step(index=index))
-        return loss * scale, (loss, stats)
-
-    (_, (loss, stats)), grads = typed_jax.value_and_grad(scaled_loss, has_aux=True)(params)
-
-    def unscale(g: jax.Array) -> jax.Array:
-        return g / scale
-
-    return loss, stats, jax.tree.map(unscale, grads)
-
-
 def make_multi_step(
     step: Callable[[TrainState, Batch], tuple[TrainState, Stats]], steps: int
 ) -> Callable[[TrainState, tuple[Batch, ...]], tuple[TrainState, Stats]]:
@@ -276,7 +313,13 @@ def make_eval(
     The rng is the caller's (a fixed key gives comparable numbers across evaluations); the
     state's own key is not consumed, so evaluating never changes the training trajectory.
     """
-    averages = as_averages(ema)
+    return eval_program(objective, as_averages(ema), accumulation=accumulation)
+
+
+def eval_program(
+    objective: Objective, averages: Averages, *, accumulation: int = 1
+) -> Callable[[TrainState, Batch, jax.Array], Stats]:
+    """``make_eval``'s ``eval`` for the run's ``Averages`` as they are."""
 
     def evaluate(state: TrainState, batch: Batch, rng: jax.Array) -> Stats:
         params = averages.evaluated(state, num_updates(state.step, accumulation))
