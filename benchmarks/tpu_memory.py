@@ -7,8 +7,8 @@
 The run is one of ``benchmarks/accelerator.py``'s rows (an experiment's config on arrays of its
 shapes). The ``Trainer``'s step is built on the CPU, then compiled ahead of time for the devices
 of a TPU topology (``jax.experimental.topologies``: libtpu compiles for a v5e without one) with
-the step's shardings, donation and the accelerators' form of a skipped update
-(``dew.training.steps.SKIP_BY_SELECT``). It prints XLA's ``memory_analysis()`` (arguments,
+the step's shardings, donation, the Trainer's non-finite policy and the accelerators' form of a
+skipped update (``dew.training.steps.SKIP_BY_SELECT``). It prints XLA's ``memory_analysis()`` (arguments,
 outputs, temporaries, aliased; the total against the chip's HBM), the step's FLOPs from its
 ``cost_analysis()`` and how long the compile took here; a step that does not fit is XLA's own
 "Ran out of memory on HBM" line. On a TPU v5e these figures equal the chip's (SiT-B/2 bf16 at
@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             trainer.averages,
             accumulation=trainer.accumulation,
             precision=trainer.precision,
+            skip_nonfinite=trainer.config.train.nonfinite == "skip",  # as the Trainer builds it
         )
         state = trainer.programs.abstract
         batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), trainer.example_batch())

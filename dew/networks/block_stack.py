@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from haiku.experimental import transparent_lift
 
-from dew.networks.songunet import REMAT_POLICIES
+from dew.networks.remat import REMAT_POLICIES
 
 _NOTHING = hk.transform(lambda: None)
 

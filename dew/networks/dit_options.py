@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dew.networks.songunet import REMAT_POLICIES
+from dew.networks.remat import REMAT_POLICIES
 from dew.schema import ConfigError
 
 SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16)}

@@ -24,6 +24,7 @@ from dew import registry
 from dew.networks.edm_block import UNetBlock
 from dew.networks.edm_inputs import check_choice, embed_conditions
 from dew.networks.edm_layers import Conv2d, FourierEmbedding, GroupNorm, Linear, positional_embedding
+from dew.networks.remat import REMAT_POLICIES
 
 DDPMPP = {
     "embedding_type": "positional",
@@ -46,17 +47,6 @@ NCSNPP = {
     "channel_mult": (2, 2, 2),
 }
 """EDM ``train.py --arch=ncsnpp``."""
-
-
-REMAT_POLICIES = {
-    "none": None,
-    "blocks": jax.checkpoint_policies.nothing_saveable,
-    "blocks_save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
-"""``remat``: per-``UNetBlock`` rematerialisation. ``blocks`` keeps only each block's inputs
-(``jax.checkpoint_policies.nothing_saveable``: least memory, one more forward); ``blocks_save_dots``
-also keeps the outputs of matmuls without batch dimensions (``dots_with_no_batch_dims_saveable``:
-the 1×1 convolutions and linear layers; on XLA a k×k convolution is not a dot and is recomputed)."""
 
 
 def run_block(

@@ -23,7 +23,8 @@ class BackgroundCompile:
 
     ``args`` are what the program will be called with, or their ``jax.ShapeDtypeStruct``\\ s
     (with the shardings the calls will have). ``wait()`` blocks until the program is compiled
-    and re-raises what compiling raised (the error the first call would have raised). A run
+    and re-raises what compiling raised (the error the first call would have raised); then
+    ``compiled`` is the program (``jax.stages.Compiled``: its cost and memory analyses). A run
     that fails before waiting leaves the thread to finish on its own; the interpreter waits for
     it when it exits: a daemon thread still inside XLA's compiler when the interpreter finalises
     is unwound through C++ frames that swallow the unwind, and the process aborts
@@ -32,12 +33,13 @@ class BackgroundCompile:
 
     def __init__(self, jitted: Any, *args: Any):  # a jax.jit-wrapped function (it has .lower)
         self._error: BaseException | None = None
+        self.compiled: Any = None  # the compiled program, once ``wait()`` has returned
         self._thread = threading.Thread(target=self._compile, args=(jitted, args), name="dew-precompile")
         self._thread.start()
 
     def _compile(self, jitted: Any, args: tuple[Any, ...]) -> None:
         try:
-            jitted.lower(*args).compile()
+            self.compiled = jitted.lower(*args).compile()
         except BaseException as e:  # re-raised by wait(), in the caller's thread
             self._error = e
 

@@ -70,6 +70,16 @@ def test_the_step_is_lowered_once_in_the_background_and_its_first_call_reuses_it
     assert not compile_log.lowerings("jit(step)" if steps_per_call > 1 else "jit(multi)")
 
 
+def test_wait_leaves_the_compiled_program_which_computes_what_the_jitted_function_does():
+    program = jax.jit(lambda x: (x * 3.0).sum())
+    x = np.arange(6, dtype=np.float32)
+    compiling = BackgroundCompile(program, jax.ShapeDtypeStruct(x.shape, x.dtype))
+    assert compiling.compiled is None or isinstance(compiling.compiled, jax.stages.Compiled)
+    compiling.wait()
+    assert isinstance(compiling.compiled, jax.stages.Compiled)
+    assert float(compiling.compiled(x)) == float(program(x)) == 45.0  # small integers: exact
+
+
 def test_an_error_while_compiling_is_raised_by_wait_in_the_callers_thread():
     reshape = jax.jit(lambda x: x.reshape(3))
     compiling = BackgroundCompile(reshape, jax.ShapeDtypeStruct((2,), np.float32))
