@@ -72,3 +72,12 @@ def test_a_damaged_ema_is_refused_before_its_values_are_used(tmp_path):
     with pytest.raises(CheckpointDamagedError, match=r"step 3 .*ema_params"):
         read_weights(directory, 3)
     assert same(read_weights(directory, 3, raw=True), tiny_state(3).params)  # params are intact
+
+
+def test_a_live_runs_in_flight_save_is_left_alone(tmp_path):
+    directory = copied(tmp_path)
+    in_flight = directory / "5.orbax-checkpoint-tmp"
+    (in_flight / "params").mkdir(parents=True)
+    assert stored_steps(directory) == [3]
+    assert same(read_weights(directory, 3, raw=True), tiny_state(3).params)
+    assert (in_flight / "params").is_dir()  # a reader cleans nothing up

@@ -15,12 +15,14 @@ damaged step one ``CheckpointDamagedError`` naming it; nothing is pickled.
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
 
 from dew.averaging import ema as ema_lib
 from dew.checkpointing import layout
@@ -35,7 +37,26 @@ def stored_steps(directory: str | os.PathLike) -> list[int]:
     """The steps of the checkpoint directory ``directory`` that have landed, ascending (a
     directory that does not exist holds none)."""
     root = layout.directory(directory)
-    return landed_steps(root, functools.partial(open_manager, root, writing=False))
+    with _manager(root) as manager:
+        return landed_steps(root, manager)
+
+
+@contextlib.contextmanager
+def _manager(root: epath.Path) -> Iterator[Callable[[], ocp.CheckpointManager]]:
+    """A reader's orbax manager of ``root``, opened on first call (never to list the steps of
+    one process on a local disk) and closed on leaving."""
+    opened: list[ocp.CheckpointManager] = []
+
+    def manager() -> ocp.CheckpointManager:
+        if not opened:
+            opened.append(open_manager(root, writing=False))
+        return opened[0]
+
+    try:
+        yield manager
+    finally:
+        for m in opened:
+            m.close()
 
 
 def read_weights(directory: str | os.PathLike, step: int, template: Any = None, *, raw: bool = False) -> Any:
@@ -51,18 +72,14 @@ def read_weights(directory: str | os.PathLike, step: int, template: Any = None, 
         raise CheckpointRestorationError(f"no checkpoint for step {step} in {os.fspath(root)}")
     item = "params" if raw else "ema_params"
     files = StepFiles(root, step)
-    manager = functools.lru_cache(maxsize=1)(functools.partial(open_manager, root, writing=False))
-    try:
+    with _manager(root) as manager:
         restored = read_items(manager, files, {item: template, "extra": None})
-        count = int(np.asarray(restored["extra"]["step"]))
-        files.check_step(count)
-        if raw:
-            return restored[item]
-        where = f"checkpoint step {step} in {os.fspath(root)}"
-        return debiased(restored[item], count, restored["extra"].get("ema"), files.ema_record(), where)
-    finally:
-        if manager.cache_info().currsize:
-            manager().close()
+    count = int(np.asarray(restored["extra"]["step"]))
+    files.check_step(count)
+    if raw:
+        return restored[item]
+    where = f"checkpoint step {step} in {os.fspath(root)}"
+    return debiased(restored[item], count, restored["extra"].get("ema"), files.ema_record(), where)
 
 
 def debiased(
