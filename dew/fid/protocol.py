@@ -96,8 +96,8 @@ def protocol(run: ProtocolRun) -> int:
 
         jax.distributed.initialize()
     task = load_pipeline(run.workdir, run.step, run.raw)
-    sampler = resolve(run.preset, task.objective)
     resolution = image_resolution(task)
+    sampler = resolve(run.preset, task.objective)
     fp.model_classes(task.objective)
     scorer: Any = None
     if adm:
