@@ -6,8 +6,9 @@ checkpoint directory (``<workdir>/checkpoints``) or one step of it (``.../checkp
 The run metadata names the resolved config; the objective is rebuilt from it exactly as the
 Trainer built it (``build_objective`` on the training split's source), the parameters' shapes
 come from ``objective.init`` traced abstractly (no data read, nothing computed), and the weights
-are read once through the public ``Checkpoints.restore_ema`` (the debiased EMA: the checkpoint
-records its EMA) or, with ``raw=True``, ``Checkpoints.restore`` of the live parameters. They are
+are read once by ``dew.checkpointing.weights.read_weights`` (the debiased EMA: the checkpoint
+records its EMA, as ``Checkpoints.restore_ema`` debiases it) or, with ``raw=True``, the live
+parameters; it reads those items and ``extra`` alone, read-only, from the persistent tier. They are
 placed on the default device when the pipeline is built; calling the task never touches the
 checkpoint again.
 
@@ -175,7 +176,7 @@ def pipeline(
     it instead of to the unconditional branch); ``check_guide`` says what must match.
     """
     import dew  # the registry fill: every objective, model and data set resolvable by name
-    from dew.checkpointing.checkpoints import Checkpoints
+    from dew.checkpointing.weights import read_weights, stored_steps
     from dew.run_records import read_run_metadata
     from dew.schema import ConfigError
     from dew.training.build import build_objective, open_split
@@ -205,14 +206,14 @@ def pipeline(
         raise PipelineError(
             f"pipeline: {type(objective).__name__} provides no inference task (no infer method)"
         )
-    # Read-only: a run that is still training keeps its in-flight save (see Store.manager).
-    checkpoints = Checkpoints(os.path.join(workdir, "checkpoints"), read_only=True)
-    available = checkpoints.all_steps() if hasattr(checkpoints, "all_steps") else ()
+    # Read-only: a run that is still training keeps its in-flight save.
+    directory = os.path.join(workdir, "checkpoints")
+    available = stored_steps(directory)
     if step is None:
-        step = checkpoints.latest
-        if step is None:
+        if not available:
             raise PipelineError(f"pipeline: {workdir} has no checkpoint yet (nothing to load)")
-    elif int(step) not in set(available) and int(step) != checkpoints.latest:
+        step = available[-1]
+    elif int(step) not in available:
         raise PipelineError(
             f"pipeline: {workdir} has no checkpoint at step {step}; it has steps {sorted(available)}"
         )
@@ -222,11 +223,7 @@ def pipeline(
         for k, v in train_source.fields.items()
     }
     template = jax.eval_shape(objective.init, jax.random.PRNGKey(0), example)
-    if raw:
-        state, _ = checkpoints.restore(None, step)
-        params = state.params
-    else:
-        params = checkpoints.restore_ema(template, step)
+    params = read_weights(directory, step, None if raw else template, raw=raw)
     # Placed as the Trainer places what it previews (replicated over the run's mesh), so the
     # task's jitted sampler is the very program the run's previews ran: same samples, bit for bit.
     from dew.training import sharding

@@ -20,6 +20,9 @@ One idea per module:
 - ``layout``: what a checkpoint is: its directory (a path or URI, ``etils.epath``), its items,
   ``TrainState`` <-> items in one place, and the EMA record a step keeps;
 - ``step_files``: one step read from its files (metadata, items, completeness);
+- ``weights``: one step's weights (the debiased EMA or the live parameters) for a reader that
+  samples or scores (``dew.pipeline``), read-only from the persistent tier with no writer, tiers
+  or retention, and the EMA's debiasing ``Checkpoints.restore_ema`` shares;
 - ``checksums``: the per-item checksums written after the data and verified before a read (with
   the orbax handler that writes them);
 - ``retention``: ``Retention``, which steps a directory keeps;

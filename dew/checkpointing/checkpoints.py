@@ -12,7 +12,6 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from dew.averaging import ema as ema_lib
 from dew.averaging.ema import EMASpec
 from dew.checkpointing import layout, local, positions
 from dew.checkpointing.errors import CheckpointWriteError
@@ -20,8 +19,9 @@ from dew.checkpointing.retention import Retention
 from dew.checkpointing.saves import Upload, metric_value, write_local, write_persistent
 from dew.checkpointing.store import Store
 from dew.checkpointing.tiers import Tiers
+from dew.checkpointing.weights import debiased
 from dew.checkpointing.writer import Writer, host_copy, snapshot
-from dew.contracts.state import TrainState, num_updates
+from dew.contracts.state import TrainState
 from dew.data.dataset import DataPartition
 
 log = logging.getLogger("dew.checkpoints")
@@ -400,17 +400,9 @@ class Checkpoints:
                 "the checkpoint (pass decay= only to check it)"
             )
         step = self.tiers.resolve(step)
-        where = f"checkpoint step {step} in {self.directory}"
         ema, count, law = self.tiers.ema(template, step)
-        record = self.tiers.ema_record(step)
-        if law is not None:
-            recorded = ema_lib.from_law(law, ema)
-        else:  # a checkpoint from before extra held the law: its metadata record, if any
-            recorded = None if record is None else ema_lib.from_record(dict(record))
-        if (record or {}).get(layout.ASSUMED) and decay is not None:
-            recorded = None  # a default the saver assumed: the caller's law replaces it
-        spec, k = layout.ema_to_use(recorded, decay, accumulation, where)
-        return ema_lib.debias(ema, spec, num_updates(count, k))
+        where = f"checkpoint step {step} in {self.directory}"
+        return debiased(ema, count, law, self.tiers.ema_record(step), where, decay, accumulation)
 
     def _writable(self) -> None:
         if self.read_only:

@@ -279,38 +279,6 @@ def abstract_leaf(leaf: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(np.shape(leaf), dtype, sharding=getattr(leaf, "sharding", None))
 
 
-def ema_to_use(
-    recorded: tuple[Any, int] | None, decay: Any, accumulation: int | None, where: str
-) -> tuple[Any, int]:
-    """The ``EMASpec`` and accumulation to debias with: the recorded ones (``extra``'s law, or
-    an older checkpoint's metadata record), checked against any explicit argument; without a
-    record, the arguments (a decay is then required)."""
-    from dew.checkpointing.errors import CheckpointRestorationError
-
-    if recorded is None:
-        if decay is None:
-            raise CheckpointRestorationError(
-                f"{where} records no EMA law (its state carried none: TrainState.ema_law is set by "
-                "make_init with an EMASpec): pass decay= (the run's β or EMASpec) and accumulation="
-            )
-        spec = decay if isinstance(decay, ema_lib.EMASpec) else ema_lib.EMASpec(decay=float(decay))
-        return spec, 1 if accumulation is None else int(accumulation)
-    spec, k = recorded
-    if decay is not None:
-        given = decay if isinstance(decay, ema_lib.EMASpec) else ema_lib.EMASpec(decay=float(decay))
-        if not ema_lib.same_law(given, spec):
-            raise ValueError(
-                f"restore_ema: decay={decay!r} contradicts the EMA {where} records (decay={spec.decay}, "
-                f"half_life={spec.half_life}, ramp_up={spec.ramp_up}); leave decay unset to use the record"
-            )
-    if accumulation is not None and int(accumulation) != k:
-        raise ValueError(
-            f"restore_ema: accumulation={accumulation} contradicts the {k} micro-batches per update {where} "
-            "records; leave it unset to use the record"
-        )
-    return spec, k
-
-
 # --- the EMA record a step keeps ------------------------------------------------------------------
 #: In a step's EMA record: the law is a default assumed for a state that carried none and was
 #: given none (``Checkpointer``), so ``restore_ema(decay=...)`` may replace it.

@@ -17,7 +17,7 @@ import datetime
 import functools
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -86,19 +86,7 @@ class Store:
             self.close()
         if self._manager is None:
             self._writing, self._ocdbt = writing and not self.read_only, ocdbt
-            options = ocp.CheckpointManagerOptions(
-                enable_async_checkpointing=False,  # the Writer's thread keeps it off the loop
-                cleanup_tmp_directories=self._writing,
-                create=self._writing,
-                # Not orbax's read_only (it prints warnings on a reader's console): a reading
-                # manager is never asked to save or delete, and this store refuses to write.
-            )
-            registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
-            for name in (*layout.STATE_ITEMS, layout.DATA_ITEM, layout.DATASET_ITEM):
-                handler = ChecksummedPyTreeHandler(use_ocdbt=ocdbt)
-                registry.add(name, ocp.args.PyTreeSave, handler)
-                registry.add(name, ocp.args.PyTreeRestore, handler)
-            self._manager = ocp.CheckpointManager(self.directory, options=options, handler_registry=registry)
+            self._manager = open_manager(self.directory, writing=self._writing, ocdbt=ocdbt)
             if self._writing:  # its cleanup runs on a thread: a direct write must not race it
                 self._manager._maybe_await_cleanup_tmp_directory()
         return self._manager
@@ -124,19 +112,9 @@ class Store:
         return self.directory / str(step)
 
     def steps(self) -> list[int]:
-        """The steps that have landed. One process on a local disk reads them from the directory,
-        as orbax lists them (a step is a directory named by its number; one in flight is
-        ``<step>.orbax-checkpoint-tmp``, one being deleted ``.deleting-...``), with no manager
-        to open or reload after a direct write."""
-        if jax.process_count() == 1 and layout.is_local(self.directory):
-            if not self.directory.exists():
-                return []
-            return sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit() and p.is_dir())
-        # With several processes every one must open its manager (orbax meets at a barrier
-        # there) whatever it sees: process 0 may create the directory while another looks.
-        if jax.process_count() == 1 and not self.directory.exists():
-            return []
-        return sorted(self.manager().all_steps())
+        """The steps that have landed (``landed_steps``: no manager opened or reloaded on one
+        process on a local disk)."""
+        return landed_steps(self.directory, self.manager)
 
     def metrics(self, step: int) -> dict[str, float] | None:
         """The metrics the save of ``step`` reported (None: saved without)."""
@@ -358,3 +336,38 @@ class Store:
         """The saved ``dataset`` pytree in ``template``'s structure, each leaf of the type of the
         template's (``checkpointing.dataset_state``), or None when the step has none."""
         return dataset_state(self.manager, self.files(step), template)
+
+
+def open_manager(directory: epath.Path, *, writing: bool, ocdbt: bool = True) -> ocp.CheckpointManager:
+    """An orbax manager of ``directory`` whose items are read (and, ``writing``, written) through
+    ``ChecksummedPyTreeHandler`` in the ``ocdbt`` format; it reads both formats. Only a writer
+    cleans up unfinished saves or creates the directory: a reader leaves every file alone."""
+    options = ocp.CheckpointManagerOptions(
+        enable_async_checkpointing=False,  # the Writer's thread keeps it off the loop
+        cleanup_tmp_directories=writing,
+        create=writing,
+        # Not orbax's read_only (it prints warnings on a reader's console): a reading manager is
+        # never asked to save or delete, and its callers refuse to write.
+    )
+    registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
+    for name in (*layout.STATE_ITEMS, layout.DATA_ITEM, layout.DATASET_ITEM):
+        handler = ChecksummedPyTreeHandler(use_ocdbt=ocdbt)
+        registry.add(name, ocp.args.PyTreeSave, handler)
+        registry.add(name, ocp.args.PyTreeRestore, handler)
+    return ocp.CheckpointManager(directory, options=options, handler_registry=registry)
+
+
+def landed_steps(directory: epath.Path, manager: Callable[[], ocp.CheckpointManager]) -> list[int]:
+    """The steps of ``directory`` that have landed. One process on a local disk reads them from
+    the directory, as orbax lists them (a step is a directory named by its number; one in flight
+    is ``<step>.orbax-checkpoint-tmp``, one being deleted ``.deleting-...``), with no manager to
+    open or reload after a direct write; otherwise ``manager()`` lists them."""
+    if jax.process_count() == 1 and layout.is_local(directory):
+        if not directory.exists():
+            return []
+        return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir())
+    # With several processes every one must open its manager (orbax meets at a barrier there)
+    # whatever it sees: process 0 may create the directory while another looks.
+    if jax.process_count() == 1 and not directory.exists():
+        return []
+    return sorted(manager().all_steps())

@@ -84,45 +84,46 @@ from dew.fid.inputs import (  # noqa: F401  (list_images, read_batches, draw_bat
     load_pipeline,
     read_batches,
 )
-from dew.fid.settings import (
+from dew.fid.settings import (  # noqa: F401  (check ... weights_of: public here too)
     check,
     check_adm,
-    parse_suite,  # noqa: F401  (public here too)
-    protocol_metrics,  # noqa: F401  (public here too)
+    parse_suite,
+    protocol_metrics,
     protocol_run,
     reference_job,
     samples,
+    settings_of,
     wants_adm,
-    weights_of,  # noqa: F401  (public here too)
+    weights_of,
 )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m dew.fid``: parse, check, hand the mode to its function; 0, or 2 with one line.
 
-    Each mode's flags become, here and once, the plain values and typed settings its function
-    takes (paths, counts, ``Weights``, ``Samples``, ``ProtocolRun``); no mode sees argparse."""
+    The mode's parser reads its flags (``ref_args``, ``protocol_args``, ``parse_args``), then
+    ``dew.fid.settings.settings_of`` checks them and turns them, once, into the mode's settings
+    (``ReferenceJob``, ``ProtocolRun``, ``ScoreJob`` or ``AdmJob``, the last two holding the
+    ``Samples`` they score); no mode sees argparse."""
+    from dew.fid.protocol import ProtocolRun, ReferenceJob, protocol, reference
+    from dew.fid.score import AdmJob, adm_suite, score
     from dew.scoring.adm_evaluator import ReferenceBatchError
     from dew.scoring.fid_reference import FidInputError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv[:1] == ["ref"]:
-            from dew.fid.protocol import reference
-
-            job = reference_job(ref_args(argv[1:]))
+            args = ref_args(argv[1:])
+        elif any(a == "--preset" or a.startswith("--preset=") for a in argv):
+            args = protocol_args(argv)
+        else:
+            args = parse_args(argv)
+        job = settings_of(args)
+        if isinstance(job, ReferenceJob):
             return reference(job)
-        if any(a == "--preset" or a.startswith("--preset=") for a in argv):
-            from dew.fid.protocol import protocol
-
-            run = protocol_run(protocol_args(argv))
-            return protocol(run)
-        args = parse_args(argv)
-        job = check_adm(args) if wants_adm(args.metrics) else check(args)
-        images = samples(args)
-        from dew.fid.score import AdmJob, adm_suite, score
-
-        return adm_suite(images, job) if isinstance(job, AdmJob) else score(images, job)
+        if isinstance(job, ProtocolRun):
+            return protocol(job)
+        return adm_suite(job) if isinstance(job, AdmJob) else score(job)
     except (FidError, FidInputError, ReferenceBatchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -158,6 +159,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--save_dinov2_stats", help="write the images' DINOv2 statistics to this .npz")
     parser.add_argument("--save_ref_batch", help="ADM's suite: write the images' reference batch (.npz)")
     _add_pr_arithmetic(parser)
+    parser.set_defaults(mode="images")
     parser.add_argument(
         "--allow_unpinned_weights",
         action="store_true",
@@ -203,6 +205,7 @@ def protocol_args(argv: Sequence[str]) -> argparse.Namespace:
         help="fid (default), or ADM's suite: a subset of fid,sfid,is,precision,recall",
     )
     _detector_flags(parser)
+    parser.set_defaults(mode="preset")
     args = parser.parse_args(argv)
     for flag, low in (
         ("num", 2),
@@ -234,6 +237,7 @@ def ref_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--dest", required=True, help="the .npz to write (mu, sigma, resolution)")
     parser.add_argument("--batch", type=int, default=64, help="images per step")
     _detector_flags(parser)
+    parser.set_defaults(mode="ref")
     args = parser.parse_args(argv)
     if args.batch < 1:
         raise FidError(f"--batch={args.batch} is invalid: expected an int >= 1")

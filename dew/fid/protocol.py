@@ -96,8 +96,8 @@ def protocol(run: ProtocolRun) -> int:
 
         jax.distributed.initialize()
     task = load_pipeline(run.workdir, run.step, run.raw)
-    sampler = resolve(run.preset, task.objective)
     resolution = image_resolution(task)
+    sampler = resolve(run.preset, task.objective)
     fp.model_classes(task.objective)
     scorer: Any = None
     if adm:
@@ -130,8 +130,9 @@ def protocol(run: ProtocolRun) -> int:
     if adm:
         embedded = embed_reference(reference, scorer, metrics, run.batch)
         probabilities = scorer.probabilities
+    digest = file_digest(run.ref)
     scores = protocol_results.scores(metrics, tally, run.outdir, embedded, probabilities, run.pr_arithmetic)
-    report = protocol_results.report(scores, draw, reference, run.ref, file_digest(run.ref))
+    report = protocol_results.report(scores, draw, reference, run.ref, digest)
     if jax.process_index() == 0:
         protocol_results.write_results(run.outdir, tally, report, resolution)
     print(json.dumps(report, indent=1))

@@ -32,11 +32,13 @@ from dew.fid.inputs import FidError, Samples, Weights, read_batches
 
 @dataclasses.dataclass(frozen=True)
 class ScoreJob:
-    """What ``score`` reports and writes, from its checked flags: ``metrics`` (``fid``,
-    ``fd_dinov2``), the reference statistics already read by metric name (``references``), a
-    folder ``--ref``'s files (``ref_files``, embedded here), ``--kid``, ``--keep_features``,
-    where to save the statistics, and the weights (None: the converted default files)."""
+    """What ``score`` scores, reports and writes, from its checked flags: the ``samples``,
+    ``metrics`` (``fid``, ``fd_dinov2``), the reference statistics already read by metric name
+    (``references``), a folder ``--ref``'s files (``ref_files``, embedded here), ``--kid``,
+    ``--keep_features``, where to save the statistics, and the weights (None: the converted
+    default files)."""
 
+    samples: Samples
     metrics: tuple[str, ...]
     references: dict[str, Any]
     ref_files: Sequence[str] | None = None
@@ -51,10 +53,11 @@ class ScoreJob:
 
 @dataclasses.dataclass(frozen=True)
 class AdmJob:
-    """What ``adm_suite`` reports and writes, from its checked flags: ADM's ``metrics``, ``--ref``
-    (a reference batch ``.npz`` or a folder; None: none), ``--save_ref_batch``, the weights, the
-    embedding batch and ``--pr_arithmetic``."""
+    """What ``adm_suite`` scores, reports and writes, from its checked flags: the ``samples``,
+    ADM's ``metrics``, ``--ref`` (a reference batch ``.npz`` or a folder; None: none),
+    ``--save_ref_batch``, the weights, the embedding batch and ``--pr_arithmetic``."""
 
+    samples: Samples
     metrics: tuple[str, ...]
     ref: str | None
     save_ref_batch: str | None
@@ -63,8 +66,8 @@ class AdmJob:
     pr_arithmetic: str = "float16"
 
 
-def score(samples: Samples, job: ScoreJob) -> int:
-    """``job.metrics`` (``fid`` / ``fd_dinov2``, and KID) of ``samples`` against their references
+def score(job: ScoreJob) -> int:
+    """``job.metrics`` (``fid`` / ``fd_dinov2``, and KID) of ``job.samples`` against their references
     (``job.references`` read, ``job.ref_files`` embedded here), the statistics saved where asked;
     ``FidError`` on bad input."""
     from dew.scoring.feature_metrics import LABELS, scorers, statistics_over
@@ -75,6 +78,7 @@ def score(samples: Samples, job: ScoreJob) -> int:
         metric_scorers = scorers(job.metrics, job.weights, job.dinov2_weights, pinned=job.pinned)
     except (OSError, ValueError) as e:
         raise FidError(str(e)) from None
+    samples = job.samples
     count = samples.count
     keep = {"fid": max(job.keep_features, count if job.kid else 0)}
     refs: dict[str, Any] = {}
@@ -106,11 +110,12 @@ def score(samples: Samples, job: ScoreJob) -> int:
     return 0
 
 
-def adm_suite(samples: Samples, job: AdmJob) -> int:
-    """ADM's suite (``job.metrics``) of ``samples`` against ``job.ref``, the reference batch
+def adm_suite(job: AdmJob) -> int:
+    """ADM's suite (``job.metrics``) of ``job.samples`` against ``job.ref``, the reference batch
     written where asked; ``FidError`` on bad input."""
     from dew.scoring import adm_metrics
 
+    samples = job.samples
     resolution = samples.resolution()
     batches = (adm_metrics.quantize(b, samples.value_range) for b in samples.batches())
     reference = reference_batch(job.ref, job.metrics, resolution) if job.ref else None

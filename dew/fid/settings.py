@@ -1,8 +1,9 @@
-"""Each ``python -m dew.fid`` mode's flags (parsed by ``dew.fid.cli``) checked before any work
-and turned, once, into what its function takes: ``check`` → ``dew.fid.score.ScoreJob``,
-``check_adm`` → ``dew.fid.score.AdmJob``, ``samples`` → ``dew.fid.inputs.Samples`` (the folder
-listed or the run loaded), ``protocol_run`` → ``dew.fid.protocol.ProtocolRun``, ``reference_job``
-→ ``dew.fid.protocol.ReferenceJob``. A bad flag, or a file it names that cannot be read, is a
+"""Each ``python -m dew.fid`` mode's flags (parsed by ``dew.fid.cli``, which records the mode)
+checked before any work and turned, once, into what its function takes (``settings_of``, by
+mode): ``check`` → ``dew.fid.score.ScoreJob``, ``check_adm`` → ``dew.fid.score.AdmJob``, each
+holding its ``samples`` → ``dew.fid.inputs.Samples`` (the folder listed or the run loaded, last),
+``protocol_run`` → ``dew.fid.protocol.ProtocolRun``, ``reference_job`` →
+``dew.fid.protocol.ReferenceJob``. A bad flag, or a file it names that cannot be read, is a
 ``FidError`` naming the flag; flags are checked before the files they name are read."""
 
 from __future__ import annotations
@@ -16,6 +17,17 @@ from dew.fid.inputs import DEFAULT_NUM_SAMPLES, FidError, Samples, Weights, list
 if TYPE_CHECKING:
     from dew.fid.protocol import ProtocolRun, ReferenceJob
     from dew.fid.score import AdmJob, ScoreJob
+
+
+def settings_of(args: argparse.Namespace) -> ReferenceJob | ProtocolRun | ScoreJob | AdmJob:
+    """The settings of the mode ``args`` were parsed for (``args.mode``: ``"ref"``, ``"preset"``,
+    or ``"images"``: ``--images`` or ``--workdir`` without ``--preset``, ADM's suite when
+    ``--metrics`` names one of its own); ``FidError`` naming the flag otherwise."""
+    if args.mode == "ref":
+        return reference_job(args)
+    if args.mode == "preset":
+        return protocol_run(args)
+    return check_adm(args) if wants_adm(args.metrics) else check(args)
 
 
 def wants_adm(metrics: str) -> bool:
@@ -62,6 +74,7 @@ def check(args: argparse.Namespace) -> ScoreJob:
     check_run_flags(args)
     references, ref_files = _read_references(args, bool(wants_dinov2 and args.dinov2_ref), "fid" in metrics)
     return ScoreJob(
+        samples=samples(args),
         metrics=metrics,
         references=references,
         ref_files=ref_files,
@@ -93,33 +106,32 @@ def _read_references(
 ) -> tuple[dict[str, Any], list[str] | None]:
     """The statistics files the flags name, read by metric name (``--dinov2_ref`` when
     ``dinov2_ref``; with ``fid`` a file ``--ref``, with features for ``--kid``), and a folder
-    ``--ref``'s images listed (None for a file or none); ``--images`` listed and (with ``fid``) the
-    Inception weights checked present first. ``FidError`` naming the flag otherwise."""
+    ``--ref``'s images listed (None for a file or none). The folders are listed first
+    (``--images``, a folder ``--ref``), then the files read, then (with ``fid``) the Inception
+    weights checked present. ``FidError`` naming the flag otherwise."""
     from dew.npz import NotAnNpzError, open_npz
     from dew.scoring.convert_inception import HOW_TO_GET, default_path
     from dew.scoring.statistics import load_statistics
 
-    out, ref_files = {}, None
-    if dinov2_ref:
-        try:
-            out["fd_dinov2"] = load_statistics(args.dinov2_ref)
-        except (OSError, ValueError) as e:
-            raise FidError(f"--dinov2_ref: {e}") from None
+    ref_folder = bool(args.ref) and os.path.isdir(args.ref)
     if args.images:
         list_images(args.images, "--images")
-    if args.ref and os.path.isdir(args.ref):
-        ref_files = list_images(args.ref, "--ref")
+    ref_files = list_images(args.ref, "--ref") if ref_folder else None
+    named = {
+        "fd_dinov2": ("--dinov2_ref", args.dinov2_ref if dinov2_ref else None),
+        "fid": ("--ref", args.ref if fid and not ref_folder else None),
+    }
+    out = {}
+    for metric, (flag, path) in named.items():
+        if path:
+            try:
+                out[metric] = load_statistics(path)
+            except (OSError, ValueError) as e:
+                raise FidError(f"{flag}: {e}") from None
+    if args.kid and "features" not in out.get("fid", {"features": None}):
+        raise FidError(f"--ref={args.ref!r} holds no 'features' for --kid (save them with --keep_features)")
     if not fid:
         return out, ref_files
-    if args.ref and not os.path.isdir(args.ref):
-        try:
-            out["fid"] = load_statistics(args.ref)
-        except (OSError, ValueError) as e:
-            raise FidError(f"--ref: {e}") from None
-        if args.kid and "features" not in out["fid"]:
-            raise FidError(
-                f"--ref={args.ref!r} holds no 'features' for --kid (save them with --keep_features)"
-            )
     weights = os.path.expanduser(args.weights) if args.weights else default_path()
     if not os.path.isfile(weights):
         raise FidError(f"FID Inception weights not found at {weights}: {HOW_TO_GET}")
@@ -184,6 +196,7 @@ def check_adm(args: argparse.Namespace) -> AdmJob:
         raise FidError(f"--batch_size={args.batch_size} must be >= 1")
     check_run_flags(args)
     return AdmJob(
+        samples=samples(args),
         metrics=metrics,
         ref=args.ref,
         save_ref_batch=args.save_ref_batch,

@@ -47,7 +47,8 @@ def dinov2_scorer(weights_path: str | None, *, allow_unpinned: bool) -> Any:
 
     arrays = read_arrays(weights_path, allow_unpinned=allow_unpinned)
     config = dinov2.config_from_torch_names(arrays)
-    return DINOv2Scorer(params=dinov2.params_from_torch_names(arrays, config), config=config)
+    params = dinov2.params_from_torch_names(arrays, config)
+    return DINOv2Scorer(params=params, config=config)
 
 
 def scorers(
