@@ -174,11 +174,12 @@ def _model_flops(name: str, flops: float) -> float:
     with tempfile.TemporaryDirectory() as workdir:
         twin = Trainer(config, workdir)
         batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), twin.example_batch())
-        return _lowered_flops(twin.programs.step.lower(twin.programs.abstract, batch))
+        return _flops(twin.programs.step.lower(twin.programs.abstract, batch))
 
 
-def _lowered_flops(lowered) -> float:
-    cost = lowered.cost_analysis()
+def _flops(stage) -> float:
+    """XLA's cost analysis of a lowered or compiled program: its FLOPs."""
+    cost = stage.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     return float(cost.get("flops", 0.0))
 
@@ -186,8 +187,6 @@ def _lowered_flops(lowered) -> float:
 def compiled_cost(compiled) -> tuple[float, float | None]:
     """(the compiled program's FLOPs by XLA's cost analysis, its memory in GB by
     ``memory_analysis()``: arguments + outputs + temporaries − aliased; None where XLA has none)."""
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
     memory = compiled.memory_analysis()
     used = None
     if memory is not None:
@@ -197,7 +196,7 @@ def compiled_cost(compiled) -> tuple[float, float | None]:
             + memory.temp_size_in_bytes
             - memory.alias_size_in_bytes
         ) / 1e9
-    return float(cost.get("flops", 0.0)), used
+    return _flops(compiled), used
 
 
 def _measure(name: str, steps: int, rounds: int, peak_tflops: float, trace: str | None) -> dict:

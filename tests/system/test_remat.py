@@ -1,4 +1,4 @@
-"""Per-block rematerialisation (``model.remat``, dew.networks.songunet.REMAT_POLICIES) changes
+"""Per-block rematerialisation (``model.remat``, dew.networks.remat.REMAT_POLICIES) changes
 memory, not the function: the same parameters (names, shapes, initial values: bit for bit) and
 the same loss and gradients.
 
