@@ -71,6 +71,14 @@ CONFIG = Section(
             "float32 logits, 166 ms with flash; dew.kernels.attention)",
             choices=("auto", "xla", "xla_float32_logits", "flash"),
         ),
+        "fresh_state": Key(
+            "auto",
+            "where the state of step 0 is built: 'host' (the init program on the host's CPU, then "
+            "placed on the devices), 'devices' (on the devices, each its shards) or 'auto' (the host "
+            "where the devices are accelerators and the run is one process: on a TPU v5e SiT-B/2's "
+            "init compiled in 41-45 s for the chip, in seconds for the CPU; dew.training.host_init)",
+            choices=("auto", "host", "devices"),
+        ),
         "compilation_cache": Key(
             "",
             "directory of JAX's persistent compilation cache ('': the machine's, shared by every "

@@ -22,8 +22,9 @@ from dew.contracts.state import TrainState, num_updates
 from dew.runtime.precompile import BackgroundCompile, abstract_like
 from dew.training import typed_jax
 from dew.training.calls import MultiStep, SingleStep
+from dew.training.host_init import HostInit
 from dew.training.precision import Precision
-from dew.training.sharding import Layout
+from dew.training.sharding import INIT_COMPILER_OPTIONS, Layout
 from dew.training.steps import abstract_state, eval_program, init_program, make_multi_step, step_program
 
 
@@ -37,7 +38,8 @@ class Programs:
     from their shares); otherwise host batches go straight into the jitted step, which places
     them in C++ (a Python ``device_put`` costs the host more than the copy it would hide).
     ``skip_nonfinite``: ``make_step``'s (the skip policy's step keeps the old state for a
-    flagged update; the stop policy's applies every update and flags it).
+    flagged update; the stop policy's applies every update and flags it). ``init_on_host``:
+    ``init`` runs on the host's CPU and places its result (``dew.training.host_init``).
     """
 
     def __init__(
@@ -53,6 +55,7 @@ class Programs:
         places_ahead: bool = False,
         precision: Precision | None = None,
         skip_nonfinite: bool = True,
+        init_on_host: bool = False,
     ):
         self.layout, self.example_batch, self.places_ahead = layout, example_batch, places_ahead
         # The pure functions first (init with the state's shapes it gives), then the state's
@@ -71,6 +74,8 @@ class Programs:
         evaluate = eval_program(objective, averages, accumulation=accumulation)
         self.state_shardings = layout.state_shardings(self.abstract)
         self.init = layout.jit_init(init, self.abstract)
+        if init_on_host:  # the same program, run on the host's CPU and placed (dew.training.host_init)
+            self.init = HostInit(init, self.state_shardings, INIT_COMPILER_OPTIONS)
         self.step = layout.jit_step(step, self.abstract)
         self.multi_step = None
         if multi is not None:

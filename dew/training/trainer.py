@@ -27,6 +27,7 @@ from dew.tracking.console import Progress
 from dew.tracking.trackers import LoggingCategory, Tracker, Trackers, make_trackers
 from dew.training import typed_jax
 from dew.training.build import build_objective, check_cadences, mesh_and_data, open_split
+from dew.training.host_init import builds_on_host
 from dew.training.learning_rate import make_optimizer
 from dew.training.loop import Stage, fit
 from dew.training.nonfinite import NonFiniteGuard
@@ -126,6 +127,7 @@ class Trainer:
                 # "stop" ends the run at the first flagged step, before any stage could save
                 # state from after it: the step need not keep the old state beside the new
                 skip_nonfinite=c.train.nonfinite == "skip",
+                init_on_host=builds_on_host(c.runtime.fresh_state),
             )
         except (ValueError, TypeError) as e:  # e.g. a convolutional model given 2D points
             raise ConfigError(
