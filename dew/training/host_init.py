@@ -4,8 +4,9 @@ A network's initialisers are one threefry draw per parameter, and XLA's TPU comp
 a third of a second a draw: on a TPU v5e the init of SiT-B/2 (131 parameters) compiled in 41-45 s,
 the longest wait of a cold start, and 131 bare ``jax.random.normal`` draws of its shapes alone in
 41 s (``benchmarks/RESULTS.md``). The host's CPU compiles the same program in a few seconds. So
-where the devices are accelerators, ``HostInit`` runs the init program on the host's CPU (the
-CPU's compile, cached like any other) and puts each leaf of the result on the state's sharding:
+where the devices are accelerators and nothing else is compiling, ``HostInit`` runs the init
+program on the host's CPU (the CPU's compile, cached like any other) and puts each leaf of the
+result on the state's sharding:
 on one process ``jax.device_put``; on several, every process builds the whole state from the same
 seed and places the shards its devices hold.
 
@@ -37,17 +38,20 @@ def host_cpu() -> jax.Device | None:
         return None
 
 
-def builds_on_host(setting: str) -> bool:
+def builds_on_host(setting: str, *, beside_compile: bool = False) -> bool:
     """Whether the fresh state is built on the host's CPU: ``'host'`` always (where the host has
-    a CPU backend), ``'devices'`` never, ``'auto'`` where the devices are not CPUs and the run is
-    one process (several processes build on their devices, each only its shards)."""
+    a CPU backend), ``'devices'`` never, ``'auto'`` where the devices are not CPUs, the run is one
+    process (several build on their devices, each only its shards) and the step is not compiling
+    in a thread meanwhile (``beside_compile``, as ``Trainer.train`` starts): there the devices'
+    compile of the init overlaps the step's, and on a TPU v5e SiT-B/2's first step came cold in
+    63 s that way against 71 s with the host's build (``benchmarks/RESULTS.md``)."""
     if setting not in FRESH_STATE_CHOICES:
         raise ValueError(f"config.runtime.fresh_state={setting!r} is not one of {FRESH_STATE_CHOICES}")
     if setting == "devices" or host_cpu() is None:
         return False
     if setting == "host":
         return True
-    return jax.default_backend() != "cpu" and jax.process_count() == 1
+    return not beside_compile and jax.default_backend() != "cpu" and jax.process_count() == 1
 
 
 def _place(leaf: Any, sharding: jax.sharding.Sharding) -> jax.Array:

@@ -38,8 +38,8 @@ class Programs:
     from their shares); otherwise host batches go straight into the jitted step, which places
     them in C++ (a Python ``device_put`` costs the host more than the copy it would hide).
     ``skip_nonfinite``: ``make_step``'s (the skip policy's step keeps the old state for a
-    flagged update; the stop policy's applies every update and flags it). ``init_on_host``:
-    ``init`` runs on the host's CPU and places its result (``dew.training.host_init``).
+    flagged update; the stop policy's applies every update and flags it). ``host_init`` is
+    ``init`` run on the host's CPU, its result placed (``dew.training.host_init``).
     """
 
     def __init__(
@@ -55,7 +55,6 @@ class Programs:
         places_ahead: bool = False,
         precision: Precision | None = None,
         skip_nonfinite: bool = True,
-        init_on_host: bool = False,
     ):
         self.layout, self.example_batch, self.places_ahead = layout, example_batch, places_ahead
         # The pure functions first (init with the state's shapes it gives), then the state's
@@ -74,8 +73,8 @@ class Programs:
         evaluate = eval_program(objective, averages, accumulation=accumulation)
         self.state_shardings = layout.state_shardings(self.abstract)
         self.init = layout.jit_init(init, self.abstract)
-        if init_on_host:  # the same program, run on the host's CPU and placed (dew.training.host_init)
-            self.init = HostInit(init, self.state_shardings, INIT_COMPILER_OPTIONS)
+        # The same program run on the host's CPU, its result placed (dew.training.host_init)
+        self.host_init = HostInit(init, self.state_shardings, INIT_COMPILER_OPTIONS)
         self.step = layout.jit_step(step, self.abstract)
         self.multi_step = None
         if multi is not None:

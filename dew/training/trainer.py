@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -127,7 +128,6 @@ class Trainer:
                 # "stop" ends the run at the first flagged step, before any stage could save
                 # state from after it: the step need not keep the old state beside the new
                 skip_nonfinite=c.train.nonfinite == "skip",
-                init_on_host=builds_on_host(c.runtime.fresh_state),
             )
         except (ValueError, TypeError) as e:  # e.g. a convolutional model given 2D points
             raise ConfigError(
@@ -171,14 +171,21 @@ class Trainer:
         """The debiased EMA, jitted and replicated on every device: what previews are drawn from."""
         return self.programs.debiased(state.ema, state.step)
 
-    def fresh_state(self) -> TrainState:
-        """The state of step 0, from ``config.seed``."""
-        return self.programs.init(jax.random.PRNGKey(self.config.seed), self.example_batch())
+    def fresh_state(self, *, beside_compile: bool = False) -> TrainState:
+        """The state of step 0, from ``config.seed``: built on the devices or on the host's CPU as
+        ``config.runtime.fresh_state`` says (``dew.training.host_init.builds_on_host``;
+        ``beside_compile``: the step is compiling in a thread meanwhile)."""
+        init = self.programs.init
+        if builds_on_host(self.config.runtime.fresh_state, beside_compile=beside_compile):
+            init = self.programs.host_init
+        return init(jax.random.PRNGKey(self.config.seed), self.example_batch())
 
-    def initial_state(self) -> TrainState:
+    def initial_state(self, *, beside_compile: bool = False) -> TrainState:
         """The state the run starts from, as ``config.checkpoint`` asks (``RestorePolicy``: the
-        latest checkpoint of this run or of ``restore_dir`` with its data position, or fresh)."""
-        state = self.restore.initial_state(self.fresh_state, self.programs.template, self.train_data)
+        latest checkpoint of this run or of ``restore_dir`` with its data position, or fresh:
+        ``fresh_state(beside_compile=...)``)."""
+        fresh = functools.partial(self.fresh_state, beside_compile=beside_compile)
+        state = self.restore.initial_state(fresh, self.programs.template, self.train_data)
         if self.restore.restored_step is None:
             return state
         # The EMA law this run's step applies (the checkpoint's, or none for one written before
@@ -311,7 +318,7 @@ class Trainer:
         before side effects of its own (``dew.launch.Run``: the workdir lock comes first)."""
         os.makedirs(self.workdir, exist_ok=True)
         compiling = self.compile_step_in_background()  # overlaps the state's init or restore
-        state = self.initial_state()
+        state = self.initial_state(beside_compile=True)
         start = int(jax.device_get(state.step))
         if start:
             assert self.checkpoints is not None  # a state past step 0 was restored from them
