@@ -7,11 +7,11 @@ from typing import Any
 
 
 def _scorer_and_detector(args: argparse.Namespace) -> tuple[Any, Any]:
-    """``dew.fid.protocol.scorer_and_detector`` on the weights and ``--batch`` of ``args``."""
-    from dew.fid.adm_reference import scorer_and_detector
+    """ADM's scorer and the protocol's detector (``Weights.adm_scorer_and_detector``) on the
+    weights and ``--batch`` of ``args``."""
     from dew.fid.settings import weights_of
 
-    return scorer_and_detector(weights_of(args), args.batch)
+    return weights_of(args).adm_scorer_and_detector(args.batch)
 
 
 __all__ = ["_scorer_and_detector"]

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
-import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
+
+from dew.scoring.images import EXTENSIONS, list_images, read_images
+
+read_batches = read_images  # the images of a folder, float32 in [0, 1]: dew.fid.cli names it too
 
 
 class FidError(ValueError):
@@ -42,6 +44,35 @@ class Weights:
     def flag(self) -> str:
         """What a refusal of these weights names: ``--weights``, or the default file."""
         return "--weights" if self.path else "the FID Inception weights"
+
+    def detector(self) -> Any:
+        """The FID Inception detector (``dew.scoring.fid_reference.inception_detector``) at this
+        image ``handling``: the protocol's and ``ref``'s; ``FidError`` naming ``--weights``."""
+        from dew.scoring.fid_reference import inception_detector
+
+        try:
+            return inception_detector(self.path, pinned=self.pinned, handling=self.handling)
+        except (OSError, ValueError) as e:
+            raise FidError(f"--weights: {e}") from None
+
+    def adm_scorer(self, batch: int) -> Any:
+        """ADM's scorer (``dew.scoring.adm_metrics.AdmScorer``, ``batch`` images per compiled
+        call); ``FidError`` naming the weights (``flag``)."""
+        from dew.scoring.adm_metrics import AdmScorer
+
+        try:
+            return AdmScorer(self.path, pinned=self.pinned, batch=batch)
+        except (OSError, ValueError) as e:
+            raise FidError(f"{self.flag}: {e}") from None
+
+    def adm_scorer_and_detector(self, batch: int) -> tuple[Any, Any]:
+        """ADM's scorer (the reference's embedding, the Inception Score's classifier) and the
+        protocol's detector for ADM's suite (``dew.scoring.adm_progress.adm_detector``) over
+        the same weights, read once; ``FidError`` naming the weights otherwise."""
+        from dew.scoring.adm_progress import adm_detector
+
+        scorer = self.adm_scorer(batch)
+        return scorer, adm_detector(scorer.params, scorer.digest)
 
 
 def load_pipeline(workdir: str, step: int | None = None, raw: bool = False) -> Any:
@@ -93,62 +124,19 @@ class Samples:
         """The images [n, H, W, C] float32 in ``value_range``, ``batch_size`` at a time."""
         if self.task is not None:
             return draw_batches(self.task, self.count, self.seed, self.batch_size)
-        return read_batches(self.files, self.batch_size)
+        return read_images(self.files, self.batch_size)
 
     def resolution(self) -> tuple[int, int]:
-        """[H, W]: the run's images', or the folder's first image's (decoded as ``read_batches``)."""
+        """[H, W]: the run's images', or the folder's first image's (``image_resolution``)."""
         if self.task is not None:
             return image_resolution(self.task)
-        from PIL import Image
+        from dew.scoring.images import image_resolution as first_image
 
-        from dew.scoring.fid_reference import decode_image
-
-        def size() -> tuple[int, int]:
-            with Image.open(self.files[0]) as image:
-                return image.size[1], image.size[0]
-
-        return decode_image(size, self.files[0])
+        return first_image(self.files)
 
 
-EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 DEFAULT_NUM_SAMPLES = 10_000  # --workdir: the usual FID sample count (FID is biased by it)
 PROGRESS_SECONDS = 10.0  # --workdir: at most one progress line per this many seconds (and the last)
-
-
-def list_images(folder: str, what: str) -> list[str]:
-    if not os.path.isdir(folder):
-        raise FidError(f"{what}={folder!r} is not a folder of images")
-    files = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.lower().endswith(EXTENSIONS))
-    if len(files) < 2:
-        raise FidError(
-            f"{what}={folder!r} holds {len(files)} images ({'/'.join(EXTENSIONS)}); need at least 2"
-        )
-    return files
-
-
-def read_batches(files: Sequence[str], batch_size: int) -> Iterator[np.ndarray]:
-    """Batches [n, H, W, 3] float32 in [0, 1]; every image must have the first one's size."""
-    from PIL import Image
-
-    from dew.scoring.fid_reference import decode_image
-
-    def decode(path: str) -> np.ndarray:
-        with Image.open(path) as img:
-            return np.asarray(img.convert("RGB"), np.float32) / 255.0
-
-    size = None
-    for i in range(0, len(files), batch_size):
-        batch = []
-        for path in files[i : i + batch_size]:
-            array = decode_image(functools.partial(decode, path), path)
-            if size is None:
-                size = array.shape
-            elif array.shape != size:
-                raise FidError(
-                    f"{path} is {array.shape[1]}x{array.shape[0]}, the first image {size[1]}x{size[0]}"
-                )
-            batch.append(array)
-        yield np.stack(batch)
 
 
 def draw_batches(task: Any, num_samples: int, seed: int, batch_size: int) -> Iterator[np.ndarray]:
@@ -172,3 +160,18 @@ def draw_batches(task: Any, num_samples: int, seed: int, batch_size: int) -> Ite
         if done == num_samples or time.monotonic() - last_report >= PROGRESS_SECONDS:
             print(f"fid: {done}/{num_samples} samples", file=sys.stderr, flush=True)
             last_report = time.monotonic()
+
+
+__all__ = [
+    "DEFAULT_NUM_SAMPLES",
+    "EXTENSIONS",
+    "FidError",
+    "Parser",
+    "Samples",
+    "Weights",
+    "draw_batches",
+    "image_resolution",
+    "list_images",
+    "load_pipeline",
+    "read_batches",
+]

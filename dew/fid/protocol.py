@@ -14,7 +14,7 @@ draw or a damaged one refused or set aside before anything is drawn, then ``Draw
 ADM's suite: each chunk's images are embedded once (pool_3 and mixed_6/conv[..., :7], the images
 at their own size through the TF graph's resize: ``adm_progress.adm_detector``); at the end
 (process 0) the reference batch is embedded where it lacks what a metric needs
-(``dew.fid.score.embed_reference``), the metrics are computed (``dew.scoring.protocol_results``) and
+(``dew.scoring.adm_metrics.embed_reference``), the metrics are computed (``dew.scoring.protocol_results``) and
 written to ``<outdir>/adm.json`` with the reference batch's SHA-256, the samples' statistics to
 ``<outdir>/adm-stats.npz``. A reference batch of another resolution, a damaged chunk file,
 ``--image_handling`` other than the graph's own (tf1) and every other bad input is one line and
@@ -28,7 +28,6 @@ import json
 import os
 from typing import Any
 
-from dew.fid.adm_reference import embed_reference, reference_batch, scorer_and_detector
 from dew.fid.inputs import FidError, Weights, image_resolution, load_pipeline
 
 
@@ -75,9 +74,9 @@ def protocol(run: ProtocolRun) -> int:
     ``FidError`` / ``FidInputError`` on bad input, before anything is written."""
     from dew.objectives.protocol_presets import preset_named, resolve
     from dew.scoring import fid_protocol as fp
-    from dew.scoring.adm_metrics import LABELS
+    from dew.scoring.adm_metrics import LABELS, reference_batch
     from dew.scoring.adm_progress import AdmTally
-    from dew.scoring.fid_reference import check_reference, file_digest, load_reference
+    from dew.scoring.fid_reference import check_reference, load_reference
     from dew.scoring.inception import FEATURE_DIM
 
     metrics, handling = run.metrics, run.weights.handling
@@ -102,10 +101,10 @@ def protocol(run: ProtocolRun) -> int:
     scorer: Any = None
     if adm:
         reference = reference_batch(run.ref, metrics, resolution)
-        scorer, detector = scorer_and_detector(run.weights, run.batch)
+        scorer, detector = run.weights.adm_scorer_and_detector(run.batch)
     else:
         check_reference(reference, run.ref, resolution, None, handling)
-        detector = _detector(run.weights)
+        detector = run.weights.detector()
         check_reference(reference, run.ref, resolution, detector.dim)
     flags = {k: getattr(run, k) for k in ("num", "outdir", "first_seed", "batch", "chunk", "preview")}
     identity = {"workdir": os.path.abspath(run.workdir), "step": task.step, "raw": bool(run.raw)}
@@ -122,34 +121,25 @@ def protocol(run: ProtocolRun) -> int:
         return 0
     import jax
 
-    from dew.scoring import protocol_results
+    from dew.scoring.protocol_results import conclude
 
     if adm and jax.process_index() != 0:
         return 0  # process 0 reports (the metrics read every chunk file it wrote)
-    embedded, probabilities = reference, None  # ADM's: the batch embedded where a metric needs it
-    if adm:
-        embedded = embed_reference(reference, scorer, metrics, run.batch)
-        probabilities = scorer.probabilities
-    digest = file_digest(run.ref)
-    scores = protocol_results.scores(metrics, tally, run.outdir, embedded, probabilities, run.pr_arithmetic)
-    report = protocol_results.report(scores, draw, reference, run.ref, digest)
-    if jax.process_index() == 0:
-        protocol_results.write_results(run.outdir, tally, report, resolution)
+    report = conclude(
+        metrics,
+        tally,
+        draw,
+        reference,
+        run.ref,
+        resolution,
+        scorer=scorer,
+        arithmetic=run.pr_arithmetic,
+        write=jax.process_index() == 0,
+    )
     print(json.dumps(report, indent=1))
     for name in metrics:  # FID's protocol prints its line as fid.py does
         print(f"FID {report[name]!r}" if not adm else f"{LABELS[name]}: {report[name]!r}")
     return 0
-
-
-def _detector(weights: Weights) -> Any:
-    """The FID Inception detector of ``weights`` at their image handling; ``FidError`` naming
-    ``--weights`` otherwise."""
-    from dew.scoring.fid_reference import inception_detector
-
-    try:
-        return inception_detector(weights.path, pinned=weights.pinned, handling=weights.handling)
-    except (OSError, ValueError) as e:
-        raise FidError(f"--weights: {e}") from None
 
 
 def reference(job: ReferenceJob) -> int:
@@ -159,7 +149,7 @@ def reference(job: ReferenceJob) -> int:
     from dew.scoring.fid_reference import dataset_files, reference_statistics, save_reference
 
     files = dataset_files(job.data)
-    detector = _detector(job.weights)
+    detector = job.weights.detector()
     sums, resolution = reference_statistics(files, detector, job.batch)
     mu, sigma = sums.mu_sigma()
     save_reference(
@@ -169,4 +159,4 @@ def reference(job: ReferenceJob) -> int:
     return 0
 
 
-__all__ = ["ProtocolRun", "ReferenceJob", "protocol", "reference", "scorer_and_detector"]
+__all__ = ["ProtocolRun", "ReferenceJob", "protocol", "reference"]

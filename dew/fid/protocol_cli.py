@@ -10,10 +10,9 @@ from dew.fid.cli import protocol_args as _protocol_args
 
 def _detector(args: argparse.Namespace) -> Any:
     """``dew.fid.protocol``'s detector of ``--weights`` at ``--image_handling`` of ``args``."""
-    from dew.fid.protocol import _detector as detector
     from dew.fid.settings import weights_of
 
-    return detector(weights_of(args))
+    return weights_of(args).detector()
 
 
 __all__ = ["_detector", "_protocol_args"]

@@ -26,8 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from dew.fid.adm_reference import adm_scorer, embed_reference, reference_batch
-from dew.fid.inputs import FidError, Samples, Weights, read_batches
+from dew.fid.inputs import FidError, Samples, Weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +70,8 @@ def score(job: ScoreJob) -> int:
     (``job.references`` read, ``job.ref_files`` embedded here), the statistics saved where asked;
     ``FidError`` on bad input."""
     from dew.scoring.feature_metrics import LABELS, scorers, statistics_over
-    from dew.scoring.feature_set import FeatureSet, frechet, kernel_distance
+    from dew.scoring.feature_set import FeatureSet, scores
+    from dew.scoring.images import read_images
     from dew.scoring.statistics import save_statistics
 
     try:
@@ -79,21 +79,22 @@ def score(job: ScoreJob) -> int:
     except (OSError, ValueError) as e:
         raise FidError(str(e)) from None
     samples = job.samples
-    count = samples.count
-    keep = {"fid": max(job.keep_features, count if job.kid else 0)}
+    keep = {"fid": max(job.keep_features, samples.count if job.kid else 0)}
     refs: dict[str, Any] = {}
     try:
         stats = statistics_over(metric_scorers, samples.batches(), samples.value_range, keep)
         if job.ref_files is not None:
             ref_keep = {"fid": len(job.ref_files) if job.kid else 0}
-            batches = read_batches(job.ref_files, samples.batch_size)
+            batches = read_images(job.ref_files, samples.batch_size)
             refs = statistics_over(metric_scorers, batches, (0.0, 1.0), ref_keep)
         refs.update(job.references)
-        features, reference = FeatureSet.of(stats), FeatureSet.of(refs)
-        distances = {name: frechet(name, features, reference) for name in stats if name in refs}
+        scored = []  # each metric with a reference; KID (in FID's features) right after FID
+        for name in (n for n in stats if n in refs):
+            scored += [name, "kid"] if name == "fid" and job.kid else [name]
+        results = scores(scored, FeatureSet.of(stats), FeatureSet.of(refs))
     except ValueError as e:
         raise FidError(str(e)) from None
-    print(f"{count} {samples.what}")
+    print(f"{samples.count} {samples.what}")
     for name, path, kept_rows in (
         ("fid", job.save_stats, job.keep_features),
         ("fd_dinov2", job.save_dinov2_stats, 0),
@@ -102,11 +103,11 @@ def score(job: ScoreJob) -> int:
             s = stats[name]
             save_statistics(path, s.mu, s.sigma, s.features[:kept_rows] if kept_rows else None)
             print(f"{'' if name == 'fid' else LABELS[name] + ' '}statistics -> {path}")
-    for name, value in distances.items():
-        print(f"{LABELS[name]} {value!r}")  # in full, as pytorch-fid prints FID
-        if name == "fid" and job.kid:
-            mean, std = kernel_distance(features, reference)
-            print(f"KID {mean:.6f} ± {std:.6f}")
+    for name, value in results.items():
+        if name == "kid":
+            print(f"KID {value[0]:.6f} ± {value[1]:.6f}")
+        else:
+            print(f"{LABELS[name]} {value!r}")  # in full, as pytorch-fid prints FID
     return 0
 
 
@@ -118,14 +119,14 @@ def adm_suite(job: AdmJob) -> int:
     samples = job.samples
     resolution = samples.resolution()
     batches = (adm_metrics.quantize(b, samples.value_range) for b in samples.batches())
-    reference = reference_batch(job.ref, job.metrics, resolution) if job.ref else None
-    scorer = adm_scorer(job.weights, job.batch_size)
+    reference = adm_metrics.reference_batch(job.ref, job.metrics, resolution) if job.ref else None
+    scorer = job.weights.adm_scorer(job.batch_size)
     features = adm_metrics.AdmFeatures(
         scorer, softmax="is" in job.metrics, keep_images=bool(job.save_ref_batch)
     ).add_all(batches)
     scores = {}
     if reference:
-        embedded = embed_reference(reference, scorer, job.metrics, job.batch_size)
+        embedded = adm_metrics.embed_reference(reference, scorer, job.metrics, job.batch_size)
         scores = adm_metrics.scores(job.metrics, features, embedded, job.pr_arithmetic)
     print(f"{samples.count} {samples.what}")
     if job.save_ref_batch:
@@ -146,4 +147,4 @@ def adm_suite(job: AdmJob) -> int:
     return 0
 
 
-__all__ = ["AdmJob", "ScoreJob", "adm_scorer", "adm_suite", "embed_reference", "reference_batch", "score"]
+__all__ = ["AdmJob", "ScoreJob", "adm_suite", "score"]

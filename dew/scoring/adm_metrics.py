@@ -12,12 +12,14 @@ features into the requested metrics.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
 from dew.scoring import adm_evaluator as adm
+from dew.scoring.feature_set import scores as scores_of
 
 METRICS = ("fid", "sfid", "is", "precision", "recall")
 ADM_ONLY = ("sfid", "is", "precision", "recall")
@@ -134,28 +136,87 @@ def scores(
     )
 
 
-def scores_of(
-    metrics: Sequence[str], samples: Any, reference: Any, arithmetic: str = "float16"
-) -> dict[str, float]:
-    """ADM's ``metrics`` of two ``dew.scoring.feature_set.FeatureSet`` (rows read only when a
-    metric needs them; precision and recall computed once for both), in ``metrics``' order.
-    ``arithmetic``: precision and recall's distances, ``float16`` (the evaluator's graph, as ADM's
-    numbers were computed) or ``float32`` (its float32 branch throughout, the same on every
-    platform); ``adm_evaluator``'s module docstring says what each reproduces."""
-    from dew.scoring import feature_set
+def reference_batch(ref: str, metrics: Sequence[str], resolution: tuple[int, int]) -> dict[str, Any]:
+    """``--ref`` of ADM's suite: a reference batch (``adm_evaluator.read_reference_batch``) or a
+    folder of images (``dew.scoring.images``: its files, resolution and count), read (not yet
+    embedded), holding what ``metrics`` need and checked against the samples' ``resolution``;
+    ``ReferenceBatchError`` (a folder's own refusals: ``FidInputError``) in one line otherwise."""
+    from dew.scoring import images
 
-    out: dict[str, float] = {}
-    pr = None
-    for name in metrics:
-        if name in ("fid", "sfid"):
-            out[name] = feature_set.frechet(name, samples, reference)
-        elif name == "is":
-            out[name] = feature_set.inception_score(samples)
-        else:
-            if pr is None:
-                pr = feature_set.precision_recall(samples, reference, arithmetic)
-            out[name] = pr[0] if name == "precision" else pr[1]
+    if os.path.isdir(ref):
+        files = images.list_images(ref, "--ref")
+        out = {"files": files, "resolution": images.image_resolution(files), "num_images": len(files)}
+    else:
+        out = adm.read_reference_batch(ref)
+        needs_rows = {"precision", "recall"} & set(metrics)
+        has_stats = all(k in out for k in ("mu", "sigma", "mu_s", "sigma_s"))
+        if needs_rows and "images" not in out and "pool" not in out:
+            raise adm.ReferenceBatchError(
+                f"--ref={ref!r} holds statistics only; precision and recall need its arr_0 images"
+            )
+        if not has_stats and "images" not in out and "pool" not in out:
+            raise adm.ReferenceBatchError(f"--ref={ref!r} holds neither statistics nor images")
+        if not has_stats and "images" not in out and {"fid", "sfid"} & set(metrics):
+            raise adm.ReferenceBatchError(
+                f"--ref={ref!r} holds pool rows only; fid and sfid need its mu, sigma, mu_s, sigma_s "
+                "or its arr_0 images"
+            )
+    needs_rows = {"precision", "recall"} & set(metrics)
+    rows = out.get("num_images") if ("images" in out or "pool" in out or "files" in out) else None
+    k = max(adm.NHOOD_SIZES)
+    if needs_rows and rows is not None and rows < k + 1:  # each point, its k nearest neighbours
+        raise adm.ReferenceBatchError(
+            f"--ref={ref!r} holds {rows} images; precision and recall need at least "
+            f"{k + 1} (each image's {k} nearest neighbours)"
+        )
+    recorded = out.get("resolution")
+    if recorded is not None and tuple(recorded) != tuple(resolution):
+        raise adm.ReferenceBatchError(
+            f"--ref={ref!r} is a reference batch at {recorded[0]}x{recorded[1]}, the samples are "
+            f"{resolution[0]}x{resolution[1]}; ADM's metrics compare images of one resolution"
+        )
     return out
 
 
-__all__ = ["ADM_ONLY", "LABELS", "METRICS", "AdmFeatures", "AdmScorer", "quantize", "scores", "scores_of"]
+def embed_reference(
+    reference: dict[str, Any], scorer: AdmScorer, metrics: Sequence[str], batch: int
+) -> dict[str, Any]:
+    """A ``reference_batch``'s mu/sigma/mu_s/sigma_s (stored ones first, as the evaluator's
+    ``read_statistics``) and the pool rows precision and recall need (stored ``pool``, else
+    ``arr_0`` or the folder's images embedded by ``scorer``, ``batch`` at a time)."""
+    from dew.scoring.images import read_images
+
+    stored = {k: reference[k] for k in ("mu", "sigma", "mu_s", "sigma_s") if k in reference}
+    needs_rows = bool({"precision", "recall"} & set(metrics))
+    out: dict[str, Any] = {}
+    if len(stored) == 4 and (not needs_rows or "pool" in reference):
+        out.update(stored)
+        if "pool" in reference:
+            out["pool"] = reference["pool"]
+        return out
+    if "files" in reference:
+        batches = read_images(reference["files"], batch, uint8=True)
+    elif "images" in reference:
+        batches = reference["images"].batches(batch)
+    else:  # stored statistics and pool rows
+        out.update(stored, pool=reference["pool"])
+        return out
+    features = AdmFeatures(scorer, softmax=False).add_all(batches)
+    out.update(features.statistics())
+    out.update(stored)  # the batch's own statistics win, as in the evaluator
+    out["pool"] = features.pool
+    return out
+
+
+__all__ = [
+    "ADM_ONLY",
+    "LABELS",
+    "METRICS",
+    "AdmFeatures",
+    "AdmScorer",
+    "embed_reference",
+    "quantize",
+    "reference_batch",
+    "scores",
+    "scores_of",
+]

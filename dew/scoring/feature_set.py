@@ -19,7 +19,7 @@ layout (an image set, a reference batch, a protocol draw's tally). ``frechet``, 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -113,6 +113,33 @@ def precision_recall(
     )
 
 
+def scores(
+    metrics: Sequence[str], samples: FeatureSet, reference: FeatureSet, arithmetic: str = "float16"
+) -> dict[str, Any]:
+    """Every image-set metric ``python -m dew.fid`` reports, of ``samples`` against ``reference``,
+    in ``metrics``' order: ``fid``, ``sfid``, ``fd_dinov2`` (``frechet``), ``kid`` (a (mean, std)
+    pair: ``kernel_distance``), ``is`` (``inception_score``), ``precision``, ``recall``
+    (``precision_recall``, computed once for both, its distances in ``arithmetic``: ``float16``,
+    the evaluator's graph as ADM's numbers were computed, or ``float32``, its float32 branch, the
+    same on every platform; ``adm_evaluator``'s module docstring says what each reproduces).
+    Rows are read only when a metric needs them; a metric whose input is missing or of another
+    width is a ``ValueError`` naming it."""
+    out: dict[str, Any] = {}
+    pr = None
+    for name in metrics:
+        if name in FRECHET_SPACE:
+            out[name] = frechet(name, samples, reference)
+        elif name == "kid":
+            out[name] = kernel_distance(samples, reference)
+        elif name == "is":
+            out[name] = inception_score(samples)
+        else:
+            if pr is None:
+                pr = precision_recall(samples, reference, arithmetic)
+            out[name] = pr[0] if name == "precision" else pr[1]
+    return out
+
+
 __all__ = [
     "FRECHET_SPACE",
     "SPACES",
@@ -121,4 +148,5 @@ __all__ = [
     "inception_score",
     "kernel_distance",
     "precision_recall",
+    "scores",
 ]

@@ -37,17 +37,12 @@ import dataclasses
 import functools
 import os
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from dew.npz import Member, NotAnNpzError, open_npz, read_npz
-
-T = TypeVar("T")  # what a decode callable gives back (pixels, or a size)
-
-
-class FidInputError(ValueError):
-    """Input the FID protocol cannot use (one line naming the flag, the value and what would do)."""
+from dew.scoring.images import FidInputError, decode_image
 
 
 @dataclasses.dataclass
@@ -253,24 +248,6 @@ def dataset_files(path: str, flag: str = "--data") -> Any:
             f"{flag}={path!r} holds {len(files.images)} image; need at least 2 for statistics"
         )
     return files
-
-
-def decode_image(decode: Callable[[], T], where: str) -> T:
-    """``decode()`` (a PIL decode of the image ``where`` names), with what PIL refuses as one
-    ``FidInputError`` line naming the image: past PIL's decompression-bomb limit (its size in
-    pixels and the limit, ``PIL.Image.MAX_IMAGE_PIXELS``), not an image, or truncated."""
-    import PIL.Image
-
-    try:
-        return decode()
-    except PIL.Image.DecompressionBombError as e:
-        from dew.data.sources.image_folder import bomb_refusal
-
-        raise FidInputError(bomb_refusal(where, e)) from None
-    except (PIL.UnidentifiedImageError, OSError, SyntaxError) as e:
-        raise FidInputError(
-            f"{where} cannot be decoded as an image ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
-        ) from None
 
 
 def dataset_batches(files: Any, batch: int, flag: str = "--data") -> Iterator[np.ndarray]:

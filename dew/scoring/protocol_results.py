@@ -7,7 +7,7 @@ pool rows from the chunk files (each checked against the digest its progress fil
 their softmax rows from those pool rows (``softmax(pool · Wᵀ)`` chunk by chunk:
 ``probabilities``), and the reference's ``mu``, ``sigma`` (and ``mu_s``, ``sigma_s``, pool rows)
 as the caller read or embedded them; the metrics follow the evaluator's rules
-(``dew.scoring.adm_metrics.scores_of``). Every number is a function of the progress file and its
+(``dew.scoring.feature_set.scores``). Every number is a function of the progress file and its
 chunk files alone, so a draw interrupted and rerun reports what one never interrupted does, bit
 for bit.
 
@@ -43,8 +43,8 @@ def scores(
     order asked; ``probabilities`` maps pool rows [n, 2048] to softmax rows [n, 1008]
     (``AdmScorer.probabilities``; the Inception Score's); precision and recall's distances in
     ``arithmetic``. ``FidInputError`` when a chunk file is not what the progress file recorded."""
-    from dew.scoring.adm_metrics import scores_of
     from dew.scoring.feature_set import FeatureSet
+    from dew.scoring.feature_set import scores as scores_of
 
     rows: list[list[np.ndarray]] = []
 
@@ -104,4 +104,37 @@ def write_results(outdir: str, tally: Tally, report: dict[str, Any], resolution:
     os.replace(tmp, path)
 
 
-__all__ = ["report", "scores", "write_results"]
+def conclude(
+    metrics: Sequence[str],
+    tally: Tally,
+    draw: Any,
+    reference: dict[str, Any],
+    ref_path: str,
+    resolution: tuple[int, int],
+    *,
+    scorer: Any = None,
+    arithmetic: str = "float16",
+    write: bool = True,
+) -> dict[str, Any]:
+    """A complete ``draw``'s report (``report``) of ``metrics`` against the reference read from
+    ``ref_path``: with ADM's ``scorer`` (``AdmScorer``) the reference batch is embedded where a
+    metric needs it (``adm_metrics.embed_reference``, ``draw.batch`` images at a time) and the
+    Inception Score's softmax rows come from its classifier; the scores (``scores``), the
+    reference file's SHA-256, and with ``write`` the layout's files in ``draw.outdir``
+    (``write_results``, the samples at ``resolution``). ``FidInputError`` when a chunk file is
+    not what the progress file recorded."""
+    from dew.scoring.adm_metrics import embed_reference
+    from dew.scoring.convert_inception import file_sha256
+
+    embedded, probabilities = reference, None
+    if scorer is not None:
+        embedded = embed_reference(reference, scorer, metrics, draw.batch)
+        probabilities = scorer.probabilities
+    numbers = scores(metrics, tally, draw.outdir, embedded, probabilities, arithmetic)
+    out = report(numbers, draw, reference, ref_path, file_sha256(ref_path))
+    if write:
+        write_results(draw.outdir, tally, out, resolution)
+    return out
+
+
+__all__ = ["conclude", "report", "scores", "write_results"]
