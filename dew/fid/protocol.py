@@ -146,16 +146,12 @@ def reference(job: ReferenceJob) -> int:
     """``ref --data=DIR|ZIP --dest=FILE.npz``: the reference statistics of the data set
     ``job.data`` embedded ``job.batch`` images at a time, as NVlabs/edm's ``fid.py ref`` computes
     them, written to ``job.dest``; ``FidError`` / ``FidInputError`` on bad input."""
-    from dew.scoring.fid_reference import dataset_files, reference_statistics, save_reference
+    from dew.scoring.fid_reference import dataset_files, write_reference
 
     files = dataset_files(job.data)
     detector = job.weights.detector()
-    sums, resolution = reference_statistics(files, detector, job.batch)
-    mu, sigma = sums.mu_sigma()
-    save_reference(
-        job.dest, mu, sigma, resolution=resolution, num_images=sums.count, detector=detector.description
-    )
-    print(f"{sums.count} images at {resolution[0]}x{resolution[1]} -> {job.dest}")
+    count, resolution = write_reference(files, detector, job.dest, job.batch)
+    print(f"{count} images at {resolution[0]}x{resolution[1]} -> {job.dest}")
     return 0
 
 

@@ -70,7 +70,7 @@ def score(job: ScoreJob) -> int:
     (``job.references`` read, ``job.ref_files`` embedded here), the statistics saved where asked;
     ``FidError`` on bad input."""
     from dew.scoring.feature_metrics import LABELS, scorers, statistics_over
-    from dew.scoring.feature_set import FeatureSet, scores
+    from dew.scoring.feature_set import FeatureSet, score_sets
     from dew.scoring.images import read_images
     from dew.scoring.statistics import save_statistics
 
@@ -91,7 +91,7 @@ def score(job: ScoreJob) -> int:
         scored = []  # each metric with a reference; KID (in FID's features) right after FID
         for name in (n for n in stats if n in refs):
             scored += [name, "kid"] if name == "fid" and job.kid else [name]
-        results = scores(scored, FeatureSet.of(stats), FeatureSet.of(refs))
+        results = score_sets(scored, FeatureSet.of(stats), FeatureSet.of(refs))
     except ValueError as e:
         raise FidError(str(e)) from None
     print(f"{samples.count} {samples.what}")
@@ -118,16 +118,17 @@ def adm_suite(job: AdmJob) -> int:
 
     samples = job.samples
     resolution = samples.resolution()
-    batches = (adm_metrics.quantize(b, samples.value_range) for b in samples.batches())
     reference = adm_metrics.reference_batch(job.ref, job.metrics, resolution) if job.ref else None
-    scorer = job.weights.adm_scorer(job.batch_size)
-    features = adm_metrics.AdmFeatures(
-        scorer, softmax="is" in job.metrics, keep_images=bool(job.save_ref_batch)
-    ).add_all(batches)
-    scores = {}
-    if reference:
-        embedded = adm_metrics.embed_reference(reference, scorer, job.metrics, job.batch_size)
-        scores = adm_metrics.scores(job.metrics, features, embedded, job.pr_arithmetic)
+    features, scores = adm_metrics.evaluate(
+        job.metrics,
+        samples.batches(),
+        samples.value_range,
+        reference,
+        job.weights.adm_scorer(job.batch_size),
+        batch=job.batch_size,
+        keep_images=bool(job.save_ref_batch),
+        arithmetic=job.pr_arithmetic,
+    )
     print(f"{samples.count} {samples.what}")
     if job.save_ref_batch:
         from dew.scoring.adm_evaluator import write_reference_batch

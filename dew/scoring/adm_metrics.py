@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 
 from dew.scoring import adm_evaluator as adm
-from dew.scoring.feature_set import scores as scores_of
+from dew.scoring.feature_set import FeatureSet, score_sets
+
+scores_of = score_sets  # the name ADM's suite gave it before every metric was one function
 
 METRICS = ("fid", "sfid", "is", "precision", "recall")
 ADM_ONLY = ("sfid", "is", "precision", "recall")
@@ -111,6 +113,10 @@ class AdmFeatures:
     def pool(self) -> np.ndarray:
         return np.concatenate(self.pools)
 
+    def feature_set(self) -> FeatureSet:
+        """The set's ``FeatureSet``: its pool and spatial moments, pool rows and softmax rows."""
+        return FeatureSet.of_adm(self.statistics(), lambda: self.pool, lambda: np.concatenate(self.probs))
+
     def statistics(self) -> dict[str, np.ndarray]:
         return {
             "mu": self.pool_stats.mu,
@@ -120,20 +126,30 @@ class AdmFeatures:
         }
 
 
-def scores(
-    metrics: Sequence[str], samples: AdmFeatures, reference: dict[str, Any], arithmetic: str = "float16"
-) -> dict[str, float]:
-    """The requested metrics of ``samples`` against ``reference`` (``mu``, ``sigma``, ``mu_s``,
-    ``sigma_s``; ``pool`` rows for precision and recall), in ``metrics``' order; precision and
-    recall's distances in ``arithmetic`` (``adm_evaluator.precision_recall``)."""
-    from dew.scoring.feature_set import FeatureSet
-
-    return scores_of(
-        metrics,
-        FeatureSet.of_adm(samples.statistics(), lambda: samples.pool, lambda: np.concatenate(samples.probs)),
-        FeatureSet.of_adm(reference, (lambda: reference["pool"]) if "pool" in reference else None),
-        arithmetic,
-    )
+def evaluate(
+    metrics: Sequence[str],
+    batches: Iterable[np.ndarray],
+    value_range: tuple[float, float],
+    reference: dict[str, Any] | None,
+    scorer: AdmScorer,
+    *,
+    batch: int,
+    keep_images: bool = False,
+    arithmetic: str = "float16",
+) -> tuple[AdmFeatures, dict[str, float]]:
+    """ADM's suite of one image set: ``batches`` (images in ``value_range``) quantized to the
+    evaluator's uint8 (``quantize``) and embedded by ``scorer`` (softmax rows when ``is`` is
+    asked, the images kept with ``keep_images``), then, given a ``reference`` (a
+    ``reference_batch``; None: none), the reference embedded where a metric needs it
+    (``embed_reference``, ``batch`` images at a time) and ``metrics`` scored
+    (``dew.scoring.feature_set.score_sets``). Returns
+    the samples' features and the scores (empty without a reference)."""
+    features = AdmFeatures(scorer, softmax="is" in metrics, keep_images=keep_images)
+    features.add_all(quantize(images, value_range) for images in batches)
+    if reference is None:
+        return features, {}
+    embedded = embed_reference(reference, scorer, metrics, batch)
+    return features, score_sets(metrics, features.feature_set(), FeatureSet.of_adm(embedded), arithmetic)
 
 
 def reference_batch(ref: str, metrics: Sequence[str], resolution: tuple[int, int]) -> dict[str, Any]:
@@ -215,8 +231,8 @@ __all__ = [
     "AdmFeatures",
     "AdmScorer",
     "embed_reference",
+    "evaluate",
     "quantize",
     "reference_batch",
-    "scores",
     "scores_of",
 ]

@@ -12,8 +12,8 @@ metric asks.
 Whoever made the features builds the set: ``FeatureSet.of`` from ``python -m dew.fid``'s
 statistics by metric name (``FeatureStatistics`` or a statistics file's ``mu``/``sigma``/
 ``features``), ``FeatureSet.of_adm`` from ADM's ``mu``/``sigma``/``mu_s``/``sigma_s``/``pool``
-layout (an image set, a reference batch, a protocol draw's tally). ``frechet``, ``kernel_distance``,
-``inception_score`` and ``precision_recall`` read nothing else.
+layout (an image set, a reference batch, a protocol draw's tally). ``score_sets`` (every metric of
+two sets, FID, sFID, FD_DINOv2, KID, IS, precision and recall) reads nothing else.
 """
 
 from __future__ import annotations
@@ -62,7 +62,10 @@ class FeatureSet:
         cls, stats: Mapping[str, Any], pool: Rows | None = None, probabilities: Rows | None = None
     ) -> FeatureSet:
         """From ADM's layout: ``mu``, ``sigma`` (pool), ``mu_s``, ``sigma_s`` (spatial) where
-        present, the pool rows and softmax rows where given."""
+        present, the pool rows (``pool``, else the layout's own ``pool`` rows where it holds them)
+        and softmax rows where given."""
+        if pool is None and "pool" in stats:
+            pool = lambda: stats["pool"]  # noqa: E731  (a stored reference batch's rows)
         moments: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         if "mu" in stats:
             moments["pool"] = (stats["mu"], stats["sigma"])
@@ -86,67 +89,37 @@ def frechet(metric: str, samples: FeatureSet, reference: FeatureSet) -> float:
     return float(frechet_distance(mu, sigma, ref_mu, ref_sigma))
 
 
-def kernel_distance(samples: FeatureSet, reference: FeatureSet) -> tuple[float, float]:
-    """KID (mean, std over subsets) between the sets' pool rows (``distances.kernel_distance``)."""
-    from dew.scoring import distances
-
-    return distances.kernel_distance(samples.rows["pool"](), reference.rows["pool"]())
-
-
-def inception_score(samples: FeatureSet) -> float:
-    """ADM's Inception Score of the samples' softmax rows (``adm_evaluator.inception_score``)."""
-    from dew.scoring import adm_evaluator
-
-    assert samples.probabilities is not None, "the Inception Score needs the samples' softmax rows"
-    return adm_evaluator.inception_score(samples.probabilities())
-
-
-def precision_recall(
-    samples: FeatureSet, reference: FeatureSet, arithmetic: str = "float16"
-) -> tuple[float, float]:
-    """ADM's improved precision and recall between the sets' pool rows, their distances in
-    ``arithmetic`` (``adm_evaluator.precision_recall``)."""
-    from dew.scoring import adm_evaluator
-
-    return adm_evaluator.precision_recall(
-        reference.rows["pool"](), samples.rows["pool"](), arithmetic=arithmetic
-    )
-
-
-def scores(
+def score_sets(
     metrics: Sequence[str], samples: FeatureSet, reference: FeatureSet, arithmetic: str = "float16"
 ) -> dict[str, Any]:
     """Every image-set metric ``python -m dew.fid`` reports, of ``samples`` against ``reference``,
-    in ``metrics``' order: ``fid``, ``sfid``, ``fd_dinov2`` (``frechet``), ``kid`` (a (mean, std)
-    pair: ``kernel_distance``), ``is`` (``inception_score``), ``precision``, ``recall``
-    (``precision_recall``, computed once for both, its distances in ``arithmetic``: ``float16``,
-    the evaluator's graph as ADM's numbers were computed, or ``float32``, its float32 branch, the
-    same on every platform; ``adm_evaluator``'s module docstring says what each reproduces).
-    Rows are read only when a metric needs them; a metric whose input is missing or of another
-    width is a ``ValueError`` naming it."""
+    in ``metrics``' order: ``fid``, ``sfid``, ``fd_dinov2`` (``frechet``); ``kid``, a (mean, std)
+    pair over the pool rows (``distances.kernel_distance``); ``is``, ADM's Inception Score of the
+    samples' softmax rows (``adm_evaluator.inception_score``); ``precision``, ``recall``, ADM's
+    improved precision and recall between the pool rows (``adm_evaluator.precision_recall``,
+    computed once for both, its distances in ``arithmetic``: ``float16``, the evaluator's graph as
+    ADM's numbers were computed, or ``float32``, its float32 branch, the same on every platform;
+    ``adm_evaluator``'s module docstring says what each reproduces). Rows are read only when a
+    metric needs them; a reference of another feature width is a ``ValueError`` naming it."""
+    from dew.scoring import adm_evaluator, distances
+
     out: dict[str, Any] = {}
     pr = None
     for name in metrics:
         if name in FRECHET_SPACE:
             out[name] = frechet(name, samples, reference)
         elif name == "kid":
-            out[name] = kernel_distance(samples, reference)
+            out[name] = distances.kernel_distance(samples.rows["pool"](), reference.rows["pool"]())
         elif name == "is":
-            out[name] = inception_score(samples)
+            assert samples.probabilities is not None, "the Inception Score needs the samples' softmax rows"
+            out[name] = adm_evaluator.inception_score(samples.probabilities())
         else:
             if pr is None:
-                pr = precision_recall(samples, reference, arithmetic)
+                pr = adm_evaluator.precision_recall(
+                    reference.rows["pool"](), samples.rows["pool"](), arithmetic=arithmetic
+                )
             out[name] = pr[0] if name == "precision" else pr[1]
     return out
 
 
-__all__ = [
-    "FRECHET_SPACE",
-    "SPACES",
-    "FeatureSet",
-    "frechet",
-    "inception_score",
-    "kernel_distance",
-    "precision_recall",
-    "scores",
-]
+__all__ = ["FRECHET_SPACE", "SPACES", "FeatureSet", "frechet", "score_sets"]

@@ -305,6 +305,20 @@ def reference_statistics(
     return sums, resolution
 
 
+def write_reference(
+    files: Any, detector: Detector, dest: str, batch: int = 64
+) -> tuple[int, tuple[int, int]]:
+    """``fid.py ref``'s whole work: the data set's statistics (``reference_statistics``) written
+    to ``dest`` with their provenance (``save_reference``: the resolution, the image count and
+    ``detector``'s description). Returns (images, [H, W])."""
+    sums, resolution = reference_statistics(files, detector, batch)
+    mu, sigma = sums.mu_sigma()
+    save_reference(
+        dest, mu, sigma, resolution=resolution, num_images=sums.count, detector=detector.description
+    )
+    return sums.count, resolution
+
+
 __all__ = [
     "DEFAULT_HANDLING",
     "Detector",
@@ -319,4 +333,5 @@ __all__ = [
     "recorded_handling",
     "reference_statistics",
     "save_reference",
+    "write_reference",
 ]

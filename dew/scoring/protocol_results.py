@@ -7,7 +7,7 @@ pool rows from the chunk files (each checked against the digest its progress fil
 their softmax rows from those pool rows (``softmax(pool · Wᵀ)`` chunk by chunk:
 ``probabilities``), and the reference's ``mu``, ``sigma`` (and ``mu_s``, ``sigma_s``, pool rows)
 as the caller read or embedded them; the metrics follow the evaluator's rules
-(``dew.scoring.feature_set.scores``). Every number is a function of the progress file and its
+(``dew.scoring.feature_set.score_sets``). Every number is a function of the progress file and its
 chunk files alone, so a draw interrupted and rerun reports what one never interrupted does, bit
 for bit.
 
@@ -43,8 +43,7 @@ def scores(
     order asked; ``probabilities`` maps pool rows [n, 2048] to softmax rows [n, 1008]
     (``AdmScorer.probabilities``; the Inception Score's); precision and recall's distances in
     ``arithmetic``. ``FidInputError`` when a chunk file is not what the progress file recorded."""
-    from dew.scoring.feature_set import FeatureSet
-    from dew.scoring.feature_set import scores as scores_of
+    from dew.scoring.feature_set import FeatureSet, score_sets
 
     rows: list[list[np.ndarray]] = []
 
@@ -58,8 +57,7 @@ def scores(
         return np.concatenate([probabilities(part) for part in chunks()])
 
     samples = FeatureSet.of_adm(tally.statistics(), lambda: np.concatenate(chunks()), softmax)
-    pool = (lambda: reference["pool"]) if "pool" in reference else None
-    return scores_of(metrics, samples, FeatureSet.of_adm(reference, pool), arithmetic)
+    return score_sets(metrics, samples, FeatureSet.of_adm(reference), arithmetic)
 
 
 def report(
