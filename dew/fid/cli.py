@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dew.fid.protocol import ProtocolRun, ReferenceJob, protocol, reference
     from dew.fid.score import AdmJob, adm_suite, score
     from dew.scoring.adm_evaluator import ReferenceBatchError
-    from dew.scoring.fid_reference import FidInputError
+    from dew.scoring.images import FidInputError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
