@@ -38,8 +38,7 @@ class Programs:
     from their shares); otherwise host batches go straight into the jitted step, which places
     them in C++ (a Python ``device_put`` costs the host more than the copy it would hide).
     ``skip_nonfinite``: ``make_step``'s (the skip policy's step keeps the old state for a
-    flagged update; the stop policy's applies every update and flags it). ``host_init`` is
-    ``init`` run on the host's CPU, its result placed (``dew.training.host_init``).
+    flagged update; the stop policy's applies every update and flags it).
     """
 
     def __init__(
@@ -73,8 +72,7 @@ class Programs:
         evaluate = eval_program(objective, averages, accumulation=accumulation)
         self.state_shardings = layout.state_shardings(self.abstract)
         self.init = layout.jit_init(init, self.abstract)
-        # The same program run on the host's CPU, its result placed (dew.training.host_init)
-        self.host_init = HostInit(init, self.state_shardings, INIT_COMPILER_OPTIONS)
+        self._init_program = init
         self.step = layout.jit_step(step, self.abstract)
         self.multi_step = None
         if multi is not None:
@@ -90,6 +88,12 @@ class Programs:
             in_shardings=(self.state_shardings.ema, layout.replicated),
             out_shardings=layout.replicated,
         )
+
+    @functools.cached_property
+    def host_init(self) -> HostInit:
+        """``init`` run on the host's CPU, its result placed on the state's shardings
+        (``dew.training.host_init``); built when first asked for."""
+        return HostInit(self._init_program, self.state_shardings, INIT_COMPILER_OPTIONS)
 
     def template(self) -> Any:
         """The state's shapes, dtypes and shardings: what a checkpoint is read into."""
