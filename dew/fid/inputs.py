@@ -67,12 +67,10 @@ class Weights:
 
     def adm_scorer_and_detector(self, batch: int) -> tuple[Any, Any]:
         """ADM's scorer (the reference's embedding, the Inception Score's classifier) and the
-        protocol's detector for ADM's suite (``dew.scoring.adm_progress.adm_detector``) over
-        the same weights, read once; ``FidError`` naming the weights otherwise."""
-        from dew.scoring.adm_progress import adm_detector
-
+        protocol's detector for ADM's suite (``AdmScorer.protocol_detector``) over the same
+        weights, read once; ``FidError`` naming the weights otherwise."""
         scorer = self.adm_scorer(batch)
-        return scorer, adm_detector(scorer.params, scorer.digest)
+        return scorer, scorer.protocol_detector()
 
 
 def load_pipeline(workdir: str, step: int | None = None, raw: bool = False) -> Any:

@@ -12,7 +12,7 @@ draw or a damaged one refused or set aside before anything is drawn, then ``Draw
 (``dew.scoring.protocol_results``: the same scores, report and files for both).
 
 ADM's suite: each chunk's images are embedded once (pool_3 and mixed_6/conv[..., :7], the images
-at their own size through the TF graph's resize: ``adm_progress.adm_detector``); at the end
+at their own size through the TF graph's resize: ``adm_metrics.AdmScorer.protocol_detector``); at the end
 (process 0) the reference batch is embedded where it lacks what a metric needs
 (``dew.scoring.adm_metrics.embed_reference``), the metrics are computed (``dew.scoring.protocol_results``) and
 written to ``<outdir>/adm.json`` with the reference batch's SHA-256, the samples' statistics to

@@ -21,7 +21,6 @@ Both modes print ``<count> <what>`` once the images are scored, then their lines
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -33,14 +32,14 @@ from dew.fid.inputs import FidError, Samples, Weights
 class ScoreJob:
     """What ``score`` scores, reports and writes, from its checked flags: the ``samples``,
     ``metrics`` (``fid``, ``fd_dinov2``), the reference statistics already read by metric name
-    (``references``), a folder ``--ref``'s files (``ref_files``, embedded here), ``--kid``,
+    (``references``), a folder ``--ref``'s images (``reference_images``, embedded here), ``--kid``,
     ``--keep_features``, where to save the statistics, and the weights (None: the converted
     default files)."""
 
     samples: Samples
     metrics: tuple[str, ...]
     references: dict[str, Any]
-    ref_files: Sequence[str] | None = None
+    reference_images: Samples | None = None
     kid: bool = False
     keep_features: int = 0
     save_stats: str | None = None
@@ -67,26 +66,24 @@ class AdmJob:
 
 def score(job: ScoreJob) -> int:
     """``job.metrics`` (``fid`` / ``fd_dinov2``, and KID) of ``job.samples`` against their references
-    (``job.references`` read, ``job.ref_files`` embedded here), the statistics saved where asked;
-    ``FidError`` on bad input."""
+    (``job.references`` read, ``job.reference_images`` embedded here), the statistics saved where
+    asked; ``FidError`` on bad input."""
     from dew.scoring.feature_metrics import LABELS, scorers, statistics_over
     from dew.scoring.feature_set import FeatureSet, score_sets
-    from dew.scoring.images import read_images
     from dew.scoring.statistics import save_statistics
 
     try:
         metric_scorers = scorers(job.metrics, job.weights, job.dinov2_weights, pinned=job.pinned)
     except (OSError, ValueError) as e:
         raise FidError(str(e)) from None
-    samples = job.samples
+    samples, reference = job.samples, job.reference_images
     keep = {"fid": max(job.keep_features, samples.count if job.kid else 0)}
     refs: dict[str, Any] = {}
     try:
         stats = statistics_over(metric_scorers, samples.batches(), samples.value_range, keep)
-        if job.ref_files is not None:
-            ref_keep = {"fid": len(job.ref_files) if job.kid else 0}
-            batches = read_images(job.ref_files, samples.batch_size)
-            refs = statistics_over(metric_scorers, batches, (0.0, 1.0), ref_keep)
+        if reference is not None:  # KID's rows: every reference image's
+            ref_keep = {"fid": reference.count if job.kid else 0}
+            refs = statistics_over(metric_scorers, reference.batches(), reference.value_range, ref_keep)
         refs.update(job.references)
         scored = []  # each metric with a reference; KID (in FID's features) right after FID
         for name in (n for n in stats if n in refs):
@@ -140,7 +137,7 @@ def adm_suite(job: AdmJob) -> int:
             pool=features.pool,
             stats=features.statistics(),
             resolution=features.resolution,
-            detector="dew inception_fid 2015-12-05 (ADM: pool_3, mixed_6/conv[..., :7]), image handling tf1",
+            detector=adm_metrics.DETECTOR,
         )
         print(f"reference batch -> {job.save_ref_batch}")
     for name, value in scores.items():

@@ -72,12 +72,12 @@ def check(args: argparse.Namespace) -> ScoreJob:
     if args.batch_size < 1 or args.keep_features < 0:
         raise FidError(f"--batch_size={args.batch_size} must be >= 1 and --keep_features >= 0")
     check_run_flags(args)
-    references, ref_files = _read_references(args, bool(wants_dinov2 and args.dinov2_ref), "fid" in metrics)
+    references, ref_images = _read_references(args, bool(wants_dinov2 and args.dinov2_ref), "fid" in metrics)
     return ScoreJob(
         samples=samples(args),
         metrics=metrics,
         references=references,
-        ref_files=ref_files,
+        reference_images=ref_images,
         kid=args.kid,
         keep_features=args.keep_features,
         save_stats=args.save_stats,
@@ -103,10 +103,11 @@ def check_run_flags(args: argparse.Namespace) -> None:
 
 def _read_references(
     args: argparse.Namespace, dinov2_ref: bool, fid: bool
-) -> tuple[dict[str, Any], list[str] | None]:
+) -> tuple[dict[str, Any], Samples | None]:
     """The statistics files the flags name, read by metric name (``--dinov2_ref`` when
     ``dinov2_ref``; with ``fid`` a file ``--ref``, with features for ``--kid``), and a folder
-    ``--ref``'s images listed (None for a file or none). The folders are listed first
+    ``--ref``'s images listed (``Samples`` read ``--batch_size`` at a time; None for a file or
+    none). The folders are listed first
     (``--images``, a folder ``--ref``), then the files read, then (with ``fid``) the Inception
     weights checked present. ``FidError`` naming the flag otherwise."""
     from dew.npz import NotAnNpzError, open_npz
@@ -116,7 +117,10 @@ def _read_references(
     ref_folder = bool(args.ref) and os.path.isdir(args.ref)
     if args.images:
         list_images(args.images, "--images")
-    ref_files = list_images(args.ref, "--ref") if ref_folder else None
+    ref_images = None
+    if ref_folder:
+        files = list_images(args.ref, "--ref")
+        ref_images = Samples(len(files), f"images in {args.ref}", args.batch_size, files=files)
     named = {
         "fd_dinov2": ("--dinov2_ref", args.dinov2_ref if dinov2_ref else None),
         "fid": ("--ref", args.ref if fid and not ref_folder else None),
@@ -131,7 +135,7 @@ def _read_references(
     if args.kid and "features" not in out.get("fid", {"features": None}):
         raise FidError(f"--ref={args.ref!r} holds no 'features' for --kid (save them with --keep_features)")
     if not fid:
-        return out, ref_files
+        return out, ref_images
     weights = os.path.expanduser(args.weights) if args.weights else default_path()
     if not os.path.isfile(weights):
         raise FidError(f"FID Inception weights not found at {weights}: {HOW_TO_GET}")
@@ -141,7 +145,7 @@ def _read_references(
             data.files  # noqa: B018  the archive's directory is read: a zip, not just named .npz
     except NotAnNpzError as e:
         raise FidError(f"{e}; convert them with python -m dew.scoring.convert_inception") from None
-    return out, ref_files
+    return out, ref_images
 
 
 def samples(args: argparse.Namespace) -> Samples:

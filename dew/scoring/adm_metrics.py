@@ -25,6 +25,7 @@ scores_of = score_sets  # the name ADM's suite gave it before every metric was o
 
 METRICS = ("fid", "sfid", "is", "precision", "recall")
 ADM_ONLY = ("sfid", "is", "precision", "recall")
+DETECTOR = "dew inception_fid 2015-12-05 (ADM: pool_3, mixed_6/conv[..., :7]), image handling tf1"
 LABELS = {"fid": "FID", "sfid": "sFID", "is": "Inception Score", "precision": "Precision", "recall": "Recall"}
 
 
@@ -74,6 +75,23 @@ class AdmScorer:
 
     def probabilities(self, pool: np.ndarray) -> np.ndarray:
         return adm.softmax(self._logits(pool, self.classifier))
+
+    def protocol_detector(self) -> Any:
+        """The FID protocol's detector for ADM's suite over these weights
+        (``dew.scoring.fid_reference.Detector``): uint8 images [n, H, W, 3] -> [n, 4071] float32,
+        ``pool_3`` [2048] then ``mixed_6/conv[..., :7]`` flattened [2023], described with the
+        weights' content ``digest``."""
+        from dew.scoring import inception
+        from dew.scoring.fid_reference import Detector
+
+        def fn(p: Any, images: Any) -> Any:
+            import jax.numpy as jnp
+
+            pool, spatial = inception.adm_features(p, images.astype(jnp.float32))
+            return jnp.concatenate([pool, spatial], axis=-1)
+
+        dim = adm.POOL_DIM + adm.SPATIAL_DIM
+        return Detector(fn, self.params, dim, f"{DETECTOR}, weights sha256 {self.digest}")
 
 
 class AdmFeatures:
@@ -226,6 +244,7 @@ def embed_reference(
 
 __all__ = [
     "ADM_ONLY",
+    "DETECTOR",
     "LABELS",
     "METRICS",
     "AdmFeatures",

@@ -1,11 +1,10 @@
-"""ADM's evaluation suite inside the FID protocol (``dew.scoring.fid_protocol``): its detector and
-its tally's layout (``dew.scoring.fid_progress.Tally``, the one implementation of a draw's
+"""ADM's evaluation suite inside the FID protocol (``dew.scoring.fid_protocol``): its tally's
+layout (``dew.scoring.fid_progress.Tally``, the one implementation of a draw's
 progress, chunk files and resume).
 
-The protocol's detector for the suite (``adm_detector``) gives, per image, ``pool_3`` [2048]
-and ``mixed_6/conv[..., :7]`` flattened [2023] (``dew.scoring.inception.adm_features``, the
-images fed at their own size through the graph's TF1 resize), side by side as one row [4071].
-``AdmTally`` accumulates, chunk by chunk in seed order:
+The protocol's detector for the suite (``dew.scoring.adm_metrics.AdmScorer.protocol_detector``)
+gives, per image, ``pool_3`` [2048] and ``mixed_6/conv[..., :7]`` flattened [2023] side by side
+as one row [``DIM`` = 4071]. ``AdmTally`` accumulates, chunk by chunk in seed order:
 
 * the float64 ``MomentSums`` of the pool features (FID) and of the spatial features (sFID);
 * the chunk's float32 pool rows as ``<outdir>/adm-pool-<chunk>.npy`` (a plain ``.npy``, read
@@ -22,11 +21,9 @@ exactly what an uninterrupted one does.
 
 from __future__ import annotations
 
-from typing import Any
-
 from dew.scoring.adm_evaluator import POOL_DIM, SPATIAL_DIM
 from dew.scoring.fid_progress import Layout, Space, Tally
-from dew.scoring.fid_reference import Detector, MomentSums
+from dew.scoring.fid_reference import MomentSums
 
 PROGRESS_FILE = "adm-progress.npz"
 REPORT_FILE = "adm.json"  # the report (``dew.scoring.protocol_results``)
@@ -48,26 +45,6 @@ def chunk_file(index: int) -> str:
     return ROWS_FILE.format(index)
 
 
-def adm_detector(params: Any, weights_digest: str) -> Detector:
-    """The protocol's detector for ADM's suite: uint8 images [n, H, W, 3] -> [n, 4071] float32,
-    ``pool_3`` [2048] then ``mixed_6/conv[..., :7]`` flattened [2023], with the FID Inception's
-    ``params`` (whose content digest is ``weights_digest``)."""
-
-    def fn(p: Any, images: Any) -> Any:
-        import jax.numpy as jnp
-
-        from dew.scoring import inception
-
-        pool, spatial = inception.adm_features(p, images.astype(jnp.float32))
-        return jnp.concatenate([pool, spatial], axis=-1)
-
-    description = (
-        "dew inception_fid 2015-12-05 (ADM: pool_3, mixed_6/conv[..., :7]), image handling tf1, "
-        f"weights sha256 {weights_digest}"
-    )
-    return Detector(fn, params, DIM, description)
-
-
 class AdmTally(Tally):
     """ADM's tally for ``Draw.run_tally`` (module docstring): pool and spatial sums in memory,
     each chunk's pool rows on disk under the digests the progress file records."""
@@ -84,4 +61,4 @@ class AdmTally(Tally):
         return self.space_sums[1]
 
 
-__all__ = ["DIM", "PROGRESS_FILE", "REPORT_FILE", "STATS_FILE", "AdmTally", "adm_detector", "chunk_file"]
+__all__ = ["DIM", "PROGRESS_FILE", "REPORT_FILE", "STATS_FILE", "AdmTally", "chunk_file"]
