@@ -66,8 +66,6 @@ def measure(name: str, batch: int | None) -> list[dict]:
     import jax
 
     from dew.runtime.precompile import abstract_like
-    from dew.training.sharding import INIT_COMPILER_OPTIONS
-    from dew.training.steps import init_program
     from dew.training.trainer import Trainer
 
     if batch is not None:
@@ -85,21 +83,11 @@ def measure(name: str, batch: int | None) -> list[dict]:
         parts = jax.random.split(k, len(shapes))
         return [jax.random.normal(part, shape) for part, shape in zip(parts, shapes, strict=True)]
 
-    init = init_program(
-        trainer.objective, trainer.optimizer, trainer.averages, accumulation=1, precision=trainer.precision
-    )
-    rep = trainer.layout.replicated
-    jitted_init = jax.jit(
-        init,
-        in_shardings=(rep, rep),
-        out_shardings=programs.state_shardings,
-        compiler_options=INIT_COMPILER_OPTIONS,
-    )
     batch_shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), trainer.example_batch())
     state = abstract_like(programs.abstract, programs.state_shardings)
     return [
         {**_timed(name, "draws", jax.jit(draws), key), "draws": len(shapes)},
-        _timed(name, "init", jitted_init, key, trainer.example_batch()),
+        _timed(name, "init", programs.init, key, trainer.example_batch()),  # Layout.jit_init's
         _timed(name, "step", programs.step, state, batch_shapes),
     ]
 
