@@ -296,10 +296,19 @@ def test_label_dropout_in_training_uses_the_null_class():
         assert shapes["dit/y_embedder/embedding_table"]["weight"].shape == (rows, 32)
 
 
-def test_remat_is_the_same_function():
+@pytest.mark.parametrize(
+    "remat, mlp",
+    [
+        ("blocks", "gelu_tanh"),
+        ("blocks_save_mlp", "gelu_tanh"),
+        ("blocks_save_mlp", "swiglu"),
+        ("blocks_save_products", "gelu_tanh"),
+    ],
+)
+def test_remat_is_the_same_function(remat, mlp):
     x = jax.random.normal(jax.random.PRNGKey(0), (2, 4, 4, 3))
     t, y = jnp.array([0.2, 0.7]), jnp.array([1, 4])
-    plain, remat = hk.transform(_tiny_net()), hk.transform(_tiny_net(remat="blocks"))
+    plain, remat = hk.transform(_tiny_net(mlp=mlp)), hk.transform(_tiny_net(remat=remat, mlp=mlp))
     params = plain.init(jax.random.PRNGKey(1), x, t, y)
     params = jax.tree.map(lambda a: a + 0.05 * jax.random.normal(jax.random.PRNGKey(3), a.shape), params)
 
@@ -309,6 +318,31 @@ def test_remat_is_the_same_function():
     g_plain, g_remat = jax.grad(lambda p: loss(plain, p))(params), jax.grad(lambda p: loss(remat, p))(params)
     for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_remat), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_save_mlp_keeps_each_blocks_feed_forward_and_recomputes_the_rest():
+    """What the backward pass keeps (the residuals of ``jax.vjp``): ``blocks_save_mlp`` keeps, per
+    block, the feed-forward's hidden pre-activation [B, T, 4·D] and its output [B, T, D] (the
+    adaLN gate's gradient reads it) beyond what ``blocks`` keeps (each block's input);
+    ``blocks_save_products`` keeps q, k and v [B, T, N, H] as well; without remat the
+    feed-forward's activations are all kept (fc1's output and its GELU, at least)."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 4, 4, 3))
+    t, y = jnp.array([0.2, 0.7]), jnp.array([1, 4])
+    depth, tokens, width = 2, 4, 32  # T = (4/2)² tokens of D = 32
+
+    def kept(remat: str) -> tuple[int, int, int]:
+        net = hk.transform(_tiny_net(depth=depth, remat=remat))
+        params = net.init(jax.random.PRNGKey(1), x, t, y)
+        _, backward = jax.vjp(lambda p: net.apply(p, None, x, t, y), params)
+        shapes = [r.shape for r in jax.tree.leaves(backward)]
+        heads = (2, tokens, 4, width // 4)  # q, k or v: [B, T, N, H]
+        return shapes.count((2, tokens, 4 * width)), shapes.count((2, tokens, width)), shapes.count(heads)
+
+    blocks, mlp, products = kept("blocks"), kept("blocks_save_mlp"), kept("blocks_save_products")
+    assert blocks[0] == 0 and mlp[0] == depth and products[0] == depth
+    assert mlp[1] - blocks[1] == depth and products[1] - blocks[1] == depth
+    assert blocks[2] == mlp[2] == 0 and products[2] == 3 * depth
+    assert kept("none")[0] >= 2 * depth
 
 
 def test_bad_input_is_one_line():

@@ -44,8 +44,9 @@ is the mirror of SiT's (t = 1 at the noise, velocity dx/dt = ε − x), in dew's
 time embedder is fed 1 − s and the output negated, net(x, s) = −REPA(x, 1 − s) (the projector
 tokens are REPA's at its t); only for continuous t, ``time_inputs=("t",)``, adaLN, and an output
 without variance channels (``dew.convert_dit --source=repa`` sets it).
-``remat`` (``dew.networks.remat.REMAT_POLICIES``: ``none``, ``blocks``, ``blocks_save_dots``)
-recomputes each block's activations in the backward pass: less memory, the same function.
+``remat`` (``dew.networks.remat.REMAT_POLICIES``: ``none``, ``blocks``, ``blocks_save_dots``,
+``blocks_save_mlp``, ``blocks_save_products``) recomputes each block's activations in the backward
+pass, all of them or all but the named products: less memory, the same function.
 ``scan_blocks=True`` runs the blocks as one ``lax.scan`` over their stacked parameters
 (``dew.networks.block_stack``): the same parameters under the same names and the same function,
 compiled once instead of once per block. Off by default: on a TPU v5e the scan keeps every

@@ -9,12 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dew.networks.dit_feedforward import Mlp, SwiGLU
 from dew.networks.dit_layers import (
     Attention,
     Linear,
-    Mlp,
     RMSNorm,
-    SwiGLU,
     layer_norm,
     modulate,
     scaled_normal,

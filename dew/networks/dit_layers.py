@@ -20,12 +20,12 @@ improved MeanFlow's in-context block (Lyy-iiis/imeanflow ``models/imfDiT.py``: `
 ``SwiGLU(fused=False, bias=False)`` (w2(silu(w1 x) · w3 x), hidden int(mlp_ratio · D)), 1-D rotary
 positions over the whole sequence (``rotary_1d``), zero-initialised vector gates instead of adaLN
 (``InContextBlock``), and ``FinalLayer(modulated=False)``; its scaled-variance initialisation is
-``scaled_normal``. The blocks built from these layers are ``dew.networks.dit_blocks``.
+``scaled_normal``. The feed-forwards (``Mlp``, ``SwiGLU``) are ``dew.networks.dit_feedforward``;
+the blocks built from these layers are ``dew.networks.dit_blocks``.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import haiku as hk
@@ -33,8 +33,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from haiku import experimental as hk_experimental
+from jax.ad_checkpoint import checkpoint_name
 
 from dew import kernels
+from dew.networks.remat import ATTENTION_QKV
 
 # --- initialisers ---------------------------------------------------------------------------------
 
@@ -273,7 +275,7 @@ def apply_rotary(x: jax.Array, cos: np.ndarray, sin: np.ndarray) -> jax.Array:
     return x * cos_ + rotated * sin_
 
 
-# --- attention and feed-forward ------------------------------------------------------------------
+# --- attention -----------------------------------------------------------------------------------
 
 
 class HeadsLinear(hk.Module):
@@ -369,6 +371,7 @@ class Attention(hk.Module):
             q, k, v = (
                 HeadsLinear(n, 1, bias=self.bias, w_init=self.w_init, name=f"{p}_proj")(x)[0] for p in "qkv"
             )
+        q, k, v = (checkpoint_name(a, ATTENTION_QKV) for a in (q, k, v))
         if self.qk_norm == "layernorm":
             q, k = AffineLayerNorm(name="q_norm")(q), AffineLayerNorm(name="k_norm")(k)
         elif self.qk_norm == "rmsnorm":
@@ -378,40 +381,3 @@ class Attention(hk.Module):
         out = kernels.attention(q, k, v)  # [B, T, N, H]: XLA's, or the TPU's flash kernel
         name = "proj" if self.fused_qkv else "out_proj"
         return HeadsOutput(bias=self.bias, w_init=self.w_init, name=name)(out)
-
-
-class Mlp(hk.Module):
-    """timm ``Mlp``: fc2(GELU_tanh(fc1(x))), hidden width int(D · mlp_ratio)."""
-
-    def __init__(self, hidden_features: int, name: str | None = None):
-        super().__init__(name=name)
-        self.hidden_features = hidden_features
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        h = jax.nn.gelu(Linear(self.hidden_features, name="fc1")(x), approximate=True)
-        return Linear(x.shape[-1], name="fc2")(h)
-
-
-class SwiGLU(hk.Module):
-    """LightningDiT's ``SwiGLUFFN``: w3(silu(x1) · x2), [x1, x2] = chunk(w12(x), 2); with
-    ``fused=False`` iMF's ``SwiGLUMlp``: w2(silu(w1(x)) · w3(x)). ``bias``: the linears' biases;
-    ``w_init``: their weights' initialiser."""
-
-    def __init__(
-        self,
-        hidden_features: int,
-        fused: bool = True,
-        bias: bool = True,
-        w_init: hk.initializers.Initializer | None = None,
-        name: str | None = None,
-    ):
-        super().__init__(name=name)
-        self.hidden_features, self.fused, self.bias, self.w_init = hidden_features, fused, bias, w_init
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        linear = functools.partial(Linear, bias=self.bias, w_init=self.w_init)
-        if not self.fused:
-            gate = jax.nn.silu(linear(self.hidden_features, name="w1")(x))
-            return linear(x.shape[-1], name="w2")(gate * linear(self.hidden_features, name="w3")(x))
-        x1, x2 = jnp.split(linear(2 * self.hidden_features, name="w12")(x), 2, axis=-1)
-        return linear(x.shape[-1], name="w3")(jax.nn.silu(x1) * x2)
