@@ -24,6 +24,7 @@ import optax
 from dew.schema import ConfigError, Key, Section
 
 SCHEDULES = ("linear_warmup", "inverse_sqrt")
+MOMENT_DTYPES = ("float32", "bfloat16")
 
 
 def finite_number(value: Any) -> bool:
@@ -103,6 +104,13 @@ OPTIMIZER_CONFIG = Section(
             check=lambda v: finite_number(v) and v > 0,
             accepted="a finite float > 0",
         ),
+        "mu_dtype": Key(
+            "float32",
+            "the dtype Adam keeps its first moment in (optax's mu_dtype): float32, or bfloat16 to "
+            "halve that moment's memory (big_vision's large-model configs; the second moment, the "
+            "parameters and the EMA stay float32)",
+            choices=MOMENT_DTYPES,
+        ),
         "grad_clip": Key(
             0.0,
             "clip gradients to this global norm (0: off)",
@@ -142,5 +150,6 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
         schedule = inverse_sqrt(o.learning_rate, o.ref_batches, o.rampup_Mimg, images_per_update)
     else:
         schedule = linear_warmup(o.learning_rate, o.warmup_steps)
-    adam = optax.adam(schedule, b1=o.b1, b2=o.b2, eps=o.eps)
+    mu_dtype = None if o.mu_dtype == "float32" else jnp.dtype(o.mu_dtype)
+    adam = optax.adam(schedule, b1=o.b1, b2=o.b2, eps=o.eps, mu_dtype=mu_dtype)
     return optax.chain(optax.clip_by_global_norm(o.grad_clip), adam) if o.grad_clip > 0 else adam
