@@ -7,12 +7,15 @@
 The run is one of ``benchmarks/accelerator.py``'s rows (an experiment's config on arrays of its
 shapes). The ``Trainer``'s step is built on the CPU, then compiled ahead of time for the devices
 of a TPU topology (``jax.experimental.topologies``: libtpu compiles for a v5e without one) with
-the step's shardings, donation, the Trainer's non-finite policy and the accelerators' form of a
-skipped update (``dew.training.steps.SKIP_BY_SELECT``). It prints XLA's ``memory_analysis()`` (arguments,
-outputs, temporaries, aliased; the total against the chip's HBM), the step's FLOPs from its
-``cost_analysis()`` and how long the compile took here; a step that does not fit is XLA's own
-"Ran out of memory on HBM" line. On a TPU v5e these figures equal the chip's (SiT-B/2 bf16 at
-batch 64: 8.33 GB and 8.92 TFLOP, both ways).
+the step's shardings, donation, the Trainer's non-finite policy and the accelerators' forms of a
+skipped update and of the gradient norm (``dew.training.steps.TRACED_FOR``). It prints XLA's
+``memory_analysis()`` (arguments, outputs, temporaries, aliased; the total against the chip's
+HBM), the step's FLOPs from its ``cost_analysis()`` and how long the compile took here; a step
+that does not fit is XLA's own "Ran out of memory on HBM" line. On a TPU v5e these figures equal
+the chip's (SiT-B/2 bf16 at batch 64: 8.33 GB and 8.92 TFLOP, both ways; SiT-XL/2 bf16 at batch
+32: 13.41 GB with ``remat=blocks``, 15.81 GB with ``blocks_save_mlp``). (Before the gradient
+norm's form followed ``TRACED_FOR`` it was traced in the CPU's form here, a concatenated copy of
+every gradient: 2.9 GB more temporaries for XL/2 than the chip's.)
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", required=True, help=f"one of {', '.join(accelerator.RUNS)}")
     parser.add_argument("--batch", type=int, help="the batch (default: the row's)")
     parser.add_argument("--remat", help="the network's remat policy (default: the row's)")
+    parser.add_argument(
+        "--mu_dtype", help="optimizer.mu_dtype: Adam's first moment's dtype (default: the row's)"
+    )
     parser.add_argument("--topology", default="v5e:1x1", help="a TPU topology, e.g. v5e:1x1, v5e:2x2")
     args = parser.parse_args(argv)
     if args.run not in accelerator.RUNS:
@@ -56,8 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     from dew.training.trainer import Trainer
 
     start()
-    steps.SKIP_BY_SELECT = True  # the form a step takes on an accelerator
+    steps.TRACED_FOR = "tpu"  # the forms a step takes on an accelerator
     config = accelerator.config_for(args.run)
+    if args.mu_dtype is not None:
+        config.optimizer.mu_dtype = args.mu_dtype
     with tempfile.TemporaryDirectory() as workdir:
         trainer = Trainer(config, workdir)
         step = steps.make_step(
@@ -107,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.run} batch {row[1]} remat {row[3]} on {args.topology} ({topology.devices[0].device_kind}): "
         f"arguments {memory.argument_size_in_bytes / 1e9:.2f} GB, outputs "
         f"{memory.output_size_in_bytes / 1e9:.2f} GB (aliased {memory.alias_size_in_bytes / 1e9:.2f}), "
-        f"temporaries {memory.temp_size_in_bytes / 1e9:.2f} GB, total {total / 1e9:.2f} GB; "
+        f"temporaries {memory.temp_size_in_bytes / 1e9:.2f} GB, total {total / 1e9:.2f} GB "
+        f"({total / 2**30:.2f} GiB); mu {config.optimizer.get('mu_dtype', 'float32')}; "
         f"{float(cost.get('flops', 0.0)) / 1e12:.2f} TFLOP a step; "
         f"compiled in {time.perf_counter() - began:.0f} s"
     )

@@ -34,7 +34,7 @@ class Quadratic(Objective):
 
 
 def run(select: bool, batches):
-    steps.SKIP_BY_SELECT = select
+    steps.TRACED_FOR = "tpu" if select else "cpu"
     try:
         objective, optimizer, ema = Quadratic(), optax.adam(1e-2), EMASpec(0.9)
         state = steps.make_init(objective, optimizer, ema)(jax.random.key(0), batches[0])
@@ -45,7 +45,7 @@ def run(select: bool, batches):
             history.append((jax.device_get(state), int(stats["skipped_updates"])))
         return history
     finally:
-        steps.SKIP_BY_SELECT = None
+        steps.TRACED_FOR = None
 
 
 @pytest.fixture
@@ -76,8 +76,10 @@ def test_select_and_conditional_give_the_same_states_and_skip_the_same_update(ba
 
 def test_the_form_follows_the_backend_unless_forced(monkeypatch):
     assert steps.skip_by_select() is (jax.default_backend() != "cpu")
-    monkeypatch.setattr(steps, "SKIP_BY_SELECT", True)
+    monkeypatch.setattr(steps, "TRACED_FOR", "tpu")
     assert steps.skip_by_select() is True
+    monkeypatch.setattr(steps, "TRACED_FOR", "cpu")
+    assert steps.skip_by_select() is False
 
 
 def test_the_stop_policys_step_applies_every_update_and_still_flags_it(batches):

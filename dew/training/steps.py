@@ -40,14 +40,15 @@ def _check_accumulation(accumulation: int) -> None:
 def global_norm(tree: Any, *, laid_end_to_end: bool | None = None) -> jax.Array:
     """sqrt(sum of squares) over every leaf, in float32.
 
-    ``laid_end_to_end`` (default: on the CPU): one reduction over the leaves concatenated, which
-    XLA:CPU fuses into the reduction's input (one kernel, not one per leaf). Elsewhere one sum of
-    squares per leaf, added: on a TPU the concatenation is written to memory (SiT-B/2 on a v5e:
-    a 2.9 ms copy of every gradient, per step), while each leaf's sum fuses into the kernel that
-    reads it. The two differ only in the order of the float32 additions."""
+    ``laid_end_to_end`` (default: when traced for the CPU, ``traced_for``): one reduction over
+    the leaves concatenated, which XLA:CPU fuses into the reduction's input (one kernel, not one
+    per leaf). Elsewhere one sum of squares per leaf, added: on a TPU the concatenation is
+    written to memory (SiT-B/2 on a v5e: a 2.9 ms copy of every gradient, per step), while each
+    leaf's sum fuses into the kernel that reads it. The two differ only in the order of the
+    float32 additions."""
     leaves = [x.astype(jnp.float32) for x in jax.tree.leaves(tree)]
     if laid_end_to_end is None:
-        laid_end_to_end = jax.default_backend() == "cpu"
+        laid_end_to_end = traced_for() == "cpu"
     if laid_end_to_end or len(leaves) == 1:
         flat = [jnp.ravel(x) for x in leaves]
         return jnp.sqrt(jnp.sum(jnp.square(jnp.concatenate(flat) if len(flat) > 1 else flat[0])))
@@ -102,17 +103,24 @@ def init_program(
     return init
 
 
-#: Where a skipped (non-finite) update is a per-leaf select rather than a conditional: None
-#: decides by the backend the step is traced for (a select on accelerators, the conditional on
-#: the CPU; ``make_step``); True or False forces it (a compile for another platform's devices).
-SKIP_BY_SELECT: bool | None = None
+#: The platform the step is traced for: None is the backend it is traced on
+#: (``jax.default_backend()``); a platform's name forces its forms when compiling for another
+#: platform's devices (``benchmarks/tpu_memory.py`` compiles for a TPU on the CPU). The forms:
+#: a skipped update's per-leaf select (``skip_by_select``) and the gradient norm's per-leaf sums
+#: (``global_norm``) everywhere but the CPU.
+TRACED_FOR: str | None = None
+
+
+def traced_for() -> str:
+    """The platform ``make_step`` traces for (``TRACED_FOR``, else the default backend)."""
+    return TRACED_FOR if TRACED_FOR is not None else jax.default_backend()
 
 
 def skip_by_select() -> bool:
-    """Whether ``make_step``'s skip of a non-finite update is a per-leaf select (``SKIP_BY_SELECT``)."""
-    if SKIP_BY_SELECT is not None:
-        return SKIP_BY_SELECT
-    return jax.default_backend() != "cpu"
+    """Whether ``make_step``'s skip of a non-finite update is a per-leaf select rather than a
+    conditional: on accelerators (``traced_for``), where a conditional made XLA keep a copy of the
+    whole state."""
+    return traced_for() != "cpu"
 
 
 def make_step(
