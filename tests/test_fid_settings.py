@@ -1,6 +1,6 @@
-"""``python -m dew.fid``'s flags become each mode's settings in one place (``dew.fid.settings``):
-every ``--preset`` flag reaches ``ProtocolRun``, and ADM's scorer reads the Inception weights
-once, keeping the digest the protocol's detector records."""
+"""``python -m dew.fid``'s flags become each mode's settings (``dew.fid.protocol.protocol_run``,
+``dew.fid.reference.reference_job``): every ``--preset`` flag reaches ``ProtocolRun``, and ADM's
+scorer reads the Inception weights once, keeping the digest the protocol's detector records."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 
 from dew.fid.cli import protocol_args, ref_args
 from dew.fid.inputs import Weights
-from dew.fid.protocol import ProtocolRun
-from dew.fid.settings import protocol_run, reference_job
+from dew.fid.protocol import ProtocolRun, protocol_run
+from dew.fid.reference import reference_job
 
 
 def test_every_preset_flag_reaches_the_protocols_settings(tmp_path):

@@ -9,9 +9,9 @@ from typing import Any
 def _scorer_and_detector(args: argparse.Namespace) -> tuple[Any, Any]:
     """ADM's scorer and the protocol's detector (``Weights.adm_scorer_and_detector``) on the
     weights and ``--batch`` of ``args``."""
-    from dew.fid.settings import weights_of
+    from dew.fid.protocol import protocol_run
 
-    return weights_of(args).adm_scorer_and_detector(args.batch)
+    return protocol_run(args).weights.adm_scorer_and_detector(args.batch)
 
 
 __all__ = ["_scorer_and_detector"]

@@ -20,7 +20,7 @@ Inception feature space.
 (``dew.scoring.feature_metrics``): ``fid`` and ``fd_dinov2`` (FD_DINOv2, DINOv2 ViT-L/14 features
 as NVlabs/edm2 computes them; weights converted by ``python -m dew.scoring.dinov2_weights``).
 Any of ``sfid``, ``is``, ``precision``, ``recall`` selects ADM's evaluation suite instead
-(``dew.fid.score.adm_suite``: ``--metrics=fid,sfid,is,precision,recall --ref=<ADM reference batch>``,
+(``dew.fid.adm.adm_suite``: ``--metrics=fid,sfid,is,precision,recall --ref=<ADM reference batch>``,
 ``--save_ref_batch=out.npz``).
 
 Images are PNG/JPEG files of one size (as pytorch-fid, which batches them), read as RGB in [0, 1],
@@ -58,13 +58,14 @@ Bad input (a missing folder, reference or weights; for ``--workdir`` no such run
 not a run, a run that does not draw images, no such step, ``--num_samples`` < 2) exits 2 with one
 line naming the flag, and writes nothing.
 
-This module is the command's one road: it parses every flag of every mode, has
-``dew.fid.settings`` check them before work starts and turn them into the mode's settings (no mode
-sees argparse), and hands each mode to one function: ``dew.fid.score.score``
-(``--metrics`` of ``fid``, ``fd_dinov2``, KID), ``dew.fid.score.adm_suite`` (ADM's suite on
-images or a run), ``dew.fid.protocol.protocol`` (``--preset``: FID or ADM's suite) and
-``dew.fid.protocol.reference`` (``ref``). A mode's bad input is a ``FidError`` (or the scoring
-layer's ``FidInputError`` / ``ReferenceBatchError``), printed here as one line, exit 2.
+This module is the command's one road: it parses and checks every flag of every mode (the
+parser records the mode and parses ``--metrics``; no file is read yet) and hands each mode to one
+function, which reads the files the flags name and runs the mode: ``dew.fid.reference.reference``
+(``ref``), ``dew.fid.protocol.protocol`` (``--preset``: FID or ADM's suite),
+``dew.fid.adm.adm_suite`` (ADM's suite of ``--images`` / ``--workdir``) and
+``dew.fid.score.score`` (``fid``, ``fd_dinov2``, KID of ``--images`` / ``--workdir``). A mode's
+bad input is a ``FidError`` (or the scoring layer's ``FidInputError`` / ``ReferenceBatchError``),
+printed here as one line, exit 2.
 """
 
 from __future__ import annotations
@@ -84,29 +85,19 @@ from dew.fid.inputs import (  # noqa: F401  (list_images, read_batches, draw_bat
     load_pipeline,
     read_batches,
 )
-from dew.fid.settings import (  # noqa: F401  (check ... weights_of: public here too)
-    check,
-    check_adm,
-    parse_suite,
-    protocol_metrics,
-    protocol_run,
-    reference_job,
-    samples,
-    settings_of,
-    wants_adm,
-    weights_of,
-)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m dew.fid``: parse, check, hand the mode to its function; 0, or 2 with one line.
+    """``python -m dew.fid``: parse and check, hand the mode to its function; 0, or 2 with one line.
 
-    The mode's parser reads its flags (``ref_args``, ``protocol_args``, ``parse_args``), then
-    ``dew.fid.settings.settings_of`` checks them and turns them, once, into the mode's settings
-    (``ReferenceJob``, ``ProtocolRun``, ``ScoreJob`` or ``AdmJob``, the last two holding the
-    ``Samples`` they score); no mode sees argparse."""
-    from dew.fid.protocol import ProtocolRun, ReferenceJob, protocol, reference
-    from dew.fid.score import AdmJob, adm_suite, score
+    The mode's parser reads and checks its flags (``ref_args``, ``protocol_args``,
+    ``parse_args``) and records the mode; its one function reads the files they name and runs
+    it: ``dew.fid.reference.reference``, ``dew.fid.protocol.protocol``,
+    ``dew.fid.adm.adm_suite`` or ``dew.fid.score.score``."""
+    from dew.fid.adm import adm_suite
+    from dew.fid.protocol import protocol
+    from dew.fid.reference import reference
+    from dew.fid.score import score
     from dew.scoring.adm_evaluator import ReferenceBatchError
     from dew.scoring.images import FidInputError
 
@@ -118,12 +109,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = protocol_args(argv)
         else:
             args = parse_args(argv)
-        job = settings_of(args)
-        if isinstance(job, ReferenceJob):
-            return reference(job)
-        if isinstance(job, ProtocolRun):
-            return protocol(job)
-        return adm_suite(job) if isinstance(job, AdmJob) else score(job)
+        if args.mode == "ref":
+            return reference(args)
+        if args.mode == "preset":
+            return protocol(args)
+        if args.mode == "adm":
+            return adm_suite(args)
+        return score(args)
     except (FidError, FidInputError, ReferenceBatchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -131,7 +123,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # --- --images / --workdir -----------------------------------------------------------------------
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    """The flags; a malformed one raises ``FidError``."""
+    """``--images`` / ``--workdir``'s flags, checked before any file is read (mode ``adm`` when
+    ``--metrics`` names one of ADM's own metrics: ``check_adm_flags``; else ``images``:
+    ``check_score_flags``; then ``check_run_flags``), ``--metrics`` parsed; a malformed or
+    inconsistent one raises ``FidError``."""
     assert __doc__ is not None  # the description is the module docstring
     parser = Parser(prog="python -m dew.fid", description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group()
@@ -165,7 +160,119 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         action="store_true",
         help="accept weights not converted from the pinned standard file (tests; FID then not comparable)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if wants_adm(args.metrics):  # ADM's suite: its own mode, --metrics its names
+        args.mode, args.metrics = "adm", parse_suite(args.metrics)
+        check_adm_flags(args)
+    else:
+        args.metrics = check_score_flags(args)
+    check_run_flags(args)
+    return args
+
+
+def check_score_flags(args: argparse.Namespace) -> tuple[str, ...]:
+    """The ``fid`` / ``fd_dinov2`` / KID mode's flags, checked before any file is read; its
+    ``--metrics`` parsed (``dew.scoring.feature_metrics.parse_metrics``). ``FidError`` naming the
+    flag otherwise."""
+    from dew.scoring.feature_metrics import parse_metrics
+
+    if args.save_ref_batch:
+        raise FidError("--save_ref_batch applies to ADM's suite (--metrics=...,sfid,is,precision,recall)")
+    if not args.images and not args.workdir:
+        raise FidError("give --images=<folder> or --workdir=<run>")
+    try:
+        metrics = parse_metrics(args.metrics)
+    except ValueError as e:
+        raise FidError(str(e)) from None
+    if not args.ref and not args.dinov2_ref and not args.save_stats and not args.save_dinov2_stats:
+        raise FidError(
+            "give --ref=<stats.npz or folder> (or --dinov2_ref) to score against, or --save_stats=<out.npz>"
+        )
+    wants_dinov2 = "fd_dinov2" in metrics
+    given = [f for f in ("dinov2_weights", "dinov2_ref", "save_dinov2_stats") if getattr(args, f)]
+    if given and not wants_dinov2:
+        raise FidError(f"{', '.join('--' + f for f in given)} only apply with --metrics=...,fd_dinov2")
+    if wants_dinov2 and args.kid and "fid" not in metrics:
+        raise FidError("--kid is computed in FID Inception features: add fid to --metrics")
+    ref_folder = bool(args.ref) and os.path.isdir(args.ref)
+    if wants_dinov2 and not args.dinov2_ref and not ref_folder and not args.save_dinov2_stats:
+        raise FidError(
+            "--metrics=...,fd_dinov2 needs --dinov2_ref=<DINOv2 stats .npz>, a folder --ref, or "
+            "--save_dinov2_stats=<out.npz>"
+        )
+    if args.batch_size < 1 or args.keep_features < 0:
+        raise FidError(f"--batch_size={args.batch_size} must be >= 1 and --keep_features >= 0")
+    return metrics
+
+
+def check_adm_flags(args: argparse.Namespace) -> None:
+    """ADM's suite's flags (``--metrics`` parsed: ``parse_suite``), checked; ``FidError`` naming
+    the flag otherwise."""
+    other = [
+        f"--{f}"
+        for f in ("save_stats", "dinov2_weights", "dinov2_ref", "save_dinov2_stats")
+        if getattr(args, f)
+    ]
+    other += ["--kid"] * bool(args.kid) + ["--keep_features"] * bool(args.keep_features)
+    if other:
+        raise FidError(f"{', '.join(other)} do not apply to ADM's suite (--metrics={','.join(args.metrics)})")
+    if not args.images and not args.workdir:
+        raise FidError("give --images=<folder> or --workdir=<run>")
+    if not args.ref and not args.save_ref_batch:
+        raise FidError("give --ref=<ADM reference batch .npz or folder> or --save_ref_batch=<out.npz>")
+    if args.save_ref_batch and (
+        not args.save_ref_batch.endswith(".npz") or os.path.isdir(args.save_ref_batch)
+    ):
+        raise FidError(f"--save_ref_batch={args.save_ref_batch!r} is invalid: expected a path ending in .npz")
+    if args.batch_size < 1:
+        raise FidError(f"--batch_size={args.batch_size} must be >= 1")
+
+
+def check_run_flags(args: argparse.Namespace) -> None:
+    """The ``--workdir`` flags of ``--images`` / ``--workdir`` scoring: absent without it,
+    ``--num_samples`` >= 2 with it (default 10000)."""
+    if not args.workdir:
+        given = [f"--{k}" for k in ("step", "num_samples", "seed") if getattr(args, k) is not None]
+        if given or args.raw:
+            raise FidError(f"{', '.join(given + ['--raw'] * args.raw)} only apply with --workdir=<run>")
+        return
+    if args.num_samples is None:
+        args.num_samples = DEFAULT_NUM_SAMPLES
+    if args.num_samples < 2:
+        raise FidError(f"--num_samples={args.num_samples}: need at least 2 samples")
+
+
+def wants_adm(metrics: str) -> bool:
+    """``--metrics`` names one of ADM's own metrics (sFID, IS, precision, recall)."""
+    from dew.scoring.adm_metrics import ADM_ONLY
+
+    return any(name.strip() in ADM_ONLY for name in metrics.split(","))
+
+
+def parse_suite(text: str) -> tuple[str, ...]:
+    """``--metrics``' names of ADM's suite, in order; ``FidError`` for another name or a repeat."""
+    from dew.scoring.adm_metrics import METRICS
+
+    names = tuple(n.strip() for n in text.split(","))
+    if any(n not in METRICS for n in names) or len(set(names)) != len(names):
+        raise FidError(
+            f"--metrics={text!r}: ADM's suite is a comma-separated subset of {','.join(METRICS)} without "
+            "repeats (fd_dinov2 and --kid are scored on their own)"
+        )
+    return names
+
+
+def protocol_metrics(text: str) -> tuple[str, ...]:
+    """``--preset``'s ``--metrics``: ``("fid",)`` (the EDM protocol's FID) or ADM's suite
+    (``parse_suite``); ``FidError`` for anything else."""
+    if wants_adm(text):
+        return parse_suite(text)
+    if text.strip() != "fid":
+        raise FidError(
+            f"--metrics={text!r} is invalid with --preset: expected fid, or ADM's suite (a subset of "
+            "fid,sfid,is,precision,recall with at least one of sfid, is, precision, recall)"
+        )
+    return ("fid",)
 
 
 # --- ADM's suite ----------------------------------------------------------------------------------
@@ -227,6 +334,7 @@ def protocol_args(argv: Sequence[str]) -> argparse.Namespace:
         raise FidError(f"--outdir={args.outdir!r} is a file; expected a directory (made if missing)")
     if args.first_seed + args.num > 2**31:
         raise FidError(f"--first_seed + --num = {args.first_seed + args.num}: seeds must be < 2**31")
+    args.metrics = protocol_metrics(args.metrics)
     return args
 
 

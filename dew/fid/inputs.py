@@ -1,7 +1,8 @@
 """What every ``python -m dew.fid`` mode shares: its one error type, an argument parser whose usage
 errors are that error's one line, the Inception weights a mode embeds with (``Weights``), the
-run a ``--workdir`` names (checked to draw images) and the images a mode scores (``Samples``: a
-folder's files read in batches, or a run's samples drawn in batches)."""
+run a ``--workdir`` names (``load_run``: checked to draw images, with their resolution) and the
+images a mode scores (``samples``: a ``Samples``, a folder's files read in batches or a run's
+samples drawn in batches)."""
 
 from __future__ import annotations
 
@@ -46,36 +47,31 @@ class Weights:
         return "--weights" if self.path else "the FID Inception weights"
 
     def detector(self) -> Any:
-        """The FID Inception detector (``dew.scoring.fid_reference.inception_detector``) at this
-        image ``handling``: the protocol's and ``ref``'s; ``FidError`` naming ``--weights``."""
-        from dew.scoring.fid_reference import inception_detector
+        """The FID Inception detector at this image ``handling``: the protocol's and ``ref``'s
+        (``dew.scoring.fid_reference.weights_detector``: refusals name ``--weights``)."""
+        from dew.scoring.fid_reference import weights_detector
 
-        try:
-            return inception_detector(self.path, pinned=self.pinned, handling=self.handling)
-        except (OSError, ValueError) as e:
-            raise FidError(f"--weights: {e}") from None
+        return weights_detector(self.path, pinned=self.pinned, handling=self.handling)
 
     def adm_scorer(self, batch: int) -> Any:
-        """ADM's scorer (``dew.scoring.adm_metrics.AdmScorer``, ``batch`` images per compiled
-        call); ``FidError`` naming the weights (``flag``)."""
-        from dew.scoring.adm_metrics import AdmScorer
+        """ADM's scorer (``dew.scoring.adm_metrics.weights_scorer``, ``batch`` images per compiled
+        call; refusals name the weights: ``flag``)."""
+        from dew.scoring.adm_metrics import weights_scorer
 
-        try:
-            return AdmScorer(self.path, pinned=self.pinned, batch=batch)
-        except (OSError, ValueError) as e:
-            raise FidError(f"{self.flag}: {e}") from None
+        return weights_scorer(self.path, pinned=self.pinned, batch=batch, flag=self.flag)
 
     def adm_scorer_and_detector(self, batch: int) -> tuple[Any, Any]:
         """ADM's scorer (the reference's embedding, the Inception Score's classifier) and the
         protocol's detector for ADM's suite (``AdmScorer.protocol_detector``) over the same
-        weights, read once; ``FidError`` naming the weights otherwise."""
+        weights, read once."""
         scorer = self.adm_scorer(batch)
         return scorer, scorer.protocol_detector()
 
 
-def load_pipeline(workdir: str, step: int | None = None, raw: bool = False) -> Any:
+def load_run(workdir: str, step: int | None = None, raw: bool = False) -> tuple[Any, tuple[int, int]]:
     """``dew.pipeline(workdir, step=step, raw=raw)`` (``--workdir``, ``--step``, ``--raw``), checked
-    to draw images by ``per_class`` and ``seed``; ``FidError`` naming the flag otherwise."""
+    to draw images by ``per_class`` and ``seed``, and [H, W] of the images it draws (a latent
+    run's decoded ones); ``FidError`` naming the flag otherwise."""
     from dew.inference import PipelineError, pipeline
 
     flags = f"--workdir={workdir!r}" + ("" if step is None else f" --step={step}")
@@ -91,7 +87,12 @@ def load_pipeline(workdir: str, step: int | None = None, raw: bool = False) -> A
             "samples; FID needs a run whose pipeline draws images [H, W, 1 or 3] by per_class and seed "
             "(e.g. diffusion)"
         )
-    return task
+    return task, (int(shape[0]), int(shape[1]))
+
+
+def load_pipeline(workdir: str, step: int | None = None, raw: bool = False) -> Any:
+    """The run's pipeline alone (``load_run``)."""
+    return load_run(workdir, step, raw)[0]
 
 
 def image_resolution(task: Any) -> tuple[int, int]:
@@ -100,12 +101,29 @@ def image_resolution(task: Any) -> tuple[int, int]:
     return int(shape[0]), int(shape[1])
 
 
+def samples(args: argparse.Namespace, *, resolution: bool = False) -> Samples:
+    """The images ``--images`` or ``--workdir`` names (flags checked): the folder's files, or the
+    run's pipeline loaded (``load_run``) with the first draw's seed; with ``resolution`` their
+    [H, W] too (a folder's first image's header read). ``FidError`` naming the flag otherwise."""
+    from dew.scoring.images import image_resolution as first_image
+
+    if args.workdir:
+        task, size = load_run(args.workdir, args.step, args.raw)
+        seed = task.options["seed"] if args.seed is None else args.seed
+        what = f"samples from {task!r}, seed {seed}"
+        return Samples(args.num_samples, what, args.batch_size, task=task, seed=seed, resolution=size)
+    files = list_images(args.images, "--images")
+    size = first_image(files) if resolution else None
+    return Samples(len(files), f"images in {args.images}", args.batch_size, files=files, resolution=size)
+
+
 @dataclasses.dataclass(frozen=True)
 class Samples:
     """The images a mode scores, ``count`` of them, ``what`` they are in its report line: a
     folder's ``files`` (``--images``: in [0, 1]), or ``count`` samples of a run's pipeline ``task``
     (``--workdir``: in [-1, 1]), draw ``i`` with seed ``seed + i`` (``draw_batches``); read or
-    drawn ``batch_size`` at a time, once per ``batches()``."""
+    drawn ``batch_size`` at a time, once per ``batches()``; their [H, W] ``resolution`` where the
+    mode asked for it (``samples``)."""
 
     count: int
     what: str
@@ -113,6 +131,7 @@ class Samples:
     files: Sequence[str] = ()
     task: Any = None
     seed: int = 0
+    resolution: tuple[int, int] | None = None
 
     @property
     def value_range(self) -> tuple[float, float]:
@@ -123,14 +142,6 @@ class Samples:
         if self.task is not None:
             return draw_batches(self.task, self.count, self.seed, self.batch_size)
         return read_images(self.files, self.batch_size)
-
-    def resolution(self) -> tuple[int, int]:
-        """[H, W]: the run's images', or the folder's first image's (``image_resolution``)."""
-        if self.task is not None:
-            return image_resolution(self.task)
-        from dew.scoring.images import image_resolution as first_image
-
-        return first_image(self.files)
 
 
 DEFAULT_NUM_SAMPLES = 10_000  # --workdir: the usual FID sample count (FID is biased by it)
@@ -171,5 +182,7 @@ __all__ = [
     "image_resolution",
     "list_images",
     "load_pipeline",
+    "load_run",
     "read_batches",
+    "samples",
 ]

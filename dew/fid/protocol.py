@@ -1,7 +1,6 @@
-"""The protocol modes of ``python -m dew.fid`` (flags read and checked by ``dew.fid.cli``):
-``protocol`` (``--preset``: the EDM paper's draw, ``dew.scoring.fid_protocol``, reporting FID or
-ADM's suite) and ``reference`` (``ref``: a data set's statistics as NVlabs/edm's ``fid.py ref``,
-``dew.scoring.fid_reference``).
+"""The ``--preset`` mode of ``python -m dew.fid`` (flags read and checked by
+``dew.fid.cli.protocol_args``; ``protocol_run`` turns them into ``ProtocolRun``): ``protocol``,
+the EDM paper's draw (``dew.scoring.fid_protocol``) reporting FID or ADM's suite.
 
 ``protocol`` is one road for both metrics: the preset, the run, its sampler and resolution, the
 reference checked against them, the detector, the ``Draw`` and its ``Tally`` (``FidTally``: the
@@ -23,12 +22,13 @@ exit 2, nothing written.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
 from typing import Any
 
-from dew.fid.inputs import FidError, Weights, image_resolution, load_pipeline
+from dew.fid.inputs import FidError, Weights, load_run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,28 +57,41 @@ class ProtocolRun:
     pr_arithmetic: str = "float16"
 
 
-@dataclasses.dataclass(frozen=True)
-class ReferenceJob:
-    """The ``ref`` mode's settings, from its checked flags: the data set ``data`` (a directory or
-    ``.zip`` of images), the ``.npz`` to write (``dest``), images per step (``batch``) and the
-    ``weights``."""
+def protocol_run(args: argparse.Namespace) -> ProtocolRun:
+    """The ``--preset`` mode's settings from its checked flags (``dew.fid.cli.protocol_args``,
+    which parsed ``--metrics``)."""
+    return ProtocolRun(
+        workdir=args.workdir,
+        preset=args.preset,
+        ref=args.ref,
+        outdir=args.outdir,
+        metrics=args.metrics,
+        weights=Weights(args.weights, pinned=not args.allow_unpinned_weights, handling=args.image_handling),
+        num=args.num,
+        first_seed=args.first_seed,
+        batch=args.batch,
+        chunk=args.chunk,
+        max_chunks=args.max_chunks,
+        preview=args.preview,
+        step=args.step,
+        raw=args.raw,
+        distributed=args.distributed,
+        pr_arithmetic=args.pr_arithmetic,
+    )
 
-    data: str
-    dest: str
-    batch: int
-    weights: Weights
 
-
-def protocol(run: ProtocolRun) -> int:
-    """``--preset``: draw (resuming), then report ``run.metrics`` (``("fid",)`` or ADM's suite);
-    ``FidError`` / ``FidInputError`` on bad input, before anything is written."""
+def protocol(args: argparse.Namespace) -> int:
+    """``--preset``: the flags' settings (``protocol_run``), then draw (resuming) and report
+    ``--metrics`` (``("fid",)`` or ADM's suite); ``FidError`` / ``FidInputError`` on bad input,
+    before anything is written."""
     from dew.objectives.protocol_presets import preset_named, resolve
     from dew.scoring import fid_protocol as fp
-    from dew.scoring.adm_metrics import LABELS, reference_batch
+    from dew.scoring.adm_metrics import LABELS, protocol_scorer
     from dew.scoring.adm_progress import AdmTally
-    from dew.scoring.fid_reference import check_reference, load_reference
+    from dew.scoring.fid_reference import load_reference, protocol_detector
     from dew.scoring.inception import FEATURE_DIM
 
+    run = protocol_run(args)
     metrics, handling = run.metrics, run.weights.handling
     adm = metrics != ("fid",)
     if adm and handling != "tf1":
@@ -94,18 +107,25 @@ def protocol(run: ProtocolRun) -> int:
         import jax
 
         jax.distributed.initialize()
-    task = load_pipeline(run.workdir, run.step, run.raw)
-    resolution = image_resolution(task)
+    task, resolution = load_run(run.workdir, run.step, run.raw)
     sampler = resolve(run.preset, task.objective)
     fp.model_classes(task.objective)
+    weights = run.weights
     scorer: Any = None
     if adm:
-        reference = reference_batch(run.ref, metrics, resolution)
-        scorer, detector = run.weights.adm_scorer_and_detector(run.batch)
+        reference, scorer, detector = protocol_scorer(
+            run.ref,
+            metrics,
+            resolution,
+            weights.path,
+            pinned=weights.pinned,
+            batch=run.batch,
+            flag=weights.flag,
+        )
     else:
-        check_reference(reference, run.ref, resolution, None, handling)
-        detector = run.weights.detector()
-        check_reference(reference, run.ref, resolution, detector.dim)
+        detector = protocol_detector(
+            reference, run.ref, resolution, weights.path, pinned=weights.pinned, handling=handling
+        )
     flags = {k: getattr(run, k) for k in ("num", "outdir", "first_seed", "batch", "chunk", "preview")}
     identity = {"workdir": os.path.abspath(run.workdir), "step": task.step, "raw": bool(run.raw)}
     draw = fp.Draw(task.objective, task.params, sampler, detector, identity=identity, **flags)
@@ -142,17 +162,4 @@ def protocol(run: ProtocolRun) -> int:
     return 0
 
 
-def reference(job: ReferenceJob) -> int:
-    """``ref --data=DIR|ZIP --dest=FILE.npz``: the reference statistics of the data set
-    ``job.data`` embedded ``job.batch`` images at a time, as NVlabs/edm's ``fid.py ref`` computes
-    them, written to ``job.dest``; ``FidError`` / ``FidInputError`` on bad input."""
-    from dew.scoring.fid_reference import dataset_files, write_reference
-
-    files = dataset_files(job.data)
-    detector = job.weights.detector()
-    count, resolution = write_reference(files, detector, job.dest, job.batch)
-    print(f"{count} images at {resolution[0]}x{resolution[1]} -> {job.dest}")
-    return 0
-
-
-__all__ = ["ProtocolRun", "ReferenceJob", "protocol", "reference"]
+__all__ = ["ProtocolRun", "protocol", "protocol_run"]

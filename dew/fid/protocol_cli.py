@@ -10,9 +10,9 @@ from dew.fid.cli import protocol_args as _protocol_args
 
 def _detector(args: argparse.Namespace) -> Any:
     """``dew.fid.protocol``'s detector of ``--weights`` at ``--image_handling`` of ``args``."""
-    from dew.fid.settings import weights_of
+    from dew.fid.protocol import protocol_run
 
-    return weights_of(args).detector()
+    return protocol_run(args).weights.detector()
 
 
 __all__ = ["_detector", "_protocol_args"]

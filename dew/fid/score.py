@@ -1,31 +1,18 @@
-"""The modes of ``python -m dew.fid`` on a folder of images or a run's samples (flags read and
-checked by ``dew.fid.cli``): ``score`` (``fid``, ``fd_dinov2``, KID in one pass over the same
-batches, ``dew.scoring.feature_metrics``) and ``adm_suite`` (ADM's evaluation suite,
-openai/guided-diffusion ``evaluations/evaluator.py``: ``dew.scoring.adm_evaluator``).
+"""The ``python -m dew.fid`` mode on a folder of images or a run's samples whose ``--metrics`` are
+``fid`` and ``fd_dinov2`` (and KID beside FID): ``score``, every metric in one pass over the same
+batches (``dew.scoring.feature_metrics``). ADM's suite has its own mode (``dew.fid.adm``).
 
-ADM's suite: any of ``sfid``, ``is``, ``precision``, ``recall`` in ``--metrics`` selects it;
-``fid`` beside them is the evaluator's FID (the same pool features, the graph's own TF1 image
-handling), not ``--images``' pytorch-fid one. Images are uint8 as the evaluator's batches hold
-them (a run's samples quantised as guided-diffusion's ``image_sample.py``: ((x + 1)·127.5)
-truncated), fed at their own size. ``--ref`` is ADM's reference-batch ``.npz`` (``arr_0`` images
-and/or ``mu``, ``sigma``, ``mu_s``, ``sigma_s``; its stored statistics are used when present, as
-the evaluator does; precision and recall embed ``arr_0``, or read dew's ``pool``) or a folder of
-images. ``--save_ref_batch`` writes the images' batch in that layout (``arr_0`` included, so the
-evaluator itself can read it; held in memory until written). A reference of another resolution
-than the samples, and every other bad input, is a ``FidError`` (one line, exit 2), nothing
-written.
-
-Both modes print ``<count> <what>`` once the images are scored, then their lines.
+It prints ``<count> <what>`` once the images are scored, then its lines.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import os
 from typing import Any
 
-import numpy as np
-
-from dew.fid.inputs import FidError, Samples, Weights
+from dew.fid.inputs import FidError, Samples, list_images, samples
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,42 +36,30 @@ class ScoreJob:
     pinned: bool = True
 
 
-@dataclasses.dataclass(frozen=True)
-class AdmJob:
-    """What ``adm_suite`` scores, reports and writes, from its checked flags: the ``samples``,
-    ADM's ``metrics``, ``--ref`` (a reference batch ``.npz`` or a folder; None: none),
-    ``--save_ref_batch``, the weights, the embedding batch and ``--pr_arithmetic``."""
-
-    samples: Samples
-    metrics: tuple[str, ...]
-    ref: str | None
-    save_ref_batch: str | None
-    weights: Weights
-    batch_size: int
-    pr_arithmetic: str = "float16"
-
-
-def score(job: ScoreJob) -> int:
-    """``job.metrics`` (``fid`` / ``fd_dinov2``, and KID) of ``job.samples`` against their references
-    (``job.references`` read, ``job.reference_images`` embedded here), the statistics saved where
-    asked; ``FidError`` on bad input."""
+def score(args: argparse.Namespace) -> int:
+    """``--metrics`` (``fid`` / ``fd_dinov2``, and KID) of the images or run's samples against their
+    references: the flags checked and the files they name read (``check``), then the metrics
+    (the references read, a folder ``--ref`` embedded here), the statistics saved where asked;
+    ``FidError`` on bad input."""
     from dew.scoring.feature_metrics import LABELS, scorers, statistics_over
     from dew.scoring.feature_set import FeatureSet, score_sets
     from dew.scoring.statistics import save_statistics
 
+    job = check(args)
     try:
         metric_scorers = scorers(job.metrics, job.weights, job.dinov2_weights, pinned=job.pinned)
     except (OSError, ValueError) as e:
         raise FidError(str(e)) from None
     samples, reference = job.samples, job.reference_images
-    keep = {"fid": max(job.keep_features, samples.count if job.kid else 0)}
-    refs: dict[str, Any] = {}
-    try:
-        stats = statistics_over(metric_scorers, samples.batches(), samples.value_range, keep)
-        if reference is not None:  # KID's rows: every reference image's
-            ref_keep = {"fid": reference.count if job.kid else 0}
-            refs = statistics_over(metric_scorers, reference.batches(), reference.value_range, ref_keep)
-        refs.update(job.references)
+    image_sets = [(samples, {"fid": max(job.keep_features, samples.count if job.kid else 0)})]
+    if reference is not None:  # KID's rows: every reference image's
+        image_sets.append((reference, {"fid": reference.count if job.kid else 0}))
+    try:  # each set embedded in one pass over its batches, the samples first
+        stats, *embedded = [
+            statistics_over(metric_scorers, images.batches(), images.value_range, keep)
+            for images, keep in image_sets
+        ]
+        refs: dict[str, Any] = {**(embedded[0] if embedded else {}), **job.references}
         scored = []  # each metric with a reference; KID (in FID's features) right after FID
         for name in (n for n in stats if n in refs):
             scored += [name, "kid"] if name == "fid" and job.kid else [name]
@@ -108,41 +83,62 @@ def score(job: ScoreJob) -> int:
     return 0
 
 
-def adm_suite(job: AdmJob) -> int:
-    """ADM's suite (``job.metrics``) of ``job.samples`` against ``job.ref``, the reference batch
-    written where asked; ``FidError`` on bad input."""
-    from dew.scoring import adm_metrics
+def check(args: argparse.Namespace) -> ScoreJob:
+    """The files the mode's checked flags (``dew.fid.cli.parse_args``, which parsed ``--metrics``)
+    name, read or checked before any work: the folders listed (``--images``, a folder ``--ref``),
+    the statistics files read by metric name (``--dinov2_ref``; a file ``--ref``, with features
+    for ``--kid``), the Inception weights checked present (with ``fid``), then the samples made
+    (``dew.fid.inputs.samples``: the run loaded last). ``FidError`` naming the flag otherwise.
+    Returns the mode's settings."""
+    from dew.npz import NotAnNpzError, open_npz
+    from dew.scoring.convert_inception import HOW_TO_GET, default_path
+    from dew.scoring.statistics import load_statistics
 
-    samples = job.samples
-    resolution = samples.resolution()
-    reference = adm_metrics.reference_batch(job.ref, job.metrics, resolution) if job.ref else None
-    features, scores = adm_metrics.evaluate(
-        job.metrics,
-        samples.batches(),
-        samples.value_range,
-        reference,
-        job.weights.adm_scorer(job.batch_size),
-        batch=job.batch_size,
-        keep_images=bool(job.save_ref_batch),
-        arithmetic=job.pr_arithmetic,
+    metrics = args.metrics
+    fid = "fid" in metrics
+    ref_folder = bool(args.ref) and os.path.isdir(args.ref)
+    if args.images:
+        list_images(args.images, "--images")
+    ref_images = None
+    if ref_folder:
+        files = list_images(args.ref, "--ref")
+        ref_images = Samples(len(files), f"images in {args.ref}", args.batch_size, files=files)
+    named = {
+        "fd_dinov2": ("--dinov2_ref", args.dinov2_ref if "fd_dinov2" in metrics else None),
+        "fid": ("--ref", args.ref if fid and not ref_folder else None),
+    }
+    references = {}
+    for metric, (flag, path) in named.items():
+        if path:
+            try:
+                references[metric] = load_statistics(path)
+            except (OSError, ValueError) as e:
+                raise FidError(f"{flag}: {e}") from None
+    if args.kid and "features" not in references.get("fid", {"features": None}):
+        raise FidError(f"--ref={args.ref!r} holds no 'features' for --kid (save them with --keep_features)")
+    if fid:
+        weights = os.path.expanduser(args.weights) if args.weights else default_path()
+        if not os.path.isfile(weights):
+            raise FidError(f"FID Inception weights not found at {weights}: {HOW_TO_GET}")
+        flag = "--weights" if args.weights else "the FID Inception weights"
+        try:
+            with open_npz(weights, flag) as data:
+                data.files  # noqa: B018  the archive's directory is read: a zip, not just named .npz
+        except NotAnNpzError as e:
+            raise FidError(f"{e}; convert them with python -m dew.scoring.convert_inception") from None
+    return ScoreJob(
+        samples=samples(args),
+        metrics=metrics,
+        references=references,
+        reference_images=ref_images,
+        kid=args.kid,
+        keep_features=args.keep_features,
+        save_stats=args.save_stats,
+        save_dinov2_stats=args.save_dinov2_stats,
+        weights=args.weights,
+        dinov2_weights=args.dinov2_weights,
+        pinned=not args.allow_unpinned_weights,
     )
-    print(f"{samples.count} {samples.what}")
-    if job.save_ref_batch:
-        from dew.scoring.adm_evaluator import write_reference_batch
-
-        assert features.resolution is not None  # set by the first batch added
-        write_reference_batch(
-            job.save_ref_batch,
-            images=np.concatenate(features.images),
-            pool=features.pool,
-            stats=features.statistics(),
-            resolution=features.resolution,
-            detector=adm_metrics.DETECTOR,
-        )
-        print(f"reference batch -> {job.save_ref_batch}")
-    for name, value in scores.items():
-        print(f"{adm_metrics.LABELS[name]}: {value!r}")
-    return 0
 
 
-__all__ = ["AdmJob", "ScoreJob", "adm_suite", "score"]
+__all__ = ["ScoreJob", "check", "score"]

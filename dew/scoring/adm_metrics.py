@@ -170,6 +170,68 @@ def evaluate(
     return features, score_sets(metrics, features.feature_set(), FeatureSet.of_adm(embedded), arithmetic)
 
 
+def weights_scorer(weights: str | None, *, pinned: bool, batch: int, flag: str) -> AdmScorer:
+    """``AdmScorer`` of ``python -m dew.fid``'s weights (``--weights``; None: the converted
+    default file), ``batch`` images per compiled call; weights it cannot use are one
+    ``FidInputError`` line naming ``flag``."""
+    from dew.scoring.images import FidInputError
+
+    try:
+        return AdmScorer(weights, pinned=pinned, batch=batch)
+    except (OSError, ValueError) as e:
+        raise FidInputError(f"{flag}: {e}") from None
+
+
+def protocol_scorer(
+    ref: str,
+    metrics: Sequence[str],
+    resolution: tuple[int, int],
+    weights: str | None,
+    *,
+    pinned: bool,
+    batch: int,
+    flag: str,
+) -> tuple[dict[str, Any], AdmScorer, Any]:
+    """ADM's suite in the FID protocol: the reference batch ``ref`` read and checked against the
+    samples' ``resolution`` (``reference_batch``), then ADM's scorer (``weights_scorer``) and
+    the protocol's detector over the weights it read (``AdmScorer.protocol_detector``)."""
+    reference = reference_batch(ref, metrics, resolution)
+    scorer = weights_scorer(weights, pinned=pinned, batch=batch, flag=flag)
+    return reference, scorer, scorer.protocol_detector()
+
+
+def suite(
+    metrics: Sequence[str],
+    batches: Iterable[np.ndarray],
+    value_range: tuple[float, float],
+    resolution: tuple[int, int],
+    ref: str | None,
+    weights: str | None,
+    *,
+    pinned: bool,
+    weights_flag: str,
+    batch: int,
+    keep_images: bool = False,
+    arithmetic: str = "float16",
+) -> tuple[AdmFeatures, dict[str, float]]:
+    """``python -m dew.fid``'s ADM suite of one image set at ``resolution``: the reference batch
+    ``ref`` read and checked (``reference_batch``; None: none), ADM's scorer read from
+    ``weights`` (``AdmScorer``; ``FidInputError`` naming ``weights_flag`` when they cannot be
+    used: ``weights_scorer``), then ``evaluate``. Returns the samples' features and the scores."""
+    reference = reference_batch(ref, metrics, resolution) if ref else None
+    scorer = weights_scorer(weights, pinned=pinned, batch=batch, flag=weights_flag)
+    return evaluate(
+        metrics,
+        batches,
+        value_range,
+        reference,
+        scorer,
+        batch=batch,
+        keep_images=keep_images,
+        arithmetic=arithmetic,
+    )
+
+
 def reference_batch(ref: str, metrics: Sequence[str], resolution: tuple[int, int]) -> dict[str, Any]:
     """``--ref`` of ADM's suite: a reference batch (``adm_evaluator.read_reference_batch``) or a
     folder of images (``dew.scoring.images``: its files, resolution and count), read (not yet
@@ -251,7 +313,10 @@ __all__ = [
     "AdmScorer",
     "embed_reference",
     "evaluate",
+    "protocol_scorer",
     "quantize",
     "reference_batch",
     "scores_of",
+    "suite",
+    "weights_scorer",
 ]

@@ -300,7 +300,8 @@ def reference_statistics(
         resolution = (int(images.shape[1]), int(images.shape[2]))  # uint8 [n, H, W, 3]
         n = len(images)
         padded = np.concatenate([images, np.repeat(images[-1:], batch - n, axis=0)]) if n < batch else images
-        sums.add(np.asarray(features(detector.params, padded))[:n])
+        embedded = np.asarray(features(detector.params, padded))
+        sums.add(embedded[:n])
     assert resolution is not None  # dataset_files gives at least two images
     return sums, resolution
 
@@ -319,6 +320,54 @@ def write_reference(
     return sums.count, resolution
 
 
+def make_reference(
+    data: str,
+    dest: str,
+    batch: int,
+    weights: str | None = None,
+    *,
+    pinned: bool = True,
+    handling: str = DEFAULT_HANDLING,
+) -> tuple[int, tuple[int, int]]:
+    """``python -m dew.fid ref``'s work: the data set ``data`` listed (``dataset_files``), the
+    detector read (``inception_detector``: ``weights``, ``pinned``, ``handling``), then the
+    statistics written to ``dest`` (``write_reference``, ``batch`` images at a time). Returns
+    (images, [H, W]); ``FidInputError`` naming ``--data``, or ``--weights`` for weights it
+    cannot use."""
+    files = dataset_files(data)
+    detector = weights_detector(weights, pinned=pinned, handling=handling)
+    return write_reference(files, detector, dest, batch)
+
+
+def weights_detector(weights: str | None, *, pinned: bool, handling: str) -> Detector:
+    """``inception_detector`` of ``python -m dew.fid``'s ``--weights`` (None: the converted
+    default file), ``pinned`` and ``--image_handling``; weights it cannot use are one
+    ``FidInputError`` line naming ``--weights``."""
+    try:
+        return inception_detector(weights, pinned=pinned, handling=handling)
+    except (OSError, ValueError) as e:
+        raise FidInputError(f"--weights: {e}") from None
+
+
+def protocol_detector(
+    reference: dict[str, Any],
+    ref: str,
+    resolution: tuple[int, int],
+    weights: str | None,
+    *,
+    pinned: bool,
+    handling: str,
+) -> Detector:
+    """The FID protocol's detector (``weights_detector``) for samples at ``resolution`` scored
+    against ``reference`` (``load_reference`` of ``ref``): the image handling the reference
+    records checked before the weights are read, its feature size and resolution after
+    (``check_reference``); ``FidInputError`` otherwise."""
+    check_reference(reference, ref, resolution, None, handling)
+    detector = weights_detector(weights, pinned=pinned, handling=handling)
+    check_reference(reference, ref, resolution, detector.dim)
+    return detector
+
+
 __all__ = [
     "DEFAULT_HANDLING",
     "Detector",
@@ -330,8 +379,11 @@ __all__ = [
     "decode_image",
     "inception_detector",
     "load_reference",
+    "make_reference",
+    "protocol_detector",
     "recorded_handling",
     "reference_statistics",
     "save_reference",
+    "weights_detector",
     "write_reference",
 ]

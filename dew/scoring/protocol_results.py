@@ -57,7 +57,8 @@ def scores(
         return np.concatenate([probabilities(part) for part in chunks()])
 
     samples = FeatureSet.of_adm(tally.statistics(), lambda: np.concatenate(chunks()), softmax)
-    return score_sets(metrics, samples, FeatureSet.of_adm(reference), arithmetic)
+    references = FeatureSet.of_adm(reference)
+    return score_sets(metrics, samples, references, arithmetic)
 
 
 def report(
