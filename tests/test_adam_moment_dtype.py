@@ -3,6 +3,8 @@ second moment, the parameters and the update arithmetic in float32; float32 by d
 
 from __future__ import annotations
 
+from typing import cast
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +17,7 @@ from dew.training.learning_rate import make_optimizer
 from dew.training.trainer_config import resolve_config
 
 
-def moments(mu_dtype: str, grads: dict) -> tuple[optax.ScaleByAdamState, dict]:
+def moments(mu_dtype: str, grads: dict) -> tuple[optax.ScaleByAdamState, dict[str, jax.Array]]:
     config = resolve_config(tiny_config(**{"optimizer.mu_dtype": mu_dtype}))
     optimizer = make_optimizer(config)
     params = jax.tree.map(jnp.zeros_like, grads)
@@ -25,7 +27,7 @@ def moments(mu_dtype: str, grads: dict) -> tuple[optax.ScaleByAdamState, dict]:
         for s in jax.tree.leaves(state, is_leaf=lambda s: isinstance(s, optax.ScaleByAdamState))
         if isinstance(s, optax.ScaleByAdamState)
     )
-    return adam, updates
+    return adam, cast(dict[str, jax.Array], updates)
 
 
 def test_the_first_moment_is_kept_in_the_dtype_asked_and_nothing_else_is():
