@@ -51,15 +51,14 @@ def score(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         raise FidError(str(e)) from None
     samples, reference = job.samples, job.reference_images
-    image_sets = [(samples, {"fid": max(job.keep_features, samples.count if job.kid else 0)})]
-    if reference is not None:  # KID's rows: every reference image's
-        image_sets.append((reference, {"fid": reference.count if job.kid else 0}))
-    try:  # each set embedded in one pass over its batches, the samples first
-        stats, *embedded = [
-            statistics_over(metric_scorers, images.batches(), images.value_range, keep)
-            for images, keep in image_sets
-        ]
-        refs: dict[str, Any] = {**(embedded[0] if embedded else {}), **job.references}
+    try:
+        keep = {"fid": max(job.keep_features, samples.count if job.kid else 0)}
+        stats = statistics_over(metric_scorers, samples.batches(), samples.value_range, keep)
+        refs: dict[str, Any] = {}
+        if reference is not None:  # KID's rows: every reference image's
+            ref_keep = {"fid": reference.count if job.kid else 0}
+            refs = statistics_over(metric_scorers, reference.batches(), reference.value_range, ref_keep)
+        refs.update(job.references)
         scored = []  # each metric with a reference; KID (in FID's features) right after FID
         for name in (n for n in stats if n in refs):
             scored += [name, "kid"] if name == "fid" and job.kid else [name]

@@ -61,13 +61,13 @@ def scorers(
 
     out: dict[str, Any] = {}
     for name in metrics:
-        if name != "fid":
-            try:
-                out[name] = dinov2_scorer(dinov2_weights, allow_unpinned=not pinned)
-            except (OSError, ValueError) as e:
-                raise ValueError(f"{'--dinov2_weights' if dinov2_weights else 'FD_DINOv2'}: {e}") from None
+        if name == "fid":
+            out[name] = InceptionScorer(weights_path=weights, pinned=pinned)
             continue
-        out[name] = InceptionScorer(weights_path=weights, pinned=pinned)
+        try:
+            out[name] = dinov2_scorer(dinov2_weights, allow_unpinned=not pinned)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{'--dinov2_weights' if dinov2_weights else 'FD_DINOv2'}: {e}") from None
     return out
 
 

@@ -300,8 +300,7 @@ def reference_statistics(
         resolution = (int(images.shape[1]), int(images.shape[2]))  # uint8 [n, H, W, 3]
         n = len(images)
         padded = np.concatenate([images, np.repeat(images[-1:], batch - n, axis=0)]) if n < batch else images
-        embedded = np.asarray(features(detector.params, padded))
-        sums.add(embedded[:n])
+        sums.add(np.asarray(features(detector.params, padded))[:n])
     assert resolution is not None  # dataset_files gives at least two images
     return sums, resolution
 

@@ -57,8 +57,7 @@ def scores(
         return np.concatenate([probabilities(part) for part in chunks()])
 
     samples = FeatureSet.of_adm(tally.statistics(), lambda: np.concatenate(chunks()), softmax)
-    references = FeatureSet.of_adm(reference)
-    return score_sets(metrics, samples, references, arithmetic)
+    return score_sets(metrics, samples, FeatureSet.of_adm(reference), arithmetic)
 
 
 def report(
