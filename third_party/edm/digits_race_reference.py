@@ -30,6 +30,9 @@ fine-tuned in dew; ``--raw_state_dict_out`` keeps the raw (last) weights the sam
 sampler, and every seed's as ``latents_seeds`` / ``ema_seeds`` / ``raw_seeds`` (seed-major, in
 the order of ``sample_seeds``).
 
+``--seed=S`` seeds the training (the initial weights, dropout and the data order; default 0, as
+before), so that several sets are several trainings rather than one repeated; dew's race takes
+``config.seed=S`` for the same purpose. The sampling noise stays ``--sample_seeds``'.
 ``--max_steps=N`` also stops after N steps (an equal-steps comparison on a loaded machine).
 ``--sample_state_dict=<npz>`` trains nothing: it loads that state dict (the ``param/<key>`` form
 above, from this script or from ``experiments/race_cross_sampling.py``'s export of a dew network)
@@ -83,7 +86,7 @@ def worker(args: argparse.Namespace) -> None:
     from training.networks import EDMPrecond
 
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)  # the network's initial weights and its dropout masks
     with np.load(args.data) as data:
         images = torch.from_numpy(data["image"]).permute(0, 3, 1, 2).contiguous()  # NHWC -> NCHW
         labels = torch.from_numpy(data["label"]).long()
@@ -99,7 +102,7 @@ def worker(args: argparse.Namespace) -> None:
     ema = copy.deepcopy(net).eval().requires_grad_(False)
     loss_fn = EDMLoss()
     optimizer = torch.optim.Adam(net.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8)
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(args.seed)  # the data order
     order, cursor, steps, first_step_done = torch.randperm(len(images), generator=generator), 0, 0, None
     while True:
         if cursor + args.batch_size > len(order):  # a new epoch: reshuffle, drop the remainder
@@ -216,6 +219,9 @@ def main() -> int:
         default="1,2,3",
         help="seeds of the shared sampling noise (experiments/race_latents.py), comma-separated",
     )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="the training's seed (initial weights, dropout, data order)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="runs/digits_race_reference/race.json")
     parser.add_argument("--state_dict_out", help="also write the trained EMA network's state dict (.npz)")
@@ -283,6 +289,7 @@ def main() -> int:
                 os.makedirs(os.path.dirname(os.path.abspath(args.samples_out)), exist_ok=True)
                 np.savez(args.samples_out, **{k: result[k] for k in result.files})
     record.update(
+        seed=args.seed,
         budget_s=args.budget,
         batch_size=args.batch_size,
         samples=10 * args.per_class,
