@@ -134,12 +134,6 @@ def recorded_handling(description: str | None) -> str | None:
     return description.split(_HANDLING_MARK, 1)[1].split(",", 1)[0].strip()
 
 
-def file_digest(path: str) -> str:
-    from dew.scoring.convert_inception import file_sha256
-
-    return file_sha256(path)
-
-
 def save_reference(path: str, mu: np.ndarray, sigma: np.ndarray, *, resolution, num_images, detector) -> None:
     """Write the reference's ``.npz`` (``mu``, ``sigma``) plus dew's provenance, atomically
     (a temporary file renamed into place)."""
