@@ -93,3 +93,21 @@ def test_adm_scorer_reads_the_weights_once_and_keeps_their_digest(tmp_path, monk
         assert scorer.digest == str(data["__content_sha256__"])
     np.testing.assert_array_equal(scorer.classifier, convert_inception.load_classifier(weights, pinned=False))
 
+
+def test_the_fid_detector_reads_the_weights_once_and_records_their_digest(tmp_path, monkeypatch):
+    from helpers_fid import random_state_dict
+
+    from dew import npz
+    from dew.npz import open_npz
+    from dew.scoring import convert_inception
+    from dew.scoring.fid_reference import inception_detector
+
+    weights = str(tmp_path / "w.npz")
+    convert_inception.convert(random_state_dict(), weights, "0" * 64)
+    opened = []  # every archive dew.npz opens, whichever of its readers opened it
+    real_open = npz._open
+    monkeypatch.setattr(npz, "_open", lambda *a: opened.append(a) or real_open(*a))
+    detector = inception_detector(weights, pinned=False, handling="tf1")
+    assert len(opened) == 1
+    with open_npz(weights, "w") as data:
+        assert detector.description.endswith(f"weights sha256 {data['__content_sha256__']}")
