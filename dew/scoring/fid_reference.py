@@ -353,13 +353,13 @@ def protocol_detector(
     handling: str,
 ) -> Detector:
     """The FID protocol's detector (``weights_detector``) for samples at ``resolution`` scored
-    against ``reference`` (``load_reference`` of ``ref``): the reference's image handling,
-    feature size (the Inception's, ``FEATURE_DIM``) and resolution checked
-    (``check_reference``) before the weights are read; ``FidInputError`` otherwise."""
-    from dew.scoring.inception import FEATURE_DIM
-
-    check_reference(reference, ref, resolution, FEATURE_DIM, handling)
-    return weights_detector(weights, pinned=pinned, handling=handling)
+    against ``reference`` (``load_reference`` of ``ref``): the image handling the reference
+    records checked before the weights are read, its feature size and resolution after
+    (``check_reference``); ``FidInputError`` otherwise."""
+    check_reference(reference, ref, resolution, None, handling)
+    detector = weights_detector(weights, pinned=pinned, handling=handling)
+    check_reference(reference, ref, resolution, detector.dim)
+    return detector
 
 
 __all__ = [
