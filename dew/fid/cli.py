@@ -288,8 +288,13 @@ def _add_pr_arithmetic(parser: argparse.ArgumentParser) -> None:
 
 # --- --preset and ref ---------------------------------------------------------------------------
 def protocol_args(argv: Sequence[str]) -> argparse.Namespace:
-    """The ``--preset`` protocol's flags; a malformed or missing one raises ``FidError``."""
-    from dew.objectives.protocol_presets import all_presets
+    """The ``--preset`` protocol's flags, checked before any file is read: the numbers, the
+    ``--outdir`` not a file, ``--metrics`` parsed (``protocol_metrics``), ADM's suite with the
+    graph's own image handling and a reference batch, not a folder, and ``--preset`` a preset's
+    name (``dew.objectives.protocol_presets.preset_named``; whether it draws the run's objective
+    is checked once the run is loaded). A malformed, missing or inconsistent one raises
+    ``FidError`` (``FidInputError`` for the preset's name)."""
+    from dew.objectives.protocol_presets import all_presets, preset_named
 
     parser = Parser(prog="python -m dew.fid --preset=...", description="the EDM paper's FID protocol")
     parser.add_argument("--workdir", required=True, help="a dew run (or one converted from NVlabs/edm)")
@@ -335,6 +340,15 @@ def protocol_args(argv: Sequence[str]) -> argparse.Namespace:
     if args.first_seed + args.num > 2**31:
         raise FidError(f"--first_seed + --num = {args.first_seed + args.num}: seeds must be < 2**31")
     args.metrics = protocol_metrics(args.metrics)
+    adm = args.metrics != ("fid",)
+    if adm and args.image_handling != "tf1":
+        raise FidError(
+            f"--image_handling={args.image_handling} does not apply to ADM's suite: its evaluator "
+            "feeds the TF graph its own way (tf1)"
+        )
+    preset_named(args.preset)  # a name that is no preset; which run it fits is the run's to say
+    if adm and os.path.isdir(args.ref):
+        raise FidError(f"--ref={args.ref!r} is a folder; the protocol takes an ADM reference batch .npz")
     return args
 
 

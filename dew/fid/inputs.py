@@ -46,27 +46,6 @@ class Weights:
         """What a refusal of these weights names: ``--weights``, or the default file."""
         return "--weights" if self.path else "the FID Inception weights"
 
-    def detector(self) -> Any:
-        """The FID Inception detector at this image ``handling``: the protocol's and ``ref``'s
-        (``dew.scoring.fid_reference.weights_detector``: refusals name ``--weights``)."""
-        from dew.scoring.fid_reference import weights_detector
-
-        return weights_detector(self.path, pinned=self.pinned, handling=self.handling)
-
-    def adm_scorer(self, batch: int) -> Any:
-        """ADM's scorer (``dew.scoring.adm_metrics.weights_scorer``, ``batch`` images per compiled
-        call; refusals name the weights: ``flag``)."""
-        from dew.scoring.adm_metrics import weights_scorer
-
-        return weights_scorer(self.path, pinned=self.pinned, batch=batch, flag=self.flag)
-
-    def adm_scorer_and_detector(self, batch: int) -> tuple[Any, Any]:
-        """ADM's scorer (the reference's embedding, the Inception Score's classifier) and the
-        protocol's detector for ADM's suite (``AdmScorer.protocol_detector``) over the same
-        weights, read once."""
-        scorer = self.adm_scorer(batch)
-        return scorer, scorer.protocol_detector()
-
 
 def load_run(workdir: str, step: int | None = None, raw: bool = False) -> tuple[Any, tuple[int, int]]:
     """``dew.pipeline(workdir, step=step, raw=raw)`` (``--workdir``, ``--step``, ``--raw``), checked
@@ -93,12 +72,6 @@ def load_run(workdir: str, step: int | None = None, raw: bool = False) -> tuple[
 def load_pipeline(workdir: str, step: int | None = None, raw: bool = False) -> Any:
     """The run's pipeline alone (``load_run``)."""
     return load_run(workdir, step, raw)[0]
-
-
-def image_resolution(task: Any) -> tuple[int, int]:
-    """[H, W] of the images ``task`` (a ``load_pipeline`` task) draws (a latent run's decoded ones)."""
-    shape = getattr(task.objective, "image_shape", None) or task.objective.input_spec.sample.shape
-    return int(shape[0]), int(shape[1])
 
 
 def samples(args: argparse.Namespace, *, resolution: bool = False) -> Samples:
@@ -179,7 +152,6 @@ __all__ = [
     "Samples",
     "Weights",
     "draw_batches",
-    "image_resolution",
     "list_images",
     "load_pipeline",
     "load_run",

@@ -28,7 +28,7 @@ import json
 import os
 from typing import Any
 
-from dew.fid.inputs import FidError, Weights, load_run
+from dew.fid.inputs import Weights, load_run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +84,7 @@ def protocol(args: argparse.Namespace) -> int:
     """``--preset``: the flags' settings (``protocol_run``), then draw (resuming) and report
     ``--metrics`` (``("fid",)`` or ADM's suite); ``FidError`` / ``FidInputError`` on bad input,
     before anything is written."""
-    from dew.objectives.protocol_presets import preset_named, resolve
+    from dew.objectives.protocol_presets import resolve
     from dew.scoring import fid_protocol as fp
     from dew.scoring.adm_metrics import LABELS, protocol_scorer
     from dew.scoring.adm_progress import AdmTally
@@ -94,14 +94,6 @@ def protocol(args: argparse.Namespace) -> int:
     run = protocol_run(args)
     metrics, handling = run.metrics, run.weights.handling
     adm = metrics != ("fid",)
-    if adm and handling != "tf1":
-        raise FidError(
-            f"--image_handling={handling} does not apply to ADM's suite: its evaluator "
-            "feeds the TF graph its own way (tf1)"
-        )
-    preset_named(run.preset)  # an unknown name before the run loads
-    if adm and os.path.isdir(run.ref):
-        raise FidError(f"--ref={run.ref!r} is a folder; the protocol takes an ADM reference batch .npz")
     reference: dict[str, Any] = {} if adm else load_reference(run.ref, dim=FEATURE_DIM)  # before the run
     if run.distributed:
         import jax

@@ -9,10 +9,13 @@ from dew.fid.cli import protocol_args as _protocol_args
 
 
 def _detector(args: argparse.Namespace) -> Any:
-    """``dew.fid.protocol``'s detector of ``--weights`` at ``--image_handling`` of ``args``."""
+    """``dew.fid.protocol``'s detector of ``--weights`` at ``--image_handling`` of ``args``
+    (``dew.scoring.fid_reference.weights_detector``)."""
     from dew.fid.protocol import protocol_run
+    from dew.scoring.fid_reference import weights_detector
 
-    return protocol_run(args).weights.detector()
+    weights = protocol_run(args).weights
+    return weights_detector(weights.path, pinned=weights.pinned, handling=weights.handling)
 
 
 __all__ = ["_detector", "_protocol_args"]

@@ -234,14 +234,19 @@ def suite(
 
 def reference_batch(ref: str, metrics: Sequence[str], resolution: tuple[int, int]) -> dict[str, Any]:
     """``--ref`` of ADM's suite: a reference batch (``adm_evaluator.read_reference_batch``) or a
-    folder of images (``dew.scoring.images``: its files, resolution and count), read (not yet
+    folder of images (``dew.scoring.images``: its images as ``FolderImages``, read batch by batch
+    as a batch's ``arr_0`` is, its resolution and count), read (not yet
     embedded), holding what ``metrics`` need and checked against the samples' ``resolution``;
     ``ReferenceBatchError`` (a folder's own refusals: ``FidInputError``) in one line otherwise."""
     from dew.scoring import images
 
     if os.path.isdir(ref):
         files = images.list_images(ref, "--ref")
-        out = {"files": files, "resolution": images.image_resolution(files), "num_images": len(files)}
+        out = {
+            "images": images.FolderImages(files),
+            "resolution": images.image_resolution(files),
+            "num_images": len(files),
+        }
     else:
         out = adm.read_reference_batch(ref)
         needs_rows = {"precision", "recall"} & set(metrics)
@@ -258,7 +263,7 @@ def reference_batch(ref: str, metrics: Sequence[str], resolution: tuple[int, int
                 "or its arr_0 images"
             )
     needs_rows = {"precision", "recall"} & set(metrics)
-    rows = out.get("num_images") if ("images" in out or "pool" in out or "files" in out) else None
+    rows = out.get("num_images") if ("images" in out or "pool" in out) else None
     k = max(adm.NHOOD_SIZES)
     if needs_rows and rows is not None and rows < k + 1:  # each point, its k nearest neighbours
         raise adm.ReferenceBatchError(
@@ -280,8 +285,6 @@ def embed_reference(
     """A ``reference_batch``'s mu/sigma/mu_s/sigma_s (stored ones first, as the evaluator's
     ``read_statistics``) and the pool rows precision and recall need (stored ``pool``, else
     ``arr_0`` or the folder's images embedded by ``scorer``, ``batch`` at a time)."""
-    from dew.scoring.images import read_images
-
     stored = {k: reference[k] for k in ("mu", "sigma", "mu_s", "sigma_s") if k in reference}
     needs_rows = bool({"precision", "recall"} & set(metrics))
     out: dict[str, Any] = {}
@@ -290,14 +293,10 @@ def embed_reference(
         if "pool" in reference:
             out["pool"] = reference["pool"]
         return out
-    if "files" in reference:
-        batches = read_images(reference["files"], batch, uint8=True)
-    elif "images" in reference:
-        batches = reference["images"].batches(batch)
-    else:  # stored statistics and pool rows
+    if "images" not in reference:  # stored statistics and pool rows
         out.update(stored, pool=reference["pool"])
         return out
-    features = AdmFeatures(scorer, softmax=False).add_all(batches)
+    features = AdmFeatures(scorer, softmax=False).add_all(reference["images"].batches(batch))
     out.update(features.statistics())
     out.update(stored)  # the batch's own statistics win, as in the evaluator
     out["pool"] = features.pool

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from dew.npz import Member, NotAnNpzError, open_npz, read_npz
+from dew.npz import Member, NotAnNpzError, read_npz
 from dew.scoring.images import FidInputError, decode_image
 
 
@@ -104,15 +104,16 @@ def inception_detector(
     """dew's FID Inception (``dew.scoring.inception``, the pytorch-fid port of the 2015-12-05
     graph) on uint8 images with ``handling`` (``"tf1"``: TF1 legacy bilinear resize to 299,
     (x − 128) / 128; ``"pytorch_fid"``: x / 255, half-pixel bilinear resize, 2x − 1). The
-    weights are checked against their digest (and, with ``pinned``, the standard file's)."""
+    weights (the converted ``.npz`` at ``weights``; None: the default file) are read once and
+    checked against their digest (and, with ``pinned``, the standard file's), which the
+    description records."""
     from dew.scoring import inception
-    from dew.scoring.convert_inception import default_path, load_weights
+    from dew.scoring.convert_inception import content_sha256, read_checked
 
     inception.check_handling(handling, "--image_handling")
-    path = os.path.expanduser(weights) if weights else default_path()
-    params = load_weights(path, pinned=pinned)  # checks the arrays against this digest
-    with open_npz(path, "the FID Inception weights") as data:
-        digest = str(data["__content_sha256__"])
+    _, arrays = read_checked(weights, pinned=pinned)
+    params = inception.params_from_torch_names(arrays)
+    digest = content_sha256(arrays)  # the digest the file records, which read_checked verified
 
     def fn(p: Any, images: Any) -> Any:
         import jax.numpy as jnp
@@ -132,12 +133,6 @@ def recorded_handling(description: str | None) -> str | None:
     if _HANDLING_MARK not in description:
         return "pytorch_fid"
     return description.split(_HANDLING_MARK, 1)[1].split(",", 1)[0].strip()
-
-
-def file_digest(path: str) -> str:
-    from dew.scoring.convert_inception import file_sha256
-
-    return file_sha256(path)
 
 
 def save_reference(path: str, mu: np.ndarray, sigma: np.ndarray, *, resolution, num_images, detector) -> None:

@@ -1,6 +1,7 @@
 """The one reader of image files that ``python -m dew.fid`` scores (``--images``, a folder
 ``--ref``, ADM's folder reference): a folder listed (``list_images``), its images decoded in
-batches (``read_images``) and its resolution (``image_resolution``), every refusal one
+batches (``read_images``; a folder reference's images: ``FolderImages``, read as a reference
+batch's ``arr_0`` is) and its resolution (``image_resolution``), every refusal one
 ``FidInputError`` line naming the file and what is wrong.
 
 Images are PNG/JPEG/BMP/WebP files of one size, decoded by PIL as RGB (pytorch-fid's reading,
@@ -12,6 +13,7 @@ data sets' reader (``dew.scoring.fid_reference.dataset_batches``) shares.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -85,6 +87,21 @@ def read_images(files: Sequence[str], batch_size: int, *, uint8: bool = False) -
         yield pixels if uint8 else pixels.astype(np.float32) / np.float32(255.0)
 
 
+@dataclasses.dataclass(frozen=True)
+class FolderImages:
+    """A listed folder's ``files`` as a reference's images: uint8 [n, H, W, 3] ``batch`` at a time
+    (``read_images``), as ``adm_evaluator.ImageBatches`` reads a reference batch's ``arr_0``;
+    ``len`` is the image count."""
+
+    files: Sequence[str]
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def batches(self, batch: int) -> Iterator[np.ndarray]:
+        return read_images(self.files, batch, uint8=True)
+
+
 def image_resolution(files: Sequence[str]) -> tuple[int, int]:
     """[H, W] of the first of ``files`` (its header read, as ``read_images`` would decode it)."""
     from PIL import Image
@@ -96,4 +113,12 @@ def image_resolution(files: Sequence[str]) -> tuple[int, int]:
     return decode_image(size, files[0])
 
 
-__all__ = ["EXTENSIONS", "FidInputError", "decode_image", "image_resolution", "list_images", "read_images"]
+__all__ = [
+    "EXTENSIONS",
+    "FidInputError",
+    "FolderImages",
+    "decode_image",
+    "image_resolution",
+    "list_images",
+    "read_images",
+]
