@@ -359,3 +359,38 @@ def test_the_fid_progress_file_is_unchanged_by_the_extra_arrays(tmp_path):
     }
     with pytest.raises(ValueError, match=r"extra arrays \['count'\] would replace"):
         fid_progress.write_progress(str(tmp_path), SETTINGS, 1, sums, extra={"count": np.asarray(1)})
+
+
+def test_precision_and_recall_ask_the_references_rows(tmp_path):
+    """``adm_metrics.needs_rows``: precision or recall (not FID, sFID, IS) need the reference's
+    pool rows, so ``reference_batch`` refuses statistics alone or fewer rows than a point and its
+    k nearest neighbours for them, and ``embed_reference`` returns the stored rows with them."""
+    from dew.scoring.adm_metrics import embed_reference, needs_rows, reference_batch
+
+    assert [needs_rows(m) for m in (("fid", "sfid", "is"), ("precision",), ("fid", "recall"))] == [
+        False,
+        True,
+        True,
+    ]
+    stats = {
+        "mu": np.zeros(adm.POOL_DIM),
+        "sigma": np.eye(adm.POOL_DIM),
+        "mu_s": np.zeros(adm.SPATIAL_DIM),
+        "sigma_s": np.eye(adm.SPATIAL_DIM),
+    }
+    k = max(adm.NHOOD_SIZES)
+    few = str(tmp_path / "few.npz")  # k rows: each point's k nearest neighbours need k + 1
+    pool = FEATURES[:k, : adm.POOL_DIM]
+    adm.write_reference_batch(few, images=None, pool=pool, stats=stats, resolution=(8, 8), detector="d")
+    stats_only = str(tmp_path / "stats_only.npz")
+    np.savez(stats_only, **stats)
+    assert reference_batch(few, ("fid", "sfid"), (8, 8))["num_images"] == k
+    assert reference_batch(stats_only, ("fid", "is"), (8, 8))["mu"].shape == (adm.POOL_DIM,)
+    with pytest.raises(adm.ReferenceBatchError, match=rf"holds {k} images; precision and recall need"):
+        reference_batch(few, ("fid", "precision"), (8, 8))
+    with pytest.raises(adm.ReferenceBatchError, match="holds statistics only; precision and recall"):
+        reference_batch(stats_only, ("recall",), (8, 8))
+    reference = {**stats, "pool": pool}
+    for metrics in (("fid",), ("precision", "recall")):  # no scorer: nothing is embedded
+        embedded = embed_reference(reference, None, metrics, batch=2)  # pyright: ignore[reportArgumentType]
+        assert set(embedded) == {*stats, "pool"} and embedded["pool"] is pool

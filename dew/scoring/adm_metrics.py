@@ -232,6 +232,12 @@ def suite(
     )
 
 
+def needs_rows(metrics: Iterable[str]) -> bool:
+    """Whether ``metrics`` ask precision or recall, which need every pool row of the reference
+    (its images or stored ``pool``, at least ``max(adm.NHOOD_SIZES) + 1`` of them)."""
+    return not {"precision", "recall"}.isdisjoint(metrics)
+
+
 def reference_batch(ref: str, metrics: Sequence[str], resolution: tuple[int, int]) -> dict[str, Any]:
     """``--ref`` of ADM's suite: a reference batch (``adm_evaluator.read_reference_batch``) or a
     folder of images (``dew.scoring.images``: its images as ``FolderImages``, read batch by batch
@@ -240,6 +246,7 @@ def reference_batch(ref: str, metrics: Sequence[str], resolution: tuple[int, int
     ``ReferenceBatchError`` (a folder's own refusals: ``FidInputError``) in one line otherwise."""
     from dew.scoring import images
 
+    rows_needed = needs_rows(metrics)
     if os.path.isdir(ref):
         files = images.list_images(ref, "--ref")
         out = {
@@ -249,9 +256,8 @@ def reference_batch(ref: str, metrics: Sequence[str], resolution: tuple[int, int
         }
     else:
         out = adm.read_reference_batch(ref)
-        needs_rows = {"precision", "recall"} & set(metrics)
         has_stats = all(k in out for k in ("mu", "sigma", "mu_s", "sigma_s"))
-        if needs_rows and "images" not in out and "pool" not in out:
+        if rows_needed and "images" not in out and "pool" not in out:
             raise adm.ReferenceBatchError(
                 f"--ref={ref!r} holds statistics only; precision and recall need its arr_0 images"
             )
@@ -262,10 +268,9 @@ def reference_batch(ref: str, metrics: Sequence[str], resolution: tuple[int, int
                 f"--ref={ref!r} holds pool rows only; fid and sfid need its mu, sigma, mu_s, sigma_s "
                 "or its arr_0 images"
             )
-    needs_rows = {"precision", "recall"} & set(metrics)
     rows = out.get("num_images") if ("images" in out or "pool" in out) else None
     k = max(adm.NHOOD_SIZES)
-    if needs_rows and rows is not None and rows < k + 1:  # each point, its k nearest neighbours
+    if rows_needed and rows is not None and rows < k + 1:  # each point, its k nearest neighbours
         raise adm.ReferenceBatchError(
             f"--ref={ref!r} holds {rows} images; precision and recall need at least "
             f"{k + 1} (each image's {k} nearest neighbours)"
@@ -286,9 +291,8 @@ def embed_reference(
     ``read_statistics``) and the pool rows precision and recall need (stored ``pool``, else
     ``arr_0`` or the folder's images embedded by ``scorer``, ``batch`` at a time)."""
     stored = {k: reference[k] for k in ("mu", "sigma", "mu_s", "sigma_s") if k in reference}
-    needs_rows = bool({"precision", "recall"} & set(metrics))
     out: dict[str, Any] = {}
-    if len(stored) == 4 and (not needs_rows or "pool" in reference):
+    if len(stored) == 4 and (not needs_rows(metrics) or "pool" in reference):
         out.update(stored)
         if "pool" in reference:
             out["pool"] = reference["pool"]
@@ -312,6 +316,7 @@ __all__ = [
     "AdmScorer",
     "embed_reference",
     "evaluate",
+    "needs_rows",
     "protocol_scorer",
     "quantize",
     "reference_batch",
