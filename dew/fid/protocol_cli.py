@@ -1,21 +1,33 @@
-"""The names this module held before ``python -m dew.fid`` took one road (``dew.fid.cli`` reads
-every flag, ``dew.fid.protocol`` runs ``--preset`` and ``ref``), kept so their imports resolve:
-``_detector`` takes the flags (``dew.fid.cli.protocol_args``) as it did."""
+"""The names ``dew.fid.protocol_cli`` and ``dew.fid.adm_protocol_cli`` held before ``python -m
+dew.fid`` took one road (``dew.fid.cli`` reads every flag, ``dew.fid.protocol`` runs ``--preset``
+for FID and ADM's suite alike), kept so their imports resolve; each takes the ``--preset`` flags
+(``dew.fid.cli.protocol_args``) as it did. ``adm_protocol_cli`` re-exports its one name from here."""
 
 import argparse
 from typing import Any
 
 from dew.fid.cli import protocol_args as _protocol_args
+from dew.fid.protocol import protocol_run
 
 
 def _detector(args: argparse.Namespace) -> Any:
     """``dew.fid.protocol``'s detector of ``--weights`` at ``--image_handling`` of ``args``
     (``dew.scoring.fid_reference.weights_detector``)."""
-    from dew.fid.protocol import protocol_run
     from dew.scoring.fid_reference import weights_detector
 
     weights = protocol_run(args).weights
     return weights_detector(weights.path, pinned=weights.pinned, handling=weights.handling)
 
 
-__all__ = ["_detector", "_protocol_args"]
+def _scorer_and_detector(args: argparse.Namespace) -> tuple[Any, Any]:
+    """ADM's scorer (``dew.scoring.adm_metrics.weights_scorer``) and the protocol's detector over
+    the weights it read (``AdmScorer.protocol_detector``) on the weights and ``--batch`` of
+    ``args``."""
+    from dew.scoring.adm_metrics import weights_scorer
+
+    weights = protocol_run(args).weights
+    scorer = weights_scorer(weights.path, pinned=weights.pinned, batch=args.batch, flag=weights.flag)
+    return scorer, scorer.protocol_detector()
+
+
+__all__ = ["_detector", "_protocol_args", "_scorer_and_detector"]
