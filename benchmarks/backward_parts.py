@@ -4,7 +4,7 @@
     PYTHONPATH=. python benchmarks/backward_parts.py --net=16 --cpu_convolutions=ynnpack \\
         --cpu_weight_gradient=xla
 
-The step is dew's side of ``benchmarks/unet.py`` (the same network, batch, devices, huge pages and
+The step is dew's side of ``benchmarks/unet.py`` (the same network, batch, devices, malloc tunables and
 kernel choice: ``--cpu_convolutions``, ``--cpu_weight_gradient`` as there, so
 the run's ``kernel choice:`` line is printed first). Two views of it:
 
@@ -233,14 +233,14 @@ def main() -> int:
     parser.add_argument("--cpu_convolutions", default="auto", choices=("auto", "eigen", "ynnpack"))
     parser.add_argument("--cpu_weight_gradient", default="auto", choices=("auto", "xla", "per_tap"))
     parser.add_argument("--trace_dir", default="", help="where the trace goes (default: a temporary folder)")
-    parser.add_argument("--no_huge_pages", action="store_true")
+    parser.add_argument("--no_kept_heap", action="store_true")
     parser.add_argument("--no_convolutions", action="store_true", help="skip the convolutions jitted alone")
     args = parser.parse_args(namespace=ARGS)
     from dew.runtime.cpu.devices import host_device_count, present_host_devices
-    from dew.runtime.cpu.memory import with_huge_pages
+    from dew.runtime.cpu.memory import with_kept_heap
 
-    if not args.no_huge_pages:
-        with_huge_pages()
+    if not args.no_kept_heap:
+        with_kept_heap()
     present_host_devices(host_device_count(args.devices, [args.batch]))
     decision = unet.choose_kernels(args)
     print(f"dew: kernel choice: {decision.line()}", flush=True)

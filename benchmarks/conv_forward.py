@@ -10,7 +10,7 @@ side is the convolution ``dew.networks.edm_layers.conv`` lowers to, jitted on th
 ``--cpu_convolutions`` picks (``dew.runtime.cpu.flags``); the reference's is
 ``torch.nn.functional.conv2d`` at ``--threads`` threads in a worker process of ``--torch_python``
 kept alive for the whole run, NCHW as NVlabs/edm calls it, in the environment ``benchmarks/unet.py``
-gives it (dew's process with glibc's huge-page tunable, as ``python -m dew.main`` runs; the
+gives it (dew's process with glibc's malloc tunables, as ``python -m dew.main`` runs; the
 reference's without). Rounds alternate dew, reference, dew,
 ... class by class; each side settles one untimed call first. The report: per class the medians
 and their ratio, and the sum over classes weighted by their uses, which is what the convolutions
@@ -93,11 +93,11 @@ def main() -> int:
 
     from dew.runtime.cpu import flags as cpu_convolutions
     from dew.runtime.cpu.devices import host_device_count, present_host_devices
-    from dew.runtime.cpu.memory import with_huge_pages
+    from dew.runtime.cpu.memory import with_kept_heap
 
-    # As python -m dew.main starts: malloc's huge pages (a restart), then, before JAX starts, one
+    # As python -m dew.main starts: malloc's tunables (a restart), then, before JAX starts, one
     # CPU device per core and the library chosen.
-    with_huge_pages()
+    with_kept_heap()
     present_host_devices(host_device_count(0, [args.batch]))
     library = cpu_convolutions.route_convolutions(args.cpu_convolutions)
     from benchmarks.unet import reference_environment, traced_convolutions

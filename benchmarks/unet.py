@@ -13,9 +13,10 @@ float32, and the same cores (``--threads``: ``torch.set_num_threads``; XLA's CPU
 the machine's cores). dew's side runs as ``python -m dew.main`` runs it on a CPU host: the state
 replicated on one XLA device per core and each batch split over them (``--devices``: another
 count; ``--devices=1`` is one device using the cores through its thread pool), with glibc's
-malloc asking for transparent huge pages (without them, ``--no_huge_pages``, keeping what a step
-frees for the next step instead: ``dew.runtime.cpu.memory``; ``--no_reuse_freed_memory``: not;
-``--reference_huge_pages`` gives the reference's process the same tunable) and XLA:CPU's
+glibc's malloc keeping what a step frees for the next step, set when the process starts (a
+restart: ``dew.runtime.cpu.memory``; ``--no_kept_heap``: no restart, the same settings made in
+the running process instead; ``--no_reuse_freed_memory``: not those either;
+``--reference_kept_heap`` gives the reference's process the same tunables) and XLA:CPU's
 convolution library chosen as ``config.runtime.cpu_convolutions`` chooses it
 (``--cpu_convolutions``: ``auto``, ``eigen``, ``ynnpack``; ``dew.runtime.cpu.flags``). Rounds
 alternate dew, reference, dew, ... after a warm-up; in each round a side first runs ``--settle``
@@ -70,16 +71,16 @@ NETS = {
 }  # fmt: skip
 
 
-def reference_environment(huge_pages: bool) -> dict:
-    """The reference worker's environment: this process's without glibc's THP tunable (which dew's
-    side restarted itself with), or with it when ``huge_pages``."""
-    from dew.runtime.cpu.memory import TUNABLE, huge_page_environment
+def reference_environment(kept_heap: bool) -> dict:
+    """The reference worker's environment: this process's without glibc's malloc tunables (which
+    dew's side restarted itself with), or with them when ``kept_heap``."""
+    from dew.runtime.cpu.memory import TUNABLES, kept_heap_environment
 
     items = os.environ.get("GLIBC_TUNABLES", "").split(":")
-    kept = ":".join(i for i in items if i and i.split("=", 1)[0] != TUNABLE)
+    kept = ":".join(i for i in items if i and i.split("=", 1)[0] not in TUNABLES)
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     env.update({"GLIBC_TUNABLES": kept} if kept else {})
-    return (huge_page_environment(env) or env) if huge_pages else env
+    return (kept_heap_environment(env) or env) if kept_heap else env
 
 
 def batch_arrays(net: dict, batch: int, seed: int = 0):
@@ -256,7 +257,7 @@ def choose_kernels(args):
     kernels.set_choice(decision.kernel_choice())
     from dew.runtime.cpu.memory import reuse_freed_memory
 
-    if not args.no_reuse_freed_memory:  # as dew.runtime.start does (not where huge pages are on)
+    if not args.no_reuse_freed_memory:  # as dew.runtime.start does (nothing to do after the restart)
         reuse_freed_memory()
     return decision
 
@@ -447,7 +448,7 @@ def measure_startup(args) -> dict:
         f"--cpu_convolutions={args.cpu_convolutions}",
         f"--cpu_weight_gradient={args.cpu_weight_gradient}",
     ]
-    cmd += ["--no_huge_pages"] if args.no_huge_pages else []
+    cmd += ["--no_kept_heap"] if args.no_kept_heap else []
     startup = json.loads(
         subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
     )
@@ -489,16 +490,16 @@ def main() -> int:
         help="untimed steps (and forward calls) each side runs at the start of its turn in a round",
     )  # fmt: skip
     parser.add_argument(
-        "--no_huge_pages", action="store_true",
-        help="dew's side without glibc.malloc.hugetlb=1 (python -m dew.main sets it by default)",
+        "--no_kept_heap", action="store_true",
+        help="dew's side without restarting with glibc's malloc tunables (python -m dew.main sets them)",
     )  # fmt: skip
     parser.add_argument(
         "--no_reuse_freed_memory", action="store_true",
         help="dew's side with glibc's malloc defaults (dew.main keeps freed memory for the next step)",
     )  # fmt: skip
     parser.add_argument(
-        "--reference_huge_pages", action="store_true",
-        help="the reference's worker with glibc.malloc.hugetlb=1 too (default: its process as users run it)",
+        "--reference_kept_heap", action="store_true",
+        help="the reference's worker with dew's malloc tunables too (default: its process as users run it)",
     )  # fmt: skip
     parser.add_argument(
         "--kinds", default="step,forward", type=lambda s: tuple(s.split(",")),
@@ -511,10 +512,10 @@ def main() -> int:
     if args.worker:
         return torch_worker(args)
     from dew.runtime.cpu.devices import flagged_count, host_device_count, present_host_devices
-    from dew.runtime.cpu.memory import with_huge_pages
+    from dew.runtime.cpu.memory import with_kept_heap
 
-    if not args.no_huge_pages:
-        with_huge_pages()  # as python -m dew.main does: restarts this process once, with the tunable
+    if not args.no_kept_heap:
+        with_kept_heap()  # as python -m dew.main does: restarts this process once, with the tunables
     # Before JAX starts (dew.main does the same from config.runtime.host_devices); XLA_FLAGS wins.
     present_host_devices(host_device_count(args.devices, [args.batch]))
     chose = time.perf_counter()
@@ -545,7 +546,7 @@ def main() -> int:
             [args.torch_python, __file__, "--worker", f"--net={args.net}", f"--batch={args.batch}",
              f"--threads={args.threads}", f"--edm={args.edm}"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            env=reference_environment(args.reference_huge_pages),
+            env=reference_environment(args.reference_kept_heap),
         )  # fmt: skip
         print(f"reference worker: {worker.stdout.readline().strip()}", flush=True)
     try:

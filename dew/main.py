@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from dew.config import apply_overrides, describe_config, load_config
 from dew.failures import end_process, report, resume_command
-from dew.runtime.cpu.memory import with_huge_pages
+from dew.runtime.cpu.memory import with_kept_heap
 
 if TYPE_CHECKING:
     from dew.training.trainer import Trainer
@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"# {args.config}: every key, as resolved (value, default if different, kind, doc)")
             print(describe_config(raw, overrides), end="")
             return 0
-        from dew.launch import Run  # JAX and the trainer load once with_huge_pages restarted the process
+        from dew.launch import Run  # JAX and the trainer load once with_kept_heap restarted the process
 
         run = Run(args.config, config, args.workdir)
         # the platform, the Trainer, the workdir lock, the resume check, the console lines, fit;
@@ -127,7 +127,7 @@ def interrupted(error: KeyboardInterrupt, trainer: Trainer | None, argv: Sequenc
 
 
 def run() -> None:
-    with_huge_pages()  # restarts this process once with glibc's THP tunable (dew.runtime.cpu.memory)
+    with_kept_heap()  # restarts this process once with glibc's malloc tunables (dew.runtime.cpu.memory)
     code = main()
     if code in (0, 128 + signal.SIGTERM):  # every process of a run ends here alike: leave in step
         from dew.runtime.heartbeats import stop_processes

@@ -20,7 +20,7 @@ one CPU device per core); the batch size is the race's (128, as in the reference
 
 ``--path=custom`` runs the same race as a user's own loop written as the API reference shows it:
 ``Trainer(config, workdir)`` and a loop over ``trainer.step``, with no ``dew.runtime.start`` call
-and no huge-pages restart, so what the Trainer applies by itself is what is measured.
+and no restart with glibc's malloc tunables, so what the Trainer applies by itself is what is measured.
 
     PYTHONPATH=. python experiments/digits_race.py --workdir=runs/digits_race [--budget=240] [--path=custom]
 
@@ -69,9 +69,9 @@ def load_race_latents() -> ModuleType:
 def main() -> int:
     custom = "--path=custom" in sys.argv[1:]
     if not custom:
-        from dew.runtime.cpu.memory import with_huge_pages
+        from dew.runtime.cpu.memory import with_kept_heap
 
-        with_huge_pages()  # as python -m dew.main does: restarts this process once (same process id)
+        with_kept_heap()  # as python -m dew.main does: restarts this process once (same process id)
     start = time.perf_counter() - process_age()
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument(

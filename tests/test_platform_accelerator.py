@@ -1,5 +1,5 @@
 """On an accelerator ``dew.runtime.start`` runs none of the CPU's set-up (nothing of
-``dew.runtime.cpu``: no host device split, no glibc tuning, no kernel choice, no huge-page
+``dew.runtime.cpu``: no host device split, no glibc tuning, no kernel choice, no malloc
 restart), keeps the compilation cache, picks the TPU's flash attention, and its lines name the
 devices. Driven on this CPU machine by telling the platform module that the backend will not be
 the CPU."""
@@ -48,15 +48,15 @@ def test_start_on_an_accelerator_runs_nothing_of_the_cpus_and_takes_the_attentio
     assert started.kernels.attention == "tpu_flash"
 
 
-def test_the_huge_page_restart_is_skipped_where_the_backend_is_not_the_cpu(monkeypatch):
+def test_the_malloc_restart_is_skipped_where_the_backend_is_not_the_cpu(monkeypatch):
     monkeypatch.setattr(backend, "cpu_backend_expected", lambda environ=None: False)
-    monkeypatch.setattr(host_memory, "huge_page_environment", lambda environ: {"GLIBC_TUNABLES": "x"})
+    monkeypatch.setattr(host_memory, "kept_heap_environment", lambda environ: {"GLIBC_TUNABLES": "x"})
 
     def restarted(*args):
-        raise AssertionError("restarted for huge pages on an accelerator")
+        raise AssertionError("restarted for the CPU's malloc tunables on an accelerator")
 
     monkeypatch.setattr(host_memory.os, "execve", restarted)
-    host_memory.with_huge_pages()  # returns: no restart
+    host_memory.with_kept_heap()  # returns: no restart
 
 
 @pytest.mark.parametrize(

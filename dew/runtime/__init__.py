@@ -3,7 +3,7 @@ JAX starts, and nothing that a traced program computes.
 
 - ``backend``: which backend JAX will start, known before it starts;
 - ``cpu``: the CPU platform, entered only where that backend is the CPU (one device per core,
-  glibc's huge pages and freed-memory reuse, the kernel choice by the CPU-flag rule; dots XLA's);
+  glibc's malloc keeping a step's freed memory, the kernel choice by the CPU-flag rule; dots XLA's);
 - ``compilation_cache``: JAX's persistent compilation cache (the machine's, by default);
 - ``precompile``: compiling a jitted program from abstract arguments in a background thread;
 - ``workdir_lock``: one live run per working directory;

@@ -1,7 +1,7 @@
 """Which backend JAX will start, known before it starts: decides whether the CPU-only set-up runs.
 
-The CPU platform (``dew.runtime.cpu``: the host device split, glibc's memory tuning and huge
-pages, the kernel choice) changes nothing, or harms, on an accelerator: it is entered only where
+The CPU platform (``dew.runtime.cpu``: the host device split, glibc's malloc tuning, the
+kernel choice) changes nothing, or harms, on an accelerator: it is entered only where
 ``cpu_backend_expected`` holds. ``describe_devices`` is the line a run
 prints once the backend is up.
 """

@@ -57,8 +57,9 @@ CONFIG = Section(
             True,
             "glibc keeps the memory a CPU step frees for the next step (one heap for every thread, "
             "large blocks on it), so XLA:CPU's per-step buffers are not faulted in anew each step; "
-            "the process keeps its peak heap. Not where the process started with glibc's huge pages "
-            "(python -m dew.main), which are faster there. False: glibc's defaults "
+            "the process keeps its peak heap. Set with mallopt in a user's running process; python "
+            "-m dew.main starts with the same settings as glibc tunables instead (opt out: "
+            "GLIBC_TUNABLES=glibc.malloc.arena_max=0). False: glibc's defaults in a user's process "
             "(dew.runtime.cpu.memory)",
         ),
         "attention": Key(
@@ -121,6 +122,16 @@ class Platform:
     reuses_freed_memory: bool = False
     cpu: bool = True
 
+    @property
+    def freed_memory_how(self) -> str:
+        """How glibc came to keep a step's freed memory: the tunables the process started with
+        (``python -m dew.main``'s restart), or ``mallopt`` in the running process."""
+        from dew.runtime.cpu.memory import kept_heap_in_effect
+
+        if kept_heap_in_effect():
+            return "the process started with glibc's malloc tunables"
+        return "config.runtime.reuse_freed_memory"
+
     def kernels_record(self) -> dict[str, Any] | None:
         """The kernel decision this process runs with, as the run's ``run.json`` records it (what
         a resume keeps: ``Decision.record`` with how it was made, the CPU and jaxlib); None when
@@ -147,7 +158,7 @@ class Platform:
             out.append(f"each batch is split over {data_parallel} CPU devices (config.runtime.host_devices)")
         out.append(f"XLA:CPU runs convolutions with {self.convolutions} (config.runtime.cpu_convolutions)")
         if self.reuses_freed_memory:
-            out.append("glibc keeps what a step frees for the next one (config.runtime.reuse_freed_memory)")
+            out.append(f"glibc keeps what a step frees for the next one ({self.freed_memory_how})")
         if self.decision is not None:
             out.append(f"kernel choice: {self.decision.line()}")
         else:

@@ -2,9 +2,10 @@
 backend will be the CPU (``dew.runtime.backend.cpu_backend_expected``), before JAX starts.
 
 In order: one XLA device per core (``devices``; as many as the batch sizes divide), glibc keeping
-a step's freed memory for the next one (``memory.reuse_freed_memory``, before XLA's threads
-exist), the kernel decision (``choice.choose``: forced, recorded or the CPU-flag rule) and the
-convolution library it sets in ``XLA_FLAGS`` (``flags``). Dots stay XLA's. Called after the
+a step's freed memory for the next one (the tunables the process started with, else
+``memory.reuse_freed_memory`` before XLA's threads exist), the kernel decision
+(``choice.choose``: forced, recorded or the CPU-flag rule) and the convolution library it sets
+in ``XLA_FLAGS`` (``flags``). Dots stay XLA's. Called after the
 backend started, it changes no device setting (XLA read its flags already) and keeps the rule's
 kernels.
 """
@@ -51,7 +52,9 @@ def set_up(
     decision, reuses = None, False
     if not devices.backend_started():  # after it, XLA read its flags already: nothing can change
         # Before XLA's threads exist: each takes its malloc arena when it first allocates.
-        reuses = bool(section.get("reuse_freed_memory", True)) and memory.reuse_freed_memory()
+        reuses = memory.kept_heap_in_effect() or (
+            bool(section.get("reuse_freed_memory", True)) and memory.reuse_freed_memory()
+        )
         decision = choice.choose(
             section["cpu_convolutions"],
             section.get("cpu_weight_gradient", "auto"),
