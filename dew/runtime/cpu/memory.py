@@ -21,17 +21,19 @@ CPU, or where ``GLIBC_TUNABLES`` already names one of the three (the user's sett
 ``GLIBC_TUNABLES=glibc.malloc.arena_max=0`` keeps glibc's defaults).
 
 Measured against the restart's former tunable, huge pages (``glibc.malloc.hugetlb=1``: the block
-still mapped anew each step, in 2 MiB pages), on this repository's 2-core AMD EPYC with nothing
-else running, alternating fresh processes: the race's step 0.186-0.211 s against 0.208-0.231 s,
-the 16×16 U-Net's (``benchmarks/unet.py --net=16``) 384-401 ms against 406-487 ms; huge pages and
-the kept heap together were the slowest on the U-Net (522-621 ms; ``benchmarks/RESULTS.md``).
+still mapped anew each step, in 2 MiB pages), on a 2-core AMD EPYC with nothing else running,
+alternating fresh processes (``benchmarks/step_memory.py``): the race's step 166-179 ms against
+191-209 ms, with 7 ms of kernel time a step against 46 ms. On the 16×16 U-Net
+(``benchmarks/unet.py --net=16``) the two are level: 384-412 ms against 350-487 ms. Huge pages and
+the kept heap together were slower than either (``benchmarks/RESULTS.md``).
 
 A library call cannot restart its caller's program, so ``reuse_freed_memory()`` sets the same
 three with ``mallopt`` in the running process (``dew.runtime.start`` calls it before JAX
-starts, for a user's own loop). There numpy's threads have usually made a second arena already,
-and the device threads that land on it still map their block anew: on the race's network half
-the faults go (22,000 a step). A user's script gets the whole effect by calling
-``with_kept_heap()`` as its first line.
+starts, for a user's own loop). There numpy's and JAX's threads have usually made other arenas
+already, and the device threads that land on them still map their block anew: on the race's
+network it removed half the faults in one of three processes and none in the other two (22,000
+and 44,000 a step, ``benchmarks/step_memory.py``). A user's script gets the whole effect by
+calling ``with_kept_heap()`` as its first line.
 """
 
 from __future__ import annotations
