@@ -119,18 +119,14 @@ class Platform:
     compilation_cache: str | None
     processes: distributed.ProcessGroup | None = None
     decision: Decision | None = None
-    reuses_freed_memory: bool = False
+    freed_memory: str | None = None
     cpu: bool = True
 
     @property
-    def freed_memory_how(self) -> str:
-        """How glibc came to keep a step's freed memory: the tunables the process started with
-        (``python -m dew.main``'s restart), or ``mallopt`` in the running process."""
-        from dew.runtime.cpu.memory import kept_heap_in_effect
-
-        if kept_heap_in_effect():
-            return "the process started with glibc's malloc tunables"
-        return "config.runtime.reuse_freed_memory"
+    def reuses_freed_memory(self) -> bool:
+        """Whether glibc keeps a step's freed memory (``freed_memory`` says how: the tunables
+        the process started with, or ``mallopt`` in the running process)."""
+        return self.freed_memory is not None
 
     def kernels_record(self) -> dict[str, Any] | None:
         """The kernel decision this process runs with, as the run's ``run.json`` records it (what
@@ -157,8 +153,8 @@ class Platform:
         if data_parallel and data_parallel > 1:
             out.append(f"each batch is split over {data_parallel} CPU devices (config.runtime.host_devices)")
         out.append(f"XLA:CPU runs convolutions with {self.convolutions} (config.runtime.cpu_convolutions)")
-        if self.reuses_freed_memory:
-            out.append(f"glibc keeps what a step frees for the next one ({self.freed_memory_how})")
+        if self.freed_memory is not None:
+            out.append(f"glibc keeps what a step frees for the next one ({self.freed_memory})")
         if self.decision is not None:
             out.append(f"kernel choice: {self.decision.line()}")
         else:
@@ -307,9 +303,9 @@ def start(
             recorded_in=recorded_in,
         )
         presented, convolutions, choice = cpu.host_devices, cpu.convolutions, cpu.kernels
-        decision, reuses = cpu.decision, cpu.reuses_freed_memory
+        decision, freed_memory = cpu.decision, cpu.freed_memory
     else:  # an accelerator: none of the CPU's kernel choices, memory tuning or devices
-        presented, decision, reuses = None, None, False
+        presented, decision, freed_memory = None, None, None
         convolutions = "the accelerator's own (no CPU kernel choice)"
         choice = kernels.KernelChoice(
             reason="the accelerator's kernels (no CPU kernel choice)", attention=attention
@@ -317,7 +313,7 @@ def start(
     kernels.set_choice(choice)
     if directory is not None:
         compilation_cache.enable_compilation_cache(directory)
-    _started = Platform(presented, convolutions, choice, directory, processes, decision, reuses, on_cpu)
+    _started = Platform(presented, convolutions, choice, directory, processes, decision, freed_memory, on_cpu)
     return _started
 
 

@@ -24,13 +24,13 @@ from dew.runtime.cpu import choice, devices, flags, memory
 class CpuSetup:
     """What ``set_up`` chose: the devices it presented (None: left as they were), XLA:CPU's
     convolution library, the kernels the layers receive, the decision behind them (None: the
-    backend had started) and whether glibc keeps freed memory."""
+    backend had started) and how glibc keeps a step's freed memory (None: it does not)."""
 
     host_devices: int | None
     convolutions: str
     kernels: kernels.KernelChoice
     decision: choice.Decision | None
-    reuses_freed_memory: bool
+    freed_memory: str | None
 
 
 def set_up(
@@ -49,12 +49,13 @@ def set_up(
     if present_devices:
         count = devices.host_device_count(section["host_devices"], batch_sizes)
         presented = devices.present_host_devices(count)
-    decision, reuses = None, False
+    decision, freed_memory = None, None
     if not devices.backend_started():  # after it, XLA read its flags already: nothing can change
+        if memory.kept_heap_in_effect():
+            freed_memory = "the process started with glibc's malloc tunables"
         # Before XLA's threads exist: each takes its malloc arena when it first allocates.
-        reuses = memory.kept_heap_in_effect() or (
-            bool(section.get("reuse_freed_memory", True)) and memory.reuse_freed_memory()
-        )
+        elif bool(section.get("reuse_freed_memory", True)) and memory.reuse_freed_memory():
+            freed_memory = "config.runtime.reuse_freed_memory"
         decision = choice.choose(
             section["cpu_convolutions"],
             section.get("cpu_weight_gradient", "auto"),
@@ -66,7 +67,7 @@ def set_up(
     global _applied
     _applied = decision
     chosen = flags.weight_gradient_choice() if decision is None else decision.kernel_choice()
-    return CpuSetup(presented, library, chosen, decision, reuses)
+    return CpuSetup(presented, library, chosen, decision, freed_memory)
 
 
 _applied: choice.Decision | None = None
