@@ -12,11 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dew.scoring.fid_detector import Detector, check_reference
 from dew.scoring.fid_reference import (
-    Detector,
     FidInputError,
     MomentSums,
-    check_reference,
     dataset_files,
     load_reference,
     reference_statistics,

@@ -100,7 +100,7 @@ def test_the_fid_detector_reads_the_weights_once_and_records_their_digest(tmp_pa
     from dew import npz
     from dew.npz import open_npz
     from dew.scoring import convert_inception
-    from dew.scoring.fid_reference import inception_detector
+    from dew.scoring.fid_detector import inception_detector
 
     weights = str(tmp_path / "w.npz")
     convert_inception.convert(random_state_dict(), weights, "0" * 64)

@@ -12,12 +12,8 @@ import numpy as np
 import pytest
 
 from dew.scoring import inception
-from dew.scoring.fid_reference import (
-    FidInputError,
-    check_reference,
-    inception_detector,
-    recorded_handling,
-)
+from dew.scoring.fid_detector import check_reference, inception_detector, recorded_handling
+from dew.scoring.fid_reference import FidInputError
 
 # Compares with the reference's recorded goldens: every test runs with XLA's default optimisation.
 pytestmark = pytest.mark.default_compiler

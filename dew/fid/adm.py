@@ -83,6 +83,7 @@ def adm_suite(args: argparse.Namespace) -> int:
     print(f"{samples.count} {samples.what}")
     if job.save_ref_batch:
         from dew.scoring.adm_evaluator import write_reference_batch
+        from dew.scoring.fid_detector import ADM_DESCRIPTION
 
         assert features.resolution is not None  # set by the first batch added
         write_reference_batch(
@@ -91,7 +92,7 @@ def adm_suite(args: argparse.Namespace) -> int:
             pool=features.pool,
             stats=features.statistics(),
             resolution=features.resolution,
-            detector=adm_metrics.DETECTOR,
+            detector=ADM_DESCRIPTION,
         )
         print(f"reference batch -> {job.save_ref_batch}")
     for name, value in scores.items():

@@ -369,7 +369,7 @@ def ref_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def _detector_flags(parser: argparse.ArgumentParser) -> None:
-    from dew.scoring.fid_reference import DEFAULT_HANDLING
+    from dew.scoring.fid_detector import DEFAULT_HANDLING
     from dew.scoring.inception import IMAGE_HANDLING
 
     parser.add_argument("--weights", default=None, help="converted Inception .npz")

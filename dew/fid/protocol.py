@@ -11,7 +11,7 @@ draw or a damaged one refused or set aside before anything is drawn, then ``Draw
 (``dew.scoring.protocol_results``: the same scores, report and files for both).
 
 ADM's suite: each chunk's images are embedded once (pool_3 and mixed_6/conv[..., :7], the images
-at their own size through the TF graph's resize: ``adm_metrics.AdmScorer.protocol_detector``); at the end
+at their own size through the TF graph's resize: ``dew.scoring.fid_detector.adm_detector``); at the end
 (process 0) the reference batch is embedded where it lacks what a metric needs
 (``dew.scoring.adm_metrics.embed_reference``), the metrics are computed (``dew.scoring.protocol_results``) and
 written to ``<outdir>/adm.json`` with the reference batch's SHA-256, the samples' statistics to
@@ -88,7 +88,8 @@ def protocol(args: argparse.Namespace) -> int:
     from dew.scoring import fid_protocol as fp
     from dew.scoring.adm_metrics import LABELS, protocol_scorer
     from dew.scoring.adm_progress import AdmTally
-    from dew.scoring.fid_reference import load_reference, protocol_detector
+    from dew.scoring.fid_detector import protocol_detector
+    from dew.scoring.fid_reference import load_reference
     from dew.scoring.inception import FEATURE_DIM
 
     run = protocol_run(args)

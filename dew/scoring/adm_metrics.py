@@ -25,7 +25,6 @@ scores_of = score_sets  # the name ADM's suite gave it before every metric was o
 
 METRICS = ("fid", "sfid", "is", "precision", "recall")
 ADM_ONLY = ("sfid", "is", "precision", "recall")
-DETECTOR = "dew inception_fid 2015-12-05 (ADM: pool_3, mixed_6/conv[..., :7]), image handling tf1"
 LABELS = {"fid": "FID", "sfid": "sFID", "is": "Inception Score", "precision": "Precision", "recall": "Recall"}
 
 
@@ -75,23 +74,6 @@ class AdmScorer:
 
     def probabilities(self, pool: np.ndarray) -> np.ndarray:
         return adm.softmax(self._logits(pool, self.classifier))
-
-    def protocol_detector(self) -> Any:
-        """The FID protocol's detector for ADM's suite over these weights
-        (``dew.scoring.fid_reference.Detector``): uint8 images [n, H, W, 3] -> [n, 4071] float32,
-        ``pool_3`` [2048] then ``mixed_6/conv[..., :7]`` flattened [2023], described with the
-        weights' content ``digest``."""
-        from dew.scoring import inception
-        from dew.scoring.fid_reference import Detector
-
-        def fn(p: Any, images: Any) -> Any:
-            import jax.numpy as jnp
-
-            pool, spatial = inception.adm_features(p, images.astype(jnp.float32))
-            return jnp.concatenate([pool, spatial], axis=-1)
-
-        dim = adm.POOL_DIM + adm.SPATIAL_DIM
-        return Detector(fn, self.params, dim, f"{DETECTOR}, weights sha256 {self.digest}")
 
 
 class AdmFeatures:
@@ -194,10 +176,12 @@ def protocol_scorer(
 ) -> tuple[dict[str, Any], AdmScorer, Any]:
     """ADM's suite in the FID protocol: the reference batch ``ref`` read and checked against the
     samples' ``resolution`` (``reference_batch``), then ADM's scorer (``weights_scorer``) and
-    the protocol's detector over the weights it read (``AdmScorer.protocol_detector``)."""
+    the protocol's detector over the weights it read (``dew.scoring.fid_detector.adm_detector``)."""
+    from dew.scoring.fid_detector import adm_detector
+
     reference = reference_batch(ref, metrics, resolution)
     scorer = weights_scorer(weights, pinned=pinned, batch=batch, flag=flag)
-    return reference, scorer, scorer.protocol_detector()
+    return reference, scorer, adm_detector(scorer.params, scorer.digest)
 
 
 def suite(
@@ -309,7 +293,6 @@ def embed_reference(
 
 __all__ = [
     "ADM_ONLY",
-    "DETECTOR",
     "LABELS",
     "METRICS",
     "AdmFeatures",

@@ -2,7 +2,7 @@
 layout (``dew.scoring.fid_progress.Tally``, the one implementation of a draw's
 progress, chunk files and resume).
 
-The protocol's detector for the suite (``dew.scoring.adm_metrics.AdmScorer.protocol_detector``)
+The protocol's detector for the suite (``dew.scoring.fid_detector.adm_detector``)
 gives, per image, ``pool_3`` [2048] and ``mixed_6/conv[..., :7]`` flattened [2023] side by side
 as one row [``DIM`` = 4071]. ``AdmTally`` accumulates, chunk by chunk in seed order:
 

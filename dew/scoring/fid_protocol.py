@@ -55,6 +55,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from dew.scoring.fid_detector import Detector
 from dew.scoring.fid_progress import (  # noqa: F401  (public here too, as before)
     PROGRESS_FILE,
     REPORT_FILE,
@@ -65,7 +66,7 @@ from dew.scoring.fid_progress import (  # noqa: F401  (public here too, as befor
     remove_stale_temporaries,
     write_progress,
 )
-from dew.scoring.fid_reference import Detector, FidInputError, MomentSums
+from dew.scoring.fid_reference import FidInputError, MomentSums
 
 PREVIEW_FILE = "preview.png"
 

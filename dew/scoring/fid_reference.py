@@ -16,19 +16,16 @@ writes, read by ``dew.data.sources.image_folder.ImageFiles`` as its ``ImageFolde
 them: sorted names, ``np.array(PIL.Image.open(f))``, uint8, a greyscale image one channel) fed at
 the data set's own resolution to the detector as uint8, one channel repeated to three.
 
-The detector's image handling (``inception_detector(handling=...)``) defaults to ``"tf1"``, the
-2015-12-05 TensorFlow graph's own (TF1 legacy bilinear resize to 299, (x − 128) / 128), which
-the reference's TorchScript detector reproduces; ``"pytorch_fid"`` is pytorch-fid's
-(half-pixel bilinear, x / 255 · 2 − 1), what ``python -m dew.fid --images`` uses. The handling
-is part of the detector's description, which reference files record, and ``check_reference``
-refuses statistics recorded with the other one.
+The detector (``dew.scoring.fid_detector``: dew's FID Inception with its image handling) is
+read by the caller, or by ``make_reference`` for ``python -m dew.fid ref``; its description goes
+into the reference file.
 
 Reference files are the reference's own ``.npz`` (``np.savez(dest, mu=mu, sigma=sigma)``), so its
 published ``fid-refs/*.npz`` load here and dew's load in its ``fid.py calc`` (which reads only
 ``mu`` and ``sigma``). dew adds provenance arrays beside them: ``resolution`` ([H, W] of the
 images), ``num_images`` and ``detector`` (a description with the weights' digest). A file
 without ``resolution`` (NVlabs's) is accepted at any resolution; one with it refuses samples
-of another (``check_resolution``).
+of another (``dew.scoring.fid_detector.check_reference``).
 """
 
 from __future__ import annotations
@@ -36,12 +33,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from dew.npz import Member, NotAnNpzError, read_npz
+from dew.scoring.fid_detector import DEFAULT_HANDLING, Detector, weights_detector
 from dew.scoring.images import FidInputError, decode_image
 
 
@@ -81,58 +79,6 @@ class MomentSums:
         mu = self.total / self.count
         sigma = (self.outer - np.outer(mu, mu) * self.count) / (self.count - 1)
         return mu, sigma
-
-
-@dataclasses.dataclass(frozen=True)
-class Detector:
-    """A feature network: ``fn(params, images)`` maps uint8 NHWC images (3 channels) to
-    float32 [n, ``dim``] features, pure and jittable; ``description`` names it and its weights."""
-
-    fn: Callable[[Any, Any], Any]
-    params: Any
-    dim: int
-    description: str
-
-
-DEFAULT_HANDLING = "tf1"
-_HANDLING_MARK = "image handling "
-
-
-def inception_detector(
-    weights: str | None = None, *, pinned: bool = True, handling: str = DEFAULT_HANDLING
-) -> Detector:
-    """dew's FID Inception (``dew.scoring.inception``, the pytorch-fid port of the 2015-12-05
-    graph) on uint8 images with ``handling`` (``"tf1"``: TF1 legacy bilinear resize to 299,
-    (x − 128) / 128; ``"pytorch_fid"``: x / 255, half-pixel bilinear resize, 2x − 1). The
-    weights (the converted ``.npz`` at ``weights``; None: the default file) are read once and
-    checked against their digest (and, with ``pinned``, the standard file's), which the
-    description records."""
-    from dew.scoring import inception
-    from dew.scoring.convert_inception import content_sha256, read_checked
-
-    inception.check_handling(handling, "--image_handling")
-    _, arrays = read_checked(weights, pinned=pinned)
-    params = inception.params_from_torch_names(arrays)
-    digest = content_sha256(arrays)  # the digest the file records, which read_checked verified
-
-    def fn(p: Any, images: Any) -> Any:
-        import jax.numpy as jnp
-
-        return inception.features(p, images.astype(jnp.float32), (0.0, 255.0), handling=handling)
-
-    description = f"dew inception_fid 2015-12-05, {_HANDLING_MARK}{handling}, weights sha256 {digest}"
-    return Detector(fn, params, inception.FEATURE_DIM, description)
-
-
-def recorded_handling(description: str | None) -> str | None:
-    """The image handling a detector description names; dew's descriptions from before the
-    handling was recorded are ``"pytorch_fid"``; None for another detector's (NVlabs's files
-    record none)."""
-    if not description or not description.startswith("dew inception_fid"):
-        return None
-    if _HANDLING_MARK not in description:
-        return "pytorch_fid"
-    return description.split(_HANDLING_MARK, 1)[1].split(",", 1)[0].strip()
 
 
 def save_reference(path: str, mu: np.ndarray, sigma: np.ndarray, *, resolution, num_images, detector) -> None:
@@ -197,37 +143,6 @@ def load_reference(path: str, flag: str = "--ref", dim: int | None = None) -> di
     if "detector" in data:
         out["detector"] = str(np.asarray(data["detector"]))
     return out
-
-
-def check_reference(
-    ref: dict[str, Any],
-    path: str,
-    resolution: tuple[int, int],
-    dim: int | None,
-    handling: str | None = None,
-) -> None:
-    """Refuse reference statistics of another feature size (``dim``; None: not checked), or
-    (when recorded) computed at another resolution than ``resolution`` (the samples' [H, W]),
-    or (when the file records dew's detector) with another image ``handling`` (None: not
-    checked) than the samples'."""
-    want, got = handling, recorded_handling(ref.get("detector"))
-    if want and got and want != got:
-        raise FidInputError(
-            f"--ref={path!r} was computed with image handling {got!r}, the samples are embedded with "
-            f"{want!r}; recompute the reference with --image_handling={want} (or draw with "
-            f"--image_handling={got})"
-        )
-    if dim is not None and ref["mu"].shape[0] != dim:
-        raise FidInputError(
-            f"--ref={path!r} holds {ref['mu'].shape[0]}-d statistics; the detector gives {dim}-d features"
-        )
-    recorded = ref.get("resolution")
-    if recorded is not None and tuple(recorded) != tuple(resolution):
-        raise FidInputError(
-            f"--ref={path!r} was computed at resolution {recorded[0]}x{recorded[1]}, the samples are "
-            f"{resolution[0]}x{resolution[1]}; compute the reference from the data set at the samples' "
-            "resolution (python -m dew.fid ref --data=... --dest=...)"
-        )
 
 
 def dataset_files(path: str, flag: str = "--data") -> Any:
@@ -324,7 +239,8 @@ def make_reference(
     handling: str = DEFAULT_HANDLING,
 ) -> tuple[int, tuple[int, int]]:
     """``python -m dew.fid ref``'s work: the data set ``data`` listed (``dataset_files``), the
-    detector read (``inception_detector``: ``weights``, ``pinned``, ``handling``), then the
+    detector read (``dew.scoring.fid_detector.weights_detector``: ``weights``, ``pinned``,
+    ``handling``), then the
     statistics written to ``dest`` (``write_reference``, ``batch`` images at a time). Returns
     (images, [H, W]); ``FidInputError`` naming ``--data``, or ``--weights`` for weights it
     cannot use."""
@@ -333,51 +249,15 @@ def make_reference(
     return write_reference(files, detector, dest, batch)
 
 
-def weights_detector(weights: str | None, *, pinned: bool, handling: str) -> Detector:
-    """``inception_detector`` of ``python -m dew.fid``'s ``--weights`` (None: the converted
-    default file), ``pinned`` and ``--image_handling``; weights it cannot use are one
-    ``FidInputError`` line naming ``--weights``."""
-    try:
-        return inception_detector(weights, pinned=pinned, handling=handling)
-    except (OSError, ValueError) as e:
-        raise FidInputError(f"--weights: {e}") from None
-
-
-def protocol_detector(
-    reference: dict[str, Any],
-    ref: str,
-    resolution: tuple[int, int],
-    weights: str | None,
-    *,
-    pinned: bool,
-    handling: str,
-) -> Detector:
-    """The FID protocol's detector (``weights_detector``) for samples at ``resolution`` scored
-    against ``reference`` (``load_reference`` of ``ref``): the image handling the reference
-    records checked before the weights are read, its feature size and resolution after
-    (``check_reference``); ``FidInputError`` otherwise."""
-    check_reference(reference, ref, resolution, None, handling)
-    detector = weights_detector(weights, pinned=pinned, handling=handling)
-    check_reference(reference, ref, resolution, detector.dim)
-    return detector
-
-
 __all__ = [
-    "DEFAULT_HANDLING",
-    "Detector",
     "FidInputError",
     "MomentSums",
-    "check_reference",
     "dataset_batches",
     "dataset_files",
     "decode_image",
-    "inception_detector",
     "load_reference",
     "make_reference",
-    "protocol_detector",
-    "recorded_handling",
     "reference_statistics",
     "save_reference",
-    "weights_detector",
     "write_reference",
 ]

@@ -25,7 +25,8 @@ from ml_collections import ConfigDict
 
 from dew.sampling import sample
 from dew.scoring import fid_protocol as fp
-from dew.scoring.fid_reference import Detector, FidInputError, MomentSums
+from dew.scoring.fid_detector import Detector
+from dew.scoring.fid_reference import FidInputError, MomentSums
 
 FEW_STEPS = {name: dataclasses.replace(p, steps=4) for name, p in fp.PRESETS.items()}
 

@@ -19,7 +19,7 @@ from test_fid_protocol import FEW_STEPS, model  # noqa: F401  (the module fixtur
 
 from dew.scoring import adm_progress as ap
 from dew.scoring import fid_protocol as fp
-from dew.scoring.fid_reference import Detector
+from dew.scoring.fid_detector import Detector
 
 NUM, CHUNK = 11, 5
 
