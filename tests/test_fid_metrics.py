@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dew.scoring import dinov2, dinov2_weights, distances, feature_metrics
+from dew.scoring import dinov2, dinov2_weights, distances, feature_metrics, feature_scorer
 from dew.scoring.dinov2_metrics import DINOv2Scorer
 
 # 64 channels per head (what config_from_torch_names assumes), one block: a DINOv2 in miniature
@@ -73,7 +73,7 @@ def test_metrics_flag_accepts_known_names_only():
 def test_statistics_over_feeds_every_scorer_the_same_batches_once(weights):
     """Two scorers (different weights) over a one-shot generator: each gets exactly what it gets
     alone, so a run's samples are drawn once for all metrics."""
-    a = feature_metrics.dinov2_scorer(str(weights), allow_unpinned=True)
+    a = DINOv2Scorer(weights_path=str(weights), allow_unpinned=True)
     assert a.config == SMALL  # the shape is read back from the arrays
     b = DINOv2Scorer(params=dinov2.params_from_torch_names(_state_dict(SMALL, seed=1), SMALL), config=SMALL)
     images = np.random.default_rng(2).uniform(0, 1, (5, 20, 20, 3)).astype(np.float32)
@@ -84,7 +84,7 @@ def test_statistics_over_feeds_every_scorer_the_same_batches_once(weights):
             drawn.append(i)
             yield images[i : i + 3]
 
-    stats = feature_metrics.statistics_over({"x": a, "y": b}, once(), (0.0, 1.0))
+    stats = feature_scorer.statistics_over({"x": a, "y": b}, once(), (0.0, 1.0))
     assert drawn == [0, 3]
     for name, scorer in (("x", a), ("y", b)):
         alone = scorer.statistics([images[0:3], images[3:6]], (0.0, 1.0))  # the same batches, alone
@@ -116,7 +116,7 @@ def test_fid_cli_reports_fd_dinov2_of_folders_as_the_library_computes_it(weights
         for line in out.splitlines()
         if line.startswith("FD_DINOv2 ") and "->" not in line
     ]
-    scorer = feature_metrics.dinov2_scorer(str(weights), allow_unpinned=True)
+    scorer = DINOv2Scorer(weights_path=str(weights), allow_unpinned=True)
     fa, fb = (
         scorer.statistics([x[:4].astype(np.float32) / 255, x[4:].astype(np.float32) / 255], (0.0, 1.0))
         for x in (a, b)

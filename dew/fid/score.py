@@ -41,7 +41,8 @@ def score(args: argparse.Namespace) -> int:
     references: the flags checked and the files they name read (``check``), then the metrics
     (the references read, a folder ``--ref`` embedded here), the statistics saved where asked;
     ``FidError`` on bad input."""
-    from dew.scoring.feature_metrics import LABELS, scorers, statistics_over
+    from dew.scoring.feature_metrics import LABELS, scorers
+    from dew.scoring.feature_scorer import statistics_over
     from dew.scoring.feature_set import FeatureSet, score_sets
     from dew.scoring.statistics import save_statistics
 

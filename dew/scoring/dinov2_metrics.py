@@ -35,14 +35,31 @@ REFERENCE_ENV = "DEW_FD_DINOV2_REFERENCE"
 class DINOv2Scorer(FeatureScorer):
     """FD_DINOv2 features for NHWC image batches in ``value_range``, streamed into statistics."""
 
-    def __init__(self, params: Any, *, config=None):
+    def __init__(
+        self,
+        params: Any = None,
+        *,
+        config=None,
+        weights_path: str | None = None,
+        allow_unpinned: bool = False,
+    ):
         """``params``: the ViT's haiku params (``dinov2_weights.load_weights``, or
         ``dinov2.params_from_torch_names`` of the converted arrays) of ``config`` (default
-        ViT-L/14)."""
+        ViT-L/14). Without ``params``, as ``InceptionScorer`` does, the converted weights at
+        ``weights_path`` (default: ``dinov2_weights``' default path) are read
+        (``dinov2_weights.read_arrays``, ``allow_unpinned`` as there: ``FileNotFoundError`` /
+        ``ValueError`` in one line), their ``config`` (default: read from the arrays' shapes,
+        ``dinov2.config_from_torch_names``)."""
         import jax
 
         from dew.scoring import dinov2
 
+        if params is None:
+            from dew.scoring.dinov2_weights import read_arrays
+
+            arrays = read_arrays(weights_path, allow_unpinned=allow_unpinned)
+            config = config or dinov2.config_from_torch_names(arrays)
+            params = dinov2.params_from_torch_names(arrays, config)
         self.config = config or dinov2.VIT_L14
         self.params = params
         self._features = jax.jit(dinov2.features, static_argnames=("value_range", "config"))

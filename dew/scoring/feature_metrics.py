@@ -3,10 +3,11 @@
 ``METRICS`` names what ``dew.fid`` can report from one pass over the images: ``fid`` (Fréchet
 distance in the FID Inception's pool features, ``inception_metrics.InceptionScorer``) and
 ``fd_dinov2`` (Fréchet distance in DINOv2 ViT-L/14 CLS features as NVlabs/edm2's
-``calculate_metrics.py`` computes them, ``dinov2_metrics.DINOv2Scorer``). ``statistics_over``
-draws each batch once and hands it to every scorer, so both metrics see exactly the same images
-(a run's samples are drawn once, not once per metric); the distances are read from those
-statistics through ``dew.scoring.feature_set`` (``FeatureSet.of``, ``frechet``).
+``calculate_metrics.py`` computes them, ``dinov2_metrics.DINOv2Scorer``), their scorers by name
+(``scorers``). ``dew.scoring.feature_scorer.statistics_over`` draws each batch once and hands it
+to every scorer, so both metrics see exactly the same images (a run's samples are drawn once,
+not once per metric); the distances are read from those statistics through
+``dew.scoring.feature_set`` (``FeatureSet.of``, ``frechet``).
 
 The DINOv2 weights are a converted ``.npz`` (``dinov2_weights``); its shape (width, depth, patch,
 grid) is read from the arrays (``dinov2.config_from_torch_names``: 64 channels per head, as every
@@ -16,7 +17,7 @@ edm2 scores with.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 METRICS = ("fid", "fd_dinov2")
@@ -37,26 +38,13 @@ def parse_metrics(text: str) -> tuple[str, ...]:
     return names
 
 
-def dinov2_scorer(weights_path: str | None, *, allow_unpinned: bool) -> Any:
-    """A ``DINOv2Scorer`` on the converted weights at ``weights_path`` (default: ``dinov2_weights``'
-    default path), its ``ViTConfig`` read from the arrays' shapes. Raises ``FileNotFoundError`` /
-    ``ValueError`` (one line) as ``dinov2_weights.read_arrays`` does."""
-    from dew.scoring import dinov2
-    from dew.scoring.dinov2_metrics import DINOv2Scorer
-    from dew.scoring.dinov2_weights import read_arrays
-
-    arrays = read_arrays(weights_path, allow_unpinned=allow_unpinned)
-    config = dinov2.config_from_torch_names(arrays)
-    params = dinov2.params_from_torch_names(arrays, config)
-    return DINOv2Scorer(params=params, config=config)
-
-
 def scorers(
     metrics: Iterable[str], weights: str | None, dinov2_weights: str | None, *, pinned: bool
 ) -> dict[str, Any]:
     """The scorers of ``metrics`` by name: the FID Inception on ``weights``, DINOv2 on
-    ``dinov2_weights`` (None: their default paths), both ``pinned`` or not; missing or refused
-    weights raise one line naming the flag."""
+    ``dinov2_weights`` (None: their default paths; DINOv2's shape read from its arrays), both
+    ``pinned`` or not; missing or refused weights raise one line naming the flag."""
+    from dew.scoring.dinov2_metrics import DINOv2Scorer
     from dew.scoring.inception_metrics import InceptionScorer
 
     out: dict[str, Any] = {}
@@ -65,37 +53,16 @@ def scorers(
             out[name] = InceptionScorer(weights_path=weights, pinned=pinned)
             continue
         try:
-            out[name] = dinov2_scorer(dinov2_weights, allow_unpinned=not pinned)
+            out[name] = DINOv2Scorer(weights_path=dinov2_weights, allow_unpinned=not pinned)
         except (OSError, ValueError) as e:
             raise ValueError(f"{'--dinov2_weights' if dinov2_weights else 'FD_DINOv2'}: {e}") from None
     return out
-
-
-def statistics_over(
-    scorers: Mapping[str, Any],
-    batches: Iterable[Any],
-    value_range: tuple[float, float],
-    keep_features: Mapping[str, int] | None = None,
-) -> dict[str, Any]:
-    """One pass over ``batches``: every batch goes to every scorer's ``features`` and into that
-    scorer's ``FeatureStatistics`` (``keep_features[name]`` rows kept). Returns the statistics
-    by metric name, in ``scorers``' order."""
-    from dew.scoring.statistics import FeatureStatistics
-
-    keep = keep_features or {}
-    stats = {name: FeatureStatistics(keep_features=keep.get(name, 0)) for name in scorers}
-    for images in batches:
-        for name, scorer in scorers.items():
-            stats[name].update(scorer.features(images, value_range))
-    return stats
 
 
 __all__ = [
     "DEFAULT_METRICS",
     "LABELS",
     "METRICS",
-    "dinov2_scorer",
     "parse_metrics",
     "scorers",
-    "statistics_over",
 ]

@@ -2,9 +2,10 @@
 
 A ``FeatureScorer`` maps NHWC image batches in ``value_range`` to [N, D] features (its
 ``features``, the one method a network's scorer writes) and streams any number of batches into
-``FeatureStatistics`` (float64, one pass). A registered metric scores generated images against
-reference statistics an environment variable names (``reference_from_env``), fed to the scorer
-in fixed-size batches (``frechet_to``).
+``FeatureStatistics`` (float64, one pass); ``statistics_over`` streams the same batches into
+several scorers' statistics at once (each batch drawn once for all of them). A registered metric
+scores generated images against reference statistics an environment variable names
+(``reference_from_env``), fed to the scorer in fixed-size batches (``frechet_to``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,23 @@ class FeatureScorer(abc.ABC):
         return stats
 
 
+def statistics_over(
+    scorers: Mapping[str, FeatureScorer],
+    batches: Iterable[Any],
+    value_range: tuple[float, float],
+    keep_features: Mapping[str, int] | None = None,
+) -> dict[str, FeatureStatistics]:
+    """One pass over ``batches``: every batch goes to every scorer's ``features`` and into that
+    scorer's ``FeatureStatistics`` (``keep_features[name]`` rows kept). Returns the statistics
+    by metric name, in ``scorers``' order."""
+    keep = keep_features or {}
+    stats = {name: FeatureStatistics(keep_features=keep.get(name, 0)) for name in scorers}
+    for images in batches:
+        for name, scorer in scorers.items():
+            stats[name].update(scorer.features(images, value_range))
+    return stats
+
+
 def reference_from_env(env_var: str, missing: str) -> dict[str, np.ndarray]:
     """The reference statistics at ``$env_var`` (``load_statistics``); ``FileNotFoundError``
     with the message ``missing`` (what to set) when the variable is unset or empty."""
@@ -61,4 +79,4 @@ def frechet_to(
     return distances.frechet_distance(stats.mu, stats.sigma, reference["mu"], reference["sigma"])
 
 
-__all__ = ["FeatureScorer", "batches", "frechet_to", "reference_from_env"]
+__all__ = ["FeatureScorer", "batches", "frechet_to", "reference_from_env", "statistics_over"]
