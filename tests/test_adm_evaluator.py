@@ -16,6 +16,7 @@ import pytest
 
 from dew.scoring import adm_evaluator as adm
 from dew.scoring import distances, inception
+from dew.scoring.adm_metrics import softmax
 from dew.scoring.statistics import FeatureStatistics
 
 # Compares with the reference's recorded goldens: every test runs with XLA's default optimisation.
@@ -67,7 +68,7 @@ def _softmax_rows(pool: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     against TF's float32 matmul of the same inputs (γ₂₀₄₈·Σ|p||w| for each side)."""
     w = make.classifier()
     logits = np.asarray(inception.logits(jnp.asarray(pool), w))
-    return adm.softmax(logits), 2 * 2048 * U32 * (np.abs(pool) @ np.abs(w).T).max(1)
+    return softmax(logits), 2 * 2048 * U32 * (np.abs(pool) @ np.abs(w).T).max(1)
 
 
 def test_inception_score_is_the_evaluators(golden):

@@ -20,6 +20,7 @@ import pytest
 from dew.pinned_weights import content_sha256
 from dew.scoring import adm_evaluator as adm
 from dew.scoring import adm_progress as ap
+from dew.scoring.adm_metrics import softmax
 from dew.scoring.adm_protocol import adm_report, adm_scores, write_adm_results
 from dew.scoring.fid_progress import ProgressDamaged
 from dew.scoring.fid_reference import FidInputError, MomentSums
@@ -40,7 +41,7 @@ CLASSIFIER = np.random.default_rng(7).normal(0, 0.05, (1008, 2048)).astype(np.fl
 
 
 def probabilities(pool: np.ndarray) -> np.ndarray:
-    return adm.softmax(pool @ CLASSIFIER.T)
+    return softmax(pool @ CLASSIFIER.T)
 
 
 def _reference() -> dict[str, np.ndarray]:

@@ -10,10 +10,11 @@ own size to the 2015-12-05 graph (its TF1 resize to 299 and (x − 128)/128: ``h
   (``FeatureStatistics``); the evaluator takes float32 means. The distance is
   ``dew.scoring.distances.frechet_distance`` (the evaluator's ``scipy.linalg.sqrtm`` formula,
   ‖μ₁ − μ₂‖² + Tr Σ₁ + Tr Σ₂ − 2 Tr (Σ₁Σ₂)^{1/2}, computed through symmetric eigenproblems).
-* **Inception Score** (``inception_score``): softmax of the bias-free logits, then over
-  consecutive splits of ``split_size`` = 5000 rows (10 splits at 50,000 images; the last split
-  shorter when the count is not a multiple), exp of the mean over the split of
-  KL(p(y|x) ‖ p̄(y)), averaged over splits; computed with the evaluator's float32 NumPy steps.
+* **Inception Score** (``inception_score``): softmax of the bias-free logits (the rows
+  ``dew.scoring.adm_metrics.AdmScorer.probabilities`` gives), then over consecutive splits of
+  ``split_size`` = 5000 rows (10 splits at 50,000 images; the last split shorter when the count
+  is not a multiple), exp of the mean over the split of KL(p(y|x) ‖ p̄(y)), averaged over splits;
+  computed with the evaluator's float32 NumPy steps.
 * **Precision / recall** (``ManifoldEstimator``, Kynkäänniemi et al. 2019 as the evaluator
   adapts it): each set's manifold is the union of balls around its points with radius the
   distance to the k = 3rd nearest neighbour (the point itself at distance 0 counted first);
@@ -70,13 +71,6 @@ POOL_DIM, SPATIAL_DIM = 2048, 17 * 17 * 7
 
 class ReferenceBatchError(ValueError):
     """A reference batch dew cannot use (one line naming the file)."""
-
-
-def softmax(logits: Any) -> np.ndarray:
-    """float32 softmax over the last axis (``tf.nn.softmax``'s max-shifted form)."""
-    x = np.asarray(logits, np.float32)
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
 
 
 def inception_score(probabilities: np.ndarray, split_size: int = SPLIT_SIZE) -> float:
@@ -367,6 +361,5 @@ __all__ = [
     "pairwise_distances",
     "precision_recall",
     "read_reference_batch",
-    "softmax",
     "write_reference_batch",
 ]

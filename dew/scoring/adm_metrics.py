@@ -41,6 +41,14 @@ def quantize(images: np.ndarray, value_range: tuple[float, float]) -> np.ndarray
     return np.clip(np.rint((x - lo) / (hi - lo) * 255.0), 0, 255).astype(np.uint8)
 
 
+def softmax(logits: Any) -> np.ndarray:
+    """float32 softmax over the last axis (``tf.nn.softmax``'s max-shifted form), the classifier's
+    output the evaluator reads."""
+    x = np.asarray(logits, np.float32)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+
 class AdmScorer:
     """The FID Inception's pool and ``mixed_6/conv`` features and the classifier's softmax, from
     the converted weights at ``weights_path`` read once (``digest``: their content digest)."""
@@ -73,7 +81,9 @@ class AdmScorer:
         return np.concatenate(pools), np.concatenate(spatials)
 
     def probabilities(self, pool: np.ndarray) -> np.ndarray:
-        return adm.softmax(self._logits(pool, self.classifier))
+        """Softmax rows [n, 1008] of pool rows [n, 2048]: the classifier's logits, then
+        ``softmax``."""
+        return softmax(self._logits(pool, self.classifier))
 
 
 class AdmFeatures:
@@ -304,6 +314,7 @@ __all__ = [
     "quantize",
     "reference_batch",
     "scores_of",
+    "softmax",
     "suite",
     "weights_scorer",
 ]
