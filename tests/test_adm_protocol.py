@@ -1,5 +1,5 @@
 """ADM's suite in the FID protocol, without a network (``dew.scoring.adm_progress``,
-``dew.scoring.adm_protocol``): a tally fed chunk by chunk, interrupted and resumed in a fresh
+``dew.scoring.protocol_results``): a tally fed chunk by chunk, interrupted and resumed in a fresh
 object, reports exactly what one never interrupted does; its numbers are the evaluator's rules on
 every row; a damaged or inconsistent progress or chunk file is refused in one line naming it.
 
@@ -20,8 +20,8 @@ import pytest
 from dew.pinned_weights import content_sha256
 from dew.scoring import adm_evaluator as adm
 from dew.scoring import adm_progress as ap
+from dew.scoring import protocol_results as results
 from dew.scoring.adm_metrics import softmax
-from dew.scoring.adm_protocol import adm_report, adm_scores, write_adm_results
 from dew.scoring.fid_progress import ProgressDamaged
 from dew.scoring.fid_reference import FidInputError, MomentSums
 
@@ -79,7 +79,7 @@ def _scores(tally, outdir) -> dict[str, float]:
     """The metrics read from the chunk files; FID and sFID are ``frechet_distance`` of
     ``tally.statistics()`` (tests/test_adm_evaluator.py), compared here through the statistics:
     a 2048-d Fréchet distance costs tens of seconds on this CPU."""
-    return adm_scores(ROWS, tally, str(outdir), REFERENCE, probabilities)
+    return results.scores(ROWS, tally, str(outdir), REFERENCE, probabilities)
 
 
 def _same_statistics(a: ap.AdmTally, b: ap.AdmTally) -> bool:
@@ -117,7 +117,7 @@ def test_the_numbers_are_the_evaluators_rules_on_every_row(tmp_path):
     per entry |δμ| ≤ 2·N·ε₆₄·max|f| and |δΣ| ≤ 4·(N + 1)·ε₆₄·max|f|² (N = 11 rows, each side's
     error counted)."""
     tally = _draw(tmp_path, range(3))
-    got = adm_scores(("recall", "is", "precision"), tally, str(tmp_path), REFERENCE, probabilities)
+    got = results.scores(("recall", "is", "precision"), tally, str(tmp_path), REFERENCE, probabilities)
     assert list(got) == ["recall", "is", "precision"]
     pool = FEATURES[:, :2048]
     precision, recall = adm.precision_recall(REFERENCE["pool"], pool)
@@ -158,7 +158,7 @@ def test_results_read_back_as_a_reference_batch_and_the_report_names_its_inputs(
         detector: Detector = dataclasses.field(default_factory=Detector)
 
     ref = {"resolution": (8, 8), "num_images": np.int64(9), "detector": "x", "mu": np.zeros(2)}
-    report = adm_report(scores, Draw(), ref, "ref.npz", "ab" * 32)
+    report = results.report(scores, Draw(), ref, "ref.npz", "ab" * 32)
     assert list(report)[:3] == list(ROWS) and report["seeds"] == [5, 15]
     assert report["reference"] == {
         "path": os.path.abspath("ref.npz"),
@@ -167,7 +167,7 @@ def test_results_read_back_as_a_reference_batch_and_the_report_names_its_inputs(
         "num_images": 9,
         "detector": "x",
     }
-    write_adm_results(str(tmp_path), tally, report, (8, 8))
+    results.write_results(str(tmp_path), tally, report, (8, 8))
     assert json.loads((tmp_path / ap.REPORT_FILE).read_text()) == report
     back = adm.read_reference_batch(str(tmp_path / ap.STATS_FILE))
     assert back["resolution"] == (8, 8) and back["num_images"] == NUM

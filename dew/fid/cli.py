@@ -75,16 +75,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from dew.fid.inputs import (  # noqa: F401  (list_images, read_batches, draw_batches: public here too)
-    DEFAULT_NUM_SAMPLES,
-    EXTENSIONS,
-    FidError,
-    Parser,
-    draw_batches,
-    list_images,
-    load_pipeline,
-    read_batches,
-)
+from dew.fid.inputs import DEFAULT_NUM_SAMPLES, FidError, Parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,9 +15,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from dew.scoring.images import EXTENSIONS, list_images, read_images
-
-read_batches = read_images  # the images of a folder, float32 in [0, 1]: dew.fid.cli names it too
+from dew.scoring.images import list_images, read_images
 
 
 class FidError(ValueError):
@@ -67,11 +65,6 @@ def load_run(workdir: str, step: int | None = None, raw: bool = False) -> tuple[
             "(e.g. diffusion)"
         )
     return task, (int(shape[0]), int(shape[1]))
-
-
-def load_pipeline(workdir: str, step: int | None = None, raw: bool = False) -> Any:
-    """The run's pipeline alone (``load_run``)."""
-    return load_run(workdir, step, raw)[0]
 
 
 def samples(args: argparse.Namespace, *, resolution: bool = False) -> Samples:
@@ -146,15 +139,11 @@ def draw_batches(task: Any, num_samples: int, seed: int, batch_size: int) -> Ite
 
 __all__ = [
     "DEFAULT_NUM_SAMPLES",
-    "EXTENSIONS",
     "FidError",
     "Parser",
     "Samples",
     "Weights",
     "draw_batches",
-    "list_images",
-    "load_pipeline",
     "load_run",
-    "read_batches",
     "samples",
 ]

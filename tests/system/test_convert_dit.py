@@ -108,9 +108,9 @@ def test_the_references_checkpoint_becomes_a_run_that_samples(data, tmp_path, ch
     written = done.stdout.split()
     assert len(written) == 1 and os.path.isfile(written[0]) and written[0].endswith(".png")
     # python -m dew.fid --workdir reads it: the run draws decoded images by per_class and seed
-    from dew.fid.inputs import draw_batches, load_pipeline
+    from dew.fid.inputs import draw_batches, load_run
 
-    fid_task = load_pipeline(str(workdir))
+    fid_task, _ = load_run(str(workdir))
     batches = list(draw_batches(fid_task, 12, seed=0, batch_size=8))
     assert [b.shape for b in batches] == [(8, 32, 32, 3), (2, 32, 32, 3), (2, 32, 32, 3)]
     record = json.loads((workdir / "run.json").read_text())

@@ -1,4 +1,4 @@
-"""``python -m dew.fid --preset=... --metrics=fid,sfid,is,precision,recall`` (``dew.fid.adm_protocol_cli``)
+"""``python -m dew.fid --preset=... --metrics=fid,sfid,is,precision,recall`` (``dew.fid.protocol``)
 on a real (tiny) run: bad input, a reference batch of another resolution and a damaged progress or
 chunk file are one line, exit 2, nothing written; and (slow) the whole command with the Inception
 network, interrupted and rerun, reports exactly what the uninterrupted command does."""
@@ -89,15 +89,20 @@ def test_bad_input_is_one_line_exit_2_writing_nothing(run, weights_file, tmp_pat
 
 
 def _settings(run, argv) -> dict:  # noqa: F811
-    """The settings the command's draw records (built as ``adm_protocol_main`` builds them)."""
-    from dew.fid.adm_protocol_cli import _scorer_and_detector
-    from dew.fid.inputs import load_pipeline
-    from dew.fid.protocol_cli import _protocol_args
+    """The settings the command's draw records (built as ``dew.fid.protocol.protocol`` builds
+    them for ADM's suite)."""
+    from dew.fid.cli import protocol_args
+    from dew.fid.inputs import load_run
+    from dew.fid.protocol import protocol_run
     from dew.scoring import fid_protocol as fp
+    from dew.scoring.adm_metrics import weights_scorer
+    from dew.scoring.fid_detector import adm_detector
 
-    args = _protocol_args(argv)
-    task = load_pipeline(run)
-    _, detector = _scorer_and_detector(args)
+    args = protocol_args(argv)
+    task, _ = load_run(run)
+    weights = protocol_run(args).weights
+    scorer = weights_scorer(weights.path, pinned=weights.pinned, batch=args.batch, flag=weights.flag)
+    detector = adm_detector(scorer.params, scorer.digest)
     identity = {"workdir": os.path.abspath(run), "step": task.step, "raw": False}
     flags = {k: getattr(args, k) for k in ("num", "outdir", "first_seed", "batch", "chunk", "preview")}
     return fp.Draw(
@@ -164,7 +169,7 @@ def test_the_command_interrupted_and_rerun_reports_the_uninterrupted_suite(run, 
     from test_inception_adm import FEATURE_ATOL
 
     from dew.fid import main
-    from dew.fid.inputs import load_pipeline
+    from dew.fid.inputs import load_run
     from dew.scoring import fid_protocol as fp
     from dew.scoring.adm_metrics import AdmScorer
 
@@ -203,7 +208,7 @@ def test_the_command_interrupted_and_rerun_reports_the_uninterrupted_suite(run, 
     assert back["resolution"] == (8, 8) and back["num_images"] == 6
     # the chunk files: the pool rows of seeds 0..5's images as ADM's scorer embeds them (another
     # program, another batch: test_inception_adm's bound for another summation order)
-    task = load_pipeline(run)
+    task, _ = load_run(run)
     images = np.asarray(
         jax.jit(lambda p, s: fp.draw_images(task.objective, p, s, fp.preset("cifar10")))(
             task.params, jnp.arange(6, dtype=jnp.int32)

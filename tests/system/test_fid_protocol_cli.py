@@ -155,16 +155,19 @@ def test_a_damaged_progress_file_is_set_aside_in_one_line_and_redrawn(run, tmp_p
     out.mkdir()
     argv = [f"--workdir={run}", "--preset=cifar10", f"--ref={ref}", f"--outdir={out}", "--num=8", "--chunk=4"]
     argv += [f"--weights={weights}", "--allow_unpinned_weights"]
-    from dew.fid.inputs import load_pipeline
-    from dew.fid.protocol_cli import _detector, _protocol_args
+    from dew.fid.cli import protocol_args
+    from dew.fid.inputs import load_run
+    from dew.fid.protocol import protocol_run
+    from dew.scoring.fid_detector import weights_detector
 
-    args = _protocol_args(argv)
-    task = load_pipeline(args.workdir, args.step, args.raw)
+    args = protocol_args(argv)
+    task, _ = load_run(args.workdir, args.step, args.raw)
+    weights = protocol_run(args).weights
     draw = fp.Draw(
         task.objective,
         task.params,
         fp.preset("cifar10"),
-        _detector(args),
+        weights_detector(weights.path, pinned=weights.pinned, handling=weights.handling),
         identity={"workdir": os.path.abspath(run), "step": task.step, "raw": False},
         num=8,
         outdir=str(out),
