@@ -232,19 +232,18 @@ def test_float32_arithmetic_is_the_evaluators_float32_branch(float32_golden):
 
 
 def test_the_suites_scores_take_the_arithmetic_asked_for_precision_and_recall():
-    """``adm_metrics.scores_of`` (what ``python -m dew.fid --pr_arithmetic`` reaches) computes
+    """``feature_set.score_sets`` (what ``python -m dew.fid --pr_arithmetic`` reaches) computes
     precision and recall in the arithmetic it is given: on points where the two arithmetics
     disagree (the float32 golden test's), float32 gives ``precision_recall``'s float32 numbers
     exactly, and the default stays the evaluator's float16 graph."""
-    from dew.scoring.adm_metrics import scores_of
-    from dew.scoring.feature_set import FeatureSet
+    from dew.scoring.feature_set import FeatureSet, score_sets
 
     ref, sample = make.features("pr/ref", 400, 2048), make.features("pr/sample", 300, 2048)
     samples = FeatureSet.of_adm({}, lambda: sample)
     reference = FeatureSet.of_adm({}, lambda: ref)
 
     def suite(*arithmetic: str) -> tuple[float, float]:
-        got = scores_of(("precision", "recall"), samples, reference, *arithmetic)
+        got = score_sets(("precision", "recall"), samples, reference, *arithmetic)
         return got["precision"], got["recall"]
 
     float16, float32 = (

@@ -122,12 +122,6 @@ class Platform:
     freed_memory: str | None = None
     cpu: bool = True
 
-    @property
-    def reuses_freed_memory(self) -> bool:
-        """Whether glibc keeps a step's freed memory (``freed_memory`` says how: the tunables
-        the process started with, or ``mallopt`` in the running process)."""
-        return self.freed_memory is not None
-
     def kernels_record(self) -> dict[str, Any] | None:
         """The kernel decision this process runs with, as the run's ``run.json`` records it (what
         a resume keeps: ``Decision.record`` with how it was made, the CPU and jaxlib); None when

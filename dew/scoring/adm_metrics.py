@@ -21,8 +21,6 @@ import numpy as np
 from dew.scoring import adm_evaluator as adm
 from dew.scoring.feature_set import FeatureSet, score_sets
 
-scores_of = score_sets  # the name ADM's suite gave it before every metric was one function
-
 METRICS = ("fid", "sfid", "is", "precision", "recall")
 ADM_ONLY = ("sfid", "is", "precision", "recall")
 LABELS = {"fid": "FID", "sfid": "sFID", "is": "Inception Score", "precision": "Precision", "recall": "Recall"}
@@ -313,7 +311,6 @@ __all__ = [
     "protocol_scorer",
     "quantize",
     "reference_batch",
-    "scores_of",
     "softmax",
     "suite",
     "weights_scorer",

@@ -133,7 +133,7 @@ REUSE_PROGRAM = textwrap.dedent(
     config = ConfigDict({{"runtime": {{**platform._DEFAULTS, "reuse_freed_memory": mode != "off"}}}})
     started = platform.start(config, present_devices=False, detect_processes=False)
     {STEPS}
-    applied, lines = started.reuses_freed_memory, started.lines()
+    applied, lines = started.freed_memory is not None, started.lines()
     page = resource.getpagesize()
     print(json.dumps({{"faults": faults, "page": page, "applied": applied, "lines": lines}}))
     """
