@@ -87,11 +87,12 @@ def check(args: argparse.Namespace) -> ScoreJob:
     """The files the mode's checked flags (``dew.fid.cli.parse_args``, which parsed ``--metrics``)
     name, read or checked before any work: the folders listed (``--images``, a folder ``--ref``),
     the statistics files read by metric name (``--dinov2_ref``; a file ``--ref``, with features
-    for ``--kid``), the Inception weights checked present (with ``fid``), then the samples made
-    (``dew.fid.inputs.samples``: the run loaded last). ``FidError`` naming the flag otherwise.
-    Returns the mode's settings."""
+    for ``--kid``), the FID Inception weights checked present and an ``.npz`` (with ``fid``; read
+    whole and checked against their pins by the scorers, after the run), then the samples made
+    (``dew.fid.inputs.samples``: the run loaded last, its pipeline starting the platform before
+    anything starts JAX). ``FidError`` naming the flag otherwise. Returns the mode's settings."""
     from dew.npz import NotAnNpzError, open_npz
-    from dew.scoring.convert_inception import HOW_TO_GET, default_path
+    from dew.scoring.convert_inception import CONVERT, weights_file
     from dew.scoring.statistics import load_statistics
 
     metrics = args.metrics
@@ -116,16 +117,14 @@ def check(args: argparse.Namespace) -> ScoreJob:
                 raise FidError(f"{flag}: {e}") from None
     if args.kid and "features" not in references.get("fid", {"features": None}):
         raise FidError(f"--ref={args.ref!r} holds no 'features' for --kid (save them with --keep_features)")
-    if fid:
-        weights = os.path.expanduser(args.weights) if args.weights else default_path()
-        if not os.path.isfile(weights):
-            raise FidError(f"FID Inception weights not found at {weights}: {HOW_TO_GET}")
-        flag = "--weights" if args.weights else "the FID Inception weights"
+    if fid:  # in the words of every reader of them (read_checked, once the run is loaded)
         try:
-            with open_npz(weights, flag) as data:
+            with open_npz(weights_file(args.weights), "FID Inception weights") as data:
                 data.files  # noqa: B018  the archive's directory is read: a zip, not just named .npz
+        except FileNotFoundError as e:
+            raise FidError(f"--weights: {e}") from None
         except NotAnNpzError as e:
-            raise FidError(f"{e}; convert them with python -m dew.scoring.convert_inception") from None
+            raise FidError(f"--weights: {e}; {CONVERT}") from None
     return ScoreJob(
         samples=samples(args),
         metrics=metrics,

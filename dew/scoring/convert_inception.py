@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from dew import pinned_weights
+from dew.npz import NotAnNpzError
 from dew.pinned_weights import content_sha256 as content_sha256
 from dew.pinned_weights import file_sha256 as file_sha256
 
@@ -33,6 +34,7 @@ SOURCE_SHA256 = "6726825d0af5f729cebd5821db510b11b1cfad8faad88a03f1befd49fb9129b
 DEFAULT_PATH = os.path.join("~", ".cache", "dew", "inception_fid_2015-12-05.npz")
 ENV_VAR = "DEW_INCEPTION_WEIGHTS"
 
+CONVERT = "convert them with python -m dew.scoring.convert_inception"  # said of a file not an .npz
 HOW_TO_GET = (
     f"download {SOURCE_NAME} from the 'fid_weights' release of the GitHub repository "
     f"mseitzer/pytorch-fid, then convert it once (needs PyTorch): python -m "
@@ -69,9 +71,13 @@ def weights_file(path: str | None = None) -> str:
 def read_checked(path: str | None = None, *, pinned: bool = True, scores: str = "FID") -> tuple[str, dict]:
     """(the file, its arrays by PyTorch name) of the converted ``.npz`` at ``path`` (default
     ``default_path()``), read once and checked as ``load_weights`` says; ``scores`` names what
-    would not be comparable in the refusal of an unpinned file."""
+    would not be comparable in the refusal of an unpinned file. A file that is not an ``.npz``
+    is ``NotAnNpzError`` saying to convert the weights."""
     path = weights_file(path)
-    arrays, source = pinned_weights.read_npz(path, "FID Inception weights")
+    try:
+        arrays, source = pinned_weights.read_npz(path, "FID Inception weights")
+    except NotAnNpzError as e:  # e.g. the downloaded .pth itself
+        raise NotAnNpzError(f"{e}; {CONVERT}") from None
     if pinned and source != SOURCE_SHA256:
         raise ValueError(
             f"FID Inception weights {path} were converted from a file with SHA-256 {source}, not the "

@@ -50,7 +50,10 @@ def scorers(
     out: dict[str, Any] = {}
     for name in metrics:
         if name == "fid":
-            out[name] = InceptionScorer(weights_path=weights, pinned=pinned)
+            try:
+                out[name] = InceptionScorer(weights_path=weights, pinned=pinned)
+            except (OSError, ValueError) as e:  # as dew.scoring.fid_detector.weights_detector says it
+                raise ValueError(f"--weights: {e}") from None
             continue
         try:
             out[name] = DINOv2Scorer(weights_path=dinov2_weights, allow_unpinned=not pinned)

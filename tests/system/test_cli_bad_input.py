@@ -200,8 +200,10 @@ def test_convert_edm_names_a_state_dict_that_is_not_an_npz(tmp_path, capsys, kin
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.parametrize("mode", ["score", "ref"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_fid_names_weights_that_are_not_an_npz(tmp_path, capsys, kind):
+def test_fid_names_weights_that_are_not_an_npz(tmp_path, capsys, kind, mode):
+    """Both of ``dew.fid``'s FID Inception readers refuse the same file with the same line."""
     from PIL import Image
 
     images = tmp_path / "images"
@@ -211,10 +213,15 @@ def test_fid_names_weights_that_are_not_an_npz(tmp_path, capsys, kind):
     bad = tmp_path / "x.npz"
     _not_npz(kind, bad)
     out = tmp_path / "stats.npz"
-    assert fid.main([f"--images={images}", f"--save_stats={out}", f"--weights={bad}"]) == 2
+    flags = (
+        [f"--images={images}", f"--save_stats={out}"]
+        if mode == "score"
+        else ["ref", f"--data={images}", f"--dest={out}"]
+    )
+    assert fid.main([*flags, f"--weights={bad}"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err
-    assert err.startswith(f"error: --weights: {bad} ") and REASONS[kind] in err
+    assert err.startswith(f"error: --weights: FID Inception weights: {bad} ") and REASONS[kind] in err
     assert err.endswith("convert them with python -m dew.scoring.convert_inception")
     assert not out.exists()
 

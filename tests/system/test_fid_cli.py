@@ -177,3 +177,59 @@ def test_bad_workdir_input_exits_2_with_one_line_naming_it_and_writes_nothing(
         assert all(m in lines[0] for m in messages), (argv, lines[0])
         assert captured.out == "" and not out.exists(), argv
     assert _tree(run) == before and os.listdir(empty) == []
+
+
+def test_weights_that_are_not_an_npz_are_refused_before_the_run_is_loaded(run, tmp_path, capsys, monkeypatch):
+    """The score mode opens the FID Inception weights' archive before the checkpoint is restored."""
+    import dew.fid.inputs
+    from dew.fid import main
+
+    def load_run(*args, **kwargs):
+        raise AssertionError("the run was loaded before the weights were checked")
+
+    monkeypatch.setattr(dew.fid.inputs, "load_run", load_run)
+    bad, out = tmp_path / "weights.pth", tmp_path / "stats.npz"
+    bad.write_bytes(b"\x80\x02 a pickle, not the converted weights")
+    assert main([f"--workdir={run}", f"--weights={bad}", f"--save_stats={out}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --weights: FID Inception weights: {bad} is not an .npz archive")
+    assert err.endswith("convert them with python -m dew.scoring.convert_inception") and not out.exists()
+
+
+_LOAD_RUN_WATCHED = """
+import sys
+
+import dew.fid.inputs as inputs
+from dew.runtime.backend import backend_started
+
+load_run = inputs.load_run
+
+
+def watched(*args, **kwargs):
+    print(f"JAX started before the run was loaded: {backend_started()}", file=sys.stderr)
+    return load_run(*args, **kwargs)
+
+
+inputs.load_run = watched
+from dew.fid import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow  # a fresh process: JAX, the run and the Inception compiled
+def test_a_run_is_loaded_before_anything_starts_jax(run, weights_file, tmp_path):
+    """The weights are read in NumPy before the run, so the run's pipeline starts the platform
+    (``dew.runtime.start``) as it does in ``python -m dew.sample``."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "stats.npz"
+    argv = [f"--workdir={run}", "--num_samples=2", "--batch_size=2", f"--save_stats={out}"]
+    argv += [f"--weights={weights_file}", "--allow_unpinned_weights"]
+    child = subprocess.run(
+        [sys.executable, "-c", _LOAD_RUN_WATCHED, *argv], capture_output=True, text=True, cwd=ROOT
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert "JAX started before the run was loaded: False" in child.stderr
+    assert out.exists()
