@@ -59,8 +59,10 @@ not a run, a run that does not draw images, no such step, ``--num_samples`` < 2)
 line naming the flag, and writes nothing.
 
 This module is the command's one road: it parses and checks every flag of every mode (the
-parser records the mode and parses ``--metrics``; no file is read yet) and hands each mode to one
-function, which reads the files the flags name and runs the mode: ``dew.fid.reference.reference``
+parser records the mode and parses ``--metrics``; no file is read yet), starts the platform as
+``python -m dew.sample`` does (``dew.runtime.platform.start_for``: the compilation cache, so a
+second command reuses the first's compiled programs, and on a CPU its rules) and hands each mode
+to one function, which reads the files the flags name and runs the mode: ``dew.fid.reference.reference``
 (``ref``), ``dew.fid.protocol.protocol`` (``--preset``: FID or ADM's suite),
 ``dew.fid.adm.adm_suite`` (ADM's suite of ``--images`` / ``--workdir``) and
 ``dew.fid.score.score`` (``fid``, ``fd_dinov2``, KID of ``--images`` / ``--workdir``). A mode's
@@ -100,6 +102,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = protocol_args(argv)
         else:
             args = parse_args(argv)
+        from dew.runtime import platform
+
+        # before JAX starts, as python -m dew.sample: the compilation cache (a second command on
+        # an accelerator reuses the first's programs) and, on a CPU, its convolution rule
+        platform.start_for(
+            "python -m dew.fid", say=False, warn=False, present_devices=False, detect_processes=False
+        )
         if args.mode == "ref":
             return reference(args)
         if args.mode == "preset":

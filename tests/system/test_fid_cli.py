@@ -233,3 +233,25 @@ def test_a_run_is_loaded_before_anything_starts_jax(run, weights_file, tmp_path)
     assert child.returncode == 0, child.stderr[-3000:]
     assert "JAX started before the run was loaded: False" in child.stderr
     assert out.exists()
+
+
+@pytest.mark.slow  # a fresh process compiles the Inception
+def test_a_mode_without_a_run_keeps_its_compiled_programs(weights_file, tmp_path):
+    """``python -m dew.fid`` starts the platform at launch, as ``python -m dew.sample`` does, so
+    ``ref`` (which loads no run) keeps its compiled programs in the machine's cache for the next
+    command (on an accelerator the Inception's compile is most of a short command)."""
+    import subprocess
+    import sys
+
+    _write_pngs(tmp_path / "data", np.random.default_rng(0).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8))
+    env = {**os.environ, "DEW_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    argv = ["ref", f"--data={tmp_path / 'data'}", f"--dest={tmp_path / 'ref.npz'}", "--batch=2"]
+    argv += [f"--weights={weights_file}", "--allow_unpinned_weights"]
+    child = subprocess.run(
+        [sys.executable, "-m", "dew.fid", *argv], env=env, capture_output=True, text=True, cwd=ROOT
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert (tmp_path / "ref.npz").exists()
+    cache = tmp_path / "cache" / "jax"
+    assert cache.is_dir() and os.listdir(cache), "no compiled program kept"
