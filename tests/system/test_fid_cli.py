@@ -200,13 +200,13 @@ _LOAD_RUN_WATCHED = """
 import sys
 
 import dew.fid.inputs as inputs
-from dew.runtime.backend import backend_started
+from dew.runtime import platform
 
 load_run = inputs.load_run
 
 
 def watched(*args, **kwargs):
-    print(f"JAX started before the run was loaded: {backend_started()}", file=sys.stderr)
+    print(f"platform started before the run was loaded: {platform.started() is not None}", file=sys.stderr)
     return load_run(*args, **kwargs)
 
 
@@ -218,9 +218,10 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.mark.slow  # a fresh process: JAX, the run and the Inception compiled
-def test_a_run_is_loaded_before_anything_starts_jax(run, weights_file, tmp_path):
-    """The weights are read in NumPy before the run, so the run's pipeline starts the platform
-    (``dew.runtime.start``) as it does in ``python -m dew.sample``."""
+def test_the_platform_is_started_before_the_run_is_loaded(run, weights_file, tmp_path):
+    """``python -m dew.fid`` starts the platform (``dew.runtime.platform.start_for``) once its
+    flags are checked, not through the run's pipeline: the score mode on a run has it before
+    the run is loaded."""
     import subprocess
     import sys
 
@@ -231,7 +232,7 @@ def test_a_run_is_loaded_before_anything_starts_jax(run, weights_file, tmp_path)
         [sys.executable, "-c", _LOAD_RUN_WATCHED, *argv], capture_output=True, text=True, cwd=ROOT
     )
     assert child.returncode == 0, child.stderr[-3000:]
-    assert "JAX started before the run was loaded: False" in child.stderr
+    assert "platform started before the run was loaded: True" in child.stderr
     assert out.exists()
 
 
