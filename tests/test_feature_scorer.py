@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 
 from dew.scoring import distances
-from dew.scoring.feature_scorer import FeatureScorer, batches, frechet_to, reference_from_env
+from dew.scoring.feature_scorer import (
+    FeatureScorer,
+    batches,
+    fixed_batches,
+    frechet_to,
+    reference_from_env,
+    statistics_over,
+)
 from dew.scoring.statistics import feature_statistics, save_statistics
 
 
@@ -54,8 +61,43 @@ def test_streamed_statistics_and_frechet_distance_match_one_array(tmp_path, monk
     expected = distances.frechet_distance(by_five.mu, by_five.sigma, ref_mu, ref_sigma)
     scorer = ChannelMoments()
     got = frechet_to(scorer, images, ref, batch_size=5)
-    assert scorer.calls == [(5, (-1.0, 1.0)), (4, (-1.0, 1.0))]  # batches of 5, values in [-1, 1]
+    # batches of 5, the last padded (one batch shape), values in [-1, 1]
+    assert scorer.calls == [(5, (-1.0, 1.0)), (5, (-1.0, 1.0))]
     assert expected > 0 and got == expected  # the same statistics through the same distance
+
+
+def test_fixed_batches_regroup_the_rows_in_order_and_pad_the_last():
+    images = _images(11)
+    cuts = [images[0:3], images[3:3], images[3:8], images[8:9], images[9:11]]  # 3, 0, 5, 1, 2 rows
+    grouped = list(fixed_batches(cuts, 4))
+    assert [(len(rows), n) for rows, n in grouped] == [(4, 4), (4, 4), (4, 3)]
+    np.testing.assert_array_equal(np.concatenate([rows[:n] for rows, n in grouped]), images)
+    np.testing.assert_array_equal(grouped[-1][0][3], images[-1])  # the padding repeats the last row
+    assert list(fixed_batches([images[:8]], 4))[-1][1] == 4  # an exact multiple: no padded batch
+    assert list(fixed_batches([], 4)) == []
+    with pytest.raises(ValueError, match="size must be >= 1"):
+        list(fixed_batches(cuts, 0))
+
+
+def test_statistics_over_a_batch_size_shows_each_scorer_one_batch_shape():
+    """However the source cuts its images (a run's draws, a folder's last batch), each scorer is
+    called at one shape, so it compiles one program; the statistics are those of every row once."""
+    images = _images(11)
+    cuts = [images[0:3], images[3:8], images[8:9], images[9:11]]
+    a, b = ChannelMoments(), ChannelMoments()
+    stats = statistics_over({"a": a, "b": b}, iter(cuts), (0.0, 1.0), {"a": 11}, batch_size=4)
+    assert a.calls == b.calls == [(4, (0.0, 1.0))] * 3
+    assert stats["a"].count == stats["b"].count == 11
+    mu, sigma = feature_statistics(a.features(images))
+    # float64 sums over 11 rows of terms below 1, merged over 3 batches: error below
+    # (11 + 3 * 3) * eps; 64 * eps bounds it with room to spare
+    for name in ("a", "b"):
+        np.testing.assert_allclose(stats[name].mu, mu, rtol=0, atol=64 * np.finfo(np.float64).eps)
+        np.testing.assert_allclose(stats[name].sigma, sigma, rtol=0, atol=64 * np.finfo(np.float64).eps)
+    np.testing.assert_array_equal(stats["a"].features, a.features(images).astype(np.float32))
+    unbatched = ChannelMoments()
+    statistics_over({"a": unbatched}, iter(cuts), (0.0, 1.0))
+    assert [n for n, _ in unbatched.calls] == [3, 5, 1, 2]  # without a batch size, as given
 
 
 def test_a_missing_reference_says_what_to_set(monkeypatch):

@@ -118,9 +118,11 @@ def test_fid_cli_reports_fd_dinov2_of_folders_as_the_library_computes_it(weights
     ]
     scorer = DINOv2Scorer(weights_path=str(weights), allow_unpinned=True)
     fa, fb = (
-        scorer.statistics([x[:4].astype(np.float32) / 255, x[4:].astype(np.float32) / 255], (0.0, 1.0))
+        feature_scorer.statistics_over({"d": scorer}, [x.astype(np.float32) / 255], (0.0, 1.0), batch_size=4)[
+            "d"
+        ]
         for x in (a, b)
-    )  # the CLI's batches (--batch_size=4) through the library: the same arithmetic, bit for bit
+    )  # the CLI's batches (--batch_size=4, the last padded) through the library: bit for bit
     expected = distances.frechet_distance(fb.mu, fb.sigma, fa.mu, fa.sigma)
     assert values == [float(expected)] * 2
     assert values[0] > 0

@@ -54,11 +54,19 @@ def score(args: argparse.Namespace) -> int:
     samples, reference = job.samples, job.reference_images
     try:
         keep = {"fid": max(job.keep_features, samples.count if job.kid else 0)}
-        stats = statistics_over(metric_scorers, samples.batches(), samples.value_range, keep)
+        stats = statistics_over(
+            metric_scorers, samples.batches(), samples.value_range, keep, batch_size=samples.batch_size
+        )
         refs: dict[str, Any] = {}
         if reference is not None:  # KID's rows: every reference image's
             ref_keep = {"fid": reference.count if job.kid else 0}
-            refs = statistics_over(metric_scorers, reference.batches(), reference.value_range, ref_keep)
+            refs = statistics_over(
+                metric_scorers,
+                reference.batches(),
+                reference.value_range,
+                ref_keep,
+                batch_size=reference.batch_size,
+            )
         refs.update(job.references)
         scored = []  # each metric with a reference; KID (in FID's features) right after FID
         for name in (n for n in stats if n in refs):

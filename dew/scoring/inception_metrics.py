@@ -22,7 +22,7 @@ import numpy as np
 from dew import registry
 from dew.registry import Metric
 from dew.scoring import distances
-from dew.scoring.feature_scorer import FeatureScorer, batches, frechet_to, reference_from_env
+from dew.scoring.feature_scorer import FeatureScorer, frechet_to, reference_from_env, statistics_over
 
 REFERENCE_ENV = "DEW_FID_REFERENCE"
 
@@ -70,7 +70,7 @@ def _kid_reference() -> dict[str, np.ndarray]:
     return ref
 
 
-_BATCH_SIZE = 100  # images per call of the Inception when scoring a preview
+_BATCH_SIZE = 100  # images per call of the Inception when scoring a preview (the last padded)
 
 
 def _inception_fid(images: np.ndarray, labels: np.ndarray | None = None) -> float:
@@ -83,7 +83,8 @@ def _inception_kid(images: np.ndarray, labels: np.ndarray | None = None) -> floa
     """KID (mean over subsets) of images in [−1, 1] (NHWC) to the features in ``$DEW_FID_REFERENCE``."""
     ref = _kid_reference()
     images = np.asarray(images)
-    stats = _scorer().statistics(batches(images, _BATCH_SIZE), keep_features=len(images))
+    keep = {"": len(images)}
+    stats = statistics_over({"": _scorer()}, [images], (-1.0, 1.0), keep, batch_size=_BATCH_SIZE)[""]
     return distances.kernel_distance(stats.features, ref["features"])[0]
 
 

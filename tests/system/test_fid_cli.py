@@ -53,9 +53,14 @@ def _write_pngs(folder: pathlib.Path, images: np.ndarray) -> None:
 
 
 @pytest.mark.slow
-def test_fid_cli_on_folders_matches_the_library(weights_file, tmp_path, capsys):
+def test_fid_cli_on_folders_matches_the_library(weights_file, tmp_path, capsys, monkeypatch):
     from dew.fid import main
 
+    shapes = set()  # the batch sizes the Inception is called at: one, so one compiled program
+    features = InceptionScorer.features
+    monkeypatch.setattr(
+        InceptionScorer, "features", lambda self, x, *a, **k: shapes.add(len(x)) or features(self, x, *a, **k)
+    )
     rng = np.random.default_rng(0)
     a = rng.integers(0, 256, (5, 24, 24, 3), dtype=np.uint8)
     b = np.clip(a.astype(int) + rng.integers(-60, 60, a.shape), 0, 255).astype(np.uint8)
@@ -79,6 +84,7 @@ def test_fid_cli_on_folders_matches_the_library(weights_file, tmp_path, capsys):
     expected = distances.frechet_distance(sb.mu, sb.sigma, sa.mu, sa.sigma)
     assert fid == pytest.approx(expected, rel=1e-3, abs=1e-3)
     assert "KID " in out
+    assert shapes == {3}  # 5 images at --batch_size=3: the last batch padded to 3
 
     # bad input: exit 2, one line each, nothing written
     _write_pngs(tmp_path / "mixed", np.zeros((2, 24, 24, 3), np.uint8))
