@@ -385,12 +385,12 @@ def test_precision_and_recall_ask_the_references_rows(tmp_path):
     adm.write_reference_batch(few, images=None, pool=pool, stats=stats, resolution=(8, 8), detector="d")
     stats_only = str(tmp_path / "stats_only.npz")
     np.savez(stats_only, **stats)
-    assert reference_batch(few, ("fid", "sfid"), (8, 8))["num_images"] == k
-    assert reference_batch(stats_only, ("fid", "is"), (8, 8))["mu"].shape == (adm.POOL_DIM,)
+    assert reference_batch(few, ("fid", "sfid"))["num_images"] == k
+    assert reference_batch(stats_only, ("fid", "is"))["mu"].shape == (adm.POOL_DIM,)
     with pytest.raises(adm.ReferenceBatchError, match=rf"holds {k} images; precision and recall need"):
-        reference_batch(few, ("fid", "precision"), (8, 8))
+        reference_batch(few, ("fid", "precision"))
     with pytest.raises(adm.ReferenceBatchError, match="holds statistics only; precision and recall"):
-        reference_batch(stats_only, ("recall",), (8, 8))
+        reference_batch(stats_only, ("recall",))
     reference = {**stats, "pool": pool}
     for metrics in (("fid",), ("precision", "recall")):  # no scorer: nothing is embedded
         embedded = embed_reference(reference, None, metrics, batch=2)  # pyright: ignore[reportArgumentType]

@@ -59,11 +59,14 @@ def adm_job(args: argparse.Namespace) -> AdmJob:
 
 def adm_suite(args: argparse.Namespace) -> int:
     """ADM's suite (``--metrics``) of the images or run's samples against ``--ref``, the reference
-    batch written where asked: the samples made (``adm_job``), then the suite scored
+    batch written where asked: the reference read (``dew.scoring.adm_metrics.reference_batch``),
+    the samples made (``adm_job``), then the suite scored
     (``dew.scoring.adm_metrics.suite``); ``FidError`` / ``FidInputError`` /
     ``ReferenceBatchError`` on bad input."""
     from dew.scoring import adm_metrics
 
+    # the reference read and checked before the samples (a run loaded): a bad one costs no load
+    reference = adm_metrics.reference_batch(args.ref, args.metrics) if args.ref else None
     job = adm_job(args)
     samples, weights = job.samples, job.weights
     assert samples.resolution is not None  # asked of samples()
@@ -72,6 +75,7 @@ def adm_suite(args: argparse.Namespace) -> int:
         samples.batches(),
         samples.value_range,
         samples.resolution,
+        reference,
         job.ref,
         weights.path,
         pinned=weights.pinned,

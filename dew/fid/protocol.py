@@ -86,7 +86,7 @@ def protocol(args: argparse.Namespace) -> int:
     before anything is written."""
     from dew.objectives.protocol_presets import resolve
     from dew.scoring import fid_protocol as fp
-    from dew.scoring.adm_metrics import LABELS, protocol_scorer
+    from dew.scoring.adm_metrics import LABELS, protocol_scorer, reference_batch
     from dew.scoring.adm_progress import AdmTally
     from dew.scoring.fid_detector import protocol_detector
     from dew.scoring.fid_reference import load_reference
@@ -95,7 +95,8 @@ def protocol(args: argparse.Namespace) -> int:
     run = protocol_run(args)
     metrics, handling = run.metrics, run.weights.handling
     adm = metrics != ("fid",)
-    reference: dict[str, Any] = {} if adm else load_reference(run.ref, dim=FEATURE_DIM)  # before the run
+    # the reference read and checked before the run: a bad one costs no load
+    reference = reference_batch(run.ref, metrics) if adm else load_reference(run.ref, dim=FEATURE_DIM)
     if run.distributed:
         import jax
 
@@ -106,9 +107,9 @@ def protocol(args: argparse.Namespace) -> int:
     weights = run.weights
     scorer: Any = None
     if adm:
-        reference, scorer, detector = protocol_scorer(
+        scorer, detector = protocol_scorer(
+            reference,
             run.ref,
-            metrics,
             resolution,
             weights.path,
             pinned=weights.pinned,

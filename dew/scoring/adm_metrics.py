@@ -173,23 +173,24 @@ def weights_scorer(weights: str | None, *, pinned: bool, batch: int, flag: str) 
 
 
 def protocol_scorer(
+    reference: dict[str, Any],
     ref: str,
-    metrics: Sequence[str],
     resolution: tuple[int, int],
     weights: str | None,
     *,
     pinned: bool,
     batch: int,
     flag: str,
-) -> tuple[dict[str, Any], AdmScorer, Any]:
-    """ADM's suite in the FID protocol: the reference batch ``ref`` read and checked against the
-    samples' ``resolution`` (``reference_batch``), then ADM's scorer (``weights_scorer``) and
-    the protocol's detector over the weights it read (``dew.scoring.fid_detector.adm_detector``)."""
+) -> tuple[AdmScorer, Any]:
+    """ADM's suite in the FID protocol: the reference batch (``reference_batch`` of ``ref``, read
+    before the run) checked against the samples' ``resolution`` (``check_resolution``), then
+    ADM's scorer (``weights_scorer``) and the protocol's detector over the weights it read
+    (``dew.scoring.fid_detector.adm_detector``)."""
     from dew.scoring.fid_detector import adm_detector
 
-    reference = reference_batch(ref, metrics, resolution)
+    check_resolution(reference, ref, resolution)
     scorer = weights_scorer(weights, pinned=pinned, batch=batch, flag=flag)
-    return reference, scorer, adm_detector(scorer.params, scorer.digest)
+    return scorer, adm_detector(scorer.params, scorer.digest)
 
 
 def suite(
@@ -197,6 +198,7 @@ def suite(
     batches: Iterable[np.ndarray],
     value_range: tuple[float, float],
     resolution: tuple[int, int],
+    reference: dict[str, Any] | None,
     ref: str | None,
     weights: str | None,
     *,
@@ -207,10 +209,12 @@ def suite(
     arithmetic: str = "float16",
 ) -> tuple[AdmFeatures, dict[str, float]]:
     """``python -m dew.fid``'s ADM suite of one image set at ``resolution``: the reference batch
-    ``ref`` read and checked (``reference_batch``; None: none), ADM's scorer read from
-    ``weights`` (``AdmScorer``; ``FidInputError`` naming ``weights_flag`` when they cannot be
-    used: ``weights_scorer``), then ``evaluate``. Returns the samples' features and the scores."""
-    reference = reference_batch(ref, metrics, resolution) if ref else None
+    (``reference_batch`` of ``ref``, read before the samples; None: none) checked against
+    ``resolution`` (``check_resolution``), ADM's scorer read from ``weights`` (``AdmScorer``;
+    ``FidInputError`` naming ``weights_flag`` when they cannot be used: ``weights_scorer``),
+    then ``evaluate``. Returns the samples' features and the scores."""
+    if reference is not None and ref is not None:
+        check_resolution(reference, ref, resolution)
     scorer = weights_scorer(weights, pinned=pinned, batch=batch, flag=weights_flag)
     return evaluate(
         metrics,
@@ -230,12 +234,13 @@ def needs_rows(metrics: Iterable[str]) -> bool:
     return not {"precision", "recall"}.isdisjoint(metrics)
 
 
-def reference_batch(ref: str, metrics: Sequence[str], resolution: tuple[int, int]) -> dict[str, Any]:
+def reference_batch(ref: str, metrics: Sequence[str]) -> dict[str, Any]:
     """``--ref`` of ADM's suite: a reference batch (``adm_evaluator.read_reference_batch``) or a
     folder of images (``dew.scoring.images``: its images as ``FolderImages``, read batch by batch
-    as a batch's ``arr_0`` is, its resolution and count), read (not yet
-    embedded), holding what ``metrics`` need and checked against the samples' ``resolution``;
-    ``ReferenceBatchError`` (a folder's own refusals: ``FidInputError``) in one line otherwise."""
+    as a batch's ``arr_0`` is, its resolution and count), read (not yet embedded) and holding
+    what ``metrics`` need; ``ReferenceBatchError`` (a folder's own refusals: ``FidInputError``)
+    in one line otherwise. Read before the samples are, so that a bad reference costs no draw;
+    the samples' resolution is checked once known (``check_resolution``)."""
     from dew.scoring import images
 
     rows_needed = needs_rows(metrics)
@@ -267,13 +272,18 @@ def reference_batch(ref: str, metrics: Sequence[str], resolution: tuple[int, int
             f"--ref={ref!r} holds {rows} images; precision and recall need at least "
             f"{k + 1} (each image's {k} nearest neighbours)"
         )
-    recorded = out.get("resolution")
+    return out
+
+
+def check_resolution(reference: dict[str, Any], ref: str, resolution: tuple[int, int]) -> None:
+    """Refuse a ``reference_batch`` (of ``ref``) that records another resolution than the
+    samples' [H, W] ``resolution``: ``ReferenceBatchError`` in one line."""
+    recorded = reference.get("resolution")
     if recorded is not None and tuple(recorded) != tuple(resolution):
         raise adm.ReferenceBatchError(
             f"--ref={ref!r} is a reference batch at {recorded[0]}x{recorded[1]}, the samples are "
             f"{resolution[0]}x{resolution[1]}; ADM's metrics compare images of one resolution"
         )
-    return out
 
 
 def embed_reference(
@@ -305,6 +315,7 @@ __all__ = [
     "METRICS",
     "AdmFeatures",
     "AdmScorer",
+    "check_resolution",
     "embed_reference",
     "evaluate",
     "needs_rows",

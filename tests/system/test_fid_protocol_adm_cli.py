@@ -217,3 +217,36 @@ def test_the_command_interrupted_and_rerun_reports_the_uninterrupted_suite(run, 
     pool, _ = AdmScorer(str(weights), pinned=False, batch=6).features(np.repeat(images, 3, axis=-1))
     rows = np.concatenate([np.load(tmp_path / "cut" / ap.chunk_file(i)) for i in range(2)])
     np.testing.assert_allclose(rows, pool, atol=FEATURE_ATOL, rtol=FEATURE_ATOL)
+
+
+def test_a_bad_reference_batch_is_refused_before_the_run_is_loaded(run, tmp_path, capsys, monkeypatch):  # noqa: F811
+    """The protocol and the ``--workdir`` suite read ``--ref`` before they restore the run; only
+    the resolution, which the run gives, is checked after."""
+    import dew.fid.inputs
+    import dew.fid.protocol
+    from dew.fid import main
+
+    def load_run(*args, **kwargs):
+        raise AssertionError("the run was loaded before --ref was read")
+
+    monkeypatch.setattr(dew.fid.protocol, "load_run", load_run)
+    monkeypatch.setattr(dew.fid.inputs, "load_run", load_run)
+    stats_only = tmp_path / "stats.npz"
+    _virtual_batch(tmp_path / "virtual8.npz")
+    with np.load(tmp_path / "virtual8.npz") as data:
+        np.savez(stats_only, **{k: data[k] for k in ("mu", "sigma", "mu_s", "sigma_s")})
+    (tmp_path / "a_file").write_text("x")
+    out = tmp_path / "out"
+    modes = (
+        [f"--workdir={run}", "--preset=cifar10", f"--outdir={out}", ALL],  # the protocol
+        [f"--workdir={run}", "--num_samples=6", ALL],  # ADM's suite of the run's samples
+    )
+    for mode in modes:
+        for ref, message in (
+            (tmp_path / "none.npz", "does not exist; expected an ADM reference batch .npz"),
+            (tmp_path / "a_file", "is not an .npz archive"),
+            (stats_only, "holds statistics only; precision and recall need its arr_0 images"),
+        ):
+            assert main([*mode, f"--ref={ref}"]) == 2, (mode, ref)
+            assert message in _one_line(capsys), (mode, ref)
+    assert not out.exists()
