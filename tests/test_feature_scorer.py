@@ -64,6 +64,9 @@ def test_streamed_statistics_and_frechet_distance_match_one_array(tmp_path, monk
     # batches of 5, the last padded (one batch shape), values in [-1, 1]
     assert scorer.calls == [(5, (-1.0, 1.0)), (5, (-1.0, 1.0))]
     assert expected > 0 and got == expected  # the same statistics through the same distance
+    scorer = ChannelMoments()
+    frechet_to(scorer, images, ref, batch_size=100)
+    assert scorer.calls == [(9, (-1.0, 1.0))]  # a batch larger than the set: the set, not padded to it
 
 
 def test_fixed_batches_regroup_the_rows_in_order_and_pad_the_last():

@@ -110,10 +110,12 @@ def batches(images: np.ndarray, size: int) -> Iterator[np.ndarray]:
 def frechet_to(
     scorer: FeatureScorer, images: Any, reference: Mapping[str, np.ndarray], batch_size: int
 ) -> float:
-    """The Fréchet distance of ``images``' features (scored ``batch_size`` at a time, the last
-    batch padded: one compiled program; values in [−1, 1]) to the reference's ``mu`` and
-    ``sigma``."""
-    stats = statistics_over({"": scorer}, [np.asarray(images)], (-1.0, 1.0), batch_size=batch_size)[""]
+    """The Fréchet distance of ``images``' features (scored ``batch_size`` at a time, at most all
+    of them, the last batch padded: one compiled program; values in [−1, 1]) to the reference's
+    ``mu`` and ``sigma``."""
+    images = np.asarray(images)
+    size = max(1, min(batch_size, len(images)))
+    stats = statistics_over({"": scorer}, [images], (-1.0, 1.0), batch_size=size)[""]
     return distances.frechet_distance(stats.mu, stats.sigma, reference["mu"], reference["sigma"])
 
 
