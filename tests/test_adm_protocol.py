@@ -395,3 +395,34 @@ def test_precision_and_recall_ask_the_references_rows(tmp_path):
     for metrics in (("fid",), ("precision", "recall")):  # no scorer: nothing is embedded
         embedded = embed_reference(reference, None, metrics, batch=2)  # pyright: ignore[reportArgumentType]
         assert set(embedded) == {*stats, "pool"} and embedded["pool"] is pool
+
+
+def test_the_suite_embeds_a_sources_images_in_the_scorers_batches():
+    """A run's draws come in batches smaller than ``--batch_size``: ADM's suite regroups them, so
+    the scorer pads at most the last batch, and the statistics are those of every image once."""
+    from dew.scoring.adm_metrics import evaluate
+
+    class Rows:  # the scorer's interface: pool and spatial rows of uint8 images, a batch at a time
+        batch = 4
+
+        def __init__(self):
+            self.calls: list[int] = []
+
+        def features(self, images):
+            self.calls.append(len(images))
+            x = images.reshape(len(images), -1).astype(np.float32)
+            return x[:, :5], x[:, 5:8]
+
+    images = np.random.default_rng(0).uniform(0, 1, (11, 2, 2, 3)).astype(np.float32)
+    draws = [images[i : i + 3] for i in range(0, 11, 3)]  # 3, 3, 3, 2 images
+    scorer = Rows()
+    features, scores = evaluate(("fid",), iter(draws), (0.0, 1.0), None, scorer, batch=4)  # type: ignore[arg-type]
+    assert scorer.calls == [4, 4, 3] and scores == {}
+    pixels = np.rint(images * 255).reshape(11, -1)[:, :5]  # [0, 1] rounded back to the 8-bit pixels
+    np.testing.assert_array_equal(features.pool, pixels)
+    pool = pixels.astype(np.float64)
+    # float64 moments of 11 rows of values below 256, merged over 3 batches: the error of each
+    # entry stays below (11 + 3 * 3) * eps relative to 256**2; 64 * eps * 256**2 bounds it
+    atol = 64 * np.finfo(np.float64).eps * 256**2
+    np.testing.assert_allclose(features.statistics()["mu"], pool.mean(0), rtol=0, atol=atol)
+    np.testing.assert_allclose(features.statistics()["sigma"], np.cov(pool, rowvar=False), rtol=0, atol=atol)

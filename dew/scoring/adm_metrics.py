@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from dew.scoring import adm_evaluator as adm
+from dew.scoring.feature_scorer import fixed_batches
 from dew.scoring.feature_set import FeatureSet, score_sets
 
 METRICS = ("fid", "sfid", "is", "precision", "recall")
@@ -145,7 +146,8 @@ def evaluate(
     keep_images: bool = False,
     arithmetic: str = "float16",
 ) -> tuple[AdmFeatures, dict[str, float]]:
-    """ADM's suite of one image set: ``batches`` (images in ``value_range``) quantized to the
+    """ADM's suite of one image set: ``batches`` (images in ``value_range``) regrouped into
+    ``batch`` rows (``dew.scoring.feature_scorer.fixed_batches``), quantized to the
     evaluator's uint8 (``quantize``) and embedded by ``scorer`` (softmax rows when ``is`` is
     asked, the images kept with ``keep_images``), then, given a ``reference`` (a
     ``reference_batch``; None: none), the reference embedded where a metric needs it
@@ -153,7 +155,9 @@ def evaluate(
     (``dew.scoring.feature_set.score_sets``). Returns
     the samples' features and the scores (empty without a reference)."""
     features = AdmFeatures(scorer, softmax="is" in metrics, keep_images=keep_images)
-    features.add_all(quantize(images, value_range) for images in batches)
+    # regrouped into ``batch`` rows (the scorer pads the last to its batch): a source that cuts
+    # its images smaller (a run's draws) is not padded draw by draw
+    features.add_all(quantize(rows[:n], value_range) for rows, n in fixed_batches(batches, batch))
     if reference is None:
         return features, {}
     embedded = embed_reference(reference, scorer, metrics, batch)
