@@ -44,6 +44,8 @@ def test_protocol_bad_input_is_one_line_exit_2_writing_nothing(run, tmp_path, ca
     ref_pf = tmp_path / "ref_pytorch_fid.npz"
     pytorch_fid = "dew inception_fid 2015-12-05, image handling pytorch_fid, weights sha256 " + "0" * 64
     save_reference(str(ref_pf), np.zeros(4), np.eye(4), resolution=(8, 8), num_images=4, detector=pytorch_fid)
+    adm_8 = tmp_path / "adm8.npz"  # an ADM reference batch of 8x8 images (arr_0 only)
+    np.savez(adm_8, arr_0=np.zeros((5, 8, 8, 3), np.uint8))
     (tmp_path / "empty").mkdir()
     (tmp_path / "a_file").write_text("x")
     out = tmp_path / "out"
@@ -56,9 +58,11 @@ def test_protocol_bad_input_is_one_line_exit_2_writing_nothing(run, tmp_path, ca
             "presets ['afhqv2', 'cifar10', 'ffhq', 'imagenet64']",
         ),
         (
-            ["--preset=sit", "--metrics=fid,sfid"],
+            ["--preset=sit", "--metrics=fid,sfid", f"--ref={adm_8}"],
             "--preset='sit' draws 'interpolant' runs, but --workdir is a ",
         ),
+        # FID's statistics are no ADM reference batch, refused before the run is loaded
+        (["--metrics=fid,sfid"], "ref8.npz: member 'mu' has shape (4,); expected float [2048]"),
         (["--num=0"], "--num=0 is invalid: expected an int >= 2"),
         (["--num=-5"], "--num=-5 is invalid: expected an int >= 2"),
         (["--num=many"], "argument --num: invalid int value: 'many'"),
