@@ -77,6 +77,11 @@ def test_fixed_batches_regroup_the_rows_in_order_and_pad_the_last():
     np.testing.assert_array_equal(np.concatenate([rows[:n] for rows, n in grouped]), images)
     np.testing.assert_array_equal(grouped[-1][0][3], images[-1])  # the padding repeats the last row
     assert list(fixed_batches([images[:8]], 4))[-1][1] == 4  # an exact multiple: no padded batch
+    # a set smaller than one batch is one array of its own size, never padded past it
+    small = list(fixed_batches([images[:2], images[2:3]], 4))
+    assert [(len(rows), n) for rows, n in small] == [(3, 3)]
+    np.testing.assert_array_equal(small[0][0], images[:3])
+    assert [(len(rows), n) for rows, n in fixed_batches([images], 11)] == [(11, 11)]
     assert list(fixed_batches([], 4)) == []
     with pytest.raises(ValueError, match="size must be >= 1"):
         list(fixed_batches(cuts, 0))

@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 
 from dew.fid.cli import protocol_args, ref_args
-from dew.fid.inputs import Samples, Weights
+from dew.fid.inputs import Weights
 from dew.fid.protocol import ProtocolRun, protocol_run
 from dew.fid.reference import reference_job
 
@@ -64,12 +64,6 @@ def test_the_preset_parser_refuses_what_its_flags_alone_show(tmp_path):
             protocol_args(list(flags.values()))
     assert protocol_args([*ok, f"--ref={tmp_path}"]).metrics == ("fid",)  # FID's folder: the mode's to read
     assert not (tmp_path / "out").exists()
-
-
-def test_a_set_is_embedded_in_one_batch_shape_never_padded_past_its_size():
-    assert Samples(1797, "images", 250, files=["x"] * 1797).fixed_batch == 250
-    assert Samples(15, "samples", 50, task=object()).fixed_batch == 15  # not padded up to 50
-    assert Samples(50, "images", 50).fixed_batch == 50
 
 
 def test_ref_flags_become_the_reference_job():

@@ -103,12 +103,6 @@ class Samples:
     def value_range(self) -> tuple[float, float]:
         return (-1.0, 1.0) if self.task is not None else (0.0, 1.0)
 
-    @property
-    def fixed_batch(self) -> int:
-        """The one batch a feature network sees them in (``batch_size``, at most ``count``: a
-        set smaller than a batch is not padded up to one)."""
-        return max(1, min(self.batch_size, self.count))
-
     def batches(self) -> Iterator[np.ndarray]:
         """The images [n, H, W, C] float32 in ``value_range``, ``batch_size`` at a time."""
         if self.task is not None:

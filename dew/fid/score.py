@@ -55,7 +55,7 @@ def score(args: argparse.Namespace) -> int:
     try:
         keep = {"fid": max(job.keep_features, samples.count if job.kid else 0)}
         stats = statistics_over(
-            metric_scorers, samples.batches(), samples.value_range, keep, batch_size=samples.fixed_batch
+            metric_scorers, samples.batches(), samples.value_range, keep, batch_size=samples.batch_size
         )
         refs: dict[str, Any] = {}
         if reference is not None:  # KID's rows: every reference image's
@@ -65,7 +65,7 @@ def score(args: argparse.Namespace) -> int:
                 reference.batches(),
                 reference.value_range,
                 ref_keep,
-                batch_size=reference.fixed_batch,
+                batch_size=reference.batch_size,
             )
         refs.update(job.references)
         scored = []  # each metric with a reference; KID (in FID's features) right after FID

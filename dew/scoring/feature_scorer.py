@@ -47,11 +47,13 @@ class FeatureScorer(abc.ABC):
 def fixed_batches(batches: Iterable[Any], size: int) -> Iterator[tuple[np.ndarray, int]]:
     """The rows of ``batches`` (host arrays [n, ...], one row shape) in order, regrouped into
     arrays of exactly ``size`` rows, each with its count of real rows: every array is full but
-    the last, which is padded by repeating its last row."""
+    the last, which is padded by repeating its last row. A stream of fewer than ``size`` rows in
+    all is one array of its own rows, not padded up to ``size`` (still one shape)."""
     if size < 1:
         raise ValueError(f"fixed_batches: size must be >= 1, got {size}")
     pending: list[np.ndarray] = []
     held = 0
+    full = False  # a full array was given: the last one is padded to its shape
     for batch in batches:
         rows = np.asarray(batch)
         if len(rows):
@@ -60,10 +62,11 @@ def fixed_batches(batches: Iterable[Any], size: int) -> Iterator[tuple[np.ndarra
         while held >= size:
             rows = np.concatenate(pending) if len(pending) > 1 else pending[0]
             yield rows[:size], size
+            full = True
             pending, held = ([rows[size:]] if len(rows) > size else []), len(rows) - size
     if held:
         rows = np.concatenate(pending) if len(pending) > 1 else pending[0]
-        yield np.concatenate([rows, np.repeat(rows[-1:], size - held, axis=0)]), held
+        yield (np.concatenate([rows, np.repeat(rows[-1:], size - held, axis=0)]) if full else rows), held
 
 
 def statistics_over(
@@ -110,12 +113,10 @@ def batches(images: np.ndarray, size: int) -> Iterator[np.ndarray]:
 def frechet_to(
     scorer: FeatureScorer, images: Any, reference: Mapping[str, np.ndarray], batch_size: int
 ) -> float:
-    """The Fréchet distance of ``images``' features (scored ``batch_size`` at a time, at most all
-    of them, the last batch padded: one compiled program; values in [−1, 1]) to the reference's
+    """The Fréchet distance of ``images``' features (scored ``batch_size`` at a time, the last
+    batch padded: one compiled program, ``fixed_batches``; values in [−1, 1]) to the reference's
     ``mu`` and ``sigma``."""
-    images = np.asarray(images)
-    size = max(1, min(batch_size, len(images)))
-    stats = statistics_over({"": scorer}, [images], (-1.0, 1.0), batch_size=size)[""]
+    stats = statistics_over({"": scorer}, [np.asarray(images)], (-1.0, 1.0), batch_size=batch_size)[""]
     return distances.frechet_distance(stats.mu, stats.sigma, reference["mu"], reference["sigma"])
 
 

@@ -84,8 +84,7 @@ def _inception_kid(images: np.ndarray, labels: np.ndarray | None = None) -> floa
     ref = _kid_reference()
     images = np.asarray(images)
     keep = {"": len(images)}
-    size = max(1, min(_BATCH_SIZE, len(images)))
-    stats = statistics_over({"": _scorer()}, [images], (-1.0, 1.0), keep, batch_size=size)[""]
+    stats = statistics_over({"": _scorer()}, [images], (-1.0, 1.0), keep, batch_size=_BATCH_SIZE)[""]
     return distances.kernel_distance(stats.features, ref["features"])[0]
 
 
